@@ -1,0 +1,46 @@
+# shardkit: `make install` sets everything up, `make test` runs the suite, `make demo` shows the flow.
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= dev,plot,ray,torch
+PY := $(VENV)/bin/python
+DEMO ?= demo
+
+.PHONY: install system-deps venv pillow-simd test lint demo bench clean
+
+install: system-deps venv pillow-simd
+	@$(VENV)/bin/shardkit doctor
+
+# libturbojpeg (fast JPEG decode/encode) and the headers Pillow-SIMD builds against.
+system-deps:
+	@bash scripts/install_system_deps.sh
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+
+# torch from PyPI can be a multi-GB CUDA build; TORCH_SPEC lets a machine pick its wheel.
+TORCH_SPEC ?= torch==2.13.0
+venv: $(PY)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(if $(findstring torch,$(EXTRAS)),"$(TORCH_SPEC)")
+
+# Last on purpose: anything installed after stock Pillow would otherwise put it back.
+pillow-simd: venv
+	@bash scripts/install_pillow_simd.sh $(PY)
+
+test:
+	$(PY) -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check shardkit tests scripts
+	$(VENV)/bin/ruff format --check shardkit tests scripts
+
+demo: install
+	rm -rf $(DEMO)
+	$(PY) scripts/make_sample.py $(DEMO)/images
+	$(VENV)/bin/shardkit probe $(DEMO)/images --plot $(DEMO)/probe.png
+
+bench:
+	$(PY) scripts/bench_probe.py ../shared/data/imagenet-sample
+
+clean:
+	rm -rf $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,64 @@
+"""Which codecs this process has: libjpeg-turbo through PyTurboJPEG, and which PIL build."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+
+@functools.cache
+def turbojpeg() -> Any | None:
+    """A TurboJPEG handle, or None when the library or the binding is missing (Pillow is used then).
+
+    Set SHARDKIT_NO_TURBOJPEG=1 to force the Pillow path (for comparisons and tests).
+    """
+    if os.environ.get("SHARDKIT_NO_TURBOJPEG"):
+        return None
+    try:
+        from turbojpeg import TurboJPEG
+
+        return TurboJPEG()
+    except (ImportError, OSError, RuntimeError):
+        return None
+
+
+def turbojpeg_problem() -> str | None:
+    """Why libjpeg-turbo is not in use, or None when it is."""
+    if os.environ.get("SHARDKIT_NO_TURBOJPEG"):
+        return "disabled by SHARDKIT_NO_TURBOJPEG"
+    try:
+        from turbojpeg import TurboJPEG
+
+        TurboJPEG()
+    except ImportError:
+        return "the PyTurboJPEG package is not installed"
+    except (OSError, RuntimeError) as error:
+        return f"libturbojpeg not found ({error}); on Debian/Ubuntu: apt-get install libturbojpeg0"
+    return None
+
+
+def pil_build() -> dict[str, Any]:
+    import PIL
+    from PIL import features
+
+    version = PIL.__version__
+    return {
+        "version": version,
+        "simd": ".post" in version,  # Pillow-SIMD versions carry a .postN suffix
+        "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
+        "path": os.path.dirname(PIL.__file__),
+    }
+
+
+def cpu_flags() -> list[str]:
+    wanted = ("sse4_1", "sse4_2", "avx", "avx2", "avx512f", "neon", "asimd")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in wanted if flag in present]
+    except OSError:
+        pass
+    return []

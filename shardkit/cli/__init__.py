@@ -1,0 +1,39 @@
+"""The `shardkit` command: a thin typer shell over the library."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .. import __version__
+from .common import console
+from .doctor import doctor
+from .probe import probe
+
+app = typer.Typer(
+    name="shardkit",
+    help="Pack image folders into fast training shards: probe, pack, verify, bench.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"shardkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Pack image folders into fast training shards: probe, pack, verify, bench."""
+
+
+app.command()(probe)
+app.command()(doctor)

@@ -1,0 +1,38 @@
+"""`shardkit doctor`: which codecs and optional parts this installation has."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+
+from rich.table import Table
+
+from .. import __version__
+from ..backends import cpu_flags, pil_build, turbojpeg_problem
+from .common import console
+
+OPTIONAL = ("numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "matplotlib")
+
+
+def doctor() -> None:
+    """Report the PIL build (Pillow-SIMD or not), libjpeg-turbo, SIMD flags and optional extras."""
+    pil = pil_build()
+    turbo = turbojpeg_problem()
+    table = Table(title=f"shardkit {__version__}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("python", f"{platform.python_version()} ({sys.executable})")
+    table.add_row("PIL", f"{'Pillow-SIMD' if pil['simd'] else 'Pillow'} {pil['version']} ({pil['path']})")
+    table.add_row("PIL uses libjpeg-turbo", "yes" if pil["libjpeg_turbo"] else "no")
+    table.add_row("libturbojpeg (PyTurboJPEG)", "[green]loaded[/]" if turbo is None else f"[yellow]no[/]: {turbo}")
+    table.add_row("CPU SIMD flags", " ".join(cpu_flags()) or "none found")
+    for name in OPTIONAL:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "[dim]not installed[/]"
+        table.add_row(name, version)
+    console.print(table)
+    if not pil["simd"]:
+        console.print("[dim]Pillow-SIMD is not installed: resizing uses stock Pillow (slower); see make install.[/]")

@@ -1,0 +1,181 @@
+"""`shardkit probe`: the resolution census of an image folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..config import DEFAULT_MAX_PIXELS
+from ..discover import display
+from ..errors import ConfigError
+from ..probe import ProbeReport
+from ..probe import probe as run_probe
+from .common import console, human_bytes, merged, progress_bar, user_errors
+
+PROGRESS_MIN_FILES = 5000
+
+
+def probe(
+    source: Annotated[Path, typer.Argument(help="Image folder (or a list file of paths).", show_default=False)],
+    train_size: Annotated[
+        Optional[int], typer.Option(help="Training resolution the recommendation aims at. [default: 224]")
+    ] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes to use. [default: one per core]")] = None,
+    max_pixels: Annotated[Optional[int], typer.Option(help="Flag images with more pixels as bombs.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full report as JSON.")] = None,
+    records_path: Annotated[
+        Optional[Path], typer.Option("--records", help="Write one row per file (.jsonl or .csv).")
+    ] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw the distribution to a PNG (needs matplotlib).")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML preset; flags override it.")] = None,
+) -> None:
+    """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
+    with user_errors():
+        settings = merged(
+            {"train_size": train_size, "workers": workers, "max_pixels": max_pixels},
+            config,
+            {"train_size": 224, "workers": None, "max_pixels": DEFAULT_MAX_PIXELS},
+        )
+        if settings["train_size"] < 8:
+            raise ConfigError(f"train size must be at least 8 pixels, not {settings['train_size']}")
+        for path in (json_path, records_path, plot):
+            _check_writable(path)
+        if records_path is not None and records_path.suffix.lower() not in (".jsonl", ".csv"):
+            raise ConfigError(f"{records_path}: records must be .jsonl or .csv")
+        report = _run(source, settings)
+        render(report)
+        if json_path is not None:
+            json_path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if records_path is not None:
+            write_records(report, records_path)
+        if plot is not None:
+            from ..plots import plot_probe
+
+            plot_probe(report, plot)
+            console.print(f"plot written to {plot}")
+
+
+def _check_writable(path: Path | None) -> None:
+    if path is not None and not path.parent.resolve().is_dir():
+        raise ConfigError(f"{path}: its folder does not exist")
+
+
+def _run(source: Path, settings: dict) -> ProbeReport:
+    with progress_bar("probing") as bar:
+        task = bar.add_task("probe", total=None, rate="", visible=False)
+        started = time.perf_counter()
+
+        def advance(done: int, total: int) -> None:
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s", visible=total >= PROGRESS_MIN_FILES)
+
+        return run_probe(
+            source,
+            train_size=settings["train_size"],
+            workers=settings["workers"],
+            max_pixels=settings["max_pixels"],
+            progress=advance,
+        )
+
+
+def render(report: ProbeReport) -> None:
+    rate = report.files / report.seconds if report.seconds else 0
+    console.print(
+        f"[bold]{display(report.root)}[/]: {report.images:,} readable images, {report.files - report.images:,} not, "
+        f"{human_bytes(report.bytes)}, probed in {report.seconds:.2f}s ({rate:,.0f} files/s on {report.workers} "
+        f"process{'es' if report.workers > 1 else ''})"
+    )
+    if report.images:
+        _render_percentiles(report)
+        _render_histogram(report)
+        counts = ", ".join(f"{name} {n:,}" for name, n in report.formats.items())
+        modes = ", ".join(f"{name} {n:,}" for name, n in report.modes.items())
+        console.print(f"formats: {counts}   modes: {modes}")
+        console.print(f"EXIF-rotated: {report.rotated:,}   progressive JPEG: {report.progressive:,}")
+    if report.problems:
+        table = Table(title="problems", title_justify="left")
+        table.add_column("kind")
+        table.add_column("files", justify="right")
+        table.add_column("examples")
+        for kind, summary in report.problems.items():
+            table.add_row(kind, f"{summary.count:,}", "\n".join(summary.examples))
+        console.print(table)
+    if report.skipped:
+        console.print(
+            f"[dim]{len(report.skipped):,} other files skipped (not image extensions, links, unreadable folders)[/]"
+        )
+    rec = report.recommendation
+    if rec is not None:
+        if rec.resize is None:
+            console.print(f"[bold]recommendation[/] for training at {rec.train_size}: no pre-resize ({rec.reason})")
+        else:
+            console.print(
+                f"[bold]recommendation[/] for training at {rec.train_size}: [bold green]--resize {rec.resize}[/] "
+                f"({rec.reason}). Shrinks {rec.shrink_share:.0%} of images; bytes "
+                f"{human_bytes(rec.bytes_before)} -> ~{human_bytes(rec.bytes_after_estimate)}; "
+                f"~{rec.decode_work_saved:.0%} less decode work per epoch."
+            )
+
+
+def _render_percentiles(report: ProbeReport) -> None:
+    table = Table(title="distribution (displayed size, after EXIF orientation)", title_justify="left")
+    columns = ("min", "p1", "p5", "p25", "p50", "p75", "p95", "p99", "max")
+    table.add_column("")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, values in report.percentiles.items():
+        digits = 2 if name in ("megapixels", "aspect") else 0
+        table.add_row(name, *(f"{values[c]:,.{digits}f}" for c in columns))
+    console.print(table)
+
+
+def _render_histogram(report: ProbeReport) -> None:
+    table = Table(title="short side", title_justify="left", show_header=False, box=None)
+    peak = max(n for _, _, n in report.short_side_histogram)
+    for lo, hi, n in report.short_side_histogram:
+        label = f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
+        bar = "█" * max(1, round(40 * n / peak))
+        table.add_row(label, f"{n:,}", f"[cyan]{bar}[/]")
+    console.print(table)
+
+
+FIELDS = ("path", "bytes", "format", "width", "height", "displayed_width", "displayed_height", "mode", "bits",
+          "progressive", "orientation", "error", "warnings")  # fmt: skip
+
+
+def _rows(report: ProbeReport):
+    for record in report.records:
+        h = record.header
+        shown = h.displayed_size if h is not None else (None, None)
+        yield {
+            "path": display(record.relpath),
+            "bytes": record.bytes,
+            "format": h.format if h else None,
+            "width": h.width if h else None,
+            "height": h.height if h else None,
+            "displayed_width": shown[0],
+            "displayed_height": shown[1],
+            "mode": h.mode if h else None,
+            "bits": h.bits if h else None,
+            "progressive": h.progressive if h else None,
+            "orientation": h.orientation if h else None,
+            "error": record.error,
+            "warnings": " ".join(record.warnings),
+        }
+
+
+def write_records(report: ProbeReport, path: Path) -> None:
+    with path.open("w", encoding="utf-8", newline="") as out:
+        if path.suffix.lower() == ".csv":
+            writer = csv.DictWriter(out, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(_rows(report))
+        else:
+            for row in _rows(report):
+                out.write(json.dumps(row, sort_keys=True) + "\n")

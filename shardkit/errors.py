@@ -1,0 +1,42 @@
+"""Typed errors. Library code raises these; only the CLI turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class ShardkitError(Exception):
+    """Base class: a problem the user can act on, described in one line."""
+
+
+class ConfigError(ShardkitError):
+    """A bad flag, preset or combination of settings, refused before any work starts."""
+
+
+class SourceError(ShardkitError):
+    """The source folder or list cannot be read as a whole (missing, not a folder, empty...)."""
+
+
+class OutputError(ShardkitError):
+    """The output folder cannot be used (not writable, not empty, resumed with other settings...)."""
+
+
+class ImageError(ShardkitError):
+    """One image could not be processed; carries the stage that failed so it can be logged."""
+
+    def __init__(self, stage: str, reason: str) -> None:
+        super().__init__(f"{stage}: {reason}")
+        self.stage = stage
+        self.reason = reason
+
+
+class ShardFormatError(ShardkitError):
+    """A shard file is damaged, hostile or not what its manifest says."""
+
+
+class MissingDependencyError(ShardkitError):
+    """An optional dependency is needed; the message names the extra to install."""
+
+
+def missing_extra(module: str, extra: str) -> MissingDependencyError:
+    return MissingDependencyError(
+        f"{module} is not installed: pip install 'shardkit[{extra}]' (or make install EXTRAS={extra})"
+    )

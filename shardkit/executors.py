@@ -1,0 +1,80 @@
+"""Running independent jobs (probe chunks, shards) on local processes or on a Ray cluster.
+
+Jobs are top-level functions over plain, picklable data. Results come back as they finish, each
+with the index of its job, so callers can report progress and keep their own order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+from .errors import ShardkitError
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+class WorkerDiedError(ShardkitError):
+    """A worker process ended abruptly (killed, out of memory, crashed in native code)."""
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    # Never fork a big parent: forkserver children start from a small clean process.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def map_local(
+    function: Callable[..., Result],
+    jobs: Sequence[Any],
+    workers: int,
+    *,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
+) -> Iterator[tuple[int, Result]]:
+    """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order.
+
+    At most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
+    An exception raised by a job propagates; a worker that dies raises WorkerDiedError.
+    """
+    if workers <= 1 or len(jobs) <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        for index, job in enumerate(jobs):
+            yield index, function(job)
+        return
+    workers = min(workers, len(jobs))
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=initializer, initargs=initargs)
+    pending: dict[Future[Result], int] = {}
+    next_job = 0
+    try:
+        while next_job < len(jobs) or pending:
+            while next_job < len(jobs) and len(pending) < 2 * workers:
+                pending[pool.submit(function, jobs[next_job])] = next_job
+                next_job += 1
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=pending.__getitem__):
+                index = pending.pop(future)
+                try:
+                    yield index, future.result()
+                except BrokenProcessPool as error:
+                    raise WorkerDiedError(
+                        f"a worker process died while running job {index} ({error}); "
+                        "it may have been killed or run out of memory"
+                    ) from None
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)

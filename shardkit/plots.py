@@ -1,0 +1,56 @@
+"""Charts for probe and bench reports (matplotlib is an optional extra: shardkit[plot])."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import missing_extra
+
+if TYPE_CHECKING:
+    from .probe import ProbeReport
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise missing_extra("matplotlib", "plot") from None
+    return plt
+
+
+def plot_probe(report: ProbeReport, path: Path) -> None:
+    plt = _pyplot()
+    sizes = [r.header.displayed_size for r in report.records if r.header is not None]
+    widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
+    shorts = [min(w, h) for w, h in sizes]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    left.hist(shorts, bins=50, color="#3b7dd8")
+    rec = report.recommendation
+    if rec is not None and rec.resize is not None:
+        left.axvline(rec.resize, color="#d83b3b", linestyle="--", label=f"--resize {rec.resize}")
+        left.legend()
+    left.set_xlabel("short side (px)")
+    left.set_ylabel("images")
+    left.set_title("short side distribution")
+    right.scatter(widths, heights, s=4, alpha=0.4, color="#3b7dd8")
+    right.set_xlabel("width (px)")
+    right.set_ylabel("height (px)")
+    right.set_title(f"{len(sizes):,} images")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_bars(labels: list[str], values: list[float], title: str, unit: str, path: Path) -> None:
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(9, 0.5 * len(labels) + 1.5))
+    axis.barh(labels[::-1], values[::-1], color="#3b7dd8")
+    axis.set_xlabel(unit)
+    axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,92 @@
+"""Seeded synthetic images and a small realistic dataset, for the demo, tests and benchmarks.
+
+Pictures are smooth gradients with shapes and mild noise, so JPEG sizes and decode costs look
+like photographs rather than flat colour or pure noise.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+# Width x height shares that resemble ImageNet's mix (most are 500x375 or 375x500).
+_IMAGENET_LIKE = [((500, 375), 0.45), ((375, 500), 0.15), ((500, 333), 0.12), ((333, 500), 0.04),
+                  ((640, 480), 0.06), ((1024, 768), 0.04), ((300, 225), 0.06), ((150, 120), 0.04),
+                  ((1600, 1200), 0.02), ((500, 500), 0.02)]  # fmt: skip
+
+
+def picture(width: int, height: int, seed: int = 0, channels: int = 3) -> np.ndarray:
+    """An HxWxC uint8 array that compresses like a photo."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
+    x = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :]
+    planes = []
+    for _ in range(channels):
+        a, b, c = rng.uniform(0.5, 4.0, 3)
+        phase = rng.uniform(0, 6.28)
+        plane = 0.5 + 0.25 * np.sin(a * 6.28 * x + phase) * np.cos(b * 6.28 * y) + 0.2 * np.sin(c * 6.28 * (x + y))
+        planes.append(plane)
+    image = np.stack(planes, axis=-1)
+    cy, cx = rng.uniform(0.2, 0.8, 2)
+    radius = rng.uniform(0.1, 0.3)
+    disc = ((y - cy) ** 2 + (x - cx) ** 2) < radius**2
+    image[disc] = rng.uniform(0, 1, channels)
+    image += rng.normal(0, 0.03, image.shape).astype(np.float32)
+    return (np.clip(image, 0, 1) * 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str = "JPEG", **options: object) -> bytes:
+    buffer = io.BytesIO()
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[array.shape[2] if array.ndim == 3 else 1]
+    Image.fromarray(array.squeeze() if mode == "L" else array, mode).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def write_image(path: str | os.PathLike[str], width: int, height: int, seed: int = 0, **options: object) -> Path:
+    """Write a synthetic image; the format follows the extension (.jpg, .png, .webp, .gif, .bmp)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = Image.registered_extensions()[path.suffix.lower()]
+    gray = bool(options.pop("gray", False))
+    array = picture(width, height, seed, 1 if gray else 3)
+    if fmt == "JPEG":
+        options.setdefault("quality", 90)
+    path.write_bytes(encode(array, fmt, **options))
+    return path
+
+
+def rotated_jpeg(path: str | os.PathLike[str], width: int, height: int, orientation: int, seed: int = 0) -> Path:
+    """A JPEG stored at width x height with an EXIF orientation tag."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return write_image(path, width, height, seed, exif=exif.tobytes())
+
+
+def make_sample_dataset(out: str | os.PathLike[str], images: int = 240, classes: int = 8, seed: int = 0) -> Path:
+    """A class-folder dataset with a realistic size mix, a few odd files and one corrupt file."""
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    sizes, shares = zip(*_IMAGENET_LIKE, strict=False)
+    choice = rng.choice(len(sizes), size=images, p=np.array(shares) / sum(shares))
+    for i in range(images):
+        folder = out / f"n{1000 + i % classes:08d}"
+        width, height = sizes[choice[i]]
+        name = f"img_{i:05d}"
+        if i % 50 == 7:
+            write_image(folder / f"{name}.jpg", width, height, seed + i, gray=True)
+        elif i % 50 == 13:
+            write_image(folder / f"{name}.png", width, height, seed + i)
+        elif i % 50 == 21:
+            rotated_jpeg(folder / f"{name}.jpg", width, height, orientation=6, seed=seed + i)
+        elif i % 50 == 29:
+            write_image(folder / f"{name}.jpg", width, height, seed + i, progressive=True)
+        elif i % 50 == 37:
+            write_image(folder / f"it's a {name}.jpg", width, height, seed + i)
+        else:
+            write_image(folder / f"{name}.jpg", width, height, seed + i)
+    (out / f"n{1000:08d}" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return out

@@ -1,0 +1,63 @@
+"""Shared fixtures: generated images (always) and the real sample data in ../shared (when present)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardkit.synthetic import make_sample_dataset, rotated_jpeg, write_image
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+IMAGENET_SAMPLE = SHARED / "imagenet-sample"
+WILD = SHARED / "wild"
+
+
+def shared_or_skip(path: Path) -> Path:
+    if not path.is_dir():
+        pytest.skip(f"{path} is not here (the repo was cloned without ../shared)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def imagenet_sample() -> Path:
+    return shared_or_skip(IMAGENET_SAMPLE)
+
+
+@pytest.fixture(scope="session")
+def wild() -> Path:
+    return shared_or_skip(WILD)
+
+
+@pytest.fixture(scope="session")
+def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A class-folder dataset of 60 generated images in 4 classes, plus one corrupt file."""
+    return make_sample_dataset(tmp_path_factory.mktemp("sample"), images=60, classes=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One file per format and mode the parsers handle, named by size."""
+    root = tmp_path_factory.mktemp("odd")
+    write_image(root / "120x80.jpg", 120, 80)
+    write_image(root / "64x48_gray.jpg", 64, 48, gray=True)
+    write_image(root / "200x150_progressive.jpg", 200, 150, progressive=True)
+    write_image(root / "90x70.png", 90, 70)
+    write_image(root / "33x17_gray.png", 33, 17, gray=True)
+    write_image(root / "40x30.gif", 40, 30)
+    write_image(root / "57x31.webp", 57, 31)
+    write_image(root / "58x32_lossless.webp", 58, 32, lossless=True)
+    write_image(root / "25x45.bmp", 25, 45)
+    write_image(root / "66x22.tiff", 66, 22)
+    for orientation in range(1, 9):
+        rotated_jpeg(root / f"80x50_orientation_{orientation}.jpg", 80, 50, orientation)
+    # An ICC-sized APP2 segment pushes the frame header far beyond the first 4 KiB read.
+    write_image(root / "70x40_big_app2.jpg", 70, 40, icc_profile=os.urandom(100_000))
+    return root
+
+
+@pytest.fixture
+def python_command() -> list[str]:
+    return [sys.executable, "-m", "shardkit"]

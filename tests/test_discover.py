@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shardkit.discover import discover, make_key
+from shardkit.errors import SourceError
+from shardkit.synthetic import write_image
+
+
+def test_class_folders_get_sorted_labels(tmp_path: Path) -> None:
+    for cls in ("zebra", "ant", "moose"):
+        write_image(tmp_path / cls / "1.jpg", 20, 10)
+    source = discover(tmp_path)
+    assert source.layout == "folders"
+    assert source.classes == ["ant", "moose", "zebra"]
+    assert {item.relpath: item.label for item in source.items} == {"ant/1.jpg": 0, "moose/1.jpg": 1, "zebra/1.jpg": 2}
+
+
+def test_flat_folder_has_no_labels_and_sorted_items(tmp_path: Path) -> None:
+    for name in ("b.jpg", "a.png", "c.jpeg"):
+        write_image(tmp_path / name, 10, 10)
+    source = discover(tmp_path)
+    assert source.layout == "flat" and source.classes == []
+    assert [item.relpath for item in source.items] == ["a.png", "b.jpg", "c.jpeg"]
+    assert all(item.label is None for item in source.items)
+
+
+def test_keys_are_unique_and_free_of_dots(tmp_path: Path) -> None:
+    write_image(tmp_path / "a.jpg", 10, 10)
+    write_image(tmp_path / "a.png", 10, 10)
+    write_image(tmp_path / "x.y.jpg", 10, 10)
+    write_image(tmp_path / "it's here.jpg", 10, 10)
+    keys = {item.relpath: item.key for item in discover(tmp_path).items}
+    assert keys == {"a.jpg": "a%2Ejpg", "a.png": "a%2Epng", "x.y.jpg": "x%2Ey", "it's here.jpg": "it's here"}
+    assert all("." not in key for key in keys.values())
+
+
+def test_keys_are_stable_across_runs_and_escape_odd_bytes() -> None:
+    assert make_key("n01/img_1.JPEG") == "n01/img_1"
+    assert make_key("café/ü.jpg") == "caf%C3%A9/%C3%BC"
+    assert make_key(os.fsdecode(b"bad\xffname.jpg")) == "bad%FFname"
+
+
+def test_non_image_files_hidden_files_and_links_are_accounted(tmp_path: Path) -> None:
+    write_image(tmp_path / "ok.jpg", 10, 10)
+    (tmp_path / "README.txt").write_text("hi")
+    (tmp_path / ".DS_Store").write_bytes(b"x")
+    (tmp_path / "dangling.jpg").symlink_to(tmp_path / "missing.jpg")
+    (tmp_path / "sub").mkdir()
+    write_image(tmp_path / "sub" / "in.jpg", 10, 10)
+    (tmp_path / "sub" / "loop").symlink_to(tmp_path)  # a folder link back to the root
+    source = discover(tmp_path)
+    assert [item.relpath for item in source.items] == ["ok.jpg", "sub/in.jpg"]
+    reasons = {skip.relpath: skip.reason for skip in source.skipped}
+    assert reasons["README.txt"] == "not an image file extension"
+    assert reasons["dangling.jpg"] == "broken link"
+    assert "loop" in reasons["sub/loop"]
+
+
+def test_undecodable_file_names_are_kept(tmp_path: Path) -> None:
+    name = os.fsdecode(b"caf\xe9.jpg")
+    write_image(os.path.join(tmp_path, name), 12, 12)
+    (item,) = discover(tmp_path).items
+    assert os.path.exists(item.path)
+    assert item.key == "caf%E9"
+
+
+def test_list_file_with_labels(tmp_path: Path) -> None:
+    write_image(tmp_path / "imgs" / "a.jpg", 10, 10)
+    write_image(tmp_path / "imgs" / "b.jpg", 10, 10)
+    listing = tmp_path / "train.txt"
+    listing.write_text("# path,label\nimgs/a.jpg,dog\nimgs/b.jpg,cat\n\n")
+    source = discover(listing)
+    assert source.layout == "list" and source.classes == ["cat", "dog"]
+    assert [(item.relpath, item.label) for item in source.items] == [("imgs/a.jpg", 1), ("imgs/b.jpg", 0)]
+
+
+def test_list_file_with_integer_labels_and_duplicates(tmp_path: Path) -> None:
+    listing = tmp_path / "list.csv"
+    listing.write_text("a.jpg,3\nb.jpg,7\na.jpg,3\n")
+    source = discover(listing)
+    assert [(item.relpath, item.label) for item in source.items] == [("a.jpg", 3), ("b.jpg", 7)]
+    assert [skip.reason for skip in source.skipped] == ["listed more than once"]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing", "no such file or folder"),
+        (lambda p: p, "no images found"),
+        (lambda p: write_image(p / "one.jpg", 5, 5), "is an image"),
+    ],
+)
+def test_bad_sources_are_refused_in_one_line(tmp_path: Path, make, message: str) -> None:
+    with pytest.raises(SourceError, match=message) as error:
+        discover(make(tmp_path))
+    assert "\n" not in str(error.value)
