@@ -38,6 +38,7 @@ demo: install
 	rm -rf $(DEMO)
 	$(PY) scripts/make_sample.py $(DEMO)/images
 	$(VENV)/bin/shardkit probe $(DEMO)/images --plot $(DEMO)/probe.png
+	$(VENV)/bin/shardkit pack $(DEMO)/images $(DEMO)/shards --config configs/imagenet-256.toml
 
 bench:
 	$(PY) scripts/bench_probe.py ../shared/data/imagenet-sample

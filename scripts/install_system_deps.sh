@@ -2,7 +2,7 @@
 # Installs Debian/Ubuntu packages shardkit benefits from, when it can (root or passwordless sudo).
 # Everything still works without them: Pillow decodes JPEG (slower) and stock Pillow is used.
 set -u
-packages=(libturbojpeg0 libjpeg-dev zlib1g-dev)
+packages=(libturbojpeg0 libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")

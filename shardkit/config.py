@@ -16,6 +16,7 @@ from .errors import ConfigError
 
 RESIZE_MODES = ("short", "long", "center-crop")
 ENCODINGS = ("jpeg", "raw", "original")
+RESAMPLERS = ("bilinear", "bicubic", "lanczos")
 EXECUTORS = ("local", "ray")
 LABEL_MODES = ("auto", "folders", "none")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb limit
@@ -27,7 +28,7 @@ class ResizeConfig:
     mode: str = "short"  # short: short side = size; long: long side = size; center-crop: size x size
     upscale: bool = False  # center-crop always fills its square, so it may upscale regardless
     max_aspect: float = 4.0  # the long side never exceeds size * max_aspect (thin strips stay sane)
-    # A resize down to the shape in hand needs no work; center-crop needs a square at `size`.
+    resample: str = "bicubic"  # antialiased: bilinear, bicubic or lanczos
 
     def __post_init__(self) -> None:
         if self.size is not None and not 8 <= self.size <= 16384:
@@ -36,6 +37,8 @@ class ResizeConfig:
             raise ConfigError(f"resize mode must be one of {', '.join(RESIZE_MODES)}, not {self.mode!r}")
         if self.max_aspect < 1:
             raise ConfigError(f"max aspect must be at least 1, not {self.max_aspect}")
+        if self.resample not in RESAMPLERS:
+            raise ConfigError(f"resample must be one of {', '.join(RESAMPLERS)}, not {self.resample!r}")
         if self.mode == "center-crop" and self.size is None:
             raise ConfigError("resize mode center-crop needs a size (--resize N)")
 
@@ -110,7 +113,7 @@ def parse_bytes(text: str | int) -> int:
 # Keys a preset may set, with the type each must have. They are the CLI flag names, '_' for '-'.
 PRESET_KEYS: dict[str, type | tuple[type, ...]] = {
     "format": str, "resize": (int, str), "resize_mode": str, "upscale": bool, "max_aspect": (int, float),
-    "quality": int, "encode": str, "shard_size": int, "shard_bytes": (int, str), "workers": int,
+    "resample": str, "quality": int, "encode": str, "shard_size": int, "shard_bytes": (int, str), "workers": int,
     "shuffle": bool, "seed": int, "labels": str, "train_size": int, "max_pixels": int,
     "executor": str, "ray_address": str,
 }  # fmt: skip

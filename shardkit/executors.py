@@ -30,7 +30,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def mp_context() -> multiprocessing.context.BaseContext:
     # Never fork a big parent: forkserver children start from a small clean process.
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -56,7 +56,7 @@ def map_local(
             yield index, function(job)
         return
     workers = min(workers, len(jobs))
-    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=initializer, initargs=initargs)
+    pool = ProcessPoolExecutor(workers, mp_context=mp_context(), initializer=initializer, initargs=initargs)
     pending: dict[Future[Result], int] = {}
     next_job = 0
     try:
@@ -78,3 +78,58 @@ def map_local(
         for future in pending:
             future.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def check_ray() -> None:
+    """Fail fast, in one line, when the ray extra is missing."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        from .errors import missing_extra
+
+        raise missing_extra("ray", "ray") from None
+
+
+def map_ray(
+    function: Callable[..., Result], jobs: Sequence[Any], *, address: str | None = None, max_retries: int = 3
+) -> Iterator[tuple[int, Result]]:
+    """Yield (job index, result) as Ray tasks finish; each job is one task of `function`.
+
+    Connects to `address` (auto, ray://host:port) or to the Ray instance already initialised in this
+    process, else starts a local one. A task whose worker dies is retried by Ray up to `max_retries`.
+    """
+    import ray
+    from ray.exceptions import RayError, RayTaskError, WorkerCrashedError
+
+    started_here = False
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise ShardkitError(
+                f"cannot connect to the Ray cluster at {address or 'a new local instance'}: {error}"
+            ) from None
+        started_here = True
+    remote = ray.remote(num_cpus=1, max_retries=max_retries)(function)
+    pending = {remote.remote(job): index for index, job in enumerate(jobs)}
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                index = pending.pop(ref)
+                try:
+                    yield index, ray.get(ref)
+                except RayTaskError as error:
+                    cause = error.cause
+                    if isinstance(cause, ShardkitError):
+                        raise cause from None
+                    raise ShardkitError(f"Ray task for job {index} failed: {cause!r}") from None
+                except WorkerCrashedError:
+                    raise WorkerDiedError(f"Ray worker for job {index} died {max_retries + 1} times") from None
+                except RayError as error:
+                    raise ShardkitError(f"Ray task for job {index} failed: {error}") from None
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()

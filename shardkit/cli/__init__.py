@@ -9,6 +9,7 @@ import typer
 from .. import __version__
 from .common import console
 from .doctor import doctor
+from .pack import pack
 from .probe import probe
 
 app = typer.Typer(
@@ -36,4 +37,5 @@ def main(
 
 
 app.command()(probe)
+app.command()(pack)
 app.command()(doctor)

@@ -1,0 +1,71 @@
+"""The one registry of shard formats. Each backend module encodes and decodes one container.
+
+Naming, temp-and-rename, checksums and the manifest live in `pack`/`manifest`, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import ConfigError
+
+# A record larger than this in a shard is refused rather than read: shards may come from strangers.
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    key: str
+    data: bytes  # encoded image (ext "jpg") or .npy pixels (ext "npy")
+    ext: str
+    label: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ShardWriter(Protocol):
+    def add(self, record: Record) -> None: ...
+    def close(self) -> int: ...  # flushes; returns the number of records
+
+
+class ShardReader(Protocol):
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Record]: ...
+    def read(self, index: int) -> Record: ...
+    def read_key(self, key: str) -> Record: ...
+    def keys(self) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    suffix: str  # shard file suffix, with the dot
+    random_access: bool  # by index and key without reading the shard from the start
+    writer: Callable[[str], ShardWriter]
+    reader: Callable[[str], ShardReader]
+
+
+def _backends() -> dict[str, Backend]:
+    from . import hdf5, lmdb, webdataset
+
+    return {
+        "webdataset": Backend("webdataset", ".tar", True, webdataset.TarShardWriter, webdataset.TarShardReader),
+        "lmdb": Backend("lmdb", ".lmdb", True, lmdb.LmdbShardWriter, lmdb.LmdbShardReader),
+        "hdf5": Backend("hdf5", ".h5", True, hdf5.Hdf5ShardWriter, hdf5.Hdf5ShardReader),
+    }
+
+
+FORMATS: dict[str, Backend] = _backends()
+
+
+def available_formats() -> list[str]:
+    return list(FORMATS)
+
+
+def get_format(name: str) -> Backend:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None

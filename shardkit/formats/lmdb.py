@@ -1,0 +1,209 @@
+"""LMDB shards: one single-file environment per shard (`subdir=False`), random access by index and key.
+
+Layout (no pickle): b"i" + 8-byte big-endian index -> 4-byte header length, JSON header
+{key, ext, label, meta}, then the image bytes; b"k" + key -> 8-byte index; b"__shardkit__" -> JSON
+{count, version}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ShardFormatError
+from . import MAX_RECORD_BYTES, Record
+
+INFO_KEY = b"__shardkit__"
+VERSION = 1
+_BATCH = 256
+_INITIAL_MAP = 64 * 1024 * 1024
+
+
+def _index_key(index: int) -> bytes:
+    return b"i" + index.to_bytes(8, "big")
+
+
+def encode_value(record: Record) -> bytes:
+    header = json.dumps(
+        {"key": record.key, "ext": record.ext, "label": record.label, "meta": record.meta}, sort_keys=True
+    ).encode()
+    return len(header).to_bytes(4, "big") + header + record.data
+
+
+def decode_value(value: bytes, where: str) -> Record:
+    if len(value) < 4:
+        raise ShardFormatError(f"{where}: record too short")
+    size = int.from_bytes(value[:4], "big")
+    if size > len(value) - 4:
+        raise ShardFormatError(f"{where}: record header runs past the record")
+    try:
+        header = json.loads(value[4 : 4 + size])
+        return Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
+    except (ValueError, KeyError, TypeError):
+        raise ShardFormatError(f"{where}: unreadable record header") from None
+
+
+class LmdbShardWriter:
+    def __init__(self, path: str) -> None:
+        import lmdb
+
+        self._lmdb = lmdb
+        self._map_size = _INITIAL_MAP
+        # lock=False: one writer per shard by design, and no '-lock' file next to the shard.
+        self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False, sync=False, metasync=False)
+        self._pending: list[Record] = []
+        self._count = 0
+
+    def add(self, record: Record) -> None:
+        self._pending.append(record)
+        if len(self._pending) >= _BATCH:
+            self._flush()
+
+    def _flush(self, info: dict[str, Any] | None = None) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for offset, record in enumerate(self._pending):
+                        index = self._count + offset
+                        txn.put(_index_key(index), encode_value(record))
+                        if not txn.put(b"k" + record.key.encode(), index.to_bytes(8, "big"), overwrite=False):
+                            raise ShardFormatError(f"duplicate key {record.key} in one shard")
+                    if info is not None:
+                        txn.put(INFO_KEY, json.dumps(info, sort_keys=True).encode())
+                break
+            except self._lmdb.MapFullError:
+                # Deterministic growth: the same records always grow the map at the same points.
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+        self._count += len(self._pending)
+        self._pending = []
+
+    def close(self) -> int:
+        self._flush({"count": self._count + len(self._pending), "version": VERSION})
+        self._env.sync(True)
+        self._env.close()
+        return self._count
+
+
+_META_MAGIC = 0xBEEFC0DE
+_PAGE_HEADER = 16  # pgno (8), pad (2), flags (2), lower/upper (4) on 64-bit builds
+_DB_SIZE = 48
+
+
+def check_lmdb_file(path: str) -> None:
+    """Refuse an LMDB file whose meta pages point past its end before it is memory-mapped.
+
+    Reading a mapped page beyond the end of the file kills the process (SIGBUS), so a truncated
+    shard must be caught here. A deliberately crafted B-tree can still crash LMDB: check shards from
+    strangers with `shardkit verify` (sha256 against the manifest) before reading them.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as source:
+            head = source.read(2 * 65536)
+    except OSError as error:
+        raise ShardFormatError(f"{path}: cannot read ({error.strerror or error})") from None
+    best: tuple[int, int] | None = None  # (txnid, bytes needed)
+    for offset in _meta_offsets(head):
+        meta = head[offset + _PAGE_HEADER :]
+        if len(meta) < 24 + 2 * _DB_SIZE + 16 or int.from_bytes(meta[:4], "little") != _META_MAGIC:
+            continue
+        page_size = int.from_bytes(meta[24:28], "little")  # md_pad of the free-list DB holds the page size
+        last_page = int.from_bytes(meta[24 + 2 * _DB_SIZE : 24 + 2 * _DB_SIZE + 8], "little")
+        txnid = int.from_bytes(meta[24 + 2 * _DB_SIZE + 8 : 24 + 2 * _DB_SIZE + 16], "little")
+        if page_size and (best is None or txnid > best[0]):
+            best = (txnid, (last_page + 1) * page_size)
+    if best is None:
+        raise ShardFormatError(f"{path}: not an LMDB file (no meta page)")
+    if best[1] > size:
+        raise ShardFormatError(f"{path}: truncated LMDB file ({size:,} bytes, its pages need {best[1]:,})")
+
+
+def _meta_offsets(head: bytes) -> list[int]:
+    # Meta page 0 is at offset 0; meta page 1 is one page later, and the page size is not known yet.
+    return [0] + [size for size in (4096, 8192, 16384, 32768, 65536) if size < len(head)]
+
+
+class LmdbShardReader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._env: Any = None
+        self._pid = 0
+        self._count: int | None = None
+
+    def _open(self) -> Any:
+        if self._env is None or self._pid != os.getpid():  # opened lazily, once per process
+            import lmdb
+
+            check_lmdb_file(self.path)
+            try:
+                self._env = lmdb.open(
+                    self.path, subdir=False, readonly=True, lock=False, readahead=False, max_readers=1, max_spare_txns=1
+                )
+            except lmdb.Error as error:
+                raise ShardFormatError(f"{self.path}: not a readable LMDB file ({error})") from None
+            self._pid = os.getpid()
+        return self._env
+
+    def _get(self, key: bytes) -> bytes | None:
+        import lmdb
+
+        try:
+            with self._open().begin(buffers=False) as txn:
+                return txn.get(key)
+        except lmdb.Error as error:
+            raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
+
+    def __len__(self) -> int:
+        if self._count is None:
+            raw = self._get(INFO_KEY)
+            try:
+                self._count = int(json.loads(raw)["count"]) if raw is not None else -1
+            except (ValueError, KeyError, TypeError):
+                self._count = -1
+            if self._count < 0:
+                raise ShardFormatError(f"{self.path}: no shardkit record count (not a shardkit LMDB shard?)")
+        return self._count
+
+    def read(self, index: int) -> Record:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        value = self._get(_index_key(index))
+        if value is None:
+            raise ShardFormatError(f"{self.path}: record {index} is missing")
+        if len(value) > MAX_RECORD_BYTES:
+            raise ShardFormatError(f"{self.path}: record {index} is over the size limit")
+        return decode_value(value, f"{self.path} record {index}")
+
+    def read_key(self, key: str) -> Record:
+        raw = self._get(b"k" + key.encode())
+        if raw is None:
+            raise KeyError(key)
+        return self.read(int.from_bytes(raw, "big"))
+
+    def keys(self) -> list[str]:
+        return [record.key for record in self]
+
+    def __iter__(self) -> Iterator[Record]:
+        import lmdb
+
+        count = len(self)
+        try:
+            with self._open().begin(buffers=False) as txn:
+                for index in range(count):
+                    value = txn.get(_index_key(index))
+                    if value is None:
+                        raise ShardFormatError(f"{self.path}: record {index} is missing")
+                    yield decode_value(value, f"{self.path} record {index}")
+        except lmdb.Error as error:
+            raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
+
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_env": None, "_pid": 0}

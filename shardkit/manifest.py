@@ -1,0 +1,132 @@
+"""The output's self-description: `manifest.json` (schema, settings, classes, per-shard sha256) and
+`errors.jsonl` (every input that was not packed, with its reason). Written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ShardFormatError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ERRORS_NAME = "errors.jsonl"
+STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    count: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: str
+    shards: list[ShardInfo]
+    classes: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # resize, encode, sharding: how it was made
+    totals: dict[str, int] = field(default_factory=dict)  # inputs, records, errors
+    schema_version: int = SCHEMA_VERSION
+    created_by: str = ""
+
+    @property
+    def records(self) -> int:
+        return sum(shard.count for shard in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
+        try:
+            if data["schema_version"] != SCHEMA_VERSION:
+                raise ShardFormatError(f"{where}: schema version {data['schema_version']} is not {SCHEMA_VERSION}")
+            shards = [ShardInfo(**shard) for shard in data["shards"]]
+            manifest = cls(
+                format=str(data["format"]),
+                shards=shards,
+                classes=[str(name) for name in data.get("classes", [])],
+                settings=dict(data.get("settings", {})),
+                totals={str(k): int(v) for k, v in data.get("totals", {}).items()},
+                schema_version=int(data["schema_version"]),
+                created_by=str(data.get("created_by", "")),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ShardFormatError(f"{where}: not a valid shardkit manifest ({error!r})") from None
+        for shard in shards:
+            # Names come from strangers: a shard must sit in the output folder itself.
+            if (
+                not isinstance(shard.name, str)
+                or "/" in shard.name
+                or "\\" in shard.name
+                or shard.name in ("", ".", "..")
+            ):
+                raise ShardFormatError(f"{where}: shard name {shard.name!r} is not a plain file name")
+            if not isinstance(shard.count, int) or shard.count < 0 or not isinstance(shard.bytes, int):
+                raise ShardFormatError(f"{where}: shard {shard.name} has a bad count or size")
+        return manifest
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write to a temporary file beside `path`, fsync, then rename: readers never see half a file."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """The manifest of an output folder (or the manifest file itself)."""
+    path = Path(folder)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ShardFormatError(f"{path}: no manifest (is this a shardkit output folder?)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ShardFormatError(f"{path}: unreadable manifest ({error})") from None
+    return Manifest.from_json(data, str(path))
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_errors(folder: str | Path) -> list[dict[str, Any]]:
+    path = Path(folder) / ERRORS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

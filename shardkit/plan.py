@@ -1,0 +1,102 @@
+"""Deterministic split of items into shards, and which shards an interrupted run may keep."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .discover import Item
+from .manifest import STATE_DIR, ShardInfo, sha256_file
+
+SHARD_PREFIX = "shard-"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    index: int
+    name: str
+    items: tuple[Item, ...]
+
+
+def shard_name(index: int, suffix: str) -> str:
+    return f"{SHARD_PREFIX}{index:06d}{suffix}"
+
+
+def plan_shards(
+    items: Sequence[Item],
+    *,
+    suffix: str,
+    shard_size: int | None = None,
+    shard_bytes: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+) -> list[ShardSpec]:
+    """Split items (sorted by discovery) into shards of at most `shard_size` records and/or
+    `shard_bytes` source bytes. With `shuffle`, the order is a seeded permutation first."""
+    order = list(items)
+    if shuffle:
+        permutation = np.random.default_rng(seed).permutation(len(order))
+        order = [order[i] for i in permutation]
+    groups: list[list[Item]] = []
+    current: list[Item] = []
+    current_bytes = 0
+    for item in order:
+        size = _size(item.path) if shard_bytes is not None else 0
+        full_by_count = shard_size is not None and len(current) >= shard_size
+        full_by_bytes = shard_bytes is not None and current and current_bytes + size > shard_bytes
+        if full_by_count or full_by_bytes:
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(item)
+        current_bytes += size
+    if current:
+        groups.append(current)
+    return [ShardSpec(i, shard_name(i, suffix), tuple(group)) for i, group in enumerate(groups)]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def fingerprint(settings: dict[str, Any], specs: Sequence[ShardSpec]) -> str:
+    """One hash of the settings and the exact plan: a resumed run must match it."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for spec in specs:
+        digest.update(spec.name.encode())
+        for item in spec.items:
+            digest.update(f"\0{item.relpath}\0{item.key}\0{item.label}".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def state_dir(output: str | Path) -> Path:
+    return Path(output) / STATE_DIR
+
+
+def done_path(output: str | Path, spec: ShardSpec) -> Path:
+    return state_dir(output) / "done" / f"{spec.name}.json"
+
+
+def reusable(output: str | Path, spec: ShardSpec, plan_hash: str) -> dict[str, Any] | None:
+    """The finished result of this shard from an earlier run, if the shard file is still exactly it."""
+    marker = done_path(output, spec)
+    shard = Path(output) / spec.name
+    try:
+        result = json.loads(marker.read_text(encoding="utf-8"))
+        info = ShardInfo(**result["shard"])
+        if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
+            return None
+        if sha256_file(shard) != info.sha256:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return result

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.formats import FORMATS, Record, available_formats, get_format
+
+RECORDS = [
+    Record(f"class{i % 3}/img_{i}", os.urandom(500 + 37 * i), "jpg", None if i % 5 == 0 else i % 3, {"i": i, "ü": "x"})
+    for i in range(40)
+]
+
+
+def write(path: Path, name: str, records=RECORDS) -> Path:
+    writer = get_format(name).writer(str(path))
+    for record in records:
+        writer.add(record)
+    assert writer.close() == len(records)
+    return path
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_round_trip_by_index_key_and_iteration(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path / f"s{FORMATS[name].suffix}", name)
+    reader = get_format(name).reader(str(path))
+    assert len(reader) == 40
+    assert list(reader) == RECORDS
+    assert reader.read(17) == RECORDS[17]
+    assert reader.read_key("class1/img_7") == RECORDS[7]
+    assert reader.keys() == [r.key for r in RECORDS]
+    with pytest.raises(KeyError):
+        reader.read_key("nope")
+    reader.close()
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_same_records_give_identical_bytes(tmp_path: Path, name: str) -> None:
+    suffix = FORMATS[name].suffix
+    first = write(tmp_path / f"a{suffix}", name)
+    second = write(tmp_path / f"b{suffix}", name)
+    assert hashlib.sha256(first.read_bytes()).digest() == hashlib.sha256(second.read_bytes()).digest()
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_lmdb_and_hdf5_shards_are_single_files(tmp_path: Path, name: str) -> None:
+    write(tmp_path / f"s{FORMATS[name].suffix}", name)
+    assert os.listdir(tmp_path) == [f"s{FORMATS[name].suffix}"]
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_truncated_shard_fails_with_a_format_error(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path / f"s{FORMATS[name].suffix}", name)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+    reader = get_format(name).reader(str(path))
+    with pytest.raises(ShardFormatError):
+        list(reader)
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_garbage_file_fails_with_a_format_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"s{FORMATS[name].suffix}"
+    path.write_bytes(b"\x00garbage" * 1000)
+    with pytest.raises(ShardFormatError):
+        len(get_format(name).reader(str(path)))
+
+
+def test_unknown_format_lists_the_valid_names() -> None:
+    with pytest.raises(ConfigError, match="webdataset, lmdb, hdf5"):
+        get_format("parquet")
+
+
+def test_stock_webdataset_reads_our_tars(tmp_path: Path) -> None:
+    webdataset = pytest.importorskip("webdataset")
+    path = write(tmp_path / "s.tar", "webdataset")
+    samples = list(webdataset.WebDataset(str(path), shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [r.key for r in RECORDS]
+    assert samples[1]["jpg"] == RECORDS[1].data
+    assert int(samples[1]["cls"]) == RECORDS[1].label
+    assert "cls" not in samples[0]  # unlabelled records carry no .cls member
+
+
+def test_hostile_tar_member_size_is_refused(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    path = tmp_path / "evil.tar"
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.size = 10
+        tar.addfile(info, io.BytesIO(b"0123456789"))
+    data = bytearray(path.read_bytes())
+    data[124:136] = b"77777777777\x00"  # size field: 8 GiB claimed, 10 bytes present
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError):
+        reader = get_format("webdataset").reader(str(path))
+        reader.read(0)
