@@ -32,8 +32,12 @@ def default_workers() -> int:
 
 def mp_context() -> multiprocessing.context.BaseContext:
     # Never fork a big parent: forkserver children start from a small clean process.
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The server imports the job modules (numpy, PIL, codecs) once; every worker forks ready to run.
+    context.set_forkserver_preload(["shardkit.pack", "shardkit.probe"])
+    return context
 
 
 def map_local(

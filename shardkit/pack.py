@@ -206,10 +206,12 @@ def settings_of(config: PackConfig) -> dict[str, Any]:
 
 
 def _jpeg_backend() -> str:
-    # Pillow and libjpeg-turbo encode different bytes: a resume must not mix them.
-    from .backends import turbojpeg
+    # Different codecs may encode different bytes: a resume must not mix them.
+    import PIL
 
-    return "libjpeg-turbo" if turbojpeg() is not None else "pillow"
+    from .imaging import write_codec
+
+    return f"{write_codec()} (PIL {PIL.__version__})"
 
 
 ProgressCallback = Callable[[int, int, int], None]  # images done, images total, errors so far
