@@ -134,7 +134,8 @@ def main() -> None:
     ours = medians[f"shardkit pack, {args.workers} workers"]
     single = medians["shardkit pack, 1 worker"]
     print("\nratios (medians of this run):")
-    print(f"  shardkit {args.workers} workers / naive Pillow loop:   {ours / medians['naive Pillow loop, 1 process']:.2f}x")
+    naive = medians["naive Pillow loop, 1 process"]
+    print(f"  shardkit {args.workers} workers / naive Pillow loop:   {ours / naive:.2f}x")
     for name in medians:
         if name.startswith(("img2dataset", "shardkit pack, ray")):
             print(f"  shardkit {args.workers} workers / {name}: {ours / medians[name]:.2f}x")
