@@ -39,6 +39,8 @@ demo: install
 	$(PY) scripts/make_sample.py $(DEMO)/images
 	$(VENV)/bin/shardkit probe $(DEMO)/images --plot $(DEMO)/probe.png
 	$(VENV)/bin/shardkit pack $(DEMO)/images $(DEMO)/shards --config configs/imagenet-256.toml
+	$(VENV)/bin/shardkit verify $(DEMO)/shards --deep --source $(DEMO)/images
+	$(VENV)/bin/shardkit bench $(DEMO)/shards --against $(DEMO)/images --plot $(DEMO)/bench.png
 
 bench:
 	$(PY) scripts/bench_probe.py ../shared/data/imagenet-sample

@@ -41,6 +41,7 @@ _RESAMPLE = {
     "lanczos": Image.Resampling.LANCZOS,
 }
 STAGES = ("read", "decode", "resize", "encode", "write")
+_TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,12 +265,10 @@ def decode(data: bytes, ext: str, scale: float | None = None) -> np.ndarray:
     factor = _scale_factor(scale)
     tj = turbojpeg()
     if tj is not None and ext == "jpg":
-        from turbojpeg import TJPF_RGB
-
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                return tj.decode(data, pixel_format=TJPF_RGB, scaling_factor=factor)
+                warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
+                return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
         except (OSError, Warning) as error:
             raise ImageError("decode", f"corrupt JPEG: {error}") from None
     return np.asarray(decode_pil(data, scale))
@@ -278,8 +277,9 @@ def decode(data: bytes, ext: str, scale: float | None = None) -> np.ndarray:
 def decode_pil(data: bytes, scale: float | None = None) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data))
-        if scale is not None and image.format == "JPEG":
-            num, den = _scale_factor(scale)
+        factor = _scale_factor(scale)
+        if factor is not None and image.format == "JPEG":
+            num, den = factor
             image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
         image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
@@ -287,9 +287,9 @@ def decode_pil(data: bytes, scale: float | None = None) -> Image.Image:
         raise ImageError("decode", str(error) or type(error).__name__) from None
 
 
-def _scale_factor(scale: float | None) -> tuple[int, int]:
+def _scale_factor(scale: float | None) -> tuple[int, int] | None:
     if scale is None or scale == 1:
-        return 1, 1
+        return None
     for num, den in DCT_FACTORS:
         if abs(scale - num / den) < 1e-9:
             return num, den

@@ -37,6 +37,7 @@ class Manifest:
     totals: dict[str, int] = field(default_factory=dict)  # inputs, records, errors
     schema_version: int = SCHEMA_VERSION
     created_by: str = ""
+    checksum: str = ""  # sha256 of everything else: verify uses it to catch hand edits
 
     @property
     def records(self) -> int:
@@ -44,6 +45,16 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def computed_checksum(self) -> str:
+        content = {key: value for key, value in asdict(self).items() if key != "checksum"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+    def sealed(self) -> Manifest:
+        """This manifest with its checksum filled in."""
+        from dataclasses import replace
+
+        return replace(self, checksum=self.computed_checksum())
 
     @classmethod
     def from_json(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
@@ -59,6 +70,7 @@ class Manifest:
                 totals={str(k): int(v) for k, v in data.get("totals", {}).items()},
                 schema_version=int(data["schema_version"]),
                 created_by=str(data.get("created_by", "")),
+                checksum=str(data.get("checksum", "")),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ShardFormatError(f"{where}: not a valid shardkit manifest ({error!r})") from None

@@ -274,7 +274,7 @@ def pack(
         settings={**settings, "source": {"path": os.fspath(config.source), "layout": source.layout}},
         totals={"inputs": inputs, "records": records, "errors": len(error_rows)},
         created_by=f"shardkit {__version__}",
-    )
+    ).sealed()
     write_json_atomic(output / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(output / STATE_DIR, ignore_errors=True)
     stage_seconds = dict.fromkeys(STAGES, 0.0)

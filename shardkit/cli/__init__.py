@@ -7,10 +7,12 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from .bench import bench
 from .common import console
 from .doctor import doctor
 from .pack import pack
 from .probe import probe
+from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
@@ -38,4 +40,6 @@ def main(
 
 app.command()(probe)
 app.command()(pack)
+app.command()(verify)
+app.command()(bench)
 app.command()(doctor)

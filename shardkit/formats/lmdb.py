@@ -126,6 +126,38 @@ def _meta_offsets(head: bytes) -> list[int]:
     return [0] + [size for size in (4096, 8192, 16384, 32768, 65536) if size < len(head)]
 
 
+# py-lmdb refuses to open one file twice in a process (and a forked child inherits that guard), so
+# readers of a shard share one read-only environment: [env, opener pid, readers]. A forked child
+# reads through the inherited one: with lock=False there is no reader table to corrupt, only a
+# read-only mapping. Only the process that opened an environment closes it.
+_SHARED: dict[str, list[Any]] = {}
+
+
+def _acquire(path: str) -> Any:
+    import lmdb
+
+    slot = os.path.realpath(path)
+    if slot not in _SHARED:
+        check_lmdb_file(path)
+        try:
+            env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False, max_readers=126)
+        except lmdb.Error as error:
+            raise ShardFormatError(f"{path}: not a readable LMDB file ({error})") from None
+        _SHARED[slot] = [env, os.getpid(), 0]
+    _SHARED[slot][2] += 1
+    return _SHARED[slot][0]
+
+
+def _release(path: str) -> None:
+    slot = os.path.realpath(path)
+    if slot in _SHARED:
+        _SHARED[slot][2] -= 1
+        if _SHARED[slot][2] <= 0:
+            env, opener, _ = _SHARED.pop(slot)
+            if opener == os.getpid():
+                env.close()
+
+
 class LmdbShardReader:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -135,15 +167,7 @@ class LmdbShardReader:
 
     def _open(self) -> Any:
         if self._env is None or self._pid != os.getpid():  # opened lazily, once per process
-            import lmdb
-
-            check_lmdb_file(self.path)
-            try:
-                self._env = lmdb.open(
-                    self.path, subdir=False, readonly=True, lock=False, readahead=False, max_readers=1, max_spare_txns=1
-                )
-            except lmdb.Error as error:
-                raise ShardFormatError(f"{self.path}: not a readable LMDB file ({error})") from None
+            self._env = _acquire(self.path)
             self._pid = os.getpid()
         return self._env
 
@@ -184,7 +208,21 @@ class LmdbShardReader:
         return self.read(int.from_bytes(raw, "big"))
 
     def keys(self) -> list[str]:
-        return [record.key for record in self]
+        """Keys in stored order, from the key index alone (no image bytes are read)."""
+        import lmdb
+
+        pairs: list[tuple[int, str]] = []
+        try:
+            with self._open().begin(buffers=False) as txn:
+                cursor = txn.cursor()
+                if cursor.set_range(b"k"):
+                    for key, index in cursor:
+                        if not key.startswith(b"k"):
+                            break
+                        pairs.append((int.from_bytes(index, "big"), key[1:].decode()))
+        except lmdb.Error as error:
+            raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
+        return [key for _, key in sorted(pairs)]
 
     def __iter__(self) -> Iterator[Record]:
         import lmdb
@@ -201,8 +239,8 @@ class LmdbShardReader:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
 
     def close(self) -> None:
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
+        if self._env is not None:
+            _release(self.path)
         self._env = None
 
     def __getstate__(self) -> dict:

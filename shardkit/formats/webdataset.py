@@ -1,6 +1,8 @@
 """WebDataset shards: plain tars of `<key>.jpg|npy`, `<key>.cls`, `<key>.json` that stock webdataset reads.
 
-The reader indexes member offsets once (headers only), then reads any record with one pread.
+The reader parses tar headers itself (ustar, pax, GNU long names) instead of going through
+`tarfile`, which costs ~10 us per member in Python: iteration reads ahead 1 MiB at a time, and
+random access uses an index of member offsets built from the headers.
 """
 
 from __future__ import annotations
@@ -42,8 +44,132 @@ class TarShardWriter:
         return self._count
 
 
+_BLOCK = 512
+_READ_CHUNK = 1 << 20
+_MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
+Member = tuple[str, int, int]  # name, offset of its data, size
+
+
+def _octal(field: bytes, where: str) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large numbers
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    try:
+        return int(digits, 8) if digits else 0
+    except ValueError:
+        raise ShardFormatError(f"{where}: corrupt tar header (bad number {digits[:12]!r})") from None
+
+
+class _Bytes:
+    """pread with an optional read-ahead buffer: sequential scans cost one system call per MiB."""
+
+    def __init__(self, fd: int, size: int, chunk: int = 0) -> None:
+        self.fd, self.size, self.chunk = fd, size, chunk
+        self.buffer, self.start = b"", 0
+
+    def get(self, offset: int, n: int) -> bytes:
+        end = offset + n
+        if self.start <= offset and end <= self.start + len(self.buffer):
+            return self.buffer[offset - self.start : end - self.start]
+        if not self.chunk or n >= self.chunk:
+            return os.pread(self.fd, n, offset)
+        self.buffer, self.start = os.pread(self.fd, self.chunk, offset), offset
+        return self.buffer[:n]
+
+
+def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
+    """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted)."""
+    pos = 0
+    pax_path: str | None = None
+    pax_size: int | None = None
+    while pos + _BLOCK <= data.size:
+        header = data.get(pos, _BLOCK)
+        if len(header) < _BLOCK:
+            raise ShardFormatError(f"{where}: truncated tar header")
+        if header == bytes(_BLOCK):  # end-of-archive marker
+            return
+        if header[257:262] != b"ustar":
+            raise ShardFormatError(f"{where}: not a tar file (no ustar header at byte {pos:,})")
+        size = _octal(header[124:136], where)
+        kind = header[156:157]
+        start = pos + _BLOCK
+        pos = start + -(-size // _BLOCK) * _BLOCK
+        if kind in (b"x", b"L"):
+            if size > _MAX_HEADER_PAYLOAD:
+                raise ShardFormatError(f"{where}: tar extended header of {size:,} bytes")
+            payload = data.get(start, size)
+            if kind == b"L":
+                pax_path = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            else:
+                fields = _pax_fields(payload, where)
+                pax_path = fields.get("path", pax_path)
+                pax_size = int(fields["size"]) if "size" in fields else pax_size
+            continue
+        if kind not in (b"0", b"\0", b"7"):
+            pax_path = pax_size = None
+            continue
+        name = pax_path
+        if name is None:
+            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = header[345:500].split(b"\0", 1)[0]
+            if prefix and header[257:263] == b"ustar\0":
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        if pax_size is not None:
+            size, pos = pax_size, start + -(-pax_size // _BLOCK) * _BLOCK
+        pax_path = pax_size = None
+        if start + size > data.size:
+            raise ShardFormatError(f"{where}: member {name} runs past the end of the file (truncated shard)")
+        yield name, start, size
+    if pos < data.size:
+        raise ShardFormatError(f"{where}: truncated tar header")
+
+
+def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    pos = 0
+    while pos < len(payload):
+        space = payload.find(b" ", pos)
+        try:
+            length = int(payload[pos:space])
+        except ValueError:
+            raise ShardFormatError(f"{where}: corrupt pax header") from None
+        if space < 0 or length <= 0:
+            raise ShardFormatError(f"{where}: corrupt pax header")
+        key, _, value = payload[space + 1 : pos + length - 1].partition(b"=")
+        fields[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return fields
+
+
+def _split_name(name: str) -> tuple[str, str] | None:
+    """webdataset's rule: the key is the path up to the first '.' of the last component."""
+    head, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot:
+        return None
+    return (f"{head}/{stem}" if head else stem), ext
+
+
+def _group(members: Iterator[Member]) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """Consecutive members with the same key form one record."""
+    key: str | None = None
+    parts: dict[str, tuple[int, int]] = {}
+    for name, offset, size in members:
+        split = _split_name(name)
+        if split is None:
+            continue
+        if split[0] != key:
+            if key is not None:
+                yield key, parts
+            key, parts = split[0], {}
+        parts[split[1]] = (offset, size)
+    if key is not None:
+        yield key, parts
+
+
 class TarShardReader:
-    """Random access over a tar written by any WebDataset writer (members grouped by key)."""
+    """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
+    through an index of member offsets built from the headers on first random access."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -52,24 +178,21 @@ class TarShardReader:
         self._fd: int | None = None
         self._pid = 0
 
+    def _descriptor(self) -> int:
+        if self._fd is None or self._pid != os.getpid():  # after fork, get our own descriptor
+            try:
+                self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            except OSError as error:
+                raise ShardFormatError(f"{self.path}: cannot open ({error.strerror})") from None
+        return self._fd
+
+    def _bytes(self, chunk: int = 0) -> _Bytes:
+        fd = self._descriptor()
+        return _Bytes(fd, os.fstat(fd).st_size, chunk)
+
     def _index(self) -> list[tuple[str, dict[str, tuple[int, int]]]]:
         if self._entries is None:
-            entries: list[tuple[str, dict[str, tuple[int, int]]]] = []
-            try:
-                with tarfile.open(self.path, "r:") as tar:
-                    for member in tar:
-                        if not member.isfile():
-                            continue
-                        head, _, base = member.name.rpartition("/")
-                        stem, dot, ext = base.partition(".")
-                        if not dot:
-                            continue
-                        key = f"{head}/{stem}" if head else stem
-                        if not entries or entries[-1][0] != key:
-                            entries.append((key, {}))
-                        entries[-1][1][ext] = (member.offset_data, member.size)
-            except (tarfile.TarError, OSError, EOFError) as error:
-                raise ShardFormatError(f"{self.path}: not a readable tar ({error})") from None
+            entries = list(_group(scan_members(self._bytes(), self.path)))
             self._by_key = {key: i for i, (key, _) in enumerate(entries)}
             if len(self._by_key) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
@@ -82,36 +205,40 @@ class TarShardReader:
     def keys(self) -> list[str]:
         return [key for key, _ in self._index()]
 
-    def _pread(self, offset: int, size: int, key: str) -> bytes:
-        if size > MAX_RECORD_BYTES:
-            raise ShardFormatError(f"{self.path}: record {key} claims {size:,} bytes, over the limit")
-        if self._fd is None or self._pid != os.getpid():  # after fork, get our own descriptor
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        data = os.pread(self._fd, size, offset)
-        if len(data) != size:
-            raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
-        return data
-
-    def read(self, index: int) -> Record:
-        key, members = self._index()[index]
+    def _record(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]) -> Record:
         image_ext = next((ext for ext in members if ext not in ("cls", "json")), None)
         if image_ext is None:
             raise ShardFormatError(f"{self.path}: record {key} has no image member")
-        data = self._pread(*members[image_ext], key)
+        # A record's members sit next to each other: one read covers them all.
+        start = min(offset for offset, _ in members.values())
+        end = max(offset + size for offset, size in members.values())
+        if end - start > MAX_RECORD_BYTES:
+            raise ShardFormatError(f"{self.path}: record {key} claims {end - start:,} bytes, over the limit")
+        span = data.get(start, end - start)
+        if len(span) != end - start:
+            raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
+
+        def member(ext: str) -> bytes:
+            offset, size = members[ext]
+            return span[offset - start : offset - start + size]
+
         label = None
         if "cls" in members:
-            text = self._pread(*members["cls"], key)
             try:
-                label = int(text)
+                label = int(member("cls"))
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
         meta = {}
         if "json" in members:
             try:
-                meta = json.loads(self._pread(*members["json"], key))
+                meta = json.loads(member("json"))
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
-        return Record(key, data, image_ext, label, meta)
+        return Record(key, member(image_ext), image_ext, label, meta)
+
+    def read(self, index: int) -> Record:
+        key, members = self._index()[index]
+        return self._record(self._bytes(), key, members)
 
     def read_key(self, key: str) -> Record:
         self._index()
@@ -121,8 +248,13 @@ class TarShardReader:
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[Record]:
-        for index in range(len(self)):
-            yield self.read(index)
+        data = self._bytes(_READ_CHUNK)
+        seen: set[str] = set()
+        for key, members in _group(scan_members(data, self.path)):
+            if key in seen:
+                raise ShardFormatError(f"{self.path}: a key appears in two places")
+            seen.add(key)
+            yield self._record(data, key, members)
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():

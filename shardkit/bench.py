@@ -1,0 +1,232 @@
+"""`bench`: decode speed of shards against the raw folder they came from, on the same images.
+
+Every pass is measured in the same run, after a warm-up, `repeat` times; the report keeps the
+median and the spread, and ratios are taken between medians of this run. With `workers` > 1 each
+pass runs in that many processes (one pool, started before timing) over disjoint parts.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backends import turbojpeg
+from .discover import display
+from .errors import ShardkitError
+from .executors import mp_context
+from .imaging import decode
+from .manifest import read_manifest
+from .readers import open_shards
+
+BASELINE = "folder: PIL (ImageFolder loader)"
+MEMORY = "memory: same bytes, libjpeg-turbo"
+
+
+@dataclass
+class BenchRow:
+    name: str
+    images: int
+    bytes: int
+    seconds: list[float]
+    workers: int
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.median if self.median else 0.0
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.bytes / self.median / 1e6 if self.median else 0.0
+
+    @property
+    def per_core(self) -> float:
+        return self.images_per_second / self.workers
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "images": self.images, "bytes": self.bytes, "workers": self.workers,
+            "seconds": self.seconds, "median_seconds": self.median, "images_per_second": self.images_per_second,
+            "mb_per_second": self.megabytes_per_second, "images_per_second_per_core": self.per_core,
+        }  # fmt: skip
+
+
+@dataclass
+class BenchReport:
+    output: str
+    source: str | None
+    format: str
+    images: int
+    workers: int
+    cold: bool
+    repeat: int
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def ratio(self, name: str, baseline: str = BASELINE) -> float | None:
+        rows = {row.name: row for row in self.rows}
+        if name not in rows or baseline not in rows:
+            return None
+        return rows[name].images_per_second / rows[baseline].images_per_second
+
+    def reader_overhead(self) -> float | None:
+        """How much slower the shard reader is than decoding the same bytes from memory."""
+        ratio = self.ratio("shards: libjpeg-turbo", MEMORY)
+        return None if ratio is None else 1 - ratio
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output": self.output, "source": self.source, "format": self.format, "images": self.images,
+            "workers": self.workers, "cold": self.cold, "repeat": self.repeat,
+            "rows": [row.to_json() for row in self.rows],
+            "speedup_vs_folder_pil": {row.name: self.ratio(row.name) for row in self.rows},
+            "reader_overhead": self.reader_overhead(),
+        }  # fmt: skip
+
+
+# --- passes: top-level functions over plain data, so worker processes can run them ----------
+
+
+def _evict(paths: list[str]) -> None:
+    """Drop the files from the page cache (no root needed) so the pass reads from disk."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _folder_pil(paths: list[str]) -> tuple[int, int]:
+    from PIL import Image
+
+    count = size = 0
+    for path in paths:
+        with open(path, "rb") as file:
+            image = Image.open(file)
+            image.convert("RGB")  # torchvision's pil_loader: decode and convert
+        size += os.path.getsize(path)
+        count += 1
+    return count, size
+
+
+def _folder_turbo(paths: list[str]) -> tuple[int, int]:
+    count = size = 0
+    for path in paths:
+        with open(path, "rb") as file:
+            data = file.read()
+        decode(data, "jpg" if data[:3] == b"\xff\xd8\xff" else "png")
+        size += len(data)
+        count += 1
+    return count, size
+
+
+def _shards(job: tuple[str, list[int], str, float | None]) -> tuple[int, int]:
+    folder, shards, mode, scale = job
+    dataset = open_shards(folder, decode=mode, scale=scale)
+    count = 0
+    for shard in shards:
+        for _ in dataset.shard_samples(shard):
+            count += 1
+    dataset.close()
+    return count, sum(dataset.manifest.shards[shard].bytes for shard in shards)
+
+
+def _memory(blobs: list[tuple[bytes, str]]) -> tuple[int, int]:
+    for data, ext in blobs:
+        decode(data, ext)
+    return len(blobs), sum(len(data) for data, _ in blobs)
+
+
+def _run_split(pool: ProcessPoolExecutor | None, function: Callable, parts: list[Any]) -> tuple[int, int, float]:
+    started = time.perf_counter()
+    results = [function(part) for part in parts] if pool is None else list(pool.map(function, parts))
+    elapsed = time.perf_counter() - started
+    return sum(r[0] for r in results), sum(r[1] for r in results), elapsed
+
+
+def _split(items: list[Any], parts: int) -> list[list[Any]]:
+    return [items[i::parts] for i in range(parts)]
+
+
+def bench(
+    output: str | os.PathLike[str],
+    *,
+    against: str | os.PathLike[str] | None = None,
+    workers: int = 1,
+    repeat: int = 3,
+    cold: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Measure decode throughput of the shards in `output` (and of `against`, the raw folder)."""
+    if repeat < 1 or workers < 1:
+        raise ShardkitError("repeat and workers must be at least 1")
+    root = Path(output)
+    manifest = read_manifest(root)
+    shard_paths = [str(root / shard.name) for shard in manifest.shards]
+    dataset = open_shards(root, decode="bytes")
+    records = [record for shard in range(len(manifest.shards)) for record in dataset.records(shard)]
+    blobs = [(record.data, record.ext) for record in records]
+    sources = [str(record.meta.get("source", "")) for record in records]
+    report = BenchReport(str(root), None if against is None else display(os.fspath(against)), manifest.format,
+                         len(blobs), workers, cold, repeat)  # fmt: skip
+    files: list[str] = []
+    if against is not None:
+        if not all(sources):
+            raise ShardkitError(f"{root}: records carry no source paths; cannot bench against a folder")
+        files = [os.path.join(against, source) for source in sources]
+        missing = [path for path in files if not os.path.exists(path)]
+        if missing:
+            raise ShardkitError(f"{missing[0]}: packed from this file, but it is not under {against}")
+    shard_parts = [(str(root), part, "", None) for part in _split(list(range(len(shard_paths))), workers)]
+
+    def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
+        return [(folder, part, mode, scale) for folder, part, _, _ in shard_parts]
+
+    passes: list[tuple[str, Callable, list[Any], list[str]]] = []
+    if files:
+        passes.append((BASELINE, _folder_pil, _split(files, workers), files))
+        if turbojpeg() is not None:
+            passes.append(("folder: libjpeg-turbo", _folder_turbo, _split(files, workers), files))
+    if turbojpeg() is not None:
+        passes.append(("shards: libjpeg-turbo", _shards, shard_pass("rgb"), shard_paths))
+    passes.append(("shards: Pillow", _shards, shard_pass("pil"), shard_paths))
+    passes.append(("shards: bytes only (I/O)", _shards, shard_pass("bytes"), shard_paths))
+    passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), shard_paths))
+    if not cold:
+        passes.append((MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(blobs, workers), []))
+
+    pool = ProcessPoolExecutor(workers, mp_context=mp_context()) if workers > 1 else None
+    try:
+        if pool is not None:
+            list(pool.map(_folder_turbo, [[] for _ in range(workers)]))  # start the workers before timing
+        for name, function, parts, paths in passes:
+            if progress is not None:
+                progress(name)
+            if not cold:
+                _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
+            times: list[float] = []
+            images = size = 0
+            for _ in range(repeat):
+                if cold:
+                    _evict(paths)
+                images, size, seconds = _run_split(pool, function, parts)
+                times.append(seconds)
+            report.rows.append(BenchRow(name, images, size, times, workers))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        dataset.close()
+    return report

@@ -1,0 +1,66 @@
+"""`shardkit bench`: decode speed of shards against the raw folder, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..bench import BASELINE, MEMORY, BenchReport
+from ..bench import bench as run_bench
+from .common import console, err_console, user_errors
+
+
+def bench(
+    output: Annotated[Path, typer.Argument(help="A shardkit output folder.")],
+    against: Annotated[Optional[Path], typer.Option(help="The raw image folder the shards were packed from.")] = None,
+    workers: Annotated[int, typer.Option(help="Processes per pass.")] = 1,
+    repeat: Annotated[int, typer.Option(help="Timed runs per pass (median reported).")] = 3,
+    cold: Annotated[bool, typer.Option(help="Evict files from the page cache before each run.")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
+) -> None:
+    """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
+    with user_errors():
+        report = run_bench(
+            output, against=against, workers=workers, repeat=repeat, cold=cold,
+            progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
+        )  # fmt: skip
+        render(report)
+        if json_path is not None:
+            json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+        if plot is not None:
+            from ..plots import plot_bars
+
+            plot_bars(
+                [row.name for row in report.rows], [row.images_per_second for row in report.rows],
+                f"decode throughput, {report.workers} process(es), {'cold' if report.cold else 'warm'} cache",
+                "images/s", plot,
+            )  # fmt: skip
+
+
+def render(report: BenchReport) -> None:
+    cache = "cold cache (evicted before each run)" if report.cold else "warm cache"
+    table = Table(
+        title=f"{report.images:,} images, {report.format} shards, {report.workers} process(es), {cache}, "
+        f"median of {report.repeat}",
+        title_justify="left",
+    )
+    for column in ("pass", "images/s", "spread", "MB/s", "per core", "vs folder PIL"):
+        table.add_column(column, justify="left" if column == "pass" else "right")
+    for row in report.rows:
+        fastest, slowest = row.images / min(row.seconds), row.images / max(row.seconds)
+        ratio = report.ratio(row.name)
+        table.add_row(
+            row.name, f"{row.images_per_second:,.0f}", f"{slowest:,.0f}-{fastest:,.0f}",
+            f"{row.megabytes_per_second:,.1f}", f"{row.per_core:,.0f}", f"{ratio:.2f}x" if ratio else "",
+        )  # fmt: skip
+    console.print(table)
+    overhead = report.reader_overhead()
+    if overhead is not None:
+        console.print(f"shard reader overhead over decoding the same bytes from memory ({MEMORY}): {overhead:+.1%}")
+    if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == BASELINE for r in report.rows):
+        console.print("[dim]pass --against SRC to compare with the raw folder[/]")

@@ -1,0 +1,60 @@
+"""`shardkit verify`: prove shards are whole, match their manifest, and decode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..verify import VerifyReport
+from ..verify import verify as run_verify
+from .common import console, progress_bar, user_errors
+
+MAX_LINES = 50
+
+
+def verify(
+    output: Annotated[Path, typer.Argument(help="A shardkit output folder.")],
+    deep: Annotated[bool, typer.Option(help="Decode every image and check its size against the metadata.")] = False,
+    source: Annotated[
+        Optional[Path], typer.Option(help="Check every source file is packed or in errors.jsonl.")
+    ] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes to use. [default: one per core]")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
+) -> None:
+    """Check an output folder; exit code 0 only when everything holds."""
+    with user_errors():
+        with progress_bar("verifying", unit="shards") as bar:
+            task = bar.add_task("verify", total=None, rate="")
+            report = run_verify(
+                output, deep=deep, source=source, workers=workers,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )  # fmt: skip
+        render(report, deep=deep)
+        if json_path is not None:
+            json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def render(report: VerifyReport, deep: bool) -> None:
+    decoded = f", {report.decoded:,} decoded" if deep else ""
+    summary = (
+        f"{report.folder}: {report.format or '?'}, {report.shards:,} shards, {report.records:,} records{decoded} "
+        f"in {report.seconds:.2f}s"
+    )
+    if report.ok:
+        console.print(f"[bold green]OK[/] {summary}")
+        return
+    console.print(f"[bold red]FAILED[/] {summary}: {len(report.problems):,} problems")
+    table = Table(show_header=True, header_style="bold")
+    for column in ("kind", "shard", "key", "detail"):
+        table.add_column(column)
+    for problem in report.problems[:MAX_LINES]:
+        table.add_row(problem.kind, problem.shard or "", problem.key or "", problem.detail)
+    console.print(table)
+    if len(report.problems) > MAX_LINES:
+        console.print(f"... and {len(report.problems) - MAX_LINES:,} more (use --json for all)")

@@ -1,0 +1,298 @@
+"""`open_shards()`: one reader for every format, PyTorch-ready.
+
+A `ShardDataset` is map-style (len, ds[i], ds.get(key); works with any sampler, DistributedSampler
+included) and iterable: `iter(ds)` reads shard by shard, split across DataLoader workers and ranks
+so each sample is seen once per epoch, optionally with a seeded shard-order shuffle and a bounded
+shuffle buffer. `ds.iterable()` wraps it as a torch IterableDataset.
+
+File handles (LMDB environments, HDF5 files, tar descriptors) open lazily in the process that reads,
+so a dataset can be created before DataLoader workers fork. This module never imports the pack side.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
+from .formats import Record, ShardReader, get_format
+from .imaging import decode as decode_bytes
+from .imaging import decode_pil
+from .manifest import MANIFEST_NAME, Manifest, read_manifest
+
+DECODE_MODES = ("rgb", "bytes", "pil", "torch")
+SCALES = (1, 1 / 2, 1 / 4, 1 / 8)
+
+
+class Sample(NamedTuple):
+    key: str
+    image: Any  # HWC uint8 array ("rgb"), bytes, PIL image, or CHW uint8 tensor ("torch")
+    label: int | None
+    meta: dict[str, Any]
+
+
+class ShardReadError(ShardkitError):
+    """A record could not be read or decoded; names the shard and the key."""
+
+
+class ShardDataset:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        decode: str = "rgb",
+        scale: float | None = None,
+        transform: Callable[[Sample], Any] | None = None,
+        on_error: str = "raise",
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
+        if scale is not None and not any(abs(scale - s) < 1e-9 for s in SCALES):
+            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be raise or skip, not {on_error!r}")
+        if decode == "torch":
+            _torch()
+        self.folder = folder
+        self.manifest = manifest
+        self.classes = list(manifest.classes)
+        self.decode = decode
+        self.scale = None if scale in (None, 1) else scale
+        self.transform = transform
+        self.on_error = on_error
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_buffer = max(1, shuffle_buffer)
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.skipped = 0  # records skipped with on_error="skip" (in this process)
+        self._backend = get_format(manifest.format)
+        self._readers: list[ShardReader] = [self._backend.reader(str(folder / s.name)) for s in manifest.shards]
+        self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
+        self._key_index: dict[str, tuple[int, int]] | None = None
+
+    @property
+    def format(self) -> str:
+        return self.manifest.format
+
+    @property
+    def random_access(self) -> bool:
+        return self._backend.random_access
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
+        self.epoch = epoch
+
+    # --- map-style ----------------------------------------------------------------------------
+
+    def __getitem__(self, index: int) -> Any:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return self._sample(shard, lambda reader: reader.read(index - self._starts[shard]), str(index))
+
+    def get(self, key: str) -> Any:
+        """The sample stored under `key` (KeyError if there is none)."""
+        if self._key_index is None:
+            self._key_index = {
+                key: (shard, local)
+                for shard, reader in enumerate(self._readers)
+                for local, key in enumerate(reader.keys())
+            }
+        shard, local = self._key_index[key]
+        return self._sample(shard, lambda reader: reader.read(local), key)
+
+    def _sample(self, shard: int, read: Callable[[ShardReader], Record], what: str) -> Any:
+        name = self.manifest.shards[shard].name
+        try:
+            record = read(self._readers[shard])
+            return self._finish(record, name)
+        except ShardFormatError as error:
+            raise ShardReadError(f"{name}: record {what}: {error}") from None
+
+    def _finish(self, record: Record, shard_name: str) -> Any:
+        try:
+            image = self._decoded(record)
+        except (ImageError, ValueError) as error:
+            raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode ({error})") from None
+        sample = Sample(record.key, image, record.label, record.meta)
+        return self.transform(sample) if self.transform is not None else sample
+
+    def _decoded(self, record: Record) -> Any:
+        if self.decode == "bytes":
+            return record.data
+        if self.decode == "pil":
+            if record.ext == "npy":
+                from PIL import Image
+
+                return Image.fromarray(decode_bytes(record.data, record.ext))
+            return decode_pil(record.data, self.scale)
+        pixels = decode_bytes(record.data, record.ext, self.scale)
+        if self.decode == "torch":
+            return _torch().from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
+        return pixels
+
+    # --- iterable -----------------------------------------------------------------------------
+
+    def shards_for_this_process(self) -> list[int]:
+        """Shard indices this (rank, DataLoader worker) reads in the current epoch."""
+        order = list(range(len(self._readers)))
+        if self.shuffle:
+            np.random.default_rng((self.seed, self.epoch)).shuffle(order)
+        rank, world = _rank_and_world(self.rank, self.world_size)
+        worker, workers = _worker()
+        return order[rank * workers + worker :: world * workers]
+
+    def __iter__(self) -> Iterator[Any]:
+        mine = self.shards_for_this_process()
+        samples = self._records(mine)
+        if self.shuffle:
+            rank, _ = _rank_and_world(self.rank, self.world_size)
+            samples = _buffer_shuffle(samples, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
+        yield from samples
+
+    def _records(self, shards: list[int]) -> Iterator[Any]:
+        for shard in shards:
+            yield from self.shard_samples(shard)
+
+    def records(self, shard: int) -> Iterator[Record]:
+        """The stored records of one shard, in order and undecoded."""
+        return iter(self._readers[shard])
+
+    def shard_samples(self, shard: int) -> Iterator[Any]:
+        """The samples of one shard, in stored order, decoded and transformed."""
+        name = self.manifest.shards[shard].name
+        try:
+            for record in self._readers[shard]:
+                try:
+                    yield self._finish(record, name)
+                except ShardReadError:
+                    if self.on_error == "raise":
+                        raise
+                    self.skipped += 1
+        except ShardFormatError as error:
+            if self.on_error == "raise":
+                raise ShardReadError(f"{name}: {error}") from None
+            self.skipped += 1
+
+    def iterable(self) -> Any:
+        """This dataset as a torch IterableDataset (for DataLoader's iterable mode)."""
+        _torch()
+        from .torch_data import ShardIterableDataset
+
+        return ShardIterableDataset(self)
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+
+
+def open_shards(
+    path: str | os.PathLike[str],
+    *,
+    decode: str = "rgb",
+    scale: float | None = None,
+    transform: Callable[[Sample], Any] | None = None,
+    on_error: str = "raise",
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> ShardDataset:
+    """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
+
+    decode: "rgb" (HWC uint8 numpy), "bytes", "pil" or "torch" (CHW uint8 tensor). scale: 1/2, 1/4
+    or 1/8 decodes JPEG in the DCT domain. rank/world_size default to torch.distributed's when it is
+    initialised. on_error="skip" skips unreadable records during iteration and counts them.
+    """
+    folder = Path(path)
+    if folder.name == MANIFEST_NAME and folder.is_file():
+        folder = folder.parent
+    manifest = read_manifest(folder)
+    for shard in manifest.shards:
+        # A cheap stat catches truncated or replaced shards before any is opened or mapped.
+        try:
+            size = (folder / shard.name).stat().st_size
+        except FileNotFoundError:
+            raise ShardFormatError(f"{folder / shard.name}: listed in the manifest but missing") from None
+        if size != shard.bytes:
+            raise ShardFormatError(
+                f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
+            )
+    return ShardDataset(
+        folder,
+        manifest,
+        decode=decode,
+        scale=scale,
+        transform=transform,
+        on_error=on_error,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        rank=rank,
+        world_size=world_size,
+    )
+
+
+def _buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> Iterator[Any]:
+    """A bounded shuffle: memory holds `size` samples, the order repeats for the same seed."""
+    rng = np.random.default_rng(seed)
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        slot = int(rng.integers(size))
+        yield buffer[slot]
+        buffer[slot] = sample
+    order = rng.permutation(len(buffer))
+    for slot in order:
+        yield buffer[slot]
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None or world_size is not None:
+        rank, world_size = rank or 0, world_size or 1
+    else:
+        rank, world_size = 0, 1
+        dist = sys.modules.get("torch.distributed")  # only if torch is already in use
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is not within world size {world_size}")
+    return rank, world_size
+
+
+def _worker() -> tuple[int, int]:
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        from .errors import missing_extra
+
+        raise missing_extra("torch", "torch") from None
+    return torch

@@ -1,0 +1,193 @@
+"""`verify`: prove an output folder is whole, matches its manifest, and (with deep) decodes.
+
+Every problem is data with the shard and key it concerns; nothing here prints. Shards are checked
+in parallel, one job per shard. A shard whose size or sha256 is wrong is not opened: its bytes are
+not what was written, and a damaged memory-mapped file must not take the checker down with it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .discover import discover, display
+from .errors import ImageError, ShardFormatError, ShardkitError
+from .executors import default_workers, map_local
+from .formats import get_format
+from .imaging import decode
+from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, read_errors, read_manifest, sha256_file
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # manifest, missing, stray, size, checksum, count, unreadable, duplicate-key, label, decode, ...
+    detail: str
+    shard: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    folder: str
+    format: str | None
+    shards: int = 0
+    records: int = 0
+    decoded: int = 0
+    seconds: float = 0.0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class _ShardJob:
+    folder: str
+    shard: ShardInfo
+    format: str
+    classes: int
+    deep: bool
+
+
+@dataclass
+class _ShardCheck:
+    problems: list[Problem]
+    keys: list[str]
+    sources: list[str]
+    decoded: int
+
+
+def _check_shard(job: _ShardJob) -> _ShardCheck:
+    name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
+    check = _ShardCheck([], [], [], 0)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        check.problems.append(Problem("missing", "listed in the manifest but not on disk", name))
+        return check
+    if size != job.shard.bytes:
+        check.problems.append(Problem("size", f"{size:,} bytes, manifest says {job.shard.bytes:,}", name))
+        return check
+    if sha256_file(path) != job.shard.sha256:
+        check.problems.append(Problem("checksum", "sha256 differs from the manifest (bytes changed)", name))
+        return check
+    reader = get_format(job.format).reader(path)
+    try:
+        count = 0
+        for record in reader:
+            count += 1
+            check.keys.append(record.key)
+            check.sources.append(str(record.meta.get("source", "")))
+            if record.label is not None and job.classes and not 0 <= record.label < job.classes:
+                check.problems.append(
+                    Problem("label", f"label {record.label} outside 0..{job.classes - 1}", name, record.key)
+                )
+            if job.deep:
+                _check_pixels(record, name, check)
+        if count != job.shard.count:
+            check.problems.append(Problem("count", f"{count:,} records, manifest says {job.shard.count:,}", name))
+    except ShardFormatError as error:
+        check.problems.append(Problem("unreadable", str(error), name))
+    finally:
+        reader.close()
+    return check
+
+
+def _check_pixels(record, shard: str, check: _ShardCheck) -> None:
+    try:
+        pixels = decode(record.data, record.ext)
+    except (ImageError, ValueError) as error:
+        check.problems.append(Problem("decode", str(error), shard, record.key))
+        return
+    check.decoded += 1
+    expected = (record.meta.get("stored_height"), record.meta.get("stored_width"))
+    if pixels.ndim != 3 or pixels.shape[2] != 3 or tuple(pixels.shape[:2]) != expected:
+        check.problems.append(
+            Problem("shape", f"decoded {pixels.shape}, metadata says {expected[0]}x{expected[1]}x3", shard, record.key)
+        )
+
+
+def verify(
+    folder: str | os.PathLike[str],
+    *,
+    deep: bool = False,
+    source: str | os.PathLike[str] | None = None,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Check `folder` against its manifest; with `deep`, decode every image; with `source`, check
+    that every source file is either packed or listed in errors.jsonl."""
+    started = time.perf_counter()
+    root = Path(folder)
+    report = VerifyReport(str(root), None)
+    try:
+        manifest = read_manifest(root)
+        get_format(manifest.format)
+    except ShardkitError as error:
+        report.problems.append(Problem("manifest", str(error)))
+        return report
+    report.format = manifest.format
+    report.shards = len(manifest.shards)
+    _check_manifest(root, manifest, report)
+    jobs = [_ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep) for shard in manifest.shards]
+    keys: Counter[str] = Counter()
+    sources: list[str] = []
+    for done, (_, check) in enumerate(map_local(_check_shard, jobs, workers or default_workers()), 1):
+        report.problems.extend(check.problems)
+        report.records += len(check.keys)
+        report.decoded += check.decoded
+        keys.update(check.keys)
+        sources.extend(check.sources)
+        if progress is not None:
+            progress(done, len(jobs))
+    for key, times in keys.items():
+        if times > 1:
+            report.problems.append(Problem("duplicate-key", f"key stored {times} times", key=key))
+    if source is not None:
+        _check_source(root, source, sources, report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> None:
+    if manifest.checksum != manifest.computed_checksum():
+        report.problems.append(Problem("manifest", "checksum does not match its content (edited by hand?)"))
+    if len({s.name for s in manifest.shards}) != len(manifest.shards):
+        report.problems.append(Problem("manifest", "a shard is listed twice"))
+    totals = manifest.totals
+    errors = read_errors(root)
+    if totals.get("records") != manifest.records:
+        report.problems.append(
+            Problem("manifest", f"totals say {totals.get('records')} records, shards hold {manifest.records}")
+        )
+    if totals.get("errors") != len(errors):
+        report.problems.append(
+            Problem("manifest", f"totals say {totals.get('errors')} errors, {ERRORS_NAME} has {len(errors)}")
+        )
+    if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
+        report.problems.append(Problem("manifest", "inputs are not records + errors"))
+    listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME}
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name not in listed and not entry.name.startswith("."):
+            report.problems.append(Problem("stray", "not listed in the manifest", entry.name))
+
+
+def _check_source(root: Path, source: str | os.PathLike[str], packed: list[str], report: VerifyReport) -> None:
+    found = discover(source)
+    expected = {display(item.relpath) for item in found.items} | {display(s.relpath) for s in found.skipped}
+    accounted = Counter(packed) + Counter(str(row.get("path")) for row in read_errors(root))
+    for path in sorted(expected - set(accounted)):
+        report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
+    for path in sorted(set(accounted) - expected):
+        report.problems.append(Problem("extra", f"{path} is packed or listed but not in the source"))
+    for path, times in accounted.items():
+        if times > 1 and path in expected:
+            report.problems.append(Problem("duplicate-source", f"{path} is accounted for {times} times"))

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from shardkit.bench import BASELINE, bench
+from shardkit.config import PackConfig, ResizeConfig
+from shardkit.pack import pack
+
+
+def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=16))
+    report = bench(out, against=sample_dataset, repeat=2)
+    names = [row.name for row in report.rows]
+    assert names[0] == BASELINE and "shards: bytes only (I/O)" in names and "shards: scale 1/2" in names
+    assert all(row.images == 60 and len(row.seconds) == 2 and row.images_per_second > 0 for row in report.rows)
+    assert report.ratio(BASELINE) == 1.0
+    assert report.reader_overhead() is not None
+    parallel = bench(out, workers=2, repeat=1, cold=True)
+    assert all(row.workers == 2 and row.images == 60 for row in parallel.rows)
+
+
+def test_bench_cli_writes_json(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64)))
+    report = tmp_path / "bench.json"
+    result = subprocess.run(
+        [*python_command, "bench", str(out), "--against", str(sample_dataset), "--repeat", "1", "--json", str(report)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "vs folder PIL" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["images"] == 60 and data["speedup_vs_folder_pil"][BASELINE] == 1.0

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.config import PackConfig, ResizeConfig
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.formats import available_formats, get_format
+from shardkit.manifest import read_manifest
+from shardkit.pack import pack
+from shardkit.readers import ShardReadError, open_shards
+
+
+@pytest.fixture(scope="module", params=available_formats())
+def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(request.param) / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(64), shard_size=7))
+    return out
+
+
+def test_round_trip_through_open_shards(packed: Path) -> None:
+    ds = open_shards(packed)
+    manifest = read_manifest(packed)
+    assert len(ds) == 60 and ds.classes == manifest.classes and ds.manifest == manifest
+    samples = list(ds)
+    stored = [r.key for shard in manifest.shards for r in get_format(manifest.format).reader(str(packed / shard.name))]
+    assert [s.key for s in samples] == stored  # iteration in stored order
+    for index in (0, 13, 59):
+        sample = ds[index]
+        assert sample.key == samples[index].key
+        assert isinstance(sample.image, np.ndarray) and sample.image.dtype == np.uint8 and sample.image.shape[2] == 3
+        assert sample.image.shape[:2] == (sample.meta["stored_height"], sample.meta["stored_width"])
+        assert ds.get(sample.key).key == sample.key
+        assert sample.label == ds.classes.index(sample.meta["source"].split("/")[0])
+    with pytest.raises(KeyError):
+        ds.get("no such key")
+    with pytest.raises(IndexError):
+        ds[60]
+
+
+def test_decode_modes_scale_and_transform(packed: Path) -> None:
+    raw = open_shards(packed, decode="bytes")[3]
+    assert isinstance(raw.image, bytes) and raw.image[:2] == b"\xff\xd8"
+    pil = open_shards(packed, decode="pil")[3]
+    assert pil.image.mode == "RGB"
+    full = open_shards(packed)[3].image
+    half = open_shards(packed, scale=1 / 2)[3].image
+    assert half.shape[0] == -(-full.shape[0] // 2) and half.shape[1] == -(-full.shape[1] // 2)
+    assert open_shards(packed, transform=lambda s: s.key)[3] == raw.key
+    with pytest.raises(ConfigError):
+        open_shards(packed, scale=0.3)
+    with pytest.raises(ConfigError):
+        open_shards(packed, decode="cv2")
+
+
+def test_torch_tensor_decode(packed: Path) -> None:
+    torch = pytest.importorskip("torch")
+    sample = open_shards(packed, decode="torch")[0]
+    assert isinstance(sample.image, torch.Tensor) and sample.image.dtype == torch.uint8
+    assert sample.image.shape[0] == 3
+
+
+def test_dataloader_two_workers_two_ranks_sees_every_key_once(packed: Path) -> None:
+    torch = pytest.importorskip("torch")
+    seen: Counter[str] = Counter()
+    for rank in range(2):
+        ds = open_shards(packed, decode="bytes", rank=rank, world_size=2).iterable()
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        seen.update(sample.key for sample in loader)
+    assert len(seen) == 60 and set(seen.values()) == {1}
+
+
+def test_map_style_with_distributed_sampler(packed: Path) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ds = open_shards(packed, decode="bytes", transform=lambda s: s.key)
+    keys: list[str] = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3, drop_last=True)
+        keys += list(DataLoader(ds, sampler=sampler, batch_size=None, num_workers=2))
+    assert len(keys) == 60 and len(set(keys)) == 60
+
+
+def test_seeded_shuffle_repeats_and_changes_with_epoch(packed: Path) -> None:
+    def order(seed: int, epoch: int) -> list[str]:
+        ds = open_shards(packed, decode="bytes", shuffle=True, seed=seed, shuffle_buffer=10)
+        ds.set_epoch(epoch)
+        return [s.key for s in ds]
+
+    first = order(1, 0)
+    assert first == order(1, 0)
+    assert first != order(1, 1) and first != order(2, 0)
+    assert sorted(first) == sorted(s.key for s in open_shards(packed, decode="bytes"))
+
+
+def test_corrupt_record_names_shard_and_key_or_is_skipped(packed: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    manifest = read_manifest(copy)
+    victim = open_shards(copy, decode="bytes")[8]  # shard 1, record 1 (7 per shard)
+    data = (copy / manifest.shards[1].name).read_bytes()
+    at = data.index(victim.image)
+    damaged = data[:at] + bytes(64) + data[at + 64 :]  # same size: only decoding can tell
+    (copy / manifest.shards[1].name).write_bytes(damaged)
+    with pytest.raises(ShardReadError) as error:
+        list(open_shards(copy))
+    assert manifest.shards[1].name in str(error.value) and victim.key in str(error.value)
+    tolerant = open_shards(copy, on_error="skip")
+    assert len(list(tolerant)) == 59 and tolerant.skipped == 1
+
+
+def test_truncated_shard_is_refused_before_it_is_opened(packed: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    shard = copy / read_manifest(copy).shards[0].name
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(ShardFormatError, match="truncated or replaced"):
+        open_shards(copy)
+
+
+def test_reading_never_imports_the_pack_side(packed: Path) -> None:
+    code = (
+        "import sys; from shardkit.readers import open_shards; "
+        f"ds = open_shards({str(packed)!r}); list(ds); ds[0]; "
+        "bad = [m for m in ('shardkit.pack', 'shardkit.plan', 'shardkit.executors') if m in sys.modules]; "
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

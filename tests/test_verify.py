@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardkit.config import PackConfig, ResizeConfig
+from shardkit.formats import available_formats
+from shardkit.manifest import read_manifest
+from shardkit.pack import pack
+from shardkit.synthetic import write_image
+from shardkit.verify import verify
+
+
+@pytest.fixture(scope="module", params=available_formats())
+def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(request.param) / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(48), shard_size=20))
+    return out
+
+
+@pytest.fixture
+def copy(packed: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(packed, tmp_path / "copy"))
+
+
+def kinds(folder: Path, **options) -> set[str]:
+    return {problem.kind for problem in verify(folder, **options).problems}
+
+
+def shard(folder: Path, index: int = 1) -> Path:
+    return folder / read_manifest(folder).shards[index].name
+
+
+def test_clean_output_verifies_deep_and_against_source(packed: Path, sample_dataset: Path) -> None:
+    report = verify(packed, deep=True, source=sample_dataset, workers=2)
+    assert report.ok, report.problems
+    assert (report.records, report.decoded, report.shards) == (60, 60, 4)
+
+
+def test_one_flipped_byte_is_caught(copy: Path) -> None:
+    data = bytearray(shard(copy).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard(copy).write_bytes(bytes(data))
+    assert kinds(copy) == {"checksum"}
+
+
+def test_truncated_shard_is_caught(copy: Path) -> None:
+    shard(copy).write_bytes(shard(copy).read_bytes()[:-100])
+    assert kinds(copy) == {"size"}
+
+
+def test_deleted_shard_is_caught(copy: Path) -> None:
+    shard(copy).unlink()
+    assert kinds(copy) == {"missing"}
+
+
+def test_stray_shard_is_caught(copy: Path) -> None:
+    shutil.copy(shard(copy), copy / ("shard-000099" + shard(copy).suffix))
+    assert kinds(copy) == {"stray"}
+
+
+def test_hand_edited_manifest_is_caught(copy: Path) -> None:
+    data = json.loads((copy / "manifest.json").read_text())
+    data["settings"]["resize"]["size"] = 512  # a lie that no shard byte contradicts
+    (copy / "manifest.json").write_text(json.dumps(data))
+    assert kinds(copy) == {"manifest"}
+    data["shards"][0]["count"] += 1
+    (copy / "manifest.json").write_text(json.dumps(data))
+    assert kinds(copy) == {"manifest", "count"}
+
+
+def test_missing_or_broken_manifest(copy: Path) -> None:
+    (copy / "manifest.json").write_text("{not json")
+    assert kinds(copy) == {"manifest"}
+    (copy / "manifest.json").unlink()
+    assert kinds(copy) == {"manifest"}
+
+
+def test_manifest_cannot_point_outside_the_folder(copy: Path) -> None:
+    data = json.loads((copy / "manifest.json").read_text())
+    data["shards"][0]["name"] = "../../etc/passwd"
+    (copy / "manifest.json").write_text(json.dumps(data))
+    report = verify(copy)
+    assert [p.kind for p in report.problems] == ["manifest"] and "plain file name" in report.problems[0].detail
+
+
+def test_source_check_finds_lost_files(packed: Path, sample_dataset: Path, tmp_path: Path) -> None:
+    source = Path(shutil.copytree(sample_dataset, tmp_path / "src"))
+    write_image(source / "n00001001" / "new_after_pack.jpg", 30, 30)
+    report = verify(packed, source=source)
+    assert [p.kind for p in report.problems] == ["lost"] and "new_after_pack" in report.problems[0].detail
+
+
+def test_cli_exit_codes_and_json(python_command, packed: Path, copy: Path, tmp_path: Path) -> None:
+    ok = subprocess.run([*python_command, "verify", str(packed), "--deep"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK")
+    shard(copy).unlink()
+    report = tmp_path / "r.json"
+    bad = subprocess.run(
+        [*python_command, "verify", str(copy), "--json", str(report)], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 1 and "FAILED" in bad.stdout and shard(copy).name in bad.stdout
+    assert json.loads(report.read_text())["ok"] is False
