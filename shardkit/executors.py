@@ -94,35 +94,50 @@ def check_ray() -> None:
         raise missing_extra("ray", "ray") from None
 
 
+def _on_ray_node(function: Callable[[Any], Result], job: Any) -> tuple[str, Result]:
+    """Runs in a Ray worker: the job's result and the id of the node that ran it."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), function(job)
+
+
 def map_ray(
-    function: Callable[..., Result], jobs: Sequence[Any], *, address: str | None = None, max_retries: int = 3
+    function: Callable[..., Result],
+    jobs: Sequence[Any],
+    *,
+    address: str | None = None,
+    max_retries: int = 3,
+    nodes: dict[int, str] | None = None,
 ) -> Iterator[tuple[int, Result]]:
     """Yield (job index, result) as Ray tasks finish; each job is one task of `function`.
 
-    Connects to `address` (auto, ray://host:port) or to the Ray instance already initialised in this
-    process, else starts a local one. A task whose worker dies is retried by Ray up to `max_retries`.
+    Connects to `address` (auto, ray://host:port, host:port) or to the Ray instance already
+    initialised in this process, else starts a local one. Tasks are spread across nodes; a task
+    whose worker or node dies is retried by Ray up to `max_retries` times. `nodes`, when given,
+    receives the id of the node that ran each job.
     """
+    import logging
+
     import ray
     from ray.exceptions import RayError, RayTaskError, WorkerCrashedError
 
     started_here = False
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise ShardkitError(
-                f"cannot connect to the Ray cluster at {address or 'a new local instance'}: {error}"
-            ) from None
+            where = address or "a new local instance"
+            raise ShardkitError(f"cannot connect to the Ray cluster at {where}: {error}") from None
         started_here = True
-    remote = ray.remote(num_cpus=1, max_retries=max_retries)(function)
-    pending = {remote.remote(job): index for index, job in enumerate(jobs)}
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
+    pending = {remote.remote(function, job): index for index, job in enumerate(jobs)}
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 index = pending.pop(ref)
                 try:
-                    yield index, ray.get(ref)
+                    node, result = ray.get(ref)
                 except RayTaskError as error:
                     cause = error.cause
                     if isinstance(cause, ShardkitError):
@@ -132,6 +147,9 @@ def map_ray(
                     raise WorkerDiedError(f"Ray worker for job {index} died {max_retries + 1} times") from None
                 except RayError as error:
                     raise ShardkitError(f"Ray task for job {index} failed: {error}") from None
+                if nodes is not None:
+                    nodes[index] = node
+                yield index, result
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

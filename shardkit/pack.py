@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ class ShardResult:
     timings: dict[str, float]
     plan: str = ""
     reused: bool = False
+    worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
 
 
 @dataclass
@@ -71,6 +73,7 @@ class PackResult:
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
     resize: int | None = None
+    nodes: int = 1  # machines (Ray nodes) that wrote shards in this run
 
     @property
     def images_per_second(self) -> float:
@@ -90,10 +93,13 @@ def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal."""
     backend = get_format(job.format)
     spec = job.spec
+    if not os.path.isdir(state_dir(job.output)) or not os.access(job.output, os.W_OK):
+        raise OutputError(
+            f"{job.output}: not visible or not writable from worker {socket.gethostname()}:{os.getpid()}; "
+            "with --executor ray the output folder must be on storage that every node shares"
+        )
     temp = state_dir(job.output) / "tmp" / f"{spec.name}.{os.getpid()}.tmp"
     temp.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(job.output, os.W_OK):
-        raise OutputError(f"{job.output}: this worker cannot write to the output folder (is it shared storage?)")
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[dict[str, str]] = []
     input_bytes = 0
@@ -134,7 +140,8 @@ def write_shard(job: ShardJob) -> ShardResult:
         if writer is not None:
             writer.close()
         temp.unlink(missing_ok=True)
-    result = ShardResult(info, errors, input_bytes, timings, job.plan)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
     # The marker goes last: a shard without it is simply written again on resume.
     write_json_atomic(done_path(job.output, spec), asdict(result))
     return result
@@ -295,6 +302,7 @@ def pack(
         seconds=time.perf_counter() - started,
         stage_seconds=stage_seconds,
         resize=config.resize.size,
+        nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
     )
 
 
@@ -337,7 +345,9 @@ def _run_jobs(
         done = done_before
         if progress is not None:
             progress(done, total, errors)
-        for index, result in map_ray(write_shard, jobs, address=config.ray_address):
+        nodes: dict[int, str] = {}
+        for index, result in map_ray(write_shard, jobs, address=config.ray_address, nodes=nodes):
+            result.worker = nodes[index]
             done += len(jobs[index].spec.items)
             errors += len(result.errors)
             if progress is not None:

@@ -159,6 +159,8 @@ def render(result: PackResult) -> None:
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
     reused = f" ({result.reused_shards} reused from the earlier run)" if result.reused_shards else ""
     table.add_row("shards", f"{result.shards:,} {result.manifest.format}{reused}")
+    if result.nodes > 1:
+        table.add_row("nodes", f"{result.nodes} (Ray)")
     table.add_row("resize", f"{result.resize or 'none'}")
     table.add_row("bytes in -> out", f"{human_bytes(result.input_bytes)} -> {human_bytes(result.output_bytes)}")
     table.add_row("time", f"{result.seconds:.2f}s ({result.images_per_second:,.0f} images/s)")
