@@ -108,8 +108,8 @@ def write_shard(job: ShardJob) -> ShardResult:
         for item in spec.items:
             started = time.perf_counter()
             try:
-                with open(item.path, "rb") as source:
-                    data = source.read()
+                with open(item.path, "rb", buffering=0) as source:
+                    data = source.readall()
                 timings["read"] += time.perf_counter() - started
                 encoded = process_image(data, job.resize, job.encode, timings)
             except OSError as error:
