@@ -62,6 +62,26 @@ def _strip_extension(relpath: str) -> str:
     return f"{head}/{stem}" if head else stem
 
 
+def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], list[Skipped]]:
+    """(paths, relative paths, skipped) of the images under a folder or in a list file, without
+    keys or labels: the cheap walk that `probe` needs."""
+    root = os.fspath(source)
+    if os.path.isdir(root):
+        _check_folder(root)
+        skipped: list[Skipped] = []
+        relpaths = sorted(_walk(root, skipped), key=os.fsencode)
+        if not relpaths:
+            raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
+        return [os.path.join(root, rel) for rel in relpaths], relpaths, skipped
+    found = discover(root, labels="none")
+    return [item.path for item in found.items], [item.relpath for item in found.items], found.skipped
+
+
+def _check_folder(root: str) -> None:
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise SourceError(f"{display(root)}: permission denied")
+
+
 def discover(source: str | os.PathLike[str], labels: str = "auto") -> Source:
     """Find the images under `source` (a folder or a list file); `labels` is auto, folders or none."""
     if labels not in ("auto", "folders", "none"):
@@ -75,8 +95,7 @@ def discover(source: str | os.PathLike[str], labels: str = "auto") -> Source:
         return _from_list(root)
     if not os.path.isdir(root):
         raise SourceError(f"{display(root)}: not a folder or a list file")
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise SourceError(f"{display(root)}: permission denied")
+    _check_folder(root)
     skipped: list[Skipped] = []
     relpaths = sorted(_walk(root, skipped), key=os.fsencode)
     if not relpaths:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import DEFAULT_MAX_PIXELS
-from .discover import Skipped, discover, display
+from .discover import Skipped, display, image_files
 from .executors import default_workers, map_local
 from .headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 
@@ -147,8 +147,8 @@ def probe(
 ) -> ProbeReport:
     """Probe every image under `source`. `progress(done, total)` is called as chunks finish."""
     started = time.perf_counter()
-    found = discover(source, labels="none")
-    total = len(found.items)
+    paths, relpaths, skipped = image_files(source)
+    total = len(paths)
     done = 0
 
     def advance(n: int) -> None:
@@ -158,8 +158,8 @@ def probe(
             progress(done, total)
 
     records = probe_records(
-        [item.path for item in found.items],
-        [item.relpath for item in found.items],
+        paths,
+        relpaths,
         workers=workers,
         max_pixels=max_pixels,
         progress=advance,
@@ -168,7 +168,7 @@ def probe(
     report = summarize(records, train_size=train_size, root=os.fspath(source))
     report.seconds = time.perf_counter() - started
     report.workers = 1 if total < PARALLEL_MIN_FILES else used
-    report.skipped = found.skipped
+    report.skipped = skipped
     return report
 
 
