@@ -15,7 +15,7 @@ if ! ls "$cache"/pillow_simd-*.whl >/dev/null 2>&1; then
   grep -qw avx2 /proc/cpuinfo 2>/dev/null && flags="-mavx2"
   echo "Pillow-SIMD: building a wheel${flags:+ with $flags} (about a minute, once)"
   rm -rf "$cache"
-  if ! CC="${CC:-cc} $flags" "$python" -m pip wheel -q --no-deps --no-binary pillow-simd pillow-simd -w "$cache" \
+  if ! CC="${CC:-cc} $flags" "$python" -m pip wheel -q --no-cache-dir --no-deps --no-binary pillow-simd pillow-simd -w "$cache" \
       >/tmp/pillow-simd-build.log 2>&1; then
     echo "Pillow-SIMD: build failed (log: /tmp/pillow-simd-build.log); keeping stock Pillow"
     "$python" -c "import PIL" 2>/dev/null || "$python" -m pip install -q pillow

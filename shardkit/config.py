@@ -88,6 +88,8 @@ class PackConfig:
             raise ConfigError("give a shard size (records) or shard bytes")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be at least 1, not {self.workers}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be between 0 and 2**63-1, not {self.seed}")
         if self.labels not in LABEL_MODES:
             raise ConfigError(f"labels must be one of {', '.join(LABEL_MODES)}, not {self.labels!r}")
         if self.executor not in EXECUTORS:

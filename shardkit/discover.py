@@ -8,6 +8,7 @@ reason, so callers can account for every file they were pointed at.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,9 @@ def _from_list(list_path: str) -> Source:
     if labelled and len(labelled) != len(raw):
         raise SourceError(f"{display(list_path)}: some lines have a label and some do not")
     classes: list[str] = []
-    if labelled and not all(label.lstrip("-").isdigit() for label in labelled):
+    if labelled and not all(re.fullmatch(r"[0-9]+", label) for label in labelled):
+        if any(re.fullmatch(r"-[0-9]+", label) for label in labelled):
+            raise SourceError(f"{display(list_path)}: labels must be 0 or more (or class names)")
         classes = sorted(set(labelled))
     index = {name: i for i, name in enumerate(classes)}
 
@@ -190,16 +193,23 @@ def _from_list(list_path: str) -> Source:
 
 
 def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Skipped]) -> list[Item]:
-    """Items with unique keys: the extension is dropped unless two files differ only by it."""
-    stems: dict[str, int] = {}
-    for rel, _ in pairs:
-        stem = make_key(rel.lstrip("/"))
-        stems[stem] = stems.get(stem, 0) + 1
+    """Items with unique keys: the extension is dropped unless that makes two files' keys collide
+    (a.jpg and a.png; or a.jpg kept whole against a.jpg.png), in which case both keep it."""
+    shown_paths = {rel.lstrip("/") for rel, _ in pairs}
+    whole: set[str] = set()  # relpaths whose key keeps the extension
+    while True:
+        owners: dict[str, set[str]] = {}
+        for shown in shown_paths:
+            owners.setdefault(make_key(shown, keep_extension=shown in whole), set()).add(shown)
+        clashing = {shown for group in owners.values() if len(group) > 1 for shown in group} - whole
+        if not clashing:
+            break
+        whole |= clashing
     items: list[Item] = []
     seen: set[str] = set()
     for rel, label in pairs:
         shown = rel.lstrip("/")
-        key = make_key(shown, keep_extension=stems[make_key(shown)] > 1)
+        key = make_key(shown, keep_extension=shown in whole)
         if key in seen:
             skipped.append(Skipped(shown, "listed more than once"))
             continue

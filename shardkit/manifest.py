@@ -67,25 +67,40 @@ class Manifest:
                 shards=shards,
                 classes=[str(name) for name in data.get("classes", [])],
                 settings=dict(data.get("settings", {})),
-                totals={str(k): int(v) for k, v in data.get("totals", {}).items()},
+                totals={str(k): _total(v) for k, v in data.get("totals", {}).items()},
                 schema_version=int(data["schema_version"]),
                 created_by=str(data.get("created_by", "")),
                 checksum=str(data.get("checksum", "")),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ShardFormatError(f"{where}: not a valid shardkit manifest ({error!r})") from None
+        if not isinstance(data.get("classes", []), list):
+            raise ShardFormatError(f"{where}: classes must be a list of names")
         for shard in shards:
             # Names come from strangers: a shard must sit in the output folder itself.
-            if (
-                not isinstance(shard.name, str)
-                or "/" in shard.name
-                or "\\" in shard.name
-                or shard.name in ("", ".", "..")
-            ):
-                raise ShardFormatError(f"{where}: shard name {shard.name!r} is not a plain file name")
-            if not isinstance(shard.count, int) or shard.count < 0 or not isinstance(shard.bytes, int):
-                raise ShardFormatError(f"{where}: shard {shard.name} has a bad count or size")
+            name = shard.name
+            if not isinstance(name, str) or any(c in name for c in "/\\\0") or name in ("", ".", ".."):
+                raise ShardFormatError(f"{where}: shard name {name!r} is not a plain file name")
+            if not _is_int(shard.count) or not 0 <= shard.count <= MAX_SHARD_RECORDS:
+                raise ShardFormatError(f"{where}: shard {name} has a bad record count")
+            if not _is_int(shard.bytes) or shard.bytes < 0:
+                raise ShardFormatError(f"{where}: shard {name} has a bad byte size")
+            if not isinstance(shard.sha256, str) or len(shard.sha256) != 64:
+                raise ShardFormatError(f"{where}: shard {name} has a bad sha256")
         return manifest
+
+
+MAX_SHARD_RECORDS = 2**40  # far above any real shard; bounds what a hostile manifest can claim
+
+
+def _total(value: Any) -> int:
+    if not _is_int(value):
+        raise ValueError(f"total {value!r} is not an integer")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -141,4 +156,14 @@ def read_errors(folder: str | Path) -> list[dict[str, Any]]:
     path = Path(folder) / ERRORS_NAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    try:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number} is not an object")
+                rows.append(row)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ShardFormatError(f"{path}: unreadable ({error})") from None
+    return rows

@@ -131,8 +131,8 @@ def write_shard(job: ShardJob) -> ShardResult:
                 with _progress_counter.get_lock():
                     _progress_counter.value += 1
         closing = time.perf_counter()
-        count = writer.close()
-        writer = None
+        finishing, writer = writer, None  # a failing close must not be retried by the finally below
+        count = finishing.close()
         info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
         os.replace(temp, Path(job.output) / spec.name)
         timings["write"] += time.perf_counter() - closing

@@ -68,13 +68,23 @@ def _size(path: str) -> int:
         return 0
 
 
+def _size_and_mtime(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return -1, -1
+    return info.st_size, info.st_mtime_ns
+
+
 def fingerprint(settings: dict[str, Any], specs: Sequence[ShardSpec]) -> str:
     """One hash of the settings and the exact plan: a resumed run must match it."""
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for spec in specs:
         digest.update(spec.name.encode())
         for item in spec.items:
-            digest.update(f"\0{item.relpath}\0{item.key}\0{item.label}".encode("utf-8", "surrogateescape"))
+            size, mtime = _size_and_mtime(item.path)  # a changed source must not reuse old shards
+            line = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
+            digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 

@@ -127,6 +127,8 @@ def verify(
     that every source file is either packed or listed in errors.jsonl."""
     started = time.perf_counter()
     root = Path(folder)
+    if root.name == MANIFEST_NAME and root.is_file():
+        root = root.parent
     report = VerifyReport(str(root), None)
     try:
         manifest = read_manifest(root)
@@ -163,7 +165,7 @@ def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> Non
     if len({s.name for s in manifest.shards}) != len(manifest.shards):
         report.problems.append(Problem("manifest", "a shard is listed twice"))
     totals = manifest.totals
-    errors = read_errors(root)
+    errors = _errors_or_problem(root, report)
     if totals.get("records") != manifest.records:
         report.problems.append(
             Problem("manifest", f"totals say {totals.get('records')} records, shards hold {manifest.records}")
@@ -180,10 +182,19 @@ def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> Non
             report.problems.append(Problem("stray", "not listed in the manifest", entry.name))
 
 
+def _errors_or_problem(root: Path, report: VerifyReport | None) -> list[dict]:
+    try:
+        return read_errors(root)
+    except ShardFormatError as error:
+        if report is not None:
+            report.problems.append(Problem("errors-log", str(error)))
+        return []
+
+
 def _check_source(root: Path, source: str | os.PathLike[str], packed: list[str], report: VerifyReport) -> None:
     found = discover(source)
     expected = {display(item.relpath) for item in found.items} | {display(s.relpath) for s in found.skipped}
-    accounted = Counter(packed) + Counter(str(row.get("path")) for row in read_errors(root))
+    accounted = Counter(packed) + Counter(str(row.get("path")) for row in _errors_or_problem(root, None))
     for path in sorted(expected - set(accounted)):
         report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
     for path in sorted(set(accounted) - expected):

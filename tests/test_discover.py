@@ -98,3 +98,11 @@ def test_bad_sources_are_refused_in_one_line(tmp_path: Path, make, message: str)
     with pytest.raises(SourceError, match=message) as error:
         discover(make(tmp_path))
     assert "\n" not in str(error.value)
+
+
+def test_keys_stay_unique_when_a_kept_extension_meets_a_double_extension(tmp_path: Path) -> None:
+    for name in ("a.jpg", "a.png", "a.jpg.png"):
+        write_image(tmp_path / name, 10, 10)
+    source = discover(tmp_path)
+    assert len(source.items) == 3 and not source.skipped
+    assert len({item.key for item in source.items}) == 3

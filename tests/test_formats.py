@@ -99,3 +99,27 @@ def test_hostile_tar_member_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ShardFormatError):
         reader = get_format("webdataset").reader(str(path))
         reader.read(0)
+
+
+@pytest.mark.parametrize("size_field", [b"-0001000000\x00", b"abc\x00"])
+def test_hostile_tar_size_fields_fail_cleanly_instead_of_looping(tmp_path: Path, size_field: bytes) -> None:
+    path = write(tmp_path / "s.tar", "webdataset", RECORDS[:2])
+    data = bytearray(path.read_bytes())
+    data[124 : 124 + len(size_field)] = size_field
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError):
+        list(get_format("webdataset").reader(str(path)))
+
+
+def test_hdf5_shard_cannot_read_other_files_through_external_storage(tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"root:x:0:0")
+    path = write(tmp_path / "s.h5", "hdf5", RECORDS[:1])
+    with h5py.File(path, "a") as h5:
+        del h5["data"]
+        h5.create_dataset("data", shape=(10,), dtype=np.uint8, external=[(str(secret), 0, 10)])
+    with pytest.raises(ShardFormatError, match="not a plain dataset"):
+        get_format("hdf5").reader(str(path)).read(0)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..bench import BASELINE, MEMORY, BenchReport
 from ..bench import bench as run_bench
-from .common import console, err_console, user_errors
+from .common import console, err_console, user_errors, write_report
 
 
 def bench(
@@ -31,7 +31,7 @@ def bench(
         )  # fmt: skip
         render(report)
         if json_path is not None:
-            json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+            write_report(json_path, json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
         if plot is not None:
             from ..plots import plot_bars
 

@@ -61,6 +61,13 @@ def progress_bar(label: str, unit: str = "files") -> Progress:
     )
 
 
+def write_report(path: Path, text: str, encoding: str = "utf-8") -> None:
+    try:
+        path.write_text(text, encoding=encoding)
+    except OSError as error:
+        raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

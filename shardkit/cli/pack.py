@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from enum import Enum
 from pathlib import Path
@@ -103,7 +104,7 @@ def build_config(source: Path, output: Path, values: dict, *, resume: bool, over
     auto = size_text == "auto"
     if auto or size_text in ("none", "0", ""):
         size = None
-    elif size_text.isdigit():
+    elif re.fullmatch(r"[0-9]+", size_text):
         size = int(size_text)
     else:
         raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {values['resize']!r}")

@@ -16,7 +16,7 @@ from ..discover import display
 from ..errors import ConfigError
 from ..probe import ProbeReport
 from ..probe import probe as run_probe
-from .common import console, human_bytes, merged, progress_bar, user_errors
+from .common import console, human_bytes, merged, progress_bar, user_errors, write_report
 
 PROGRESS_MIN_FILES = 5000
 
@@ -51,7 +51,7 @@ def probe(
         report = _run(source, settings)
         render(report)
         if json_path is not None:
-            json_path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            write_report(json_path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if records_path is not None:
             write_records(report, records_path)
         if plot is not None:

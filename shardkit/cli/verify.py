@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..verify import VerifyReport
 from ..verify import verify as run_verify
-from .common import console, progress_bar, user_errors
+from .common import console, progress_bar, user_errors, write_report
 
 MAX_LINES = 50
 
@@ -35,7 +35,7 @@ def verify(
             )  # fmt: skip
         render(report, deep=deep)
         if json_path is not None:
-            json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+            write_report(json_path, json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     if not report.ok:
         raise typer.Exit(1)
 

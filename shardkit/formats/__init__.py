@@ -24,6 +24,17 @@ class Record:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def checked(record: Record, where: str) -> Record:
+    """Shards come from strangers: a record's fields must have the types readers rely on."""
+    from ..errors import ShardFormatError
+
+    if not isinstance(record.key, str) or not isinstance(record.ext, str) or not isinstance(record.meta, dict):
+        raise ShardFormatError(f"{where}: record {record.key!r} has fields of the wrong type")
+    if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
+        raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
+    return record
+
+
 class ShardWriter(Protocol):
     def add(self, record: Record) -> None: ...
     def close(self) -> int: ...  # flushes; returns the number of records

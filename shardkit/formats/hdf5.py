@@ -70,6 +70,20 @@ class Hdf5ShardWriter:
         return len(self._keys)
 
 
+def _refuse_links_outside(h5: Any, path: str) -> None:
+    """Our shards hold plain datasets only. External storage, external or soft links and virtual
+    datasets could make a hostile shard read other files on this machine: refuse them."""
+    import h5py
+
+    for name in h5:
+        link = h5.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise ShardFormatError(f"{path}: {name} is a link to elsewhere; refusing to follow it")
+        item = h5[name]
+        if not isinstance(item, h5py.Dataset) or item.external or item.is_virtual:
+            raise ShardFormatError(f"{path}: {name} is not a plain dataset in this file; refusing it")
+
+
 class Hdf5ShardReader:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -92,6 +106,7 @@ class Hdf5ShardReader:
     def _load_index(self) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
         if self._index is None:
             h5 = self._open()
+            _refuse_links_outside(h5, self.path)
             try:
                 offsets = h5["offsets"]
                 n = offsets.shape[0] - 1
@@ -102,7 +117,7 @@ class Hdf5ShardReader:
                 keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
                 exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
                 labels = h5["labels"][:n]
-            except (KeyError, OSError, ValueError) as error:
+            except (KeyError, OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
                 raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({error})") from None
             total = h5["data"].shape[0]
             sizes = np.diff(offsets)
@@ -129,8 +144,12 @@ class Hdf5ShardReader:
         try:
             data = h5["data"][start:end].tobytes()
             meta = json.loads(h5["meta"][index])
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, TypeError) as error:
             raise ShardFormatError(f"{self.path}: damaged record {keys[index]} ({error})") from None
+        if not isinstance(meta, dict):
+            raise ShardFormatError(f"{self.path}: record {keys[index]} has metadata that is not an object")
+        if labels.dtype.kind not in "iu":
+            raise ShardFormatError(f"{self.path}: labels are not integers")
         label = int(labels[index])
         return Record(keys[index], data, exts[index], None if label < 0 else label, meta)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record
+from . import MAX_RECORD_BYTES, Record, checked
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
@@ -40,9 +40,10 @@ def decode_value(value: bytes, where: str) -> Record:
         raise ShardFormatError(f"{where}: record header runs past the record")
     try:
         header = json.loads(value[4 : 4 + size])
-        return Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
+        record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
     except (ValueError, KeyError, TypeError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
+    return checked(record, where)
 
 
 class LmdbShardWriter:
@@ -220,6 +221,8 @@ class LmdbShardReader:
                         if not key.startswith(b"k"):
                             break
                         pairs.append((int.from_bytes(index, "big"), key[1:].decode()))
+        except UnicodeDecodeError:
+            raise ShardFormatError(f"{self.path}: a key is not UTF-8") from None
         except lmdb.Error as error:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
         return [key for _, key in sorted(pairs)]

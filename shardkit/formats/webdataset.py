@@ -10,11 +10,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record
+from . import MAX_RECORD_BYTES, Record, checked
 
 
 class TarShardWriter:
@@ -54,10 +55,9 @@ def _octal(field: bytes, where: str) -> int:
     if field[:1] and field[0] & 0x80:  # GNU base-256 for large numbers
         return int.from_bytes(field[1:], "big")
     digits = field.split(b"\0", 1)[0].strip(b" ")
-    try:
-        return int(digits, 8) if digits else 0
-    except ValueError:
-        raise ShardFormatError(f"{where}: corrupt tar header (bad number {digits[:12]!r})") from None
+    if digits and not re.fullmatch(rb"[0-7]+", digits):  # int() would take "-1000": a loop backwards
+        raise ShardFormatError(f"{where}: corrupt tar header (bad number {digits[:12]!r})")
+    return int(digits, 8) if digits else 0
 
 
 class _Bytes:
@@ -103,7 +103,10 @@ def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
             else:
                 fields = _pax_fields(payload, where)
                 pax_path = fields.get("path", pax_path)
-                pax_size = int(fields["size"]) if "size" in fields else pax_size
+                if "size" in fields:
+                    if not re.fullmatch(r"[0-9]+", fields["size"]):
+                        raise ShardFormatError(f"{where}: corrupt pax size {fields['size'][:20]!r}")
+                    pax_size = int(fields["size"])
             continue
         if kind not in (b"0", b"\0", b"7"):
             pax_path = pax_size = None
@@ -234,7 +237,7 @@ class TarShardReader:
                 meta = json.loads(member("json"))
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
-        return Record(key, member(image_ext), image_ext, label, meta)
+        return checked(Record(key, member(image_ext), image_ext, label, meta), self.path)
 
     def read(self, index: int) -> Record:
         key, members = self._index()[index]
