@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record
+from . import MAX_RECORD_BYTES, Record, checked
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
@@ -91,6 +91,7 @@ class Hdf5ShardReader:
         self._pid = 0
         self._index: tuple[np.ndarray, list[str], list[str], np.ndarray] | None = None
         self._by_key: dict[str, int] = {}
+        self._meta: list[Any] = []
 
     def _open(self) -> Any:
         if self._file is None or self._pid != os.getpid():  # h5py handles must not cross a fork
@@ -117,12 +118,16 @@ class Hdf5ShardReader:
                 keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
                 exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
                 labels = h5["labels"][:n]
+                # Metadata is small: one read here beats one h5py call (~100 us) per record later.
+                self._meta = list(h5["meta"][:n])
             except (KeyError, OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
                 raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({error})") from None
             total = h5["data"].shape[0]
             sizes = np.diff(offsets)
             if offsets[0] != 0 or (sizes < 0).any() or offsets[-1] > total or len(keys) != n or len(labels) != n:
                 raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
+            if labels.dtype.kind not in "iu":
+                raise ShardFormatError(f"{self.path}: labels are not integers")
             self._by_key = {key: i for i, key in enumerate(keys)}
             self._index = (offsets, keys, exts, labels)
         return self._index
@@ -133,25 +138,45 @@ class Hdf5ShardReader:
     def keys(self) -> list[str]:
         return list(self._load_index()[1])
 
+    def _data(self, start: int, end: int) -> bytes:
+        try:
+            return self._open()["data"][start:end].tobytes()
+        except (OSError, ValueError, TypeError) as error:
+            raise ShardFormatError(f"{self.path}: damaged data at bytes {start:,}-{end:,} ({error})") from None
+
+    def _record(self, index: int, data: bytes) -> Record:
+        _, keys, exts, labels = self._load_index()
+        try:
+            meta = json.loads(self._meta[index])
+        except (ValueError, TypeError) as error:
+            raise ShardFormatError(f"{self.path}: damaged record {keys[index]} ({error})") from None
+        label = int(labels[index])
+        return checked(Record(keys[index], data, exts[index], None if label < 0 else label, meta), self.path)
+
     def read(self, index: int) -> Record:
-        offsets, keys, exts, labels = self._load_index()
+        offsets, keys, _, _ = self._load_index()
         if not 0 <= index < len(keys):
             raise IndexError(index)
         start, end = int(offsets[index]), int(offsets[index + 1])
         if end - start > MAX_RECORD_BYTES:
             raise ShardFormatError(f"{self.path}: record {keys[index]} is over the size limit")
-        h5 = self._open()
-        try:
-            data = h5["data"][start:end].tobytes()
-            meta = json.loads(h5["meta"][index])
-        except (OSError, ValueError, TypeError) as error:
-            raise ShardFormatError(f"{self.path}: damaged record {keys[index]} ({error})") from None
-        if not isinstance(meta, dict):
-            raise ShardFormatError(f"{self.path}: record {keys[index]} has metadata that is not an object")
-        if labels.dtype.kind not in "iu":
-            raise ShardFormatError(f"{self.path}: labels are not integers")
-        label = int(labels[index])
-        return Record(keys[index], data, exts[index], None if label < 0 else label, meta)
+        return self._record(index, self._data(start, end))
+
+    def __iter__(self) -> Iterator[Record]:
+        """Reads the data array in windows of ~8 MiB: one h5py call per window, not per record."""
+        offsets, keys, _, _ = self._load_index()
+        index = 0
+        while index < len(keys):
+            last = index + 1
+            while last < len(keys) and offsets[last + 1] - offsets[index] <= _FLUSH_BYTES:
+                last += 1
+            base, end = int(offsets[index]), int(offsets[last])
+            if int(offsets[index + 1]) - base > MAX_RECORD_BYTES:
+                raise ShardFormatError(f"{self.path}: record {keys[index]} is over the size limit")
+            window = memoryview(self._data(base, end))
+            for i in range(index, last):
+                yield self._record(i, bytes(window[int(offsets[i]) - base : int(offsets[i + 1]) - base]))
+            index = last
 
     def read_key(self, key: str) -> Record:
         self._load_index()
@@ -159,10 +184,6 @@ class Hdf5ShardReader:
             return self.read(self._by_key[key])
         except KeyError:
             raise KeyError(key) from None
-
-    def __iter__(self) -> Iterator[Record]:
-        for index in range(len(self)):
-            yield self.read(index)
 
     def close(self) -> None:
         if self._file is not None and self._pid == os.getpid():
