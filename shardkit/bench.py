@@ -190,10 +190,10 @@ def bench(
         missing = [path for path in files if not os.path.exists(path)]
         if missing:
             raise ShardkitError(f"{missing[0]}: packed from this file, but it is not under {against}")
-    shard_parts = [(str(root), part, "", None) for part in _split(list(range(len(shard_paths))), workers)]
+    shard_splits = _split(list(range(len(shard_paths))), workers)
 
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
-        return [(folder, part, mode, scale) for folder, part, _, _ in shard_parts]
+        return [(str(root), part, mode, scale) for part in shard_splits]
 
     passes: list[tuple[str, Callable, list[Any], list[str]]] = []
     if files:

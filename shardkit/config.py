@@ -6,7 +6,7 @@ A bad value fails here, with the reason, before any work starts.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,3 @@ def load_preset(path: str | Path) -> dict[str, Any]:
         if not isinstance(value, PRESET_KEYS[key]) or (isinstance(value, bool) and PRESET_KEYS[key] is int):
             raise ConfigError(f"{path}: {key} has the wrong type ({type(value).__name__})")
     return data
-
-
-def field_names(cls: type) -> list[str]:
-    return [f.name for f in fields(cls)]

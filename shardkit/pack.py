@@ -20,7 +20,7 @@ from typing import Any
 
 from . import __version__
 from .config import EncodeConfig, PackConfig, ResizeConfig
-from .discover import Source, discover
+from .discover import Source, discover, display
 from .errors import ImageError, OutputError
 from .executors import check_ray, default_workers, map_local, map_ray, mp_context
 from .formats import Record, get_format
@@ -123,7 +123,7 @@ def write_shard(job: ShardJob) -> ShardResult:
                 written = time.perf_counter()
                 meta = {
                     **encoded.meta,
-                    "source": item.relpath.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                    "source": display(item.relpath),
                 }
                 writer.add(Record(item.key, encoded.data, encoded.ext, item.label, meta))
                 timings["write"] += time.perf_counter() - written
@@ -149,7 +149,7 @@ def write_shard(job: ShardJob) -> ShardResult:
 
 def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
     return {
-        "path": relpath.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+        "path": display(relpath),
         "stage": stage,
         "reason": reason,
     }
@@ -269,7 +269,7 @@ def pack(
         results[todo[index].spec.index] = result
 
     ordered = [results[spec.index] for spec in specs]
-    error_rows = [{"path": s.relpath, "stage": "discover", "reason": s.reason} for s in source.skipped]
+    error_rows = [_error(s.relpath, "discover", s.reason) for s in source.skipped]
     error_rows += [row for result in ordered for row in result.errors]
     write_text_atomic(output / ERRORS_NAME, "".join(json.dumps(row, sort_keys=True) + "\n" for row in error_rows))
     records = sum(r.shard.count for r in ordered)
