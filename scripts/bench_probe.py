@@ -2,8 +2,9 @@
 
 usage: python scripts/bench_probe.py SRC [--repeat 5] [--copies 20] [--workers 2]
 
-Warm cache: every method reads the same file list once before it is timed. Each figure is the
-median of --repeat runs over the list (SRC's files repeated --copies times), with min and max.
+Warm cache: every method reads the same file list once before it is timed. Methods run
+round-robin, --repeat rounds over the list (SRC's files repeated --copies times); ratios are taken
+within each round, so a noisy neighbour slows every method of that round alike.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import time
 import warnings
 from collections.abc import Callable
 
+from shardkit.backends import header_scanner
+from shardkit.config import DEFAULT_MAX_PIXELS
 from shardkit.discover import discover
-from shardkit.probe import probe_file, probe_records
+from shardkit.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file, probe_records
 
 
 def floor(paths: list[str]) -> None:
@@ -27,6 +30,14 @@ def floor(paths: list[str]) -> None:
 
 
 def shardkit_probe(paths: list[str]) -> None:
+    """What one probe worker does: chunks through the compiled scanner, Python for what it leaves."""
+    for start in range(0, len(paths), CHUNK_FILES):
+        chunk = paths[start : start + CHUNK_FILES]
+        _probe_chunk((chunk, chunk, DEFAULT_MAX_PIXELS))
+
+
+def shardkit_python(paths: list[str]) -> None:
+    """The pure-Python reference parser alone (what runs where the C scanner could not build)."""
     for path in paths:
         probe_file(path, path)
 
@@ -55,14 +66,10 @@ def pyav_size(paths: list[str]) -> None:
             stream.codec_context.width  # noqa: B018
 
 
-def measure(method: Callable[[list[str]], None], paths: list[str], repeat: int) -> list[float]:
-    method(paths[: min(len(paths), 500)])  # warm-up: page cache, imports
-    rates = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        method(paths)
-        rates.append(len(paths) / (time.perf_counter() - started))
-    return rates
+def timed(method: Callable[[list[str]], None], paths: list[str]) -> float:
+    started = time.perf_counter()
+    method(paths)
+    return len(paths) / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -77,7 +84,8 @@ def main() -> None:
     paths = base * args.copies
     methods: dict[str, Callable[[list[str]], None]] = {
         "open+read(4 KiB)+close (floor)": floor,
-        "shardkit probe_file": shardkit_probe,
+        "shardkit probe": shardkit_probe,
+        "shardkit pure-Python parser": shardkit_python,
         "imagesize.get": imagesize_get,
         "PIL Image.open().size": pil_size,
     }
@@ -87,24 +95,33 @@ def main() -> None:
         methods["PyAV open + codec size"] = pyav_size
     except ImportError:
         print("(PyAV not installed: pip install av to include it)")
+    if header_scanner() is None:
+        print("(the compiled scanner is not built: 'shardkit probe' is the pure-Python parser here)")
     print(f"{len(base)} files x {args.copies} = {len(paths):,} header reads per run, one core, warm cache\n")
-    medians = {}
-    print(f"{'method':34} {'files/s (median)':>17} {'min':>9} {'max':>9}")
+    samples = {name: (base if "PyAV" in name else paths) for name in methods}  # PyAV is slow: one copy
     for name, method in methods.items():
-        sample = paths if "PyAV" not in name else base  # PyAV is ~100x slower: one copy is enough
-        rates = measure(method, sample, args.repeat)
-        medians[name] = statistics.median(rates)
-        print(f"{name:34} {medians[name]:17,.0f} {min(rates):9,.0f} {max(rates):9,.0f}")
-    ours = medians["shardkit probe_file"]
-    print("\nratios (shardkit per core / other, same run):")
-    for name, rate in medians.items():
-        if name != "shardkit probe_file":
-            print(f"  vs {name:32} {ours / rate:6.2f}x")
+        method(samples[name][:500])  # warm-up: page cache, imports
+    # Round-robin: each round runs every method once, so drift on a shared machine hits all alike,
+    # and each ratio is taken within one round.
+    rates: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(args.repeat):
+        for name, method in methods.items():
+            rates[name].append(timed(method, samples[name]))
+    print(f"{'method':34} {'files/s (median)':>17} {'min':>9} {'max':>9}")
+    for name, values in rates.items():
+        print(f"{name:34} {statistics.median(values):17,.0f} {min(values):9,.0f} {max(values):9,.0f}")
+    ours = rates["shardkit probe"]
+    print("\nratios (shardkit per core / other, within each round: median [min-max]):")
+    for name, values in rates.items():
+        if name != "shardkit probe":
+            ratios = [a / b for a, b in zip(ours, values, strict=True)]
+            print(f"  vs {name:32} {statistics.median(ratios):6.2f}x  [{min(ratios):.2f}-{max(ratios):.2f}]")
     relpaths = [os.path.relpath(p, args.source) for p in paths]
     started = time.perf_counter()
     probe_records(paths, relpaths, workers=args.workers, min_parallel=0)
     elapsed = time.perf_counter() - started
-    print(f"\nwhole probe_records, {args.workers} processes, pool start included: {len(paths) / elapsed:,.0f} files/s")
+    workers, kind = parallelism(len(paths), args.workers, 0)
+    print(f"\nwhole probe_records on {workers} {kind}s, start-up included: {len(paths) / elapsed:,.0f} files/s")
 
 
 if __name__ == "__main__":

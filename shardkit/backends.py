@@ -38,6 +38,22 @@ def turbojpeg_problem() -> str | None:
     return None
 
 
+@functools.cache
+def header_scanner() -> Any | None:
+    """The compiled header scanner (shardkit._scan), or None when it was not built.
+
+    Set SHARDKIT_NO_CSCAN=1 to force the pure-Python parser (for comparisons and tests).
+    """
+    if os.environ.get("SHARDKIT_NO_CSCAN"):
+        return None
+    try:
+        from . import _scan  # type: ignore[attr-defined]
+
+        return _scan
+    except ImportError:
+        return None
+
+
 def pil_build() -> dict[str, Any]:
     import PIL
     from PIL import features

@@ -9,7 +9,7 @@ import sys
 from rich.table import Table
 
 from .. import __version__
-from ..backends import cpu_flags, pil_build, turbojpeg_problem
+from ..backends import cpu_flags, header_scanner, pil_build, turbojpeg_problem
 from .common import console
 
 OPTIONAL = ("numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "matplotlib")
@@ -26,6 +26,8 @@ def doctor() -> None:
     table.add_row("PIL", f"{'Pillow-SIMD' if pil['simd'] else 'Pillow'} {pil['version']} ({pil['path']})")
     table.add_row("PIL uses libjpeg-turbo", "yes" if pil["libjpeg_turbo"] else "no")
     table.add_row("libturbojpeg (PyTurboJPEG)", "[green]loaded[/]" if turbo is None else f"[yellow]no[/]: {turbo}")
+    scanner = "[green]compiled (C)[/]" if header_scanner() else "[yellow]pure Python[/]: no C compiler at install?"
+    table.add_row("probe header scanner", scanner)
     table.add_row("CPU SIMD flags", " ".join(cpu_flags()) or "none found")
     for name in OPTIONAL:
         try:

@@ -26,7 +26,9 @@ def probe(
     train_size: Annotated[
         Optional[int], typer.Option(help="Training resolution the recommendation aims at. [default: 224]")
     ] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Processes to use. [default: one per core]")] = None,
+    workers: Annotated[
+        Optional[int], typer.Option(help="Threads (compiled scanner) or processes to use. [default: one per core]")
+    ] = None,
     max_pixels: Annotated[Optional[int], typer.Option(help="Flag images with more pixels as bombs.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full report as JSON.")] = None,
     records_path: Annotated[
@@ -89,7 +91,7 @@ def render(report: ProbeReport) -> None:
     console.print(
         f"[bold]{display(report.root)}[/]: {report.images:,} readable images, {report.files - report.images:,} not, "
         f"{human_bytes(report.bytes)}, probed in {report.seconds:.2f}s ({rate:,.0f} files/s on {report.workers} "
-        f"process{'es' if report.workers > 1 else ''})"
+        f"{report.worker_kind}{'s' if report.workers > 1 else ''})"
     )
     if report.images:
         _render_percentiles(report)
