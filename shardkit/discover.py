@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -70,10 +70,11 @@ def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], l
     if os.path.isdir(root):
         _check_folder(root)
         skipped: list[Skipped] = []
-        relpaths = sorted(_walk(root, skipped), key=os.fsencode)
+        relpaths = _sorted_paths(_walk(root, skipped))
         if not relpaths:
             raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
-        return [os.path.join(root, rel) for rel in relpaths], relpaths, skipped
+        prefix = root if root.endswith("/") else root + "/"
+        return [prefix + rel for rel in relpaths], relpaths, skipped
     found = discover(root, labels="none")
     return [item.path for item in found.items], [item.relpath for item in found.items], found.skipped
 
@@ -98,7 +99,7 @@ def discover(source: str | os.PathLike[str], labels: str = "auto") -> Source:
         raise SourceError(f"{display(root)}: not a folder or a list file")
     _check_folder(root)
     skipped: list[Skipped] = []
-    relpaths = sorted(_walk(root, skipped), key=os.fsencode)
+    relpaths = _sorted_paths(_walk(root, skipped))
     if not relpaths:
         raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
     top_level_images = any("/" not in rel for rel in relpaths)
@@ -110,6 +111,14 @@ def discover(source: str | os.PathLike[str], labels: str = "auto") -> Source:
     pairs = [(rel, index[rel.split("/", 1)[0]] if use_folders else None) for rel in relpaths]
     items = _keyed(root, pairs, skipped)
     return Source(root, "folders" if use_folders else "flat", items, classes, skipped)
+
+
+def _sorted_paths(relpaths: Iterable[str]) -> list[str]:
+    """Sorted in byte order of the names on disk, the same on every machine."""
+    names = list(relpaths)
+    if all(name.isascii() for name in names):
+        return sorted(names)  # code-point order is byte order here, and sorting str is 10x cheaper
+    return sorted(names, key=os.fsencode)
 
 
 def _walk(root: str, skipped: list[Skipped]) -> Iterator[str]:
@@ -144,8 +153,8 @@ def _walk(root: str, skipped: list[Skipped]) -> Iterator[str]:
             if not is_file:
                 reason = "broken link" if entry.is_symlink() else "not a regular file"
                 skipped.append(Skipped(rel, reason))
-            elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
-                yield rel
+            elif (dot := entry.name.rfind(".")) > 0 and entry.name[dot:].lower() in IMAGE_EXTENSIONS:
+                yield rel  # (os.path.splitext, minus its cost: hidden names never get here)
             else:
                 skipped.append(Skipped(rel, "not an image file extension"))
 

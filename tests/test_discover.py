@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.discover import discover, make_key
+from shardkit.discover import discover, image_files, make_key
 from shardkit.errors import SourceError
 from shardkit.synthetic import write_image
 
@@ -66,6 +66,17 @@ def test_undecodable_file_names_are_kept(tmp_path: Path) -> None:
     (item,) = discover(tmp_path).items
     assert os.path.exists(item.path)
     assert item.key == "caf%E9"
+
+
+def test_order_is_byte_order_of_names_on_disk(tmp_path: Path) -> None:
+    # b"\xe9" (not UTF-8) sorts after "\ue000" as bytes (0xE9 < 0xEE), but before it as a str
+    names = [b"b.jpg", b"a.JPG", b"Z.jpg", b"\xe9.jpg", "\ue000.jpg".encode(), "é.jpg".encode()]
+    for name in names:
+        write_image(os.path.join(os.fsencode(tmp_path), name), 8, 8)
+    expected = [os.fsdecode(name) for name in sorted(names)]
+    assert [item.relpath for item in discover(tmp_path).items] == expected
+    paths, relpaths, _ = image_files(tmp_path)
+    assert relpaths == expected and paths == [os.path.join(tmp_path, rel) for rel in expected]
 
 
 def test_list_file_with_labels(tmp_path: Path) -> None:

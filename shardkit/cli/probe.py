@@ -91,7 +91,7 @@ def render(report: ProbeReport) -> None:
     console.print(
         f"[bold]{display(report.root)}[/]: {report.images:,} readable images, {report.files - report.images:,} not, "
         f"{human_bytes(report.bytes)}, probed in {report.seconds:.2f}s ({rate:,.0f} files/s on {report.workers} "
-        f"{report.worker_kind}{'s' if report.workers > 1 else ''})"
+        f"{report.worker_kind}{('es' if report.worker_kind == 'process' else 's') if report.workers > 1 else ''})"
     )
     if report.images:
         _render_percentiles(report)
