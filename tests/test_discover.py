@@ -72,7 +72,7 @@ def test_order_is_byte_order_of_names_on_disk(tmp_path: Path) -> None:
     # b"\xe9" (not UTF-8) sorts after "\ue000" as bytes (0xE9 < 0xEE), but before it as a str
     names = [b"b.jpg", b"a.JPG", b"Z.jpg", b"\xe9.jpg", "\ue000.jpg".encode(), "é.jpg".encode()]
     for name in names:
-        write_image(os.path.join(os.fsencode(tmp_path), name), 8, 8)
+        write_image(os.path.join(tmp_path, os.fsdecode(name)), 8, 8)
     expected = [os.fsdecode(name) for name in sorted(names)]
     assert [item.relpath for item in discover(tmp_path).items] == expected
     paths, relpaths, _ = image_files(tmp_path)
