@@ -1,9 +1,10 @@
 """`open_shards()`: one reader for every format, PyTorch-ready.
 
 A `ShardDataset` is map-style (len, ds[i], ds.get(key); works with any sampler, DistributedSampler
-included) and iterable: `iter(ds)` reads shard by shard, split across DataLoader workers and ranks
-so each sample is seen once per epoch, optionally with a seeded shard-order shuffle and a bounded
-shuffle buffer. `ds.iterable()` wraps it as a torch IterableDataset.
+included) and iterable: `iter(ds)` streams shards, the epoch cut into equal contiguous runs per
+rank and DataLoader worker (each sample once per epoch; equal step counts on every rank),
+optionally with a seeded shard-order shuffle and a bounded shuffle buffer. `ds.iterable()` wraps
+it as a torch IterableDataset.
 
 File handles (LMDB environments, HDF5 files, tar descriptors) open lazily in the process that reads,
 so a dataset can be created before DataLoader workers fork. This module never imports the pack side.
@@ -56,6 +57,7 @@ class ShardDataset:
         shuffle_buffer: int = 1000,
         rank: int | None = None,
         world_size: int | None = None,
+        drop_last: bool = False,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
@@ -77,6 +79,7 @@ class ShardDataset:
         self.shuffle_buffer = max(1, shuffle_buffer)
         self.rank = rank
         self.world_size = world_size
+        self.drop_last = drop_last
         self.epoch = 0
         self.skipped = 0  # records skipped with on_error="skip" (in this process)
         self._backend = get_format(manifest.format)
@@ -152,36 +155,54 @@ class ShardDataset:
 
     # --- iterable -----------------------------------------------------------------------------
 
-    def shards_for_this_process(self) -> list[int]:
-        """Shard indices this (rank, DataLoader worker) reads in the current epoch."""
+    def samples_per_rank(self) -> int:
+        """How many samples each rank's iteration yields per epoch (the same on every rank)."""
+        _, world = _rank_and_world(self.rank, self.world_size)
+        if world == 1:
+            return len(self)
+        return len(self) // world if self.drop_last else -(-len(self) // world)
+
+    def epoch_plan(self) -> list[tuple[int, int, int]]:
+        """(shard, start, stop) record ranges this rank and DataLoader worker read this epoch.
+
+        The epoch's sequence (shards in stored or seeded-shuffled order, records in stored order)
+        is cut into one contiguous run per rank, then per worker, so shards are read as streams and
+        every rank yields exactly samples_per_rank() samples: distributed training needs equal step
+        counts on all ranks. When the ranks do not divide the total, the last runs wrap around to
+        the start of the sequence (at most world_size - 1 repeats), or drop_last=True leaves the
+        remainder out. With one rank, every sample comes exactly once.
+        """
         order = list(range(len(self._readers)))
         if self.shuffle:
             np.random.default_rng((self.seed, self.epoch)).shuffle(order)
-        rank, world = _rank_and_world(self.rank, self.world_size)
+        counts = [self.manifest.shards[shard].count for shard in order]
+        rank, _ = _rank_and_world(self.rank, self.world_size)
         worker, workers = _worker()
-        return order[rank * workers + worker :: world * workers]
+        per_rank = self.samples_per_rank()
+        begin = rank * per_rank
+        return _ranges(order, counts, begin + worker * per_rank // workers, begin + (worker + 1) * per_rank // workers)
 
     def __iter__(self) -> Iterator[Any]:
-        mine = self.shards_for_this_process()
-        samples = self._records(mine)
+        samples = self._planned(self.epoch_plan())
         if self.shuffle:
             rank, _ = _rank_and_world(self.rank, self.world_size)
             samples = _buffer_shuffle(samples, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
         yield from samples
 
-    def _records(self, shards: list[int]) -> Iterator[Any]:
-        for shard in shards:
-            yield from self.shard_samples(shard)
+    def _planned(self, plan: list[tuple[int, int, int]]) -> Iterator[Any]:
+        for shard, start, stop in plan:
+            yield from self.shard_samples(shard, start, stop)
 
     def records(self, shard: int) -> Iterator[Record]:
         """The stored records of one shard, in order and undecoded."""
         return iter(self._readers[shard])
 
-    def shard_samples(self, shard: int) -> Iterator[Any]:
-        """The samples of one shard, in stored order, decoded and transformed."""
+    def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+        """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
         name = self.manifest.shards[shard].name
+        stop = self.manifest.shards[shard].count if stop is None else stop
         try:
-            for record in self._readers[shard]:
+            for record in self._readers[shard].read_range(start, stop):
                 try:
                     yield self._finish(record, name)
                 except ShardReadError:
@@ -217,12 +238,16 @@ def open_shards(
     shuffle_buffer: int = 1000,
     rank: int | None = None,
     world_size: int | None = None,
+    drop_last: bool = False,
 ) -> ShardDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
     decode: "rgb" (HWC uint8 numpy), "bytes", "pil" or "torch" (CHW uint8 tensor). scale: 1/2, 1/4
     or 1/8 decodes JPEG in the DCT domain. rank/world_size default to torch.distributed's when it is
-    initialised. on_error="skip" skips unreadable records during iteration and counts them.
+    initialised; iteration gives every rank the same number of samples (see `epoch_plan`; with
+    drop_last=True the remainder of an uneven split is left out instead of repeated).
+    on_error="skip" skips unreadable records during iteration and counts them (a skipped record
+    makes that rank's epoch one shorter: run `shardkit verify` first).
     """
     folder = Path(path)
     if folder.name == MANIFEST_NAME and folder.is_file():
@@ -250,7 +275,24 @@ def open_shards(
         shuffle_buffer=shuffle_buffer,
         rank=rank,
         world_size=world_size,
+        drop_last=drop_last,
     )
+
+
+def _ranges(order: list[int], counts: list[int], begin: int, end: int) -> list[tuple[int, int, int]]:
+    """Positions [begin, end) of the sequence of shards `order` (with record `counts`), as (shard,
+    start, stop) ranges; positions past the total wrap around to the start."""
+    total = sum(counts)
+    starts = np.cumsum([0, *counts]).tolist()
+    ranges = []
+    position = begin
+    while total and position < end:
+        at = position % total
+        i = bisect.bisect_right(starts, at) - 1  # the last shard starting at or before `at`: never empty
+        take = min(end - position, starts[i + 1] - at)
+        ranges.append((order[i], at - starts[i], at - starts[i] + take))
+        position += take
+    return ranges
 
 
 def _buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> Iterator[Any]:

@@ -75,6 +75,49 @@ def test_dataloader_two_workers_two_ranks_sees_every_key_once(packed: Path) -> N
     assert len(seen) == 60 and set(seen.values()) == {1}
 
 
+@pytest.mark.parametrize(("world", "drop_last"), [(7, False), (7, True), (16, False)])
+def test_every_rank_gets_the_same_number_of_samples(packed: Path, world: int, drop_last: bool) -> None:
+    """DDP needs equal step counts: 60 samples on 7 ranks, and more ranks (16) than shards (9)."""
+    torch = pytest.importorskip("torch")
+    per_rank: list[list[str]] = []
+    for rank in range(world):
+        ds = open_shards(packed, decode="bytes", rank=rank, world_size=world, drop_last=drop_last, shuffle=True)
+        ds.set_epoch(2)
+        iterable = ds.iterable()
+        workers = 2 if rank < 2 else 0  # DataLoader workers split a rank's run too
+        keys = [s.key for s in torch.utils.data.DataLoader(iterable, batch_size=None, num_workers=workers)]
+        assert len(keys) == len(iterable)
+        per_rank.append(keys)
+    expected = 60 // world if drop_last else -(-60 // world)
+    assert {len(keys) for keys in per_rank} == {expected}
+    seen = Counter(key for keys in per_rank for key in keys)
+    if drop_last:
+        assert set(seen.values()) == {1} and len(seen) == expected * world
+    else:  # the remainder wraps around: every key at least once, world * expected - 60 repeats
+        assert len(seen) == 60 and sum(seen.values()) - 60 == expected * world - 60
+
+
+def test_shuffled_epoch_across_ranks_sees_every_key_once(packed: Path) -> None:
+    keys: list[str] = []
+    for rank in range(3):
+        ds = open_shards(packed, decode="bytes", rank=rank, world_size=3, shuffle=True, seed=5, shuffle_buffer=4)
+        keys += [s.key for s in ds]
+    assert len(keys) == 60 and len(set(keys)) == 60
+
+
+def test_read_range_streams_any_slice(packed: Path) -> None:
+    manifest = read_manifest(packed)
+    backend = get_format(manifest.format)
+    path = str(packed / manifest.shards[1].name)
+    stored = [r.key for r in backend.reader(path)]
+    for start, stop in [(0, 3), (2, 5), (0, len(stored)), (4, 99), (3, 3)]:
+        fresh = backend.reader(path)  # tar: a range from 0 streams without building the index
+        assert [r.key for r in fresh.read_range(start, stop)] == stored[start:stop]
+        indexed = backend.reader(path)
+        len(indexed)
+        assert [r.key for r in indexed.read_range(start, stop)] == stored[start:stop]
+
+
 def test_map_style_with_distributed_sampler(packed: Path) -> None:
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader, DistributedSampler

@@ -163,12 +163,15 @@ class Hdf5ShardReader:
         return self._record(index, self._data(start, end))
 
     def __iter__(self) -> Iterator[Record]:
+        return self.read_range(0, len(self))
+
+    def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Reads the data array in windows of ~8 MiB: one h5py call per window, not per record."""
         offsets, keys, _, _ = self._load_index()
-        index = 0
-        while index < len(keys):
+        index, stop = max(0, start), min(stop, len(keys))
+        while index < stop:
             last = index + 1
-            while last < len(keys) and offsets[last + 1] - offsets[index] <= _FLUSH_BYTES:
+            while last < stop and offsets[last + 1] - offsets[index] <= _FLUSH_BYTES:
                 last += 1
             base, end = int(offsets[index]), int(offsets[last])
             if int(offsets[index + 1]) - base > MAX_RECORD_BYTES:

@@ -228,12 +228,15 @@ class LmdbShardReader:
         return [key for _, key in sorted(pairs)]
 
     def __iter__(self) -> Iterator[Record]:
+        return self.read_range(0, len(self))
+
+    def read_range(self, start: int, stop: int) -> Iterator[Record]:
         import lmdb
 
-        count = len(self)
+        stop = min(stop, len(self))
         try:
             with self._open().begin(buffers=False) as txn:
-                for index in range(count):
+                for index in range(max(0, start), stop):
                     value = txn.get(_index_key(index))
                     if value is None:
                         raise ShardFormatError(f"{self.path}: record {index} is missing")

@@ -8,6 +8,7 @@ random access uses an index of member offsets built from the headers.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -257,6 +258,15 @@ class TarShardReader:
             if key in seen:
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             seen.add(key)
+            yield self._record(data, key, members)
+
+    def read_range(self, start: int, stop: int) -> Iterator[Record]:
+        """Records [start, stop) with read-ahead; from the first record no index is needed."""
+        if start == 0 and self._entries is None:
+            yield from itertools.islice(self, stop)
+            return
+        data = self._bytes(_READ_CHUNK)
+        for key, members in self._index()[start:stop]:
             yield self._record(data, key, members)
 
     def close(self) -> None:
