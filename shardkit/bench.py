@@ -1,12 +1,13 @@
 """`bench`: decode speed of shards against the raw folder they came from, on the same images.
 
-Every pass is measured in the same run, after a warm-up, `repeat` times; the report keeps the
-median and the spread, and ratios are taken between medians of this run. With `workers` > 1 each
+Every pass is measured in the same run, after a warm-up, in `repeat` round-robin rounds; the report
+keeps the median and the spread, and each ratio is the median of the ratios within rounds. With `workers` > 1 each
 pass runs in that many processes (one pool, started before timing) over disjoint parts.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -70,17 +71,26 @@ class BenchReport:
     cold: bool
     repeat: int
     rows: list[BenchRow] = field(default_factory=list)
+    paired_overhead: list[float] = field(default_factory=list)  # one per round, see _paired_overhead
 
     def ratio(self, name: str, baseline: str = BASELINE) -> float | None:
+        """Speed of pass `name` over `baseline`: the median of the ratios within each round."""
         rows = {row.name: row for row in self.rows}
         if name not in rows or baseline not in rows:
             return None
-        return rows[name].images_per_second / rows[baseline].images_per_second
+        row, base = rows[name], rows[baseline]
+        if not row.images or not base.images or not all(row.seconds) or not all(base.seconds):
+            return None
+        per_image = [(b / base.images) / (r / row.images) for r, b in zip(row.seconds, base.seconds, strict=True)]
+        return statistics.median(per_image)
 
     def reader_overhead(self) -> float | None:
-        """How much slower the shard reader is than decoding the same bytes from memory."""
+        """How much slower the shard reader is than decoding the same bytes from memory: from the
+        paired measurement when there is one, else from the two passes."""
+        if self.paired_overhead:
+            return statistics.median(self.paired_overhead)
         ratio = self.ratio("shards: libjpeg-turbo", MEMORY)
-        return None if ratio is None else 1 - ratio
+        return None if ratio is None else 1 / ratio - 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,7 +98,7 @@ class BenchReport:
             "workers": self.workers, "cold": self.cold, "repeat": self.repeat,
             "rows": [row.to_json() for row in self.rows],
             "speedup_vs_folder_pil": {row.name: self.ratio(row.name) for row in self.rows},
-            "reader_overhead": self.reader_overhead(),
+            "reader_overhead": self.reader_overhead(), "paired_overhead_per_round": self.paired_overhead,
         }  # fmt: skip
 
 
@@ -148,6 +158,42 @@ def _memory(blobs: list[tuple[bytes, str]]) -> tuple[int, int]:
     for data, ext in blobs:
         decode(data, ext)
     return len(blobs), sum(len(data) for data, _ in blobs)
+
+
+def _paired_overhead(folder: str, blobs: list[list[tuple[bytes, str]]], rounds: int, chunk: int = 25) -> list[float]:
+    """The reader's overhead over decoding the same bytes from memory, per round.
+
+    Two whole passes minutes apart differ by more than the overhead itself on a shared machine, so
+    this alternates the two every `chunk` records (a few ms), in alternating order, over every
+    shard: drift and cache effects fall on both sides alike. Both loops keep one image alive
+    while the next decodes, as a training loop does.
+    """
+    dataset = open_shards(folder)
+    overheads = []
+    try:
+        for round_number in range(rounds):
+            reader_seconds = memory_seconds = 0.0
+            for shard, shard_blobs in enumerate(blobs):
+                stream = dataset.shard_samples(shard)
+                for turn, start in enumerate(range(0, len(shard_blobs), chunk)):
+                    part = shard_blobs[start : start + chunk]
+                    for side in (0, 1) if (turn + round_number) % 2 else (1, 0):
+                        started = time.perf_counter()
+                        if side == 0:
+                            for _sample in itertools.islice(stream, len(part)):
+                                pass
+                        else:
+                            for data, ext in part:
+                                _image = decode(data, ext)
+                        elapsed = time.perf_counter() - started
+                        if side == 0:
+                            reader_seconds += elapsed
+                        else:
+                            memory_seconds += elapsed
+            overheads.append(reader_seconds / memory_seconds - 1 if memory_seconds else 0.0)
+    finally:
+        dataset.close()
+    return overheads
 
 
 def _run_split(pool: ProcessPoolExecutor | None, function: Callable, parts: list[Any]) -> tuple[int, int, float]:
@@ -212,19 +258,26 @@ def bench(
     try:
         if pool is not None:
             list(pool.map(_folder_turbo, [[] for _ in range(workers)]))  # start the workers before timing
-        for name, function, parts, paths in passes:
-            if progress is not None:
-                progress(name)
-            if not cold:
+        rows = [BenchRow(name, 0, 0, [], workers) for name, *_ in passes]
+        if not cold:
+            for _, function, parts, _paths in passes:
                 _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
-            times: list[float] = []
-            images = size = 0
-            for _ in range(repeat):
+        # Round-robin: every round runs each pass once, so a noisy neighbour slows the passes of a
+        # round alike, and ratios taken within rounds hold still.
+        for round_number in range(repeat):
+            if progress is not None:
+                progress(f"round {round_number + 1} of {repeat}")
+            for row, (_, function, parts, paths) in zip(rows, passes, strict=True):
                 if cold:
                     _evict(paths)
-                images, size, seconds = _run_split(pool, function, parts)
-                times.append(seconds)
-            report.rows.append(BenchRow(name, images, size, times, workers))
+                row.images, row.bytes, seconds = _run_split(pool, function, parts)
+                row.seconds.append(seconds)
+        report.rows = rows
+        if workers == 1 and not cold and turbojpeg() is not None:
+            if progress is not None:
+                progress("reader overhead, paired")
+            by_shard = [[(r.data, r.ext) for r in dataset.records(shard)] for shard in range(len(shard_paths))]
+            report.paired_overhead = _paired_overhead(str(root), by_shard, repeat)
     finally:
         if pool is not None:
             pool.shutdown()

@@ -123,3 +123,40 @@ def test_hdf5_shard_cannot_read_other_files_through_external_storage(tmp_path: P
         h5.create_dataset("data", shape=(10,), dtype=np.uint8, external=[(str(secret), 0, 10)])
     with pytest.raises(ShardFormatError, match="not a plain dataset"):
         get_format("hdf5").reader(str(path)).read(0)
+
+
+BIG_RECORDS = [Record(f"big_{i}", os.urandom(300_000 + 7_919 * i), "jpg", i, {"i": i}) for i in range(12)]
+
+
+@pytest.mark.parametrize("layout", ["as written", "gzip", "contiguous"])
+def test_hdf5_records_across_chunks_and_any_data_layout(tmp_path: Path, layout: str) -> None:
+    """Records span the 1 MiB chunks (read straight from the file); compressed data goes through h5py."""
+    import h5py
+
+    path = write(tmp_path / "s.h5", "hdf5", BIG_RECORDS)
+    if layout != "as written":
+        with h5py.File(path, "a") as h5:
+            data = h5["data"][:]
+            del h5["data"]
+            if layout == "gzip":
+                h5.create_dataset("data", data=data, chunks=(65536,), compression="gzip")
+            else:
+                h5.create_dataset("data", data=data)
+    reader = get_format("hdf5").reader(str(path))
+    assert list(reader) == BIG_RECORDS
+    assert [r.key for r in reader.read_range(3, 7)] == [r.key for r in BIG_RECORDS[3:7]]
+    assert reader.read(5) == BIG_RECORDS[5]
+    assert (reader._chunks is None) == (layout == "gzip")
+
+
+def test_hdf5_direct_reads_of_a_shard_truncated_under_the_reader_fail_cleanly(tmp_path: Path) -> None:
+    path = write(tmp_path / "s.h5", "hdf5", BIG_RECORDS)
+    reader = get_format("hdf5").reader(str(path))
+    assert reader.read(0) == BIG_RECORDS[0] and reader._chunks is not None
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size // 2)
+    with pytest.raises(ShardFormatError, match="cut short"):
+        list(reader)
+    reader.close()
+    with pytest.raises(ShardFormatError, match="truncated"):  # and a fresh open refuses it outright
+        list(get_format("hdf5").reader(str(path)))

@@ -61,6 +61,12 @@ def render(report: BenchReport) -> None:
     console.print(table)
     overhead = report.reader_overhead()
     if overhead is not None:
-        console.print(f"shard reader overhead over decoding the same bytes from memory ({MEMORY}): {overhead:+.1%}")
+        how = (
+            f"paired every 25 records, median of {len(report.paired_overhead)} rounds "
+            f"[{min(report.paired_overhead):+.1%} .. {max(report.paired_overhead):+.1%}]"
+            if report.paired_overhead
+            else f"{MEMORY} pass"
+        )
+        console.print(f"shard reader overhead over decoding the same bytes from memory: {overhead:+.1%} ({how})")
     if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == BASELINE for r in report.rows):
         console.print("[dim]pass --against SRC to compare with the raw folder[/]")

@@ -6,28 +6,27 @@ Naming, temp-and-rename, checksums and the manifest live in `pack`/`manifest`, n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShardFormatError
 
 # A record larger than this in a shard is refused rather than read: shards may come from strangers.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One stored sample. A NamedTuple: readers build one per record, 4x cheaper than a frozen dataclass."""
+
     key: str
     data: bytes  # encoded image (ext "jpg") or .npy pixels (ext "npy")
     ext: str
-    label: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    label: int | None
+    meta: dict[str, Any]
 
 
 def checked(record: Record, where: str) -> Record:
     """Shards come from strangers: a record's fields must have the types readers rely on."""
-    from ..errors import ShardFormatError
-
     if not isinstance(record.key, str) or not isinstance(record.ext, str) or not isinstance(record.meta, dict):
         raise ShardFormatError(f"{where}: record {record.key!r} has fields of the wrong type")
     if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):

@@ -32,14 +32,15 @@ def encode_value(record: Record) -> bytes:
     return len(header).to_bytes(4, "big") + header + record.data
 
 
-def decode_value(value: bytes, where: str) -> Record:
+def decode_value(value: bytes | memoryview, where: str) -> Record:
+    """A record from its stored value; `value` may be a view into the map (the image is copied once)."""
     if len(value) < 4:
         raise ShardFormatError(f"{where}: record too short")
     size = int.from_bytes(value[:4], "big")
     if size > len(value) - 4:
         raise ShardFormatError(f"{where}: record header runs past the record")
     try:
-        header = json.loads(value[4 : 4 + size])
+        header = json.loads(bytes(value[4 : 4 + size]))
         record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
     except (ValueError, KeyError, TypeError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
@@ -235,7 +236,9 @@ class LmdbShardReader:
 
         stop = min(stop, len(self))
         try:
-            with self._open().begin(buffers=False) as txn:
+            # buffers=True: values are views into the map, valid in this transaction, which
+            # decode_value copies once (buffers=False would copy the whole value first).
+            with self._open().begin(buffers=True) as txn:
                 for index in range(max(0, start), stop):
                     value = txn.get(_index_key(index))
                     if value is None:
