@@ -53,6 +53,7 @@ _ZERO_BLOCK = bytes(_BLOCK)
 # their headers in one read, while images, read exactly, are copied once. A 1 MiB read-ahead copied
 # every image twice (page cache -> buffer -> member) and measured ~25% slower per record.
 _READ_AHEAD = 4096
+_BATCH = 64  # records whose small members are read, and metadata parsed, together
 _MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
 Member = tuple[str, int, int]  # name, offset of its data, size
 
@@ -153,6 +154,17 @@ def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
     return fields
 
 
+def _parse_metas(blobs: list[bytes]) -> list[dict | None]:
+    """Each blob's JSON object, parsed in one call; Nones (parse each alone) where that fails."""
+    try:
+        metas = json.loads(b"[" + b",".join(blobs) + b"]")
+    except ValueError:
+        return [None] * len(blobs)
+    if len(metas) != len(blobs) or not all(type(meta) is dict for meta in metas):
+        return [None] * len(blobs)
+    return metas
+
+
 def _split_name(name: str) -> tuple[str, str] | None:
     """webdataset's rule: the key is the path up to the first '.' of the last component."""
     head, _, base = name.rpartition("/")
@@ -217,7 +229,33 @@ class TarShardReader:
     def keys(self) -> list[str]:
         return [key for key, _ in self._index()]
 
-    def _record(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]) -> Record:
+    def _member(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
+        offset, size = members[ext]
+        payload = data.get(offset, size)
+        if len(payload) != size:
+            raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
+        return payload
+
+    def _records(self, data: _Bytes, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]) -> Iterator[Record]:
+        """Records from (key, members) entries, in batches: the small members of a batch are read
+        first (they sit in the read-ahead buffer then), their metadata parsed in one json.loads
+        (per record, it costs ~3x more), then each image is read exactly once."""
+        while batch := list(itertools.islice(entries, _BATCH)):
+            small = [self._small_members(data, key, members) for key, members in batch]
+            metas = _parse_metas([blob for _, _, blob in small])
+            for (key, members), (image_ext, label, blob), meta in zip(batch, small, metas, strict=True):
+                if meta is None:
+                    try:
+                        meta = json.loads(blob)
+                    except ValueError:
+                        raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
+                image = self._member(data, key, members, image_ext)
+                yield checked(Record(key, image, image_ext, label, meta), self.path)
+
+    def _small_members(
+        self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]
+    ) -> tuple[str, int | None, bytes]:
+        """(image extension, label, metadata JSON) of one record; checks sizes before any read."""
         image_ext = None
         total = 0
         for ext, (_, size) in members.items():
@@ -228,32 +266,18 @@ class TarShardReader:
             raise ShardFormatError(f"{self.path}: record {key} has no image member")
         if total > MAX_RECORD_BYTES:
             raise ShardFormatError(f"{self.path}: record {key} claims {total:,} bytes, over the limit")
-
-        def member(ext: str) -> bytes:
-            # One read per member: the image comes straight from the page cache into its own bytes.
-            offset, size = members[ext]
-            payload = data.get(offset, size)
-            if len(payload) != size:
-                raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
-            return payload
-
         label = None
         if "cls" in members:
             try:
-                label = int(member("cls"))
+                label = int(self._member(data, key, members, "cls"))
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
-        meta = {}
-        if "json" in members:
-            try:
-                meta = json.loads(member("json"))
-            except ValueError:
-                raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
-        return checked(Record(key, member(image_ext), image_ext, label, meta), self.path)
+        blob = self._member(data, key, members, "json") if "json" in members else b"{}"
+        return image_ext, label, blob
 
     def read(self, index: int) -> Record:
         key, members = self._index()[index]
-        return self._record(self._bytes(), key, members)
+        return next(self._records(self._bytes(), iter([(key, members)])))
 
     def read_key(self, key: str) -> Record:
         self._index()
@@ -263,22 +287,23 @@ class TarShardReader:
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[Record]:
-        data = self._bytes(_READ_AHEAD)
+        return self._records(self._bytes(_READ_AHEAD), self._unique(_group(scan_members(self._bytes(_READ_AHEAD), self.path))))
+
+    def _unique(
+        self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
+    ) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
         seen: set[str] = set()
-        for key, members in _group(scan_members(data, self.path)):
+        for key, members in entries:
             if key in seen:
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             seen.add(key)
-            yield self._record(data, key, members)
+            yield key, members
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop) with read-ahead; from the first record no index is needed."""
         if start == 0 and self._entries is None:
-            yield from itertools.islice(self, stop)
-            return
-        data = self._bytes(_READ_AHEAD)
-        for key, members in self._index()[start:stop]:
-            yield self._record(data, key, members)
+            return itertools.islice(self, stop)
+        return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
