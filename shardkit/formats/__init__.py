@@ -5,6 +5,7 @@ Naming, temp-and-rename, checksums and the manifest live in `pack`/`manifest`, n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -32,6 +33,19 @@ def checked(record: Record, where: str) -> Record:
     if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
         raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
     return record
+
+
+def json_objects(blobs: list[bytes]) -> list[dict[str, Any]] | list[None]:
+    """Each blob's JSON object, all parsed in one json.loads (one call per blob costs ~3x more). All
+    None when the batch does not give one object per blob: callers then parse each blob alone,
+    which names the damaged one."""
+    try:
+        objects = json.loads(b"[" + b",".join(blobs) + b"]")
+    except (ValueError, TypeError):
+        return [None] * len(blobs)
+    if len(objects) != len(blobs) or not all(type(value) is dict for value in objects):
+        return [None] * len(blobs)
+    return objects
 
 
 class ShardWriter(Protocol):

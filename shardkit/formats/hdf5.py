@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record, checked
+from . import MAX_RECORD_BYTES, Record, checked, json_objects
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
@@ -177,18 +177,8 @@ class Hdf5ShardReader:
         return checked(Record(keys[index], data, exts[index], None if label < 0 else label, meta), self.path)
 
     def _metas(self, start: int, stop: int) -> list[Any] | list[None]:
-        """The metadata of records [start, stop) parsed in one call: per record, json.loads costs
-        ~3x more (and its cold code path, between image decodes, more still). Where the batch does
-        not parse into one object per record, Nones send each record to its own parse, which
-        names the damaged one."""
-        blobs = self._meta[start:stop]
-        try:
-            metas = json.loads(b"[" + b",".join(blobs) + b"]")
-        except (ValueError, TypeError):
-            return [None] * len(blobs)
-        if len(metas) != len(blobs) or not all(type(meta) is dict for meta in metas):
-            return [None] * len(blobs)
-        return metas
+        """The metadata of records [start, stop), parsed together (see json_objects)."""
+        return json_objects(self._meta[start:stop])
 
     def _descriptor(self) -> int:
         if self._fd is None or self._fd_pid != os.getpid():  # after fork, get our own descriptor

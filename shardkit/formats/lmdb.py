@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record, checked
+from . import MAX_RECORD_BYTES, Record, checked, json_objects
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
 _BATCH = 256
+_READ_BATCH = 64  # records whose headers one json.loads parses
 _INITIAL_MAP = 64 * 1024 * 1024
 
 
@@ -32,19 +33,34 @@ def encode_value(record: Record) -> bytes:
     return len(header).to_bytes(4, "big") + header + record.data
 
 
-def decode_value(value: bytes | memoryview, where: str) -> Record:
-    """A record from its stored value; `value` may be a view into the map (the image is copied once)."""
+def _header_size(value: bytes | memoryview, where: object) -> int:
     if len(value) < 4:
         raise ShardFormatError(f"{where}: record too short")
     size = int.from_bytes(value[:4], "big")
     if size > len(value) - 4:
         raise ShardFormatError(f"{where}: record header runs past the record")
+    return size
+
+
+def decode_value(value: bytes | memoryview, where: object, header: Any = None) -> Record:
+    """A record from its stored value; `value` may be a view into the map (the image is copied
+    once); `header`, when given, is its JSON header already parsed."""
+    size = _header_size(value, where)
     try:
-        header = json.loads(bytes(value[4 : 4 + size]))
+        if header is None:
+            header = json.loads(bytes(value[4 : 4 + size]))
         record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
     except (ValueError, KeyError, TypeError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
     return checked(record, where)
+
+
+class _Where(NamedTuple):
+    path: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.path} record {self.index}"
 
 
 class LmdbShardWriter:
@@ -239,11 +255,17 @@ class LmdbShardReader:
             # buffers=True: values are views into the map, valid in this transaction, which
             # decode_value copies once (buffers=False would copy the whole value first).
             with self._open().begin(buffers=True) as txn:
-                for index in range(max(0, start), stop):
-                    value = txn.get(_index_key(index))
-                    if value is None:
-                        raise ShardFormatError(f"{self.path}: record {index} is missing")
-                    yield decode_value(value, f"{self.path} record {index}")
+                for first in range(max(0, start), stop, _READ_BATCH):
+                    indices = range(first, min(stop, first + _READ_BATCH))
+                    values = [txn.get(_index_key(index)) for index in indices]
+                    for index, value in zip(indices, values, strict=True):
+                        if value is None:
+                            raise ShardFormatError(f"{self.path}: record {index} is missing")
+                    where = [_Where(self.path, index) for index in indices]  # formatted only for an error
+                    sizes = [_header_size(value, at) for value, at in zip(values, where, strict=True)]
+                    blobs = [bytes(value[4 : 4 + size]) for value, size in zip(values, sizes, strict=True)]
+                    for value, at, header in zip(values, where, json_objects(blobs), strict=True):
+                        yield decode_value(value, at, header)
         except lmdb.Error as error:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
 

@@ -17,7 +17,7 @@ import tarfile
 from collections.abc import Iterator
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record, checked
+from . import MAX_RECORD_BYTES, Record, checked, json_objects
 
 
 class TarShardWriter:
@@ -154,17 +154,6 @@ def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
     return fields
 
 
-def _parse_metas(blobs: list[bytes]) -> list[dict | None]:
-    """Each blob's JSON object, parsed in one call; Nones (parse each alone) where that fails."""
-    try:
-        metas = json.loads(b"[" + b",".join(blobs) + b"]")
-    except ValueError:
-        return [None] * len(blobs)
-    if len(metas) != len(blobs) or not all(type(meta) is dict for meta in metas):
-        return [None] * len(blobs)
-    return metas
-
-
 def _split_name(name: str) -> tuple[str, str] | None:
     """webdataset's rule: the key is the path up to the first '.' of the last component."""
     head, _, base = name.rpartition("/")
@@ -242,7 +231,7 @@ class TarShardReader:
         (per record, it costs ~3x more), then each image is read exactly once."""
         while batch := list(itertools.islice(entries, _BATCH)):
             small = [self._small_members(data, key, members) for key, members in batch]
-            metas = _parse_metas([blob for _, _, blob in small])
+            metas = json_objects([blob for _, _, blob in small])
             for (key, members), (image_ext, label, blob), meta in zip(batch, small, metas, strict=True):
                 if meta is None:
                     try:
@@ -287,7 +276,9 @@ class TarShardReader:
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[Record]:
-        return self._records(self._bytes(_READ_AHEAD), self._unique(_group(scan_members(self._bytes(_READ_AHEAD), self.path))))
+        # Two read-ahead buffers: one walks the headers, one serves the small members a batch behind.
+        entries = self._unique(_group(scan_members(self._bytes(_READ_AHEAD), self.path)))
+        return self._records(self._bytes(_READ_AHEAD), entries)
 
     def _unique(
         self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
