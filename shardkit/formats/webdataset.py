@@ -226,13 +226,14 @@ class TarShardReader:
         return payload
 
     def _records(self, data: _Bytes, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]) -> Iterator[Record]:
-        """Records from (key, members) entries, in batches: the small members of a batch are read
-        first (they sit in the read-ahead buffer then), their metadata parsed in one json.loads
-        (per record, it costs ~3x more), then each image is read exactly once."""
-        while batch := list(itertools.islice(entries, _BATCH)):
-            small = [self._small_members(data, key, members) for key, members in batch]
-            metas = json_objects([blob for _, _, blob in small])
-            for (key, members), (image_ext, label, blob), meta in zip(batch, small, metas, strict=True):
+        """Records from (key, members) entries, in batches: the small members are read as the
+        entries come (straight after their headers, so from the read-ahead buffer that just read
+        those), a batch's metadata is parsed in one json.loads (per record, it costs ~3x more),
+        then each image is read exactly once."""
+        with_small = ((key, members, self._small_members(data, key, members)) for key, members in entries)
+        while batch := list(itertools.islice(with_small, _BATCH)):
+            metas = json_objects([small[2] for _, _, small in batch])
+            for (key, members, (image_ext, label, blob)), meta in zip(batch, metas, strict=True):
                 if meta is None:
                     try:
                         meta = json.loads(blob)
@@ -276,9 +277,8 @@ class TarShardReader:
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[Record]:
-        # Two read-ahead buffers: one walks the headers, one serves the small members a batch behind.
-        entries = self._unique(_group(scan_members(self._bytes(_READ_AHEAD), self.path)))
-        return self._records(self._bytes(_READ_AHEAD), entries)
+        data = self._bytes(_READ_AHEAD)
+        return self._records(data, self._unique(_group(scan_members(data, self.path))))
 
     def _unique(
         self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
