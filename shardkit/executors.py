@@ -47,13 +47,15 @@ def map_local(
     *,
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
+    in_process: bool = True,
 ) -> Iterator[tuple[int, Result]]:
-    """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order.
+    """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order, unless
+    in_process is False (jobs that may crash the process running them).
 
     At most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
     An exception raised by a job propagates; a worker that dies raises WorkerDiedError.
     """
-    if workers <= 1 or len(jobs) <= 1:
+    if in_process and (workers <= 1 or len(jobs) <= 1):
         if initializer is not None:
             initializer(*initargs)
         for index, job in enumerate(jobs):
@@ -82,6 +84,65 @@ def map_local(
         for future in pending:
             future.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def map_local_surviving_crashes(
+    function: Callable[..., Result],
+    jobs: Sequence[Any],
+    workers: int,
+    on_crash: Callable[[int, str], Result],
+) -> Iterator[tuple[int, Result]]:
+    """Like map_local, always in child processes, for jobs over untrusted input whose native code
+    may crash (a hostile LMDB or HDF5 file). When a worker dies, every job not yet done runs again
+    alone in a fresh process; one that kills that process too yields on_crash(index, how it died)."""
+    done: set[int] = set()
+    try:
+        for index, result in map_local(function, jobs, workers, in_process=False):
+            done.add(index)
+            yield index, result
+    except WorkerDiedError:
+        for index, job in enumerate(jobs):
+            if index not in done:
+                outcome, died = run_alone(function, job)
+                yield index, on_crash(index, died) if died else outcome
+
+
+def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | None, str | None]:
+    """(result, None), or (None, how the process died) when running `job` killed its process.
+    An exception raised by the job is re-raised here."""
+    import signal
+
+    context = mp_context()
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_alone, args=(function, job, sender), daemon=True)
+    process.start()
+    sender.close()
+    try:
+        ok, value = receiver.recv()
+    except EOFError:  # it died before sending anything
+        process.join()
+        code = process.exitcode
+        if code is not None and code < 0:
+            try:
+                return None, f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return None, f"killed by signal {-code}"
+        return None, f"exited with status {code}"
+    finally:
+        receiver.close()
+    process.join()
+    if not ok:
+        raise value
+    return value, None
+
+
+def _alone(function: Callable[[Any], Any], job: Any, sender: Any) -> None:
+    try:
+        result = (True, function(job))
+    except Exception as error:
+        result = (False, error)
+    sender.send(result)
+    sender.close()
 
 
 def map_threads(function: Callable[..., Result], jobs: Sequence[Any], workers: int) -> Iterator[tuple[int, Result]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .discover import discover, display
 from .errors import ImageError, ShardFormatError, ShardkitError
-from .executors import default_workers, map_local
+from .executors import default_workers, map_local_surviving_crashes
 from .formats import get_format
 from .imaging import decode
 from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, read_errors, read_manifest, sha256_file
@@ -76,7 +76,12 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
     if size != job.shard.bytes:
         check.problems.append(Problem("size", f"{size:,} bytes, manifest says {job.shard.bytes:,}", name))
         return check
-    if sha256_file(path) != job.shard.sha256:
+    try:
+        digest = sha256_file(path)
+    except OSError as error:
+        check.problems.append(Problem("unreadable", f"cannot read: {error.strerror or error}", name))
+        return check
+    if digest != job.shard.sha256:
         check.problems.append(Problem("checksum", "sha256 differs from the manifest (bytes changed)", name))
         return check
     reader = get_format(job.format).reader(path)
@@ -96,6 +101,8 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
             check.problems.append(Problem("count", f"{count:,} records, manifest says {job.shard.count:,}", name))
     except ShardFormatError as error:
         check.problems.append(Problem("unreadable", str(error), name))
+    except OSError as error:
+        check.problems.append(Problem("unreadable", f"cannot read: {error.strerror or error}", name))
     finally:
         reader.close()
     return check
@@ -142,7 +149,13 @@ def verify(
     jobs = [_ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep) for shard in manifest.shards]
     keys: Counter[str] = Counter()
     sources: list[str] = []
-    for done, (_, check) in enumerate(map_local(_check_shard, jobs, workers or default_workers()), 1):
+
+    def crashed(index: int, how: str) -> _ShardCheck:
+        reason = f"reading it crashed the checking process ({how}): the shard is damaged or hostile"
+        return _ShardCheck([Problem("crashed", reason, jobs[index].shard.name)], [], [], 0)
+
+    checks = map_local_surviving_crashes(_check_shard, jobs, workers or default_workers(), crashed)
+    for done, (_, check) in enumerate(checks, 1):
         report.problems.extend(check.problems)
         report.records += len(check.keys)
         report.decoded += check.decoded

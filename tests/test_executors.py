@@ -1,0 +1,39 @@
+"""Local executors with real processes: a job that kills its process is contained and named."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from shardkit.executors import WorkerDiedError, map_local, map_local_surviving_crashes, run_alone
+
+
+def square_or_die(value: int) -> int:
+    if value == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)  # what a native crash on a hostile file looks like
+    if value == 5:
+        raise ValueError("five is not allowed")
+    return value * value
+
+
+def test_a_crashing_job_is_named_and_the_others_still_run() -> None:
+    jobs = [0, 1, 2, 3, 4, 6, 7]
+    results = dict(map_local_surviving_crashes(square_or_die, jobs, 2, lambda index, how: f"job {index}: {how}"))
+    assert results == {0: 0, 1: 1, 2: 4, 3: "job 3: killed by SIGSEGV", 4: 16, 5: 36, 6: 49}
+
+
+def test_one_crashing_job_on_one_worker_never_takes_this_process_down() -> None:
+    assert list(map_local_surviving_crashes(square_or_die, [3], 1, lambda i, how: how)) == [(0, "killed by SIGSEGV")]
+
+
+def test_run_alone_returns_results_and_reraises_errors() -> None:
+    assert run_alone(square_or_die, 4) == (16, None)
+    with pytest.raises(ValueError, match="five"):
+        run_alone(square_or_die, 5)
+
+
+def test_plain_map_local_reports_a_dead_worker() -> None:
+    with pytest.raises(WorkerDiedError):
+        list(map_local(square_or_die, [1, 3, 4], 2))
