@@ -192,3 +192,21 @@ def test_threaded_probe_keeps_input_order(sample_dataset: Path) -> None:
     serial = probe_records(paths, paths, workers=1)
     threaded = probe_records(paths, paths, workers=2)
     assert threaded == serial
+
+
+@pytest.mark.parametrize("folder", ["imagenet_sample", "wild", "odd_images"])
+def test_probe_sizes_equal_pil_displayed_sizes(folder: str, request: pytest.FixtureRequest) -> None:
+    """End to end, whichever parser answered: every readable header gives PIL's displayed size."""
+    from tests.test_headers import pil_displayed_size
+
+    paths = files(request.getfixturevalue(folder))
+    records = probe_records(paths, paths, workers=2)
+    compared = 0
+    for path, record in zip(paths, records, strict=True):
+        expected = pil_displayed_size(Path(path))
+        if record.header is not None and expected is not None:
+            assert record.header.displayed_size == expected, path
+            compared += 1
+        elif expected is not None:
+            assert record.error, path  # PIL opens it but we refuse it: there must be a reason
+    assert compared >= len(paths) * (0.6 if folder == "wild" else 1)
