@@ -289,8 +289,8 @@ static PyObject *FORMAT_JPEG, *FORMAT_PNG, *MODES[MODE_COUNT], *NO_WARNINGS;
 static PyObject *scan_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *paths_arg;
-    unsigned long long max_pixels;
-    if (!PyArg_ParseTuple(args, "OK:scan_batch", &paths_arg, &max_pixels)) return NULL;
+    long long max_pixels; /* signed: "K" would wrap -1 to 2**64-1 without a word */
+    if (!PyArg_ParseTuple(args, "OL:scan_batch", &paths_arg, &max_pixels)) return NULL;
     PyObject *paths = PySequence_Tuple(paths_arg); /* holds the strings while the GIL is released */
     if (paths == NULL) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(paths);
@@ -317,7 +317,8 @@ static PyObject *scan_batch(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     FolderCache folder = {-1, {0}, 0};
     for (Py_ssize_t i = 0; i < n; i++)
-        scan_one(names[i], lengths[i], (uint64_t)max_pixels, &results[i], &folder, window, segment);
+        /* a limit below 1 flags every image: Python's job (results stay zeroed: None) */
+        if (max_pixels > 0) scan_one(names[i], lengths[i], (uint64_t)max_pixels, &results[i], &folder, window, segment);
     if (folder.fd >= 0) close(folder.fd);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(window), PyMem_RawFree(segment);

@@ -50,6 +50,8 @@ def test_probe_reads_train_size_from_preset_and_flag_wins(python_command, sample
         (["{sample}", "--json", "/no/such/dir/r.json"], "its folder does not exist"),
         (["{sample}", "--config", "{tmp}/missing.toml"], "no such preset file"),
         (["{sample}", "--train-size", "2"], "train size must be at least 8"),
+        (["{sample}", "--max-pixels", "-1"], "max pixels must be positive"),
+        (["{sample}", "--workers", "0"], "workers must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(python_command, sample_dataset, tmp_path, args, message) -> None:

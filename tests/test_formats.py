@@ -160,3 +160,38 @@ def test_hdf5_direct_reads_of_a_shard_truncated_under_the_reader_fail_cleanly(tm
     reader.close()
     with pytest.raises(ShardFormatError, match="truncated"):  # and a fresh open refuses it outright
         list(get_format("hdf5").reader(str(path)))
+
+
+def test_hdf5_empty_records_anywhere(tmp_path: Path) -> None:
+    from shardkit.formats.hdf5 import CHUNK_BYTES
+
+    for records in (
+        [Record("a", b"", "jpg", None, {})],
+        [Record("a", b"x" * CHUNK_BYTES, "jpg", 1, {}), Record("b", b"", "jpg", 2, {})],
+    ):
+        path = write(tmp_path / f"s{len(records)}.h5", "hdf5", records)
+        reader = get_format("hdf5").reader(str(path))
+        assert list(reader) == records and reader.read(len(records) - 1) == records[-1]
+        reader.close()
+
+
+@pytest.mark.parametrize("dataset", ["keys-bomb", "labels-array", "offsets-gzip"])
+def test_hdf5_index_that_would_expand_in_memory_is_refused(tmp_path: Path, dataset: str) -> None:
+    """Index datasets are read whole: compressed or fixed-width ones could expand far beyond the file."""
+    import h5py
+    import numpy as np
+
+    path = write(tmp_path / "s.h5", "hdf5", RECORDS[:3])
+    with h5py.File(path, "a") as h5:
+        if dataset == "keys-bomb":
+            del h5["keys"]
+            h5.create_dataset("keys", shape=(3,), dtype="S1048576", chunks=(1,), compression="gzip")
+        elif dataset == "labels-array":
+            del h5["labels"]
+            h5.create_dataset("labels", shape=(3,), dtype=np.dtype(("i8", (3,))))
+        else:
+            offsets = h5["offsets"][:]
+            del h5["offsets"]
+            h5.create_dataset("offsets", data=offsets, chunks=(2,), compression="gzip")
+    with pytest.raises(ShardFormatError, match="index dataset"):
+        len(get_format("hdf5").reader(str(path)))

@@ -210,3 +210,12 @@ def test_probe_sizes_equal_pil_displayed_sizes(folder: str, request: pytest.Fixt
         elif expected is not None:
             assert record.error, path  # PIL opens it but we refuse it: there must be a reason
     assert compared >= len(paths) * (0.6 if folder == "wild" else 1)
+
+
+@needs_scanner
+@pytest.mark.parametrize("limit", [-1, 0, -(2**62)])
+def test_a_limit_below_one_pixel_is_left_to_python(tmp_path: Path, limit: int) -> None:
+    path = tmp_path / "a.jpg"
+    path.write_bytes(encode(picture(40, 30)))
+    assert scanner.scan_batch([str(path)], limit) == [None]
+    assert _probe_chunk(([str(path)], [str(path)], limit))[0] == python_row(str(path), limit)

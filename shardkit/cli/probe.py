@@ -46,6 +46,10 @@ def probe(
         )
         if settings["train_size"] < 8:
             raise ConfigError(f"train size must be at least 8 pixels, not {settings['train_size']}")
+        if settings["max_pixels"] < 1:
+            raise ConfigError(f"max pixels must be positive, not {settings['max_pixels']}")
+        if settings["workers"] is not None and settings["workers"] < 1:
+            raise ConfigError(f"workers must be at least 1, not {settings['workers']}")
         for path in (json_path, records_path, plot):
             _check_writable(path)
         if records_path is not None and records_path.suffix.lower() not in (".jsonl", ".csv"):

@@ -24,6 +24,7 @@ from . import MAX_RECORD_BYTES, Record, checked, json_objects
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
 _META_BATCH = 256  # records whose metadata one json.loads parses
+_MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seconds to locate
 VERSION = 1
 
 
@@ -118,6 +119,7 @@ class Hdf5ShardReader:
             h5 = self._open()
             _refuse_links_outside(h5, self.path)
             try:
+                _check_index_datasets(h5, self.path)
                 offsets = h5["offsets"]
                 n = offsets.shape[0] - 1
                 # Hostile sizes: every record takes at least one byte of the file, so n is bounded.
@@ -135,7 +137,7 @@ class Hdf5ShardReader:
             sizes = np.diff(offsets)
             if offsets[0] != 0 or (sizes < 0).any() or offsets[-1] > total or len(keys) != n or len(labels) != n:
                 raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
-            if labels.dtype.kind not in "iu":
+            if labels.dtype.kind not in "iu" or labels.ndim != 1 or offsets.ndim != 1:
                 raise ShardFormatError(f"{self.path}: labels are not integers")
             self._by_key = {key: i for i, key in enumerate(keys)}
             self._chunks = _chunk_table(h5["data"], os.path.getsize(self.path))
@@ -191,11 +193,13 @@ class Hdf5ShardReader:
     def _direct(self, start: int, end: int, chunks: tuple[int, list[int]]) -> bytes:
         """Bytes [start, end) of the data array read straight from the file's chunks: one pread
         and one copy per record, no h5py call (which costs more than the read)."""
+        if end == start:
+            return b""
         chunk_bytes, table = chunks
         fd = self._descriptor()
         first = start // chunk_bytes
         try:
-            if (end - 1) // chunk_bytes == first or end == start:
+            if (end - 1) // chunk_bytes == first:
                 data = os.pread(fd, end - start, table[first] + start - first * chunk_bytes)
             else:  # across chunk boundaries (chunks need not be next to each other in the file)
                 parts, position = [], start
@@ -269,6 +273,25 @@ class Hdf5ShardReader:
         return {**self.__dict__, "_file": None, "_pid": 0, "_window": None, "_fd": None, "_fd_pid": 0}
 
 
+def _check_index_datasets(h5: Any, path: str) -> None:
+    """Index datasets are read whole, so their size in memory must be bounded by the file: no filters
+    (a compressed dataset can expand 1000x), strings variable-length (as we write them: a fixed
+    width of 1 MiB per row would be a bomb), numbers plain 1-D integers."""
+    import h5py
+
+    for name in ("offsets", "labels", "keys", "exts", "meta"):
+        dataset = h5[name]
+        if dataset.ndim != 1 or dataset.id.get_create_plist().get_nfilters() != 0:
+            raise ShardFormatError(f"{path}: index dataset {name} is not a plain 1-D array")
+        if name in ("offsets", "labels"):
+            if dataset.dtype.kind not in "iu" or dataset.dtype.shape != ():
+                raise ShardFormatError(f"{path}: index dataset {name} does not hold integers")
+        else:
+            info = h5py.check_string_dtype(dataset.dtype)
+            if info is None or info.length is not None:
+                raise ShardFormatError(f"{path}: index dataset {name} does not hold variable-length strings")
+
+
 def _chunk_table(data: Any, file_size: int) -> tuple[int, list[int]] | None:
     """(chunk bytes, file offset of each chunk in order) when `data` is stored raw (no filters, every
     chunk written, all within the file), else None and reads go through h5py."""
@@ -285,9 +308,17 @@ def _chunk_table(data: Any, file_size: int) -> tuple[int, list[int]] | None:
         count = data.id.get_num_chunks()
         if chunk_bytes < 1 or count != -(-data.shape[0] // chunk_bytes):
             return None
+        # get_chunk_info(i) walks the chunk index from the start (quadratic in the chunk count);
+        # chunk_iter (HDF5 >= 1.12.3) visits each chunk once.
+        if hasattr(data.id, "chunk_iter"):
+            infos: list[Any] = []
+            data.id.chunk_iter(infos.append)
+        elif count <= _MAX_CHUNK_LOOKUPS:
+            infos = [data.id.get_chunk_info(i) for i in range(count)]
+        else:
+            return None
         table = [-1] * count
-        for i in range(count):
-            info = data.id.get_chunk_info(i)
+        for info in infos:
             slot, remainder = divmod(info.chunk_offset[0], chunk_bytes)
             if (
                 remainder or not 0 <= slot < count or info.filter_mask or info.byte_offset is None
