@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardkit.config import PackConfig, ResizeConfig
 from shardkit.errors import ConfigError, ShardFormatError
@@ -179,3 +181,32 @@ def test_reading_never_imports_the_pack_side(packed: Path) -> None:
         "sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=8),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=4),
+)
+def test_ranges_cut_the_epoch_into_equal_runs(counts: list[int], world: int, workers: int) -> None:
+    """Pure planning: every rank gets ceil(total/world) positions, runs tile the epoch, wrapping at the end."""
+    from shardkit.readers import _ranges
+
+    total = sum(counts)
+    order = list(range(len(counts)))[::-1]
+    sequence = [(shard, i) for shard in order for i in range(counts[shard])]
+    per_rank = -(-total // world)
+    for rank in range(world):
+        got = []
+        for worker in range(workers):
+            begin = rank * per_rank
+            plan = _ranges(
+                order,
+                [counts[s] for s in order],
+                begin + worker * per_rank // workers,
+                begin + (worker + 1) * per_rank // workers,
+            )
+            got += [(shard, i) for shard, start, stop in plan for i in range(start, stop)]
+        expected = [sequence[p % total] for p in range(rank * per_rank, (rank + 1) * per_rank)] if total else []
+        assert got == expected
