@@ -195,3 +195,52 @@ def test_hdf5_index_that_would_expand_in_memory_is_refused(tmp_path: Path, datas
             h5.create_dataset("offsets", data=offsets, chunks=(2,), compression="gzip")
     with pytest.raises(ShardFormatError, match="index dataset"):
         len(get_format("hdf5").reader(str(path)))
+
+
+def damaged_tar(tmp_path: Path, bad: int = 5) -> Path:
+    """Ten records whose record `bad` has metadata that is not JSON (same length, so the tar stays whole)."""
+    records = [Record(f"r{i}", os.urandom(3000), "jpg", i, {"i": i}) for i in range(10)]
+    path = write(tmp_path / "d.tar", "webdataset", records)
+    data = path.read_bytes()
+    at = data.index(b'{"i": %d}' % bad)
+    path.write_bytes(data[:at] + b"X" + data[at + 1 :])
+    return path
+
+
+def test_tar_yields_every_good_record_before_a_damaged_one(tmp_path: Path) -> None:
+    reader = get_format("webdataset").reader(str(damaged_tar(tmp_path)))
+    keys = []
+    with pytest.raises(ShardFormatError, match="record r5 has unreadable metadata"):
+        for record in reader:
+            keys.append(record.key)
+    assert keys == ["r0", "r1", "r2", "r3", "r4"]
+    assert [r.key for r in reader.read_range(0, 5)] == keys  # never reads ahead into r5
+
+
+def test_lmdb_range_reads_refuse_oversized_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.formats import lmdb as lmdb_format
+
+    path = write(tmp_path / "s.lmdb", "lmdb", RECORDS[:3])
+    monkeypatch.setattr(lmdb_format, "MAX_RECORD_BYTES", 100)
+    with pytest.raises(ShardFormatError, match="over the size limit"):
+        list(get_format("lmdb").reader(str(path)).read_range(0, 3))
+
+
+def test_hdf5_data_must_be_bytes(tmp_path: Path) -> None:
+    import h5py
+
+    path = write(tmp_path / "s.h5", "hdf5", RECORDS[:3])
+    with h5py.File(path, "a") as h5:
+        size = h5["data"].shape[0]
+        del h5["data"]
+        h5.create_dataset("data", shape=(size,), dtype="S65536", chunks=(4,), compression="gzip")
+    with pytest.raises(ShardFormatError):
+        get_format("hdf5").reader(str(path)).read(0)
+
+
+def test_json_objects_never_shifts_metadata_between_records() -> None:
+    from shardkit.formats import json_objects
+
+    # Joined, these would parse as two objects: '{"a": "x},{"' and '}' then '{"b": 1}, {"c": 2}'.
+    blobs = [b'{"a": "x}', b'{"}', b'{"b": 1}, {"c": 2}', b' {"ok": [1, 2]} ', b"\xff", b"[1]"]
+    assert json_objects(blobs) == [None, None, None, {"ok": [1, 2]}, None, None]

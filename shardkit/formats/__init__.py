@@ -35,16 +35,21 @@ def checked(record: Record, where: str) -> Record:
     return record
 
 
-def json_objects(blobs: list[bytes]) -> list[dict[str, Any]] | list[None]:
-    """Each blob's JSON object, all parsed in one json.loads (one call per blob costs ~3x more). All
-    None when the batch does not give one object per blob: callers then parse each blob alone,
-    which names the damaged one."""
-    try:
-        objects = json.loads(b"[" + b",".join(blobs) + b"]")
-    except (ValueError, TypeError):
-        return [None] * len(blobs)
-    if len(objects) != len(blobs) or not all(type(value) is dict for value in objects):
-        return [None] * len(blobs)
+_scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, minus its Python wrappers
+
+
+def json_objects(blobs: list[bytes]) -> list[dict[str, Any] | None]:
+    """Each blob's JSON object, or None where the blob is not exactly one JSON object (callers then
+    parse it with json.loads, which names the problem). Per blob, the C scanner costs ~2x less than
+    json.loads; each object must span its whole blob, so nothing can shift between records."""
+    objects: list[dict[str, Any] | None] = []
+    for blob in blobs:
+        try:
+            text = blob.decode("utf-8").strip()
+            value, end = _scan_json(text, 0)
+        except (UnicodeDecodeError, StopIteration, ValueError, TypeError, AttributeError):
+            value, end, text = None, -1, ""
+        objects.append(value if end == len(text) and type(value) is dict else None)
     return objects
 
 

@@ -123,7 +123,7 @@ class Hdf5ShardReader:
                 offsets = h5["offsets"]
                 n = offsets.shape[0] - 1
                 # Hostile sizes: every record takes at least one byte of the file, so n is bounded.
-                if n < 0 or n > os.path.getsize(self.path) or h5["data"].ndim != 1:
+                if n < 0 or n > os.path.getsize(self.path) or h5["data"].ndim != 1 or h5["data"].dtype != np.uint8:
                     raise ShardFormatError(f"{self.path}: implausible record count {n}")
                 offsets = offsets[:]
                 keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]

@@ -261,6 +261,8 @@ class LmdbShardReader:
                     for index, value in zip(indices, values, strict=True):
                         if value is None:
                             raise ShardFormatError(f"{self.path}: record {index} is missing")
+                        if len(value) > MAX_RECORD_BYTES:
+                            raise ShardFormatError(f"{self.path}: record {index} is over the size limit")
                     where = [_Where(self.path, index) for index in indices]  # formatted only for an error
                     sizes = [_header_size(value, at) for value, at in zip(values, where, strict=True)]
                     blobs = [bytes(value[4 : 4 + size]) for value, size in zip(values, sizes, strict=True)]

@@ -227,33 +227,43 @@ class TarShardReader:
         return payload
 
     def _records(self, data: _Bytes, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]) -> Iterator[Record]:
-        """Records from (key, members) entries, a batch at a time (up to 64 records or 8 MiB of
-        images): small members are read as the entries come (straight after their headers, so from
-        the read-ahead buffer that just read those), the batch's metadata is parsed in one
-        json.loads (per record it costs ~3x more), each image is read exactly once, and only then
-        are the records handed out. Between image decodes, the same Python work per record runs
-        with cold caches and costs about twice as much."""
-        with_small = ((key, members, self._small_members(data, key, members)) for key, members in entries)
+        """Records from (key, members) entries, a batch at a time (up to 64 records or 8 MiB):
+        small members are read as the entries come (straight after their headers, so from the
+        read-ahead buffer that just read those), the batch's metadata is parsed together, each
+        image is read exactly once, and only then are the records handed out: between image
+        decodes, the same Python work per record runs with cold caches and costs about twice as
+        much. A damaged record ends the stream only after every good record before it."""
         while True:
-            batch, batch_bytes = [], 0
-            for entry in with_small:
-                batch.append(entry)
-                batch_bytes += entry[1][entry[2][0]][1]
-                if len(batch) >= _BATCH or batch_bytes >= _BATCH_BYTES:
-                    break
+            batch: list[tuple[str, dict[str, tuple[int, int]], tuple[str, int | None, bytes]]] = []
+            batch_bytes, damage = 0, None
+            try:
+                for key, members in entries:
+                    batch.append((key, members, self._small_members(data, key, members)))
+                    batch_bytes += sum(size for _, size in members.values())
+                    if len(batch) >= _BATCH or batch_bytes >= _BATCH_BYTES:
+                        break
+            except ShardFormatError as error:
+                damage = error  # raised after the good records collected before it
+            ready: list[Record] = []
+            try:
+                for (key, members, (image_ext, label, blob)), meta in zip(
+                    batch, json_objects([small[2] for _, _, small in batch]), strict=True
+                ):
+                    if meta is None:
+                        try:
+                            meta = json.loads(blob)
+                        except ValueError:
+                            raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
+                    image = self._member(data, key, members, image_ext)
+                    ready.append(checked(Record(key, image, image_ext, label, meta), self.path))
+            except ShardFormatError:
+                yield from ready
+                raise
+            yield from ready
+            if damage is not None:
+                raise damage
             if not batch:
                 return
-            metas = json_objects([blob for _, _, (_, _, blob) in batch])
-            ready = []
-            for (key, members, (image_ext, label, blob)), meta in zip(batch, metas, strict=True):
-                if meta is None:
-                    try:
-                        meta = json.loads(blob)
-                    except ValueError:
-                        raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
-                image = self._member(data, key, members, image_ext)
-                ready.append(checked(Record(key, image, image_ext, label, meta), self.path))
-            yield from ready
 
     def _small_members(
         self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]
@@ -305,8 +315,9 @@ class TarShardReader:
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop) with read-ahead; from the first record no index is needed."""
-        if start == 0 and self._entries is None:
-            return itertools.islice(self, stop)
+        if start == 0 and self._entries is None:  # no read-ahead past `stop`: what lies beyond is not ours
+            data = self._bytes(_READ_AHEAD)
+            return self._records(data, itertools.islice(self._unique(_group(scan_members(data, self.path))), stop))
         return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
