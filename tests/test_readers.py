@@ -210,3 +210,23 @@ def test_ranges_cut_the_epoch_into_equal_runs(counts: list[int], world: int, wor
             got += [(shard, i) for shard, start, stop in plan for i in range(start, stop)]
         expected = [sequence[p % total] for p in range(rank * per_rank, (rank + 1) * per_rank)] if total else []
         assert got == expected
+
+
+def test_set_epoch_reaches_persistent_dataloader_workers(packed: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    def epochs(persistent: bool) -> list[list[str]]:
+        iterable = open_shards(packed, decode="bytes", shuffle=True, seed=4, shuffle_buffer=5).iterable()
+        loader = torch.utils.data.DataLoader(
+            iterable, batch_size=None, num_workers=2, persistent_workers=persistent, collate_fn=lambda s: s.key
+        )
+        orders = []
+        for epoch in range(3):
+            iterable.set_epoch(epoch)
+            orders.append(list(loader))
+        return orders
+
+    persistent = epochs(True)
+    assert persistent == epochs(False)
+    assert persistent[0] != persistent[1] != persistent[2]
+    assert sorted(persistent[0]) == sorted(persistent[2])
