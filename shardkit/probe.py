@@ -119,7 +119,9 @@ def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
     """
     paths, relpaths, max_pixels = job
     scanner = header_scanner()
-    rows: list = scanner.scan_batch(paths, max_pixels) if scanner is not None else [None] * len(paths)
+    # Clamped to what C takes: a smaller limit only sends more files to Python, never other answers.
+    limit = min(max_pixels, 2**63 - 1)
+    rows: list = scanner.scan_batch(paths, limit) if scanner is not None else [None] * len(paths)
     for index, row in enumerate(rows):
         if row is None:
             record = probe_file(paths[index], relpaths[index], max_pixels)

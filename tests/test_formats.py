@@ -244,3 +244,13 @@ def test_json_objects_never_shifts_metadata_between_records() -> None:
     # Joined, these would parse as two objects: '{"a": "x},{"' and '}' then '{"b": 1}, {"c": 2}'.
     blobs = [b'{"a": "x}', b'{"}', b'{"b": 1}, {"c": 2}', b' {"ok": [1, 2]} ', b"\xff", b"[1]"]
     assert json_objects(blobs) == [None, None, None, {"ok": [1, 2]}, None, None]
+
+
+def test_tar_cut_between_members_is_truncated_not_shorter(tmp_path: Path) -> None:
+    path = write(tmp_path / "s.tar", "webdataset", RECORDS[:4])
+    data = path.read_bytes()
+    cut = data.index(b"class1/img_1.jpg") - 0  # the header block of record 1's first member
+    cut -= cut % 512
+    path.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError, match="truncated"):
+        list(get_format("webdataset").reader(str(path)))

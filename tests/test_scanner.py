@@ -219,3 +219,9 @@ def test_a_limit_below_one_pixel_is_left_to_python(tmp_path: Path, limit: int) -
     path.write_bytes(encode(picture(40, 30)))
     assert scanner.scan_batch([str(path)], limit) == [None]
     assert _probe_chunk(([str(path)], [str(path)], limit))[0] == python_row(str(path), limit)
+
+
+def test_huge_limits_agree(tmp_path: Path) -> None:
+    path = tmp_path / "a.jpg"
+    path.write_bytes(encode(picture(40, 30)))
+    assert _probe_chunk(([str(path)], [str(path)], 2**70))[0] == python_row(str(path), 2**70)

@@ -134,8 +134,9 @@ def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
         if start + size > data.size:
             raise ShardFormatError(f"{where}: member {name} runs past the end of the file (truncated shard)")
         yield name, start, size
-    if pos < data.size:
-        raise ShardFormatError(f"{where}: truncated tar header")
+    # Every tar writer ends with zero blocks; without them the file was cut (possibly between
+    # members, where the walk above alone would take a shorter shard for a whole one).
+    raise ShardFormatError(f"{where}: no end-of-archive marker (truncated shard)")
 
 
 def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
