@@ -225,3 +225,19 @@ def test_huge_limits_agree(tmp_path: Path) -> None:
     path = tmp_path / "a.jpg"
     path.write_bytes(encode(picture(40, 30)))
     assert _probe_chunk(([str(path)], [str(path)], 2**70))[0] == python_row(str(path), 2**70)
+
+
+@needs_scanner
+def test_structured_edge_cases_agree(tmp_path: Path) -> None:
+    from tests.scanner_cases import EXTS, jpeg, mutate, png
+
+    rng = random.Random(11)
+    paths = []
+    for index in range(600):
+        data = jpeg(rng) if rng.random() < 0.5 else png(rng)
+        if rng.random() < 0.4:
+            data = mutate(data, rng)
+        path = tmp_path / f"f{index}{rng.choice(EXTS)}"
+        path.write_bytes(data)
+        paths.append(str(path))
+    assert compare(paths) >= 50  # the scanner answers a good share itself
