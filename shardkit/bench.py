@@ -23,7 +23,7 @@ from .errors import ShardkitError
 from .executors import mp_context
 from .imaging import decode
 from .manifest import read_manifest
-from .readers import open_shards
+from .readers import open_shards, record_ranges
 
 BASELINE = "folder: PIL (ImageFolder loader)"
 MEMORY = "memory: same bytes, libjpeg-turbo"
@@ -143,15 +143,28 @@ def _folder_turbo(paths: list[str]) -> tuple[int, int]:
     return count, size
 
 
-def _shards(job: tuple[str, list[int], str, float | None]) -> tuple[int, int]:
-    folder, shards, mode, scale = job
+def _shards(job: tuple[str, list[tuple[int, int, int]], str, float | None]) -> tuple[int, int]:
+    """Read and decode the (shard, start, stop) record ranges of one worker's part."""
+    folder, ranges, mode, scale = job
     dataset = open_shards(folder, decode=mode, scale=scale)
     count = 0
-    for shard in shards:
-        for _ in dataset.shard_samples(shard):
+    size = 0.0
+    for shard, start, stop in ranges:
+        for _ in dataset.shard_samples(shard, start, stop):
             count += 1
+        info = dataset.manifest.shards[shard]
+        size += info.bytes * (stop - start) / max(1, info.count)  # the shard's bytes, pro rata
     dataset.close()
-    return count, sum(dataset.manifest.shards[shard].bytes for shard in shards)
+    return count, int(size)
+
+
+def worker_parts(counts: list[int], workers: int) -> list[list[tuple[int, int, int]]]:
+    """(shard, start, stop) ranges per worker: equal runs of records, not whole shards, so one big
+    shard cannot leave a worker idle and make the pass look slower than it is."""
+    order, total = list(range(len(counts))), sum(counts)
+    return [
+        record_ranges(order, counts, total * part // workers, total * (part + 1) // workers) for part in range(workers)
+    ]
 
 
 def _memory(blobs: list[tuple[bytes, str]]) -> tuple[int, int]:
@@ -236,7 +249,7 @@ def bench(
         missing = [path for path in files if not os.path.exists(path)]
         if missing:
             raise ShardkitError(f"{missing[0]}: packed from this file, but it is not under {against}")
-    shard_splits = _split(list(range(len(shard_paths))), workers)
+    shard_splits = worker_parts([shard.count for shard in manifest.shards], workers)
 
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
         return [(str(root), part, mode, scale) for part in shard_splits]

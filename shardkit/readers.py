@@ -180,7 +180,9 @@ class ShardDataset:
         worker, workers = _worker()
         per_rank = self.samples_per_rank()
         begin = rank * per_rank
-        return _ranges(order, counts, begin + worker * per_rank // workers, begin + (worker + 1) * per_rank // workers)
+        return record_ranges(
+            order, counts, begin + worker * per_rank // workers, begin + (worker + 1) * per_rank // workers
+        )
 
     def __iter__(self) -> Iterator[Any]:
         samples = self._planned(self.epoch_plan())
@@ -279,7 +281,7 @@ def open_shards(
     )
 
 
-def _ranges(order: list[int], counts: list[int], begin: int, end: int) -> list[tuple[int, int, int]]:
+def record_ranges(order: list[int], counts: list[int], begin: int, end: int) -> list[tuple[int, int, int]]:
     """Positions [begin, end) of the sequence of shards `order` (with record `counts`), as (shard,
     start, stop) ranges; positions past the total wrap around to the start."""
     total = sum(counts)

@@ -34,3 +34,14 @@ def test_bench_cli_writes_json(python_command, sample_dataset: Path, tmp_path: P
     assert "vs folder PIL" in result.stdout
     data = json.loads(report.read_text())
     assert data["images"] == 60 and data["speedup_vs_folder_pil"][BASELINE] == 1.0
+
+
+def test_workers_share_records_not_whole_shards() -> None:
+    from shardkit.bench import worker_parts
+
+    assert worker_parts([300], 2) == [[(0, 0, 150)], [(0, 150, 300)]]
+    parts = worker_parts([5, 0, 7, 3], 3)
+    assert [sum(stop - start for _, start, stop in part) for part in parts] == [5, 5, 5]
+    assert sorted((s, i) for part in parts for s, a, b in part for i in range(a, b)) == sorted(
+        (s, i) for s, n in enumerate([5, 0, 7, 3]) for i in range(n)
+    )

@@ -191,7 +191,7 @@ def test_reading_never_imports_the_pack_side(packed: Path) -> None:
 )
 def test_ranges_cut_the_epoch_into_equal_runs(counts: list[int], world: int, workers: int) -> None:
     """Pure planning: every rank gets ceil(total/world) positions, runs tile the epoch, wrapping at the end."""
-    from shardkit.readers import _ranges
+    from shardkit.readers import record_ranges
 
     total = sum(counts)
     order = list(range(len(counts)))[::-1]
@@ -201,7 +201,7 @@ def test_ranges_cut_the_epoch_into_equal_runs(counts: list[int], world: int, wor
         got = []
         for worker in range(workers):
             begin = rank * per_rank
-            plan = _ranges(
+            plan = record_ranges(
                 order,
                 [counts[s] for s in order],
                 begin + worker * per_rank // workers,
