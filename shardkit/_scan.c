@@ -234,8 +234,6 @@ static int extension_matches(const char *path, Py_ssize_t len, int format) {
     return !strcmp(ext, "png") || !strcmp(ext, "apng");
 }
 
-/* `window` (HEAD_BYTES) and `segment` (EXIF_READ) are scratch room for reads past
- * the head: allocated once per batch, not per file. */
 /* Files of a chunk mostly share a folder: opening each by name relative to the folder's descriptor
  * spares the kernel the walk down every component of the full path (~5% of the scan). */
 typedef struct {
@@ -259,6 +257,8 @@ static int open_in_folder(FolderCache *folder, const char *path, size_t path_len
     return openat(folder->fd, slash + 1, O_RDONLY | O_CLOEXEC);
 }
 
+/* `window` (HEAD_BYTES) and `segment` (EXIF_READ) are scratch room for reads past the head:
+ * allocated once per batch, not per file. */
 static void scan_one(const char *path, Py_ssize_t path_len, uint64_t max_pixels, Result *r, FolderCache *folder,
                      unsigned char *window, unsigned char *segment) {
     unsigned char head[HEAD_BYTES];
@@ -316,9 +316,9 @@ static PyObject *scan_batch(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     FolderCache folder = {-1, {0}, 0};
-    for (Py_ssize_t i = 0; i < n; i++)
-        /* a limit below 1 flags every image: Python's job (results stay zeroed: None) */
-        if (max_pixels > 0) scan_one(names[i], lengths[i], (uint64_t)max_pixels, &results[i], &folder, window, segment);
+    /* a limit below 1 flags every image: Python's job (results stay zeroed: None) */
+    for (Py_ssize_t i = 0; max_pixels > 0 && i < n; i++)
+        scan_one(names[i], lengths[i], (uint64_t)max_pixels, &results[i], &folder, window, segment);
     if (folder.fd >= 0) close(folder.fd);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(window), PyMem_RawFree(segment);

@@ -1,8 +1,9 @@
 """`bench`: decode speed of shards against the raw folder they came from, on the same images.
 
 Every pass is measured in the same run, after a warm-up, in `repeat` round-robin rounds; the report
-keeps the median and the spread, and each ratio is the median of the ratios within rounds. With `workers` > 1 each
-pass runs in that many processes (one pool, started before timing) over disjoint parts.
+keeps the median and the spread, and each ratio is the median of the ratios within rounds. With
+`workers` > 1 each pass runs in that many processes (one pool, started before timing) over disjoint
+parts.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class ShardIterableDataset(IterableDataset):
         self._epoch: Any = multiprocessing.RawValue("q", dataset.epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        self.dataset.set_epoch(self._epoch_value())
+        self.dataset.set_epoch(self._epoch.value)
         return iter(self.dataset)
 
     def __len__(self) -> int:
@@ -31,19 +31,18 @@ class ShardIterableDataset(IterableDataset):
         return self.dataset.samples_per_rank()
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(self._epoch, int):
-            self._epoch = epoch
-        else:
-            self._epoch.value = epoch
+        self._epoch.value = epoch
         self.dataset.set_epoch(epoch)
-
-    def _epoch_value(self) -> int:
-        return self._epoch if isinstance(self._epoch, int) else self._epoch.value
 
     def __getstate__(self) -> dict:
         # Shared memory travels only to processes being started (DataLoader workers); pickled any
-        # other way (Ray, a file), the dataset carries the epoch as a plain number.
+        # other way (Ray, a file), the epoch goes as a number and gets shared memory of its own.
         state = dict(self.__dict__)
         if get_spawning_popen() is None:
-            state["_epoch"] = self._epoch_value()
+            state["_epoch"] = self._epoch.value
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["_epoch"], int):
+            state["_epoch"] = multiprocessing.RawValue("q", state["_epoch"])
+        self.__dict__.update(state)

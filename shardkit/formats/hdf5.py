@@ -23,7 +23,7 @@ from . import MAX_RECORD_BYTES, Record, checked, json_objects
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
-_META_BATCH = 256  # records whose metadata one json.loads parses
+_META_BATCH = 256  # records whose metadata is parsed ahead of their data (see json_objects)
 _MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seconds to locate
 VERSION = 1
 
@@ -98,7 +98,6 @@ class Hdf5ShardReader:
         self._index: tuple[list[int], list[str], list[str], list[int]] | None = None
         self._by_key: dict[str, int] = {}
         self._meta: list[Any] = []
-        self._window: np.ndarray | None = None  # reused: a fresh 8 MiB buffer per window costs page faults
         self._chunks: tuple[int, list[int]] | None = None  # (chunk bytes, file offset of each chunk)
         self._fd: int | None = None
         self._fd_pid = 0
@@ -157,17 +156,6 @@ class Hdf5ShardReader:
         except (OSError, ValueError, TypeError) as error:
             raise ShardFormatError(f"{self.path}: damaged data at bytes {start:,}-{end:,} ({error})") from None
 
-    def _read_window(self, start: int, end: int) -> memoryview:
-        """Bytes [start, end) of the data array, read into the reader's reused buffer."""
-        n = end - start
-        if self._window is None or self._window.shape[0] < n:
-            self._window = np.empty(max(n, _FLUSH_BYTES), dtype=np.uint8)
-        try:
-            self._open()["data"].read_direct(self._window, np.s_[start:end], np.s_[0:n])
-        except (OSError, ValueError, TypeError) as error:
-            raise ShardFormatError(f"{self.path}: damaged data at bytes {start:,}-{end:,} ({error})") from None
-        return memoryview(self._window)[:n]
-
     def _record(self, index: int, data: bytes, meta: Any = None) -> Record:
         _, keys, exts, labels = self._load_index()
         if meta is None:
@@ -177,10 +165,6 @@ class Hdf5ShardReader:
                 raise ShardFormatError(f"{self.path}: damaged record {keys[index]} ({error})") from None
         label = labels[index]
         return checked(Record(keys[index], data, exts[index], None if label < 0 else label, meta), self.path)
-
-    def _metas(self, start: int, stop: int) -> list[Any] | list[None]:
-        """The metadata of records [start, stop), parsed together (see json_objects)."""
-        return json_objects(self._meta[start:stop])
 
     def _descriptor(self) -> int:
         if self._fd is None or self._fd_pid != os.getpid():  # after fork, get our own descriptor
@@ -236,7 +220,7 @@ class Hdf5ShardReader:
         chunks = self._chunks
         while chunks and index < stop:
             last = min(stop, index + _META_BATCH)
-            metas = self._metas(index, last)
+            metas = json_objects(self._meta[index:last])
             for i in range(index, last):
                 if offsets[i + 1] - offsets[i] > MAX_RECORD_BYTES:
                     raise ShardFormatError(f"{self.path}: record {keys[i]} is over the size limit")
@@ -249,8 +233,8 @@ class Hdf5ShardReader:
             base, end = offsets[index], offsets[last]
             if offsets[index + 1] - base > MAX_RECORD_BYTES:
                 raise ShardFormatError(f"{self.path}: record {keys[index]} is over the size limit")
-            window = self._read_window(base, end)
-            metas = self._metas(index, last)
+            window = memoryview(self._data(base, end))
+            metas = json_objects(self._meta[index:last])
             for i in range(index, last):
                 yield self._record(i, bytes(window[offsets[i] - base : offsets[i + 1] - base]), metas[i - index])
             index = last
@@ -270,7 +254,7 @@ class Hdf5ShardReader:
         self._file = self._fd = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_file": None, "_pid": 0, "_window": None, "_fd": None, "_fd_pid": 0}
+        return {**self.__dict__, "_file": None, "_pid": 0, "_fd": None, "_fd_pid": 0}
 
 
 def _check_index_datasets(h5: Any, path: str) -> None:

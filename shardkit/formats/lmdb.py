@@ -18,7 +18,7 @@ from . import MAX_RECORD_BYTES, Record, checked, json_objects
 INFO_KEY = b"__shardkit__"
 VERSION = 1
 _BATCH = 256
-_READ_BATCH = 64  # records whose headers one json.loads parses
+_READ_BATCH = 64  # records whose headers are parsed ahead of their data (see json_objects)
 _INITIAL_MAP = 64 * 1024 * 1024
 
 
@@ -42,10 +42,11 @@ def _header_size(value: bytes | memoryview, where: object) -> int:
     return size
 
 
-def decode_value(value: bytes | memoryview, where: object, header: Any = None) -> Record:
+def decode_value(value: bytes | memoryview, where: object, header: Any = None, size: int | None = None) -> Record:
     """A record from its stored value; `value` may be a view into the map (the image is copied
-    once); `header`, when given, is its JSON header already parsed."""
-    size = _header_size(value, where)
+    once); `header` and `size`, when given, are its JSON header already parsed and that header's size."""
+    if size is None:
+        size = _header_size(value, where)
     try:
         if header is None:
             header = json.loads(bytes(value[4 : 4 + size]))
@@ -266,8 +267,8 @@ class LmdbShardReader:
                     where = [_Where(self.path, index) for index in indices]  # formatted only for an error
                     sizes = [_header_size(value, at) for value, at in zip(values, where, strict=True)]
                     blobs = [bytes(value[4 : 4 + size]) for value, size in zip(values, sizes, strict=True)]
-                    for value, at, header in zip(values, where, json_objects(blobs), strict=True):
-                        yield decode_value(value, at, header)
+                    for value, at, header, size in zip(values, where, json_objects(blobs), sizes, strict=True):
+                        yield decode_value(value, at, header, size)
         except lmdb.Error as error:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
 

@@ -235,19 +235,20 @@ class TarShardReader:
         decodes, the same Python work per record runs with cold caches and costs about twice as
         much. A damaged record ends the stream only after every good record before it."""
         while True:
-            batch: list[tuple[str, dict[str, tuple[int, int]], tuple[str, int | None, bytes]]] = []
+            batch: list[tuple[str, dict[str, tuple[int, int]], tuple[str, int | None, bytes, int]]] = []
             batch_bytes, damage = 0, None
             try:
                 for key, members in entries:
-                    batch.append((key, members, self._small_members(data, key, members)))
-                    batch_bytes += sum(size for _, size in members.values())
+                    small = self._small_members(data, key, members)
+                    batch.append((key, members, small))
+                    batch_bytes += small[3]
                     if len(batch) >= _BATCH or batch_bytes >= _BATCH_BYTES:
                         break
             except ShardFormatError as error:
                 damage = error  # raised after the good records collected before it
             ready: list[Record] = []
             try:
-                for (key, members, (image_ext, label, blob)), meta in zip(
+                for (key, members, (image_ext, label, blob, _)), meta in zip(
                     batch, json_objects([small[2] for _, _, small in batch]), strict=True
                 ):
                     if meta is None:
@@ -268,8 +269,9 @@ class TarShardReader:
 
     def _small_members(
         self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]
-    ) -> tuple[str, int | None, bytes]:
-        """(image extension, label, metadata JSON) of one record; checks sizes before any read."""
+    ) -> tuple[str, int | None, bytes, int]:
+        """(image extension, label, metadata JSON, bytes of all members) of one record; checks sizes
+        before any read."""
         image_ext = None
         total = 0
         for ext, (_, size) in members.items():
@@ -287,7 +289,7 @@ class TarShardReader:
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
         blob = self._member(data, key, members, "json") if "json" in members else b"{}"
-        return image_ext, label, blob
+        return image_ext, label, blob, total
 
     def read(self, index: int) -> Record:
         key, members = self._index()[index]
@@ -301,8 +303,12 @@ class TarShardReader:
             raise KeyError(key) from None
 
     def __iter__(self) -> Iterator[Record]:
+        return self._stream(None)
+
+    def _stream(self, stop: int | None) -> Iterator[Record]:
+        """Records from the start, walking the headers; none past `stop` is read (not even ahead)."""
         data = self._bytes(_READ_AHEAD)
-        return self._records(data, self._unique(_group(scan_members(data, self.path))))
+        return self._records(data, itertools.islice(self._unique(_group(scan_members(data, self.path))), stop))
 
     def _unique(
         self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
@@ -316,9 +322,8 @@ class TarShardReader:
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop) with read-ahead; from the first record no index is needed."""
-        if start == 0 and self._entries is None:  # no read-ahead past `stop`: what lies beyond is not ours
-            data = self._bytes(_READ_AHEAD)
-            return self._records(data, itertools.islice(self._unique(_group(scan_members(data, self.path))), stop))
+        if start == 0 and self._entries is None:
+            return self._stream(stop)
         return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
