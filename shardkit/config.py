@@ -5,14 +5,17 @@ A bad value fails here, with the reason, before any work starts.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from .errors import ConfigError
+from .safeio import read_regular, reason
 
 RESIZE_MODES = ("short", "long", "center-crop")
 ENCODINGS = ("jpeg", "raw", "original")
@@ -20,6 +23,10 @@ RESAMPLERS = ("bilinear", "bicubic", "lanczos")
 EXECUTORS = ("local", "ray")
 LABEL_MODES = ("auto", "folders", "none")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb limit
+# A record larger than this in a shard is refused by readers (shards may come from strangers), so
+# pack refuses to write one.
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+RECORD_META_ALLOWANCE = 1 << 20  # a record's metadata and container overhead, on top of its image
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,8 @@ class ResizeConfig:
             raise ConfigError(f"resize must be between 8 and 16384 pixels, not {self.size}")
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"resize mode must be one of {', '.join(RESIZE_MODES)}, not {self.mode!r}")
-        if self.max_aspect < 1:
-            raise ConfigError(f"max aspect must be at least 1, not {self.max_aspect}")
+        if not math.isfinite(self.max_aspect) or self.max_aspect < 1:
+            raise ConfigError(f"max aspect must be a finite number of at least 1, not {self.max_aspect}")
         if self.resample not in RESAMPLERS:
             raise ConfigError(f"resample must be one of {', '.join(RESAMPLERS)}, not {self.resample!r}")
         if self.mode == "center-crop" and self.size is None:
@@ -106,10 +113,10 @@ def parse_bytes(text: str | int) -> int:
     """'256MB' -> 256000000, '1GiB' -> 1073741824, 4096 -> 4096."""
     if isinstance(text, int):
         return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    match = re.fullmatch(r"\s*(\d{1,18}(?:\.\d{1,9})?)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).upper() not in _UNITS:
         raise ConfigError(f"not a size: {text!r} (try 256MB or 1GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    return int(Decimal(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 # Keys a preset may set, with the type each must have. They are the CLI flag names, '_' for '-'.
@@ -125,10 +132,12 @@ def load_preset(path: str | Path) -> dict[str, Any]:
     """Read a TOML preset; unknown keys and wrong types are refused with the file's name."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_regular(path, 1 << 20).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such preset file") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read ({reason(error)})") from None
+    except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: cannot read ({error})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML ({error})") from None

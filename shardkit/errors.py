@@ -32,6 +32,14 @@ class ShardFormatError(ShardkitError):
     """A shard file is damaged, hostile or not what its manifest says."""
 
 
+class ManifestError(ShardFormatError):
+    """manifest.json or errors.jsonl is missing, damaged, hostile or inconsistent."""
+
+
+class ShardReadError(ShardkitError):
+    """A record could not be read or decoded; names the shard and the key."""
+
+
 class MissingDependencyError(ShardkitError):
     """An optional dependency is needed; the message names the extra to install."""
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -40,6 +44,62 @@ def mp_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+def start_worker(driver: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
+    """Runs first in every worker process. Ctrl-C and SIGTERM are the driver's to handle (it stops
+    the workers itself, so a stop never looks like a crashed worker); and when the driver dies
+    (even by kill -9) the worker exits within a second instead of finishing its job for nobody."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _exit_when_gone(pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)  # readable once the process has ended (Linux 5.3+)
+    except (AttributeError, OSError):
+        handle = None
+    if handle is not None:
+        select.select([handle], [], [])
+    else:
+        while _alive(pid) and os.getppid() != 1:
+            time.sleep(0.5)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_pool(
+    workers: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()
+) -> ProcessPoolExecutor:
+    """A process pool whose workers follow the rules of `start_worker`."""
+    return ProcessPoolExecutor(
+        workers, mp_context=mp_context(), initializer=start_worker, initargs=(os.getpid(), initializer, initargs)
+    )
+
+
+def stop_pool(pool: ProcessPoolExecutor, abandon: bool) -> None:
+    """Shut a pool down; `abandon` (the caller is failing or was interrupted) kills the workers
+    first instead of waiting for the jobs they are running."""
+    if abandon:
+        kill = getattr(pool, "kill_workers", None)  # Python 3.14+
+        if kill is not None:
+            kill()
+        else:
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def map_local(
     function: Callable[..., Result],
     jobs: Sequence[Any],
@@ -55,6 +115,8 @@ def map_local(
     At most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
     An exception raised by a job propagates; a worker that dies raises WorkerDiedError.
     """
+    if not jobs:
+        return
     if in_process and (workers <= 1 or len(jobs) <= 1):
         if initializer is not None:
             initializer(*initargs)
@@ -62,9 +124,10 @@ def map_local(
             yield index, function(job)
         return
     workers = min(workers, len(jobs))
-    pool = ProcessPoolExecutor(workers, mp_context=mp_context(), initializer=initializer, initargs=initargs)
+    pool = process_pool(workers, initializer, initargs)
     pending: dict[Future[Result], int] = {}
     next_job = 0
+    finished = False
     try:
         while next_job < len(jobs) or pending:
             while next_job < len(jobs) and len(pending) < 2 * workers:
@@ -80,10 +143,11 @@ def map_local(
                         f"a worker process died while running job {index} ({error}); "
                         "it may have been killed or run out of memory"
                     ) from None
+        finished = True
     finally:
         for future in pending:
             future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        stop_pool(pool, abandon=not finished)
 
 
 def map_local_surviving_crashes(
@@ -110,16 +174,19 @@ def map_local_surviving_crashes(
 def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | None, str | None]:
     """(result, None), or (None, how the process died) when running `job` killed its process.
     An exception raised by the job is re-raised here."""
-    import signal
-
     context = mp_context()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_alone, args=(function, job, sender), daemon=True)
+    process = context.Process(target=_alone, args=(os.getpid(), function, job, sender), daemon=True)
     process.start()
     sender.close()
     try:
         ok, value = receiver.recv()
-    except EOFError:  # it died before sending anything
+    except BaseException as error:
+        if not isinstance(error, EOFError):  # interrupted: do not leave it running
+            process.kill()
+            process.join()
+            raise
+        # it died before sending anything
         process.join()
         code = process.exitcode
         if code is not None and code < 0:
@@ -136,7 +203,8 @@ def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | Non
     return value, None
 
 
-def _alone(function: Callable[[Any], Any], job: Any, sender: Any) -> None:
+def _alone(driver: int, function: Callable[[Any], Any], job: Any, sender: Any) -> None:
+    start_worker(driver)
     try:
         result = (True, function(job))
     except Exception as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 import time
 import warnings
 from collections.abc import MutableMapping
@@ -20,9 +21,9 @@ import numpy as np
 from PIL import Image
 
 from .backends import pil_build, turbojpeg
-from .config import EncodeConfig, ResizeConfig
+from .config import DEFAULT_MAX_PIXELS, MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
 from .errors import ImageError
-from .headers import HeaderError, ImageHeader, parse_bytes
+from .headers import HeaderError, ImageHeader, jpeg_size, parse_bytes
 
 # libjpeg-turbo 2.1 reduces fastest at these factors; other M/8 factors measured slower than full decode.
 DCT_FACTORS = ((1, 8), (1, 4), (1, 2))
@@ -94,13 +95,25 @@ def process_image(
     resize: ResizeConfig,
     encode: EncodeConfig,
     timings: MutableMapping[str, float] | None = None,
+    header: ImageHeader | None = None,
 ) -> Encoded:
-    """Decode, orient, convert, resize and encode one image held in memory."""
+    """Decode, orient, convert, resize and encode one image held in memory (`header`: its header,
+    already parsed and checked against the pixel limit)."""
     timings = timings if timings is not None else {}
     started = time.perf_counter()
-    header = read_checked_header(data, encode.max_pixels)
+    if header is None:
+        header = read_checked_header(data, encode.max_pixels)
     width, height = header.displayed_size
     geometry = plan_geometry(width, height, resize)
+    if geometry.size[0] * geometry.size[1] > encode.max_pixels:  # --upscale can grow past the limit
+        raise ImageError(
+            "resize",
+            f"the output {geometry.size[0]}x{geometry.size[1]} would be over the limit of {encode.max_pixels:,} "
+            "pixels that readers accept",
+        )
+    raw_bytes = geometry.size[0] * geometry.size[1] * 3
+    if encode.encode == "raw" and raw_bytes > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
+        raise ImageError("encode", record_too_big(raw_bytes))
     meta: dict[str, Any] = {"width": width, "height": height, "mode": header.mode, "format": header.format}
     if _can_keep_original(header, geometry, encode):
         meta.update(stored_width=width, stored_height=height, encoding="original")
@@ -126,11 +139,22 @@ def process_image(
     return Encoded(payload, ext, meta)
 
 
+def record_too_big(size: int) -> str:
+    return (
+        f"the record would be {size:,} bytes, over the {MAX_RECORD_BYTES >> 20} MiB readers accept "
+        "(resize it, or encode jpeg instead of raw)"
+    )
+
+
 def read_checked_header(data: bytes, max_pixels: int) -> ImageHeader:
     try:
         header = parse_bytes(data)
     except HeaderError as error:
         raise ImageError("header", str(error)) from None
+    return check_pixels(header, max_pixels)
+
+
+def check_pixels(header: ImageHeader, max_pixels: int) -> ImageHeader:
     if header.width * header.height > max_pixels:
         raise ImageError(
             "header",
@@ -255,36 +279,83 @@ def encode_jpeg(image: Image.Image, quality: int) -> bytes:
 # --- read side --------------------------------------------------------------------------------
 
 
-def decode(data: bytes, ext: str, scale: float | None = None) -> np.ndarray:
-    """Stored bytes to an HxWx3 uint8 array; `scale` 1/2, 1/4 or 1/8 decodes JPEG in the DCT domain."""
+def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Stored bytes to an HxWx3 uint8 array; `scale` 1/2, 1/4 or 1/8 decodes JPEG in the DCT domain.
+    Records come from strangers: an image over `max_pixels` is refused from its header, unallocated."""
     if ext == "npy":
-        try:
-            return np.load(io.BytesIO(data), allow_pickle=False)
-        except ValueError as error:
-            raise ImageError("decode", f"bad raw pixels: {error}") from None
+        return decode_npy(data, max_pixels)
     factor = _scale_factor(scale)
     tj = turbojpeg()
     if tj is not None and ext == "jpg":
+        size = jpeg_size(data)
+        if size is None:
+            try:
+                header = parse_bytes(data)
+            except HeaderError as error:
+                raise ImageError("decode", f"corrupt JPEG: {error}") from None
+            size = header.width, header.height
+        _refuse_over(size, max_pixels)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
                 return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
         except (OSError, Warning) as error:
             raise ImageError("decode", f"corrupt JPEG: {error}") from None
-    return np.asarray(decode_pil(data, scale))
+    return np.asarray(decode_pil(data, scale, max_pixels))
 
 
-def decode_pil(data: bytes, scale: float | None = None) -> Image.Image:
+def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
+    if size[0] * size[1] > max_pixels:
+        raise ImageError(
+            "decode", f"{size[0]}x{size[1]} is over the limit of {max_pixels:,} pixels (raise max_pixels to allow it)"
+        )
+
+
+def decode_pil(data: bytes, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     try:
-        image = Image.open(io.BytesIO(data))
-        factor = _scale_factor(scale)
-        if factor is not None and image.format == "JPEG":
-            num, den = factor
-            image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
-        image.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+            image = Image.open(io.BytesIO(data))
+            _refuse_over(image.size, max_pixels)  # read from the header; nothing is decoded yet
+            factor = _scale_factor(scale)
+            if factor is not None and image.format == "JPEG":
+                num, den = factor
+                image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
+            image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ImageError("decode", str(error) or type(error).__name__) from None
+
+
+_NPY_HEADER = re.compile(
+    rb"\{\s*'descr'\s*:\s*'\|u1'\s*,\s*'fortran_order'\s*:\s*(False|True)\s*,"
+    rb"\s*'shape'\s*:\s*\(\s*(\d{1,9})\s*,\s*(\d{1,9})\s*,\s*3\s*,?\s*\)\s*,?\s*\}\s*"
+)
+
+
+def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """A raw record: exactly an HxWx3 uint8 .npy (what numpy writes for one; no pickle, no other
+    dtype or shape), its size checked against `max_pixels` and against the bytes present before
+    anything is allocated. The header is matched here, not by numpy's parser, which raises a
+    different exception for each way a hostile header can be wrong."""
+    if data[:6] != b"\x93NUMPY" or len(data) < 10 or data[6] not in (1, 2, 3):
+        raise ImageError("decode", "bad raw pixels: not a .npy record")
+    width = 2 if data[6] == 1 else 4
+    end = 8 + width + int.from_bytes(data[8 : 8 + width], "little")
+    match = _NPY_HEADER.fullmatch(data[8 + width : end])
+    if end > len(data) or match is None:
+        raise ImageError(
+            "decode", f"bad raw pixels: the header is not uint8 HxWx3 ({data[8 + width : 8 + width + 80]!r})"
+        )
+    fortran, height, columns = match.group(1) == b"True", int(match.group(2)), int(match.group(3))
+    if not height or not columns:
+        raise ImageError("decode", f"bad raw pixels: an empty {height}x{columns} image")
+    _refuse_over((columns, height), max_pixels)
+    if len(data) - end != height * columns * 3:
+        raise ImageError("decode", f"bad raw pixels: {len(data) - end:,} bytes for {height}x{columns}x3")
+    if fortran:
+        return np.frombuffer(data, np.uint8, offset=end).reshape(3, columns, height).transpose(2, 1, 0).copy()
+    return np.frombuffer(data, np.uint8, offset=end).reshape(height, columns, 3).copy()
 
 
 def _scale_factor(scale: float | None) -> tuple[int, int] | None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ShardFormatError
+from .errors import ManifestError
+from .safeio import loads, open_regular, read_regular, reason
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -58,39 +60,61 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
+        """A manifest from parsed JSON that may come from a stranger: every field is type-checked."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where}: not a valid shardkit manifest (not a JSON object)")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION or not _is_int(version):
+            raise ManifestError(f"{where}: schema version {str(version)[:20]} is not {SCHEMA_VERSION}")
         try:
-            if data["schema_version"] != SCHEMA_VERSION:
-                raise ShardFormatError(f"{where}: schema version {data['schema_version']} is not {SCHEMA_VERSION}")
-            shards = [ShardInfo(**shard) for shard in data["shards"]]
             manifest = cls(
-                format=str(data["format"]),
-                shards=shards,
-                classes=[str(name) for name in data.get("classes", [])],
-                settings=dict(data.get("settings", {})),
-                totals={str(k): _total(v) for k, v in data.get("totals", {}).items()},
-                schema_version=int(data["schema_version"]),
-                created_by=str(data.get("created_by", "")),
-                checksum=str(data.get("checksum", "")),
+                format=_typed(data, "format", str),
+                shards=[_shard(row, where) for row in _typed(data, "shards", list)],
+                classes=_typed(data, "classes", list, []),
+                settings=_typed(data, "settings", dict, {}),
+                totals=_typed(data, "totals", dict, {}),
+                schema_version=version,
+                created_by=_typed(data, "created_by", str, ""),
+                checksum=_typed(data, "checksum", str, ""),
             )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ShardFormatError(f"{where}: not a valid shardkit manifest ({error!r})") from None
-        if not isinstance(data.get("classes", []), list):
-            raise ShardFormatError(f"{where}: classes must be a list of names")
-        for shard in shards:
-            # Names come from strangers: a shard must sit in the output folder itself.
-            name = shard.name
-            if not isinstance(name, str) or any(c in name for c in "/\\\0") or name in ("", ".", ".."):
-                raise ShardFormatError(f"{where}: shard name {name!r} is not a plain file name")
-            if not _is_int(shard.count) or not 0 <= shard.count <= MAX_SHARD_RECORDS:
-                raise ShardFormatError(f"{where}: shard {name} has a bad record count")
-            if not _is_int(shard.bytes) or shard.bytes < 0:
-                raise ShardFormatError(f"{where}: shard {name} has a bad byte size")
-            if not isinstance(shard.sha256, str) or len(shard.sha256) != 64:
-                raise ShardFormatError(f"{where}: shard {name} has a bad sha256")
+        except ValueError as error:
+            raise ManifestError(f"{where}: not a valid shardkit manifest ({error})") from None
+        if not all(isinstance(name, str) for name in manifest.classes):
+            raise ManifestError(f"{where}: classes must be a list of names")
+        for key, value in manifest.totals.items():
+            if not _is_int(value) or value < 0:
+                raise ManifestError(f"{where}: total {key} is not a count ({str(value)[:20]})")
         return manifest
 
 
+def _typed(data: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = data.get(key, default)
+    if not isinstance(value, kind):
+        raise ValueError(f"{key} must be a {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _shard(row: Any, where: str) -> ShardInfo:
+    if not isinstance(row, dict) or set(row) != {"name", "count", "bytes", "sha256"}:
+        raise ManifestError(f"{where}: a shard entry is not {{name, count, bytes, sha256}}")
+    name, count, size, digest = row["name"], row["count"], row["bytes"], row["sha256"]
+    # Names come from strangers: a shard must sit in the output folder itself.
+    if not isinstance(name, str) or any(c in name for c in "/\\\0") or name in ("", ".", ".."):
+        raise ManifestError(f"{where}: shard name {str(name)[:80]!r} is not a plain file name")
+    if not _is_int(count) or not 0 <= count <= MAX_SHARD_RECORDS:
+        raise ManifestError(f"{where}: shard {name} has a bad record count")
+    if not _is_int(size) or not 0 <= size <= MAX_SHARD_BYTES:
+        raise ManifestError(f"{where}: shard {name} has a bad byte size")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise ManifestError(f"{where}: shard {name} has a bad sha256")
+    return ShardInfo(name, count, size, digest)
+
+
 MAX_SHARD_RECORDS = 2**40  # far above any real shard; bounds what a hostile manifest can claim
+MAX_SHARD_BYTES = 2**50
+MAX_MANIFEST_BYTES = 1 << 30  # ~5 M shards; a bigger manifest.json is refused unread
+MAX_ERRORS_BYTES = 4 << 30
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _total(value: Any) -> int:
@@ -103,15 +127,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    write_text_atomic(path, text)
+def write_json_atomic(path: str | Path, data: Any, temp_dir: str | Path | None = None) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    write_text_atomic(path, text, temp_dir)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write to a temporary file beside `path`, fsync, then rename: readers never see half a file."""
+def write_text_atomic(path: str | Path, text: str, temp_dir: str | Path | None = None) -> None:
+    """Write to a temporary file, fsync, then rename: readers never see half a file. The temporary
+    file goes in `temp_dir` (same filesystem) when given, so a kill leaves nothing beside `path`."""
     path = Path(path)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=temp_dir or path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -136,34 +161,50 @@ def read_manifest(folder: str | Path) -> Manifest:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(read_regular(path, MAX_MANIFEST_BYTES))
     except FileNotFoundError:
-        raise ShardFormatError(f"{path}: no manifest (is this a shardkit output folder?)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ShardFormatError(f"{path}: unreadable manifest ({error})") from None
+        raise ManifestError(f"{path}: no manifest (is this a shardkit output folder?)") from None
+    except OSError as error:
+        raise ManifestError(f"{path}: unreadable manifest ({reason(error)})") from None
+    except ValueError as error:  # UnicodeDecodeError and JSON errors included
+        raise ManifestError(f"{path}: unreadable manifest ({error})") from None
     return Manifest.from_json(data, str(path))
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while chunk := source.read(block):
+    fd = open_regular(path)
+    try:
+        while chunk := os.read(fd, block):
             digest.update(chunk)
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 
-def read_errors(folder: str | Path) -> list[dict[str, Any]]:
+ERROR_FIELDS = ("path", "stage", "reason")
+
+
+def read_errors(folder: str | Path) -> list[dict[str, str]]:
+    """The rows of errors.jsonl ({path, stage, reason}, all strings); none when there is no file."""
     path = Path(folder) / ERRORS_NAME
-    if not path.exists():
-        return []
-    rows = []
     try:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"line {number} is not an object")
-                rows.append(row)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ShardFormatError(f"{path}: unreadable ({error})") from None
+        text = read_regular(path, MAX_ERRORS_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise ManifestError(f"{path}: unreadable ({reason(error)})") from None
+    except ValueError as error:
+        raise ManifestError(f"{path}: unreadable ({error})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = loads(line)
+        except ValueError as error:
+            raise ManifestError(f"{path}: line {number} is not JSON ({error})") from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
+            raise ManifestError(f"{path}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
+        rows.append(row)
     return rows

@@ -21,11 +21,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
+from .config import DEFAULT_MAX_PIXELS
+from .errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError
 from .formats import Record, ShardReader, get_format
 from .imaging import decode as decode_bytes
 from .imaging import decode_pil
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .safeio import check_regular, reason
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 SCALES = (1, 1 / 2, 1 / 4, 1 / 8)
@@ -36,10 +38,6 @@ class Sample(NamedTuple):
     image: Any  # HWC uint8 array ("rgb"), bytes, PIL image, or CHW uint8 tensor ("torch")
     label: int | None
     meta: dict[str, Any]
-
-
-class ShardReadError(ShardkitError):
-    """A record could not be read or decoded; names the shard and the key."""
 
 
 class ShardDataset:
@@ -58,6 +56,7 @@ class ShardDataset:
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
@@ -65,6 +64,8 @@ class ShardDataset:
             raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be raise or skip, not {on_error!r}")
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+            raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
         if decode == "torch":
             _torch()
         self.folder = folder
@@ -80,12 +81,17 @@ class ShardDataset:
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
+        self.max_pixels = max_pixels
         self.epoch = 0
         self.skipped = 0  # records skipped with on_error="skip" (in this process)
-        self._backend = get_format(manifest.format)
+        try:
+            self._backend = get_format(manifest.format)
+        except ConfigError:
+            raise ManifestError(f"{folder}: unknown shard format {manifest.format[:40]!r} in the manifest") from None
         self._readers: list[ShardReader] = [self._backend.reader(str(folder / s.name)) for s in manifest.shards]
         self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
+        self._counted: set[int] = set()  # shards whose record count was checked against the manifest
 
     @property
     def format(self) -> str:
@@ -115,17 +121,30 @@ class ShardDataset:
     def get(self, key: str) -> Any:
         """The sample stored under `key` (KeyError if there is none)."""
         if self._key_index is None:
-            self._key_index = {
-                key: (shard, local)
-                for shard, reader in enumerate(self._readers)
-                for local, key in enumerate(reader.keys())
-            }
+            index: dict[str, tuple[int, int]] = {}
+            for shard, reader in enumerate(self._readers):
+                try:
+                    self._check_count(shard)
+                    keys = reader.keys()
+                except ShardFormatError as error:
+                    raise ShardReadError(f"{self.manifest.shards[shard].name}: {error}") from None
+                index.update((key, (shard, local)) for local, key in enumerate(keys))
+            self._key_index = index
         shard, local = self._key_index[key]
         return self._sample(shard, lambda reader: reader.read(local), key)
+
+    def _check_count(self, shard: int) -> None:
+        """Random access trusts the manifest's counts: the shard must hold exactly that many records."""
+        if shard not in self._counted:
+            held, listed = len(self._readers[shard]), self.manifest.shards[shard].count
+            if held != listed:
+                raise ShardFormatError(f"holds {held:,} records, the manifest says {listed:,}")
+            self._counted.add(shard)
 
     def _sample(self, shard: int, read: Callable[[ShardReader], Record], what: str) -> Any:
         name = self.manifest.shards[shard].name
         try:
+            self._check_count(shard)
             record = read(self._readers[shard])
             return self._finish(record, name)
         except ShardFormatError as error:
@@ -146,9 +165,9 @@ class ShardDataset:
             if record.ext == "npy":
                 from PIL import Image
 
-                return Image.fromarray(decode_bytes(record.data, record.ext))
-            return decode_pil(record.data, self.scale)
-        pixels = decode_bytes(record.data, record.ext, self.scale)
+                return Image.fromarray(decode_bytes(record.data, record.ext, max_pixels=self.max_pixels))
+            return decode_pil(record.data, self.scale, self.max_pixels)
+        pixels = decode_bytes(record.data, record.ext, self.scale, self.max_pixels)
         if self.decode == "torch":
             return _torch().from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
         return pixels
@@ -201,16 +220,24 @@ class ShardDataset:
 
     def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
-        name = self.manifest.shards[shard].name
-        stop = self.manifest.shards[shard].count if stop is None else stop
+        name, count = self.manifest.shards[shard].name, self.manifest.shards[shard].count
+        stop = count if stop is None else stop
+        wanted = stop - start
+        read = 0
         try:
-            for record in self._readers[shard].read_range(start, stop):
+            # A run to the shard's end asks for one record more: there must be none (cheap: one header)
+            for record in self._readers[shard].read_range(start, stop + 1 if stop == count else stop):
+                read += 1
+                if read > wanted:
+                    raise ShardFormatError(f"holds more than the {count:,} records the manifest says")
                 try:
                     yield self._finish(record, name)
                 except ShardReadError:
                     if self.on_error == "raise":
                         raise
                     self.skipped += 1
+            if read < wanted:  # the manifest promised more: never end an epoch short in silence
+                raise ShardFormatError(f"ends after {start + read:,} records, the manifest says {count:,}")
         except ShardFormatError as error:
             if self.on_error == "raise":
                 raise ShardReadError(f"{name}: {error}") from None
@@ -241,6 +268,7 @@ def open_shards(
     rank: int | None = None,
     world_size: int | None = None,
     drop_last: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> ShardDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
@@ -249,7 +277,8 @@ def open_shards(
     initialised; iteration gives every rank the same number of samples (see `epoch_plan`; with
     drop_last=True the remainder of an uneven split is left out instead of repeated).
     on_error="skip" skips unreadable records during iteration and counts them (a skipped record
-    makes that rank's epoch one shorter: run `shardkit verify` first).
+    makes that rank's epoch one shorter: run `shardkit verify` first). max_pixels: a record whose
+    header claims more pixels is refused before it is decoded (shards may come from strangers).
     """
     folder = Path(path)
     if folder.name == MANIFEST_NAME and folder.is_file():
@@ -258,9 +287,11 @@ def open_shards(
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
         try:
-            size = (folder / shard.name).stat().st_size
+            size = check_regular(folder / shard.name).st_size
         except FileNotFoundError:
             raise ShardFormatError(f"{folder / shard.name}: listed in the manifest but missing") from None
+        except OSError as error:
+            raise ShardFormatError(f"{folder / shard.name}: {reason(error)}") from None
         if size != shard.bytes:
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
@@ -278,6 +309,7 @@ def open_shards(
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
+        max_pixels=max_pixels,
     )
 
 

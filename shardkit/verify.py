@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .config import DEFAULT_MAX_PIXELS
 from .discover import discover, display
-from .errors import ImageError, ShardFormatError, ShardkitError
+from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
 from .executors import default_workers, map_local_surviving_crashes
 from .formats import get_format
 from .imaging import decode
 from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, read_errors, read_manifest, sha256_file
+from .safeio import check_regular, reason
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class _ShardJob:
     format: str
     classes: int
     deep: bool
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 @dataclass
@@ -66,12 +69,25 @@ class _ShardCheck:
 
 
 def _check_shard(job: _ShardJob) -> _ShardCheck:
+    """One shard's problems. Runs in a child process; an exception that is not a shardkit error is
+    a bug in shardkit, reported as such (never a traceback, and never blamed on the shard)."""
+    try:
+        return _checked_shard(job)
+    except Exception as error:
+        detail = f"internal error while checking it (a shardkit bug, please report): {type(error).__name__}: {error}"
+        return _ShardCheck([Problem("internal", detail[:500], job.shard.name)], [], [], 0)
+
+
+def _checked_shard(job: _ShardJob) -> _ShardCheck:
     name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
     check = _ShardCheck([], [], [], 0)
     try:
-        size = os.path.getsize(path)
-    except OSError:
+        size = check_regular(path).st_size
+    except FileNotFoundError:
         check.problems.append(Problem("missing", "listed in the manifest but not on disk", name))
+        return check
+    except OSError as error:
+        check.problems.append(Problem("unreadable", reason(error), name))
         return check
     if size != job.shard.bytes:
         check.problems.append(Problem("size", f"{size:,} bytes, manifest says {job.shard.bytes:,}", name))
@@ -96,7 +112,7 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
                     Problem("label", f"label {record.label} outside 0..{job.classes - 1}", name, record.key)
                 )
             if job.deep:
-                _check_pixels(record, name, check)
+                _check_pixels(record, name, check, job.max_pixels)
         if count != job.shard.count:
             check.problems.append(Problem("count", f"{count:,} records, manifest says {job.shard.count:,}", name))
     except ShardFormatError as error:
@@ -108,9 +124,9 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
     return check
 
 
-def _check_pixels(record, shard: str, check: _ShardCheck) -> None:
+def _check_pixels(record, shard: str, check: _ShardCheck, max_pixels: int) -> None:
     try:
-        pixels = decode(record.data, record.ext)
+        pixels = decode(record.data, record.ext, max_pixels=max_pixels)
     except (ImageError, ValueError) as error:
         check.problems.append(Problem("decode", str(error), shard, record.key))
         return
@@ -128,10 +144,16 @@ def verify(
     deep: bool = False,
     source: str | os.PathLike[str] | None = None,
     workers: int | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
-    """Check `folder` against its manifest; with `deep`, decode every image; with `source`, check
-    that every source file is either packed or listed in errors.jsonl."""
+    """Check `folder` against its manifest; with `deep`, decode every image (refusing any whose
+    header claims more than `max_pixels`); with `source`, check that every source file is either
+    packed or listed in errors.jsonl."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1, not {workers}")
+    if max_pixels < 1:
+        raise ConfigError(f"max pixels must be positive, not {max_pixels}")
     started = time.perf_counter()
     root = Path(folder)
     if root.name == MANIFEST_NAME and root.is_file():
@@ -139,14 +161,21 @@ def verify(
     report = VerifyReport(str(root), None)
     try:
         manifest = read_manifest(root)
-        get_format(manifest.format)
     except ShardkitError as error:
         report.problems.append(Problem("manifest", str(error)))
+        return report
+    try:
+        get_format(manifest.format)
+    except ConfigError:
+        report.problems.append(Problem("manifest", f"unknown shard format {manifest.format[:40]!r}"))
         return report
     report.format = manifest.format
     report.shards = len(manifest.shards)
     _check_manifest(root, manifest, report)
-    jobs = [_ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep) for shard in manifest.shards]
+    jobs = [
+        _ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep, max_pixels)
+        for shard in manifest.shards
+    ]
     keys: Counter[str] = Counter()
     sources: list[str] = []
 

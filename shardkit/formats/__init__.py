@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from ..config import MAX_RECORD_BYTES
 from ..errors import ConfigError, ShardFormatError
+from ..safeio import loads
 
-# A record larger than this in a shard is refused rather than read: shards may come from strangers.
-MAX_RECORD_BYTES = 256 * 1024 * 1024
+__all__ = ["MAX_RECORD_BYTES", "Backend", "Record", "available_formats", "get_format"]
 
 
 class Record(NamedTuple):
@@ -26,13 +27,29 @@ class Record(NamedTuple):
     meta: dict[str, Any]
 
 
-def checked(record: Record, where: str) -> Record:
+def checked(record: Record, where: object) -> Record:
     """Shards come from strangers: a record's fields must have the types readers rely on."""
     if not isinstance(record.key, str) or not isinstance(record.ext, str) or not isinstance(record.meta, dict):
-        raise ShardFormatError(f"{where}: record {record.key!r} has fields of the wrong type")
+        raise ShardFormatError(f"{where}: record {str(record.key)[:200]!r} has fields of the wrong type")
     if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
         raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
+    if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8
+        try:
+            record.key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ShardFormatError(f"{where}: record key {record.key!r} is not UTF-8") from None
     return record
+
+
+def parse_meta(blob: bytes | str, where: object) -> dict[str, Any]:
+    """A record's JSON metadata object (untrusted: nesting depth, type and encoding are checked)."""
+    try:
+        value = loads(blob)
+    except ValueError as error:
+        raise ShardFormatError(f"{where} has unreadable metadata ({error})") from None
+    if type(value) is not dict:
+        raise ShardFormatError(f"{where} has metadata that is not a JSON object")
+    return value
 
 
 _scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, minus its Python wrappers
@@ -40,14 +57,14 @@ _scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, mi
 
 def json_objects(blobs: list[bytes]) -> list[dict[str, Any] | None]:
     """Each blob's JSON object, or None where the blob is not exactly one JSON object (callers then
-    parse it with json.loads, which names the problem). Per blob, the C scanner costs ~2x less than
+    parse it with parse_meta, which names the problem). Per blob, the C scanner costs ~2x less than
     json.loads; each object must span its whole blob, so nothing can shift between records."""
     objects: list[dict[str, Any] | None] = []
     for blob in blobs:
         try:
             text = blob.decode("utf-8").strip()
             value, end = _scan_json(text, 0)
-        except (UnicodeDecodeError, StopIteration, ValueError, TypeError, AttributeError):
+        except (StopIteration, ValueError, TypeError, AttributeError, RecursionError):
             value, end, text = None, -1, ""
         objects.append(value if end == len(text) and type(value) is dict else None)
     return objects
@@ -56,6 +73,7 @@ def json_objects(blobs: list[bytes]) -> list[dict[str, Any] | None]:
 class ShardWriter(Protocol):
     def add(self, record: Record) -> None: ...
     def close(self) -> int: ...  # flushes; returns the number of records
+    def abort(self) -> None: ...  # after a failure: release everything, write nothing more
 
 
 class ShardReader(Protocol):

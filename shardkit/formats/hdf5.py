@@ -11,6 +11,7 @@ the bytes they move, so they serve only files whose data is filtered (compressed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -19,21 +20,33 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record, checked, json_objects
+from ..safeio import check_regular, reason
+from . import MAX_RECORD_BYTES, Record, checked, json_objects, parse_meta
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
+# Data read through h5py (filtered or odd layouts) is inflated a whole chunk at a time: a hostile
+# shard could declare one chunk of gigabytes. Ours are 1 MiB.
+_MAX_H5PY_CHUNK = 64 << 20
+_RESERVE_SLACK = 2 << 20  # disk reserved beyond the data for HDF5's own structures
 _META_BATCH = 256  # records whose metadata is parsed ahead of their data (see json_objects)
 _MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seconds to locate
 VERSION = 1
 
 
 class Hdf5ShardWriter:
+    """Writes through HDF5, but never lets HDF5 meet a full disk: a failed write inside HDF5 leaves
+    its file state broken, and closing it then crashes the process. So the space every write needs
+    is reserved first (posix_fallocate, a clean OSError when the disk is full), and the file is cut
+    back to HDF5's own end-of-file address after closing: the bytes are those of an unreserved write."""
+
     def __init__(self, path: str) -> None:
         import h5py
 
         self._h5py = h5py
+        self._path = path
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
+        self._fd: int | None = self._file.id.get_vfd_handle()  # None: no space reservation here
         self._data = self._file.create_dataset(
             "data", shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(CHUNK_BYTES,), track_times=False
         )
@@ -43,18 +56,32 @@ class Hdf5ShardWriter:
         self._exts: list[str] = []
         self._labels: list[int] = []
         self._meta: list[str] = []
+        self._index_bytes = 0  # what the index datasets will take, roughly
 
     def add(self, record: Record) -> None:
+        meta = json.dumps(record.meta, sort_keys=True)
         self._buffer += record.data
         self._offsets.append(self._offsets[-1] + len(record.data))
         self._keys.append(record.key)
         self._exts.append(record.ext)
         self._labels.append(-1 if record.label is None else record.label)
-        self._meta.append(json.dumps(record.meta, sort_keys=True))
+        self._meta.append(meta)
+        self._index_bytes += 3 * 40 + 16 + len(record.key) + len(record.ext) + len(meta)
         if len(self._buffer) >= _FLUSH_BYTES:
             self._flush()
 
+    def _reserve(self, extra: int) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.posix_fallocate(self._fd, 0, self._offsets[-1] + 2 * CHUNK_BYTES + _RESERVE_SLACK + extra)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            self._fd = None  # this filesystem cannot reserve: write unreserved (as HDF5 does by itself)
+
     def _flush(self) -> None:
+        self._reserve(0)
         start = self._data.shape[0]
         self._data.resize((start + len(self._buffer),))
         self._data[start:] = np.frombuffer(self._buffer, dtype=np.uint8)
@@ -62,6 +89,7 @@ class Hdf5ShardWriter:
 
     def close(self) -> int:
         self._flush()
+        self._reserve(2 * self._index_bytes)
         strings = self._h5py.string_dtype("utf-8")
         for name, values, dtype in (
             ("offsets", self._offsets, np.int64),
@@ -73,7 +101,26 @@ class Hdf5ShardWriter:
             self._file.create_dataset(name, data=np.array(values, dtype=dtype), track_times=False)
         self._file.attrs["shardkit_version"] = VERSION
         self._file.close()
+        os.truncate(self._path, _end_of_file(self._path))
         return len(self._keys)
+
+    def abort(self) -> None:
+        # Free the reserved space first so that HDF5's closing writes (metadata) cannot fail.
+        try:
+            os.ftruncate(self._file.id.get_vfd_handle(), 0)
+        finally:
+            self._file.close()
+
+
+def _end_of_file(path: str) -> int:
+    """HDF5's end-of-file address, from the superblock (versions 0-3)."""
+    with open(path, "rb") as file:
+        head = file.read(64)
+    version = head[8] if len(head) > 8 and head[:8] == b"\x89HDF\r\n\x1a\n" else -1
+    at = {0: 40, 1: 44, 2: 28, 3: 28}.get(version)
+    if at is None:
+        raise OSError(0, f"unexpected HDF5 superblock version {version}", path)
+    return int.from_bytes(head[at : at + 8], "little")
 
 
 def _refuse_links_outside(h5: Any, path: str) -> None:
@@ -107,42 +154,48 @@ class Hdf5ShardReader:
             import h5py
 
             try:
+                check_regular(self.path)  # h5py opens the path itself: never a FIFO or a device
                 self._file = h5py.File(self.path, "r")
-            except OSError as error:
-                raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({error})") from None
+            except (OSError, RuntimeError, ValueError) as error:
+                raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({reason_of(error)})") from None
             self._pid = os.getpid()
         return self._file
 
     def _load_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
         if self._index is None:
-            h5 = self._open()
-            _refuse_links_outside(h5, self.path)
             try:
-                _check_index_datasets(h5, self.path)
-                offsets = h5["offsets"]
-                n = offsets.shape[0] - 1
-                # Hostile sizes: every record takes at least one byte of the file, so n is bounded.
-                if n < 0 or n > os.path.getsize(self.path) or h5["data"].ndim != 1 or h5["data"].dtype != np.uint8:
-                    raise ShardFormatError(f"{self.path}: implausible record count {n}")
-                offsets = offsets[:]
-                keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
-                exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
-                labels = h5["labels"][:n]
-                # Metadata is small: one read here beats one h5py call (~100 us) per record later.
-                self._meta = list(h5["meta"][:n])
-            except (KeyError, OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
-                raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({error})") from None
-            total = h5["data"].shape[0]
-            sizes = np.diff(offsets)
-            if offsets[0] != 0 or (sizes < 0).any() or offsets[-1] > total or len(keys) != n or len(labels) != n:
-                raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
-            if labels.dtype.kind not in "iu" or labels.ndim != 1 or offsets.ndim != 1:
-                raise ShardFormatError(f"{self.path}: labels are not integers")
-            self._by_key = {key: i for i, key in enumerate(keys)}
-            self._chunks = _chunk_table(h5["data"], os.path.getsize(self.path))
-            # Python ints: the hot loops index these per record, and numpy scalars are slow there.
-            self._index = (offsets.tolist(), keys, exts, labels.tolist())
+                self._index = self._read_index()
+            except (KeyError, OSError, ValueError, TypeError, AttributeError, RuntimeError, IndexError) as error:
+                # h5py reports a damaged B-tree or heap as any of these
+                raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({reason_of(error)})") from None
         return self._index
+
+    def _read_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
+        h5 = self._open()
+        _refuse_links_outside(h5, self.path)
+        _check_index_datasets(h5, self.path)
+        data = h5["data"]
+        n = h5["offsets"].shape[0] - 1
+        # Hostile sizes: every record takes at least one byte of the file, so n is bounded.
+        if n < 0 or n > os.path.getsize(self.path) or data.ndim != 1 or data.dtype != np.uint8:
+            raise ShardFormatError(f"{self.path}: implausible record count {n}")
+        offsets = h5["offsets"][:]
+        keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
+        exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
+        labels = h5["labels"][:n]
+        # Metadata is small: one read here beats one h5py call (~100 us) per record later.
+        self._meta = list(h5["meta"][:n])
+        sizes = np.diff(offsets)
+        if offsets[0] != 0 or (sizes < 0).any() or offsets[-1] > data.shape[0] or len(keys) != n or len(labels) != n:
+            raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
+        if labels.dtype.kind not in "iu" or labels.ndim != 1 or offsets.ndim != 1:
+            raise ShardFormatError(f"{self.path}: labels are not integers")
+        self._by_key = {key: i for i, key in enumerate(keys)}
+        self._chunks = _chunk_table(data, os.path.getsize(self.path))
+        if self._chunks is None and (data.chunks or (0,))[0] > _MAX_H5PY_CHUNK:
+            raise ShardFormatError(f"{self.path}: data chunks of {data.chunks[0]:,} bytes; refusing to inflate")
+        # Python ints: the hot loops index these per record, and numpy scalars are slow there.
+        return offsets.tolist(), keys, exts, labels.tolist()
 
     def __len__(self) -> int:
         return len(self._load_index()[1])
@@ -153,25 +206,23 @@ class Hdf5ShardReader:
     def _data(self, start: int, end: int) -> bytes:
         try:
             return self._open()["data"][start:end].tobytes()
-        except (OSError, ValueError, TypeError) as error:
-            raise ShardFormatError(f"{self.path}: damaged data at bytes {start:,}-{end:,} ({error})") from None
+        except (OSError, ValueError, TypeError, RuntimeError, KeyError) as error:
+            where = f"{self.path}: damaged data at bytes {start:,}-{end:,}"
+            raise ShardFormatError(f"{where} ({reason_of(error)})") from None
 
     def _record(self, index: int, data: bytes, meta: Any = None) -> Record:
         _, keys, exts, labels = self._load_index()
         if meta is None:
-            try:
-                meta = json.loads(self._meta[index])
-            except (ValueError, TypeError) as error:
-                raise ShardFormatError(f"{self.path}: damaged record {keys[index]} ({error})") from None
+            meta = parse_meta(self._meta[index], f"{self.path}: record {keys[index]}")
         label = labels[index]
         return checked(Record(keys[index], data, exts[index], None if label < 0 else label, meta), self.path)
 
     def _descriptor(self) -> int:
         if self._fd is None or self._fd_pid != os.getpid():  # after fork, get our own descriptor
             try:
-                self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC), os.getpid()
+                self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), os.getpid()
             except OSError as error:
-                raise ShardFormatError(f"{self.path}: cannot open ({error.strerror})") from None
+                raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
         return self._fd
 
     def _direct(self, start: int, end: int, chunks: tuple[int, list[int]]) -> bytes:
@@ -194,7 +245,7 @@ class Hdf5ShardReader:
                     position = stop
                 data = b"".join(parts)
         except OSError as error:
-            raise ShardFormatError(f"{self.path}: cannot read ({error.strerror})") from None
+            raise ShardFormatError(f"{self.path}: cannot read ({reason(error)})") from None
         if len(data) != end - start:
             raise ShardFormatError(f"{self.path}: data at bytes {start:,}-{end:,} is cut short (truncated shard)")
         return data
@@ -310,6 +361,11 @@ def _chunk_table(data: Any, file_size: int) -> tuple[int, list[int]] | None:
             ):  # fmt: skip
                 return None
             table[slot] = info.byte_offset
-    except (AttributeError, ValueError, TypeError, OSError):
+    except (AttributeError, ValueError, TypeError, OSError, RuntimeError):
         return None
     return (chunk_bytes, table) if -1 not in table else None
+
+
+def reason_of(error: Exception) -> str:
+    """h5py's messages carry HDF5's whole error stack; the first line is the cause."""
+    return str(error).splitlines()[0][:300] if str(error) else type(error).__name__

@@ -7,12 +7,16 @@ Layout (no pickle): b"i" + 8-byte big-endian index -> 4-byte header length, JSON
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import ShardFormatError
+from ..safeio import loads, open_regular, reason
 from . import MAX_RECORD_BYTES, Record, checked, json_objects
 
 INFO_KEY = b"__shardkit__"
@@ -49,9 +53,9 @@ def decode_value(value: bytes | memoryview, where: object, header: Any = None, s
         size = _header_size(value, where)
     try:
         if header is None:
-            header = json.loads(bytes(value[4 : 4 + size]))
+            header = loads(bytes(value[4 : 4 + size]))
         record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, IndexError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
     return checked(record, where)
 
@@ -72,6 +76,7 @@ class LmdbShardWriter:
         self._map_size = _INITIAL_MAP
         # lock=False: one writer per shard by design, and no '-lock' file next to the shard.
         self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False, sync=False, metasync=False)
+        self._path = path
         self._pending: list[Record] = []
         self._count = 0
 
@@ -81,6 +86,12 @@ class LmdbShardWriter:
             self._flush()
 
     def _flush(self, info: dict[str, Any] | None = None) -> None:
+        try:
+            self._commit(info)
+        except self._lmdb.Error as error:
+            raise _write_error(self._path, error, sum(len(r.data) for r in self._pending)) from None
+
+    def _commit(self, info: dict[str, Any] | None) -> None:
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -101,9 +112,35 @@ class LmdbShardWriter:
 
     def close(self) -> int:
         self._flush({"count": self._count + len(self._pending), "version": VERSION})
-        self._env.sync(True)
-        self._env.close()
+        try:
+            self._env.sync(True)
+        except self._lmdb.Error as error:
+            raise _write_error(self._path, error, 0) from None
+        finally:
+            self._env.close()
         return self._count
+
+    def abort(self) -> None:
+        self._env.close()
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError as error:
+        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+
+
+def _write_error(path: str, error: Exception, pending: int) -> OSError:
+    """LMDB reports a short write on a full disk as EIO: name the real cause when the disk is full."""
+    try:
+        usage = shutil.disk_usage(os.path.dirname(path) or ".")
+        full = usage.free < pending + (1 << 20)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    return OSError(errno.EIO, f"LMDB: {error}", path)
 
 
 _META_MAGIC = 0xBEEFC0DE
@@ -112,37 +149,118 @@ _DB_SIZE = 48
 
 
 def check_lmdb_file(path: str) -> None:
-    """Refuse an LMDB file whose meta pages point past its end before it is memory-mapped.
-
-    Reading a mapped page beyond the end of the file kills the process (SIGBUS), so a truncated
-    shard must be caught here. A deliberately crafted B-tree can still crash LMDB: check shards from
-    strangers with `shardkit verify` (sha256 against the manifest) before reading them.
-    """
+    """Refuse an LMDB file that LMDB could not read without touching memory past the file's end,
+    before it is memory-mapped: such a touch kills the process (SIGBUS). So the meta pages must
+    point inside the file, and every page of the main B-tree must be well formed: its node pointers,
+    keys and inline values inside the page, its child and overflow pages inside the file. Only
+    branch and leaf pages are read (images sit in overflow pages, which are only measured), so this
+    costs a few milliseconds per shard."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as source:
-            head = source.read(2 * 65536)
+        fd = open_regular(path)
     except OSError as error:
-        raise ShardFormatError(f"{path}: cannot read ({error.strerror or error})") from None
-    best: tuple[int, int] | None = None  # (txnid, bytes needed)
-    for offset in _meta_offsets(head):
-        meta = head[offset + _PAGE_HEADER :]
-        if len(meta) < 24 + 2 * _DB_SIZE + 16 or int.from_bytes(meta[:4], "little") != _META_MAGIC:
-            continue
-        page_size = int.from_bytes(meta[24:28], "little")  # md_pad of the free-list DB holds the page size
-        last_page = int.from_bytes(meta[24 + 2 * _DB_SIZE : 24 + 2 * _DB_SIZE + 8], "little")
-        txnid = int.from_bytes(meta[24 + 2 * _DB_SIZE + 8 : 24 + 2 * _DB_SIZE + 16], "little")
-        if page_size and (best is None or txnid > best[0]):
-            best = (txnid, (last_page + 1) * page_size)
-    if best is None:
+        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+    try:
+        size = os.fstat(fd).st_size
+        meta = _chosen_meta(fd, path)
+        needed = (meta.last_page + 1) * meta.page_size
+        if needed > size:
+            raise ShardFormatError(f"{path}: truncated LMDB file ({size:,} bytes, its pages need {needed:,})")
+        _check_tree(fd, meta, path)
+    except OSError as error:
+        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+    finally:
+        os.close(fd)
+
+
+class _Meta(NamedTuple):
+    page_size: int
+    last_page: int
+    txnid: int
+    root: int  # of the main database; _NO_PAGE when it is empty
+    depth: int
+
+
+_NO_PAGE = 2**64 - 1
+_P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
+_F_BIGDATA = 0x01
+_NODE_HEADER = 8  # data size or child page (lo, hi), flags, key size: four uint16
+_MAX_DEPTH = 32  # LMDB's cursor stack
+
+
+def _read_meta(fd: int, offset: int) -> _Meta | None:
+    meta = os.pread(fd, _PAGE_HEADER + 24 + 2 * _DB_SIZE + 16, offset)[_PAGE_HEADER:]
+    if len(meta) < 24 + 2 * _DB_SIZE + 16 or int.from_bytes(meta[:4], "little") != _META_MAGIC:
+        return None
+    main = 24 + _DB_SIZE  # the main database's MDB_db record
+    return _Meta(
+        page_size=int.from_bytes(meta[24:28], "little"),  # md_pad of the free-list DB holds the page size
+        last_page=int.from_bytes(meta[24 + 2 * _DB_SIZE : 24 + 2 * _DB_SIZE + 8], "little"),
+        txnid=int.from_bytes(meta[24 + 2 * _DB_SIZE + 8 : 24 + 2 * _DB_SIZE + 16], "little"),
+        root=int.from_bytes(meta[main + 40 : main + 48], "little"),
+        depth=int.from_bytes(meta[main + 6 : main + 8], "little"),
+    )
+
+
+def _chosen_meta(fd: int, path: str) -> _Meta:
+    """The meta page LMDB will use: of meta 0 (page 0) and meta 1 (one page later), the newer."""
+    first = _read_meta(fd, 0)
+    if first is None or not 512 <= first.page_size <= 65536 or first.page_size & (first.page_size - 1):
         raise ShardFormatError(f"{path}: not an LMDB file (no meta page)")
-    if best[1] > size:
-        raise ShardFormatError(f"{path}: truncated LMDB file ({size:,} bytes, its pages need {best[1]:,})")
+    second = _read_meta(fd, first.page_size)
+    return first if second is None or second.page_size != first.page_size or first.txnid >= second.txnid else second
 
 
-def _meta_offsets(head: bytes) -> list[int]:
-    # Meta page 0 is at offset 0; meta page 1 is one page later, and the page size is not known yet.
-    return [0] + [size for size in (4096, 8192, 16384, 32768, 65536) if size < len(head)]
+def _check_tree(fd: int, meta: _Meta, path: str) -> None:
+    if meta.root == _NO_PAGE:
+        return
+    size, pages = meta.page_size, meta.last_page + 1  # LMDB refuses page numbers from last_page + 1 on
+
+    def bad(what: str) -> ShardFormatError:
+        return ShardFormatError(f"{path}: damaged LMDB B-tree ({what})")
+
+    stack, seen = [(meta.root, 1)], set()
+    while stack:
+        number, level = stack.pop()
+        if not 2 <= number < pages or number in seen or level > _MAX_DEPTH:
+            raise bad(f"page {number} out of place")
+        seen.add(number)
+        page = os.pread(fd, size, number * size)
+        if len(page) < size:
+            raise bad(f"page {number} is cut short")
+        flags, lower, upper = struct.unpack_from("<HHH", page, 10)
+        branch = flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW) == _P_BRANCH
+        if not branch and flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW | 0x20) != _P_LEAF:
+            raise bad(f"page {number} has flags {flags:#x}")
+        if not _PAGE_HEADER <= lower <= upper <= size or (lower - _PAGE_HEADER) % 2:
+            raise bad(f"page {number} has bounds {lower}..{upper}")
+        for node in struct.unpack_from(f"<{(lower - _PAGE_HEADER) // 2}H", page, _PAGE_HEADER):
+            if node < upper or node + _NODE_HEADER > size:
+                raise bad(f"a node of page {number} lies outside it")
+            low, high, node_flags, key_size = struct.unpack_from("<HHHH", page, node)
+            data = node + _NODE_HEADER + key_size
+            if data > size:
+                raise bad(f"a key of page {number} runs past it")
+            if branch:
+                stack.append((low | high << 16 | node_flags << 32, level + 1))
+            elif node_flags & ~_F_BIGDATA:
+                raise bad(f"page {number} holds sub-databases or duplicates")
+            elif node_flags & _F_BIGDATA:
+                _check_overflow(page, data, low | high << 16, meta, bad)
+            elif data + (low | high << 16) > size:
+                raise bad(f"a value of page {number} runs past it")
+
+
+def _check_overflow(page: bytes, data: int, value_size: int, meta: _Meta, bad: Any) -> None:
+    """An F_BIGDATA value: its first overflow page and its whole extent must lie inside the file
+    (measured, not read: LMDB hands the value back as a view of the map without touching it)."""
+    if data + 8 > meta.page_size:
+        raise bad("an overflow pointer runs past its page")
+    first = int.from_bytes(page[data : data + 8], "little")
+    if (
+        not 2 <= first <= meta.last_page
+        or first * meta.page_size + _PAGE_HEADER + value_size > (meta.last_page + 1) * meta.page_size
+    ):
+        raise bad(f"a value of {value_size:,} bytes at overflow page {first} runs past the file")
 
 
 # py-lmdb refuses to open one file twice in a process (and a forked child inherits that guard), so
@@ -203,11 +321,15 @@ class LmdbShardReader:
         if self._count is None:
             raw = self._get(INFO_KEY)
             try:
-                self._count = int(json.loads(raw)["count"]) if raw is not None else -1
-            except (ValueError, KeyError, TypeError):
-                self._count = -1
-            if self._count < 0:
+                count = loads(raw)["count"] if raw is not None else None
+            except (ValueError, KeyError, TypeError, IndexError):
+                count = None
+            if count is None:
                 raise ShardFormatError(f"{self.path}: no shardkit record count (not a shardkit LMDB shard?)")
+            # Every record takes at least a page entry of the file: more than its bytes is a lie.
+            if type(count) is not int or not 0 <= count <= _file_size(self.path):
+                raise ShardFormatError(f"{self.path}: implausible record count {str(count)[:20]}")
+            self._count = count
         return self._count
 
     def read(self, index: int) -> Record:

@@ -17,7 +17,8 @@ import tarfile
 from collections.abc import Iterator
 
 from ..errors import ShardFormatError
-from . import MAX_RECORD_BYTES, Record, checked, json_objects
+from ..safeio import open_regular, reason
+from . import MAX_RECORD_BYTES, Record, checked, json_objects, parse_meta
 
 
 class TarShardWriter:
@@ -45,6 +46,9 @@ class TarShardWriter:
         self._tar.close()
         self._file.close()
         return self._count
+
+    def abort(self) -> None:
+        self._file.close()  # not the tar: closing it would write the end-of-archive blocks
 
 
 _BLOCK = 512
@@ -110,7 +114,7 @@ def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
                 raise ShardFormatError(f"{where}: tar extended header of {size:,} bytes")
             payload = data.get(start, size)
             if kind == b"L":
-                pax_path = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                pax_path = _name(payload.split(b"\0", 1)[0], where)
             else:
                 fields = _pax_fields(payload, where)
                 pax_path = fields.get("path", pax_path)
@@ -124,10 +128,10 @@ def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
             continue
         name = pax_path
         if name is None:
-            name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            name = _name(header[:100].split(b"\0", 1)[0], where)
             prefix = header[345:500].split(b"\0", 1)[0]
             if prefix and header[257:263] == b"ustar\0":
-                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+                name = _name(prefix, where) + "/" + name
         if pax_size is not None:
             size, pos = pax_size, start + -(-pax_size // _BLOCK) * _BLOCK
         pax_path = pax_size = None
@@ -137,6 +141,13 @@ def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
     # Every tar writer ends with zero blocks; without them the file was cut (possibly between
     # members, where the walk above alone would take a shorter shard for a whole one).
     raise ShardFormatError(f"{where}: no end-of-archive marker (truncated shard)")
+
+
+def _name(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ShardFormatError(f"{where}: member name {raw[:80]!r} is not UTF-8") from None
 
 
 def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
@@ -151,7 +162,7 @@ def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
         if space < 0 or length <= 0:
             raise ShardFormatError(f"{where}: corrupt pax header")
         key, _, value = payload[space + 1 : pos + length - 1].partition(b"=")
-        fields[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        fields[key.decode("utf-8", "replace")] = _name(value, where) if key == b"path" else value.decode("latin-1")
         pos += length
     return fields
 
@@ -165,8 +176,9 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return (f"{head}/{stem}" if head else stem), ext
 
 
-def _group(members: Iterator[Member]) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
-    """Consecutive members with the same key form one record."""
+def _group(members: Iterator[Member], where: str) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """Consecutive members with the same key form one record; a member repeated within a record is
+    damage (which of the two would a reader take?)."""
     key: str | None = None
     parts: dict[str, tuple[int, int]] = {}
     for name, offset, size in members:
@@ -177,6 +189,8 @@ def _group(members: Iterator[Member]) -> Iterator[tuple[str, dict[str, tuple[int
             if key is not None:
                 yield key, parts
             key, parts = split[0], {}
+        if split[1] in parts:
+            raise ShardFormatError(f"{where}: record {key} has two {split[1]} members")
         parts[split[1]] = (offset, size)
     if key is not None:
         yield key, parts
@@ -196,9 +210,9 @@ class TarShardReader:
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != os.getpid():  # after fork, get our own descriptor
             try:
-                self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+                self._fd, self._pid = open_regular(self.path), os.getpid()
             except OSError as error:
-                raise ShardFormatError(f"{self.path}: cannot open ({error.strerror})") from None
+                raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
         return self._fd
 
     def _bytes(self, chunk: int = 0) -> _Bytes:
@@ -207,7 +221,7 @@ class TarShardReader:
 
     def _index(self) -> list[tuple[str, dict[str, tuple[int, int]]]]:
         if self._entries is None:
-            entries = list(_group(scan_members(self._bytes(), self.path)))
+            entries = list(_group(scan_members(self._bytes(), self.path), self.path))
             self._by_key = {key: i for i, (key, _) in enumerate(entries)}
             if len(self._by_key) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
@@ -252,10 +266,7 @@ class TarShardReader:
                     batch, json_objects([small[2] for _, _, small in batch]), strict=True
                 ):
                     if meta is None:
-                        try:
-                            meta = json.loads(blob)
-                        except ValueError:
-                            raise ShardFormatError(f"{self.path}: record {key} has unreadable metadata") from None
+                        meta = parse_meta(blob, f"{self.path}: record {key}")
                     image = self._member(data, key, members, image_ext)
                     ready.append(checked(Record(key, image, image_ext, label, meta), self.path))
             except ShardFormatError:
@@ -308,7 +319,8 @@ class TarShardReader:
     def _stream(self, stop: int | None) -> Iterator[Record]:
         """Records from the start, walking the headers; none past `stop` is read (not even ahead)."""
         data = self._bytes(_READ_AHEAD)
-        return self._records(data, itertools.islice(self._unique(_group(scan_members(data, self.path))), stop))
+        entries = self._unique(_group(scan_members(data, self.path), self.path))
+        return self._records(data, itertools.islice(entries, stop))
 
     def _unique(
         self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]

@@ -1,0 +1,452 @@
+"""Shards from strangers: readers and verify raise only shardkit's errors (never a traceback, never
+a hang, never an allocation the file does not justify), and what pack writes, its readers read."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.config import PackConfig, ResizeConfig
+from shardkit.errors import ManifestError, ShardFormatError, ShardReadError
+from shardkit.formats import Record, available_formats, get_format
+from shardkit.manifest import Manifest, ShardInfo, read_errors, read_manifest, sha256_file, write_json_atomic
+from shardkit.pack import pack
+from shardkit.readers import open_shards
+from shardkit.synthetic import encode, picture
+from shardkit.verify import verify
+
+DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads recurses once per level
+
+
+def jpeg(width: int = 48, height: int = 32, seed: int = 0) -> bytes:
+    return encode(picture(width, height, seed, 3), "JPEG", quality=90)
+
+
+def records(n: int = 6) -> list[Record]:
+    return [Record(f"r{i}", jpeg(seed=i), "jpg", i % 2, {"stored_width": 48, "stored_height": 32}) for i in range(n)]
+
+
+def write_shard(path: Path, name: str, rows: list[Record]) -> Path:
+    writer = get_format(name).writer(str(path))
+    for row in rows:
+        writer.add(row)
+    writer.close()
+    return path
+
+
+def seal(folder: Path, name: str, counts: dict[str, int], **fields) -> None:
+    """A manifest for the shard files in `folder` (sizes and sha256 as they are now), sealed."""
+    shards = [ShardInfo(shard, count, (folder / shard).stat().st_size, sha256_file(folder / shard))
+              for shard, count in counts.items()]  # fmt: skip
+    records_ = sum(counts.values())
+    manifest = Manifest(name, shards, classes=["a", "b"], totals={"inputs": records_, "records": records_,
+                        "errors": 0}, **fields).sealed()  # fmt: skip
+    write_json_atomic(folder / "manifest.json", manifest.to_json())
+    (folder / "errors.jsonl").write_text("")
+
+
+def output_with(tmp_path: Path, name: str, rows: list[Record] | None = None, count: int | None = None) -> Path:
+    folder = tmp_path / f"out-{name}"
+    folder.mkdir()
+    rows = records() if rows is None else rows
+    shard = f"shard-000000{get_format(name).suffix}"
+    write_shard(folder / shard, name, rows)
+    seal(folder, name, {shard: len(rows) if count is None else count})
+    return folder
+
+
+def read_everything(folder: Path, **options) -> None:
+    """Every way of reading: iteration, random access, by key, and verify --deep."""
+    dataset = open_shards(folder, **options)
+    for index in range(len(dataset)):
+        dataset[index]
+    list(dataset)
+    for key in ("r0", "nope"):
+        with contextlib.suppress(KeyError):
+            dataset.get(key)
+
+
+def only_shardkit_errors(folder: Path, **options) -> set[str]:
+    """Read `folder` every way; return the problem kinds verify finds. Any exception but ours fails."""
+    with contextlib.suppress(ShardReadError, ShardFormatError):
+        read_everything(folder, **options)
+    report = verify(folder, deep=True, workers=1, **options)
+    kinds = {problem.kind for problem in report.problems}
+    assert "internal" not in kinds and "crashed" not in kinds, report.problems
+    return kinds
+
+
+def raw_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+# --- JSON nested too deeply -------------------------------------------------------------------
+
+
+def test_deep_json_in_a_tar_member(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    raw_tar(folder / "shard-000000.tar", [("r0.jpg", jpeg()), ("r0.json", DEEP)])
+    seal(folder, "webdataset", {"shard-000000.tar": 1})
+    with pytest.raises(ShardReadError, match="nested too deeply"):
+        list(open_shards(folder))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_deep_json_in_an_lmdb_header(tmp_path: Path) -> None:
+    import lmdb
+
+    from shardkit.formats.lmdb import INFO_KEY, _index_key
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    env = lmdb.open(str(folder / "shard-000000.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(_index_key(0), len(DEEP).to_bytes(4, "big") + DEEP + jpeg())
+        txn.put(b"kr0", (0).to_bytes(8, "big"))
+        txn.put(INFO_KEY, b'{"count": 1, "version": 1}')
+    env.close()
+    seal(folder, "lmdb", {"shard-000000.lmdb": 1})
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_deep_json_in_hdf5_meta(tmp_path: Path) -> None:
+    import h5py
+
+    folder = output_with(tmp_path, "hdf5")
+    with h5py.File(folder / "shard-000000.h5", "a") as h5:
+        meta = h5["meta"][:]
+        meta[2] = DEEP
+        del h5["meta"]
+        h5.create_dataset("meta", data=meta, dtype=h5py.string_dtype("utf-8"))
+    seal(folder, "hdf5", {"shard-000000.h5": 6})
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_deep_json_in_the_manifest_and_the_error_log(tmp_path: Path) -> None:
+    folder = output_with(tmp_path, "webdataset")
+    (folder / "errors.jsonl").write_bytes(DEEP + b"\n")
+    with pytest.raises(ManifestError, match="nested too deeply"):
+        read_errors(folder)
+    assert "errors-log" in {p.kind for p in verify(folder).problems}
+    (folder / "manifest.json").write_bytes(b'{"schema_version": 1, "x": ' + DEEP + b"}")
+    with pytest.raises(ManifestError, match="nested too deeply"):
+        open_shards(folder)
+    assert {p.kind for p in verify(folder).problems} == {"manifest"}
+
+
+# --- manifests that lie ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", available_formats())
+@pytest.mark.parametrize("claimed", [4, 9])
+def test_manifest_counts_that_disagree_with_the_shard(tmp_path: Path, name: str, claimed: int) -> None:
+    folder = output_with(tmp_path, name, count=claimed)  # the shard holds 6
+    dataset = open_shards(folder)
+    with pytest.raises(ShardReadError, match="manifest says"):
+        dataset[claimed - 1]
+    with pytest.raises(ShardReadError, match="manifest says"):
+        list(open_shards(folder))  # never a silently short epoch
+    assert "count" in only_shardkit_errors(folder)
+
+
+MANIFEST_EDITS = {
+    "totals is a list": lambda m: m.update(totals=[1]),
+    "settings is a string": lambda m: m.update(settings="x"),
+    "classes is an object": lambda m: m.update(classes={"a": 1}),
+    "a class is a number": lambda m: m.update(classes=[1, 2]),
+    "shards is an object": lambda m: m.update(shards={"a": 1}),
+    "a shard is a list": lambda m: m.update(shards=[[1]]),
+    "shard name is a number": lambda m: m["shards"][0].update(name=5),
+    "shard name climbs out": lambda m: m["shards"][0].update(name="../x.tar"),
+    "shard count is a string": lambda m: m["shards"][0].update(count="6"),
+    "shard count is negative": lambda m: m["shards"][0].update(count=-1),
+    "shard count is a float": lambda m: m["shards"][0].update(count=6.0),
+    "shard bytes is huge": lambda m: m["shards"][0].update(bytes=10**30),
+    "shard sha256 is not hex": lambda m: m["shards"][0].update(sha256="z" * 64),
+    "shard has extra fields": lambda m: m["shards"][0].update(extra=1),
+    "format is a number": lambda m: m.update(format=7),
+    "format is unknown": lambda m: m.update(format="zip"),
+    "schema version is a string": lambda m: m.update(schema_version="1"),
+    "schema version is a bool": lambda m: m.update(schema_version=True),
+    "created_by is a list": lambda m: m.update(created_by=[]),
+    "checksum is a number": lambda m: m.update(checksum=1),
+    "a total is negative": lambda m: m["totals"].update(records=-6),
+    "a total is a string": lambda m: m["totals"].update(records="6"),
+    "not an object": lambda m: m.clear() or m.update(_list=True),
+}
+
+
+@pytest.mark.parametrize("edit", MANIFEST_EDITS)
+def test_manifest_fields_of_the_wrong_type(tmp_path: Path, edit: str) -> None:
+    folder = output_with(tmp_path, "webdataset")
+    data = json.loads((folder / "manifest.json").read_text())
+    MANIFEST_EDITS[edit](data)
+    if data.pop("_list", False):
+        data = [data]
+    elif isinstance(data, dict) and "schema_version" in data:  # resealed: only the content is wrong
+        content = {key: value for key, value in data.items() if key != "checksum"}
+        data.setdefault("checksum", "")
+        if not isinstance(data["checksum"], int):
+            import hashlib
+
+            data["checksum"] = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError):
+        open_shards(folder)
+    assert {p.kind for p in verify(folder).problems} == {"manifest"}
+
+
+# --- broken containers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [b"-1", b'"six"', b"1e400", b"1000000000000000000000000000000", b"true", b"[6]"])
+def test_lmdb_record_count_that_is_not_a_count(tmp_path: Path, count: bytes) -> None:
+    import lmdb
+
+    from shardkit.formats.lmdb import INFO_KEY
+
+    folder = output_with(tmp_path, "lmdb")
+    env = lmdb.open(str(folder / "shard-000000.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(INFO_KEY, b'{"count": ' + count + b', "version": 1}')
+    env.close()
+    seal(folder, "lmdb", {"shard-000000.lmdb": 6})
+    with pytest.raises(ShardFormatError, match="count"):
+        len(get_format("lmdb").reader(str(folder / "shard-000000.lmdb")))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+READ_LMDB = """
+import sys
+from shardkit.errors import ShardkitError
+from shardkit.readers import open_shards
+try:
+    dataset = open_shards(sys.argv[1])
+    dataset.get("r0")
+    list(dataset)
+except ShardkitError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.parametrize("damage", ["key size", "value size", "child page", "node pointer"])
+def test_lmdb_pages_that_point_past_the_file_are_refused_before_mapping(tmp_path: Path, damage: str) -> None:
+    """LMDB itself would read past the end of the file (SIGBUS, the process dies) on these."""
+    import struct
+
+    from shardkit.formats.lmdb import _chosen_meta
+
+    rows = [Record(f"r{i}", jpeg(seed=i)[:100], "jpg", i, {}) for i in range(300)]  # values stored inline
+    folder = output_with(tmp_path, "lmdb", rows)
+    path = folder / "shard-000000.lmdb"
+    data = bytearray(path.read_bytes())
+    fd = os.open(path, os.O_RDONLY)
+    meta = _chosen_meta(fd, str(path))
+    os.close(fd)
+    root = meta.root * meta.page_size
+    flags, lower = struct.unpack_from("<HH", data, root + 10)
+    assert flags & 1, "expected a branch page at the root (300 records need several leaves)"
+    nodes = struct.unpack_from(f"<{(lower - 16) // 2}H", data, root + 16)
+    if damage == "child page":
+        struct.pack_into("<HHH", data, root + nodes[-1], 0xFFFF, 0xFFFF, 0)  # a page far past the end
+    else:
+        low, high, _, _ = struct.unpack_from("<HHHH", data, root + nodes[-1])
+        leaf = (low | high << 16) * meta.page_size  # the last leaf: the one nearest the end of the file
+        _, lower = struct.unpack_from("<HH", data, leaf + 10)
+        last = struct.unpack_from("<H", data, leaf + lower - 2)[0]
+        if damage == "key size":
+            struct.pack_into("<H", data, leaf + last + 6, 0xFFFF)
+        elif damage == "value size":
+            struct.pack_into("<HH", data, leaf + last, 0xFFFF, 0x7FFF)
+        else:
+            struct.pack_into("<H", data, leaf + lower - 2, meta.page_size - 2)
+    path.write_bytes(bytes(data))
+    seal(folder, "lmdb", {"shard-000000.lmdb": 300})
+    read = subprocess.run([sys.executable, "-c", READ_LMDB, str(folder)], capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0, f"the reader died ({read.returncode}): {read.stderr[-500:]}"
+    assert "refused:" in read.stdout and "damaged LMDB B-tree" in read.stdout
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_damaged_hdf5_metadata_is_a_format_error(tmp_path: Path) -> None:
+    folder = output_with(tmp_path, "hdf5")
+    path = folder / "shard-000000.h5"
+    data = bytearray(path.read_bytes())
+    data[17] = 0xFF  # the root group's address: h5py raises RuntimeError ("addr overflow")
+    path.write_bytes(bytes(data))
+    seal(folder, "hdf5", {"shard-000000.h5": 6})
+    with pytest.raises(ShardFormatError):
+        len(get_format("hdf5").reader(str(path)))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_hdf5_chunks_far_larger_than_their_records_are_not_inflated(tmp_path: Path) -> None:
+    import h5py
+
+    folder = output_with(tmp_path, "hdf5")
+    path = folder / "shard-000000.h5"
+    with h5py.File(path, "a") as h5:
+        data = h5["data"][:]
+        del h5["data"]
+        h5.create_dataset("data", data=data, maxshape=(None,), chunks=(128 << 20,), compression="gzip")
+    seal(folder, "hdf5", {"shard-000000.h5": 6})
+    with pytest.raises(ShardFormatError, match="refusing to inflate"):
+        get_format("hdf5").reader(str(path)).read(0)
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def npy_header(shape: tuple, dtype: str = "|u1") -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        npy_header((65000, 65000, 3)) + b"\0" * 100,  # claims 12 GB
+        npy_header((300000,)) + b"\0" * 300000,  # 1-D
+        npy_header((10, 10, 3), "<f4") + b"\0" * 1200,  # float pixels
+        npy_header((10, 10, 4)) + b"\0" * 400,  # four channels
+        npy_header((10, 10, 3)) + b"\0" * 299,  # one byte short
+        npy_header((10, 10, 3), "|O") + b"\0" * 300,  # objects (pickle)
+        b"\x93NUMPY\x01\x00\xff\x7f" + b" " * 100,  # a header longer than the record
+    ],
+)
+def test_hostile_raw_records(tmp_path: Path, payload: bytes) -> None:
+    folder = output_with(tmp_path, "webdataset", [Record("r0", payload, "npy", 0, {})])
+    with pytest.raises(ShardReadError, match=r"raw pixels|over the limit"):
+        open_shards(folder)[0]
+    assert only_shardkit_errors(folder) == {"decode"}
+
+
+def bomb_jpeg() -> bytes:
+    """A small valid JPEG whose frame header says 65000 x 65000."""
+    data = bytearray(jpeg(16, 16))
+    at = data.index(b"\xff\xc0")
+    data[at + 5 : at + 9] = (65000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+BOMB_CHECK = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # 12 GiB would be needed to decode it
+from shardkit.verify import verify
+report = verify(sys.argv[1], deep=True, workers=1)
+print(sorted({p.kind for p in report.problems}), [p.detail for p in report.problems][:1])
+"""
+
+
+def test_a_pixel_bomb_record_is_refused_from_its_header(tmp_path: Path) -> None:
+    bomb = bomb_jpeg()
+    assert len(bomb) < 1000
+    folder = output_with(tmp_path, "webdataset", [Record("r0", bomb, "jpg", 0, {})])
+    with pytest.raises(ShardReadError, match="over the limit"):
+        open_shards(folder)[0]
+    checked = subprocess.run([sys.executable, "-c", BOMB_CHECK, str(folder)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert "['decode']" in checked.stdout and "over the limit" in checked.stdout
+
+
+def test_the_pixel_limit_is_configurable(tmp_path: Path) -> None:
+    folder = output_with(tmp_path, "webdataset")
+    with pytest.raises(ShardReadError, match="over the limit of 1,000 pixels"):
+        open_shards(folder, max_pixels=1000)[0]
+    assert open_shards(folder, max_pixels=48 * 32)[0].image.shape == (32, 48, 3)
+    assert {p.kind for p in verify(folder, deep=True, max_pixels=1000).problems} == {"decode"}
+    for decode in ("pil", "torch"):
+        with pytest.raises(ShardReadError, match="over the limit"):
+            open_shards(folder, decode=decode, max_pixels=1000)[0]
+
+
+def test_tar_keys_readers_rely_on(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    raw_tar(folder / "shard-000000.tar", [("r0.jpg", jpeg()), ("r0.jpg", jpeg(seed=1)), ("r0.cls", b"0")])
+    seal(folder, "webdataset", {"shard-000000.tar": 1})
+    with pytest.raises(ShardReadError, match="two jpg members"):
+        list(open_shards(folder))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+    raw_tar(folder / "shard-000000.tar", [("r\udcff0.jpg".encode("utf-8", "surrogateescape").decode("latin-1"),
+                                          jpeg())])  # fmt: skip
+    data = (folder / "shard-000000.tar").read_bytes()
+    assert b"r\xc3\xbf0.jpg" in data  # tarfile wrote it as UTF-8 of the latin-1 text: make it raw bytes
+    (folder / "shard-000000.tar").write_bytes(data.replace(b"r\xc3\xbf0.jpg", b"r\xff0.jpg\0"))
+    seal(folder, "webdataset", {"shard-000000.tar": 1})
+    with pytest.raises(ShardReadError, match="not UTF-8"):
+        list(open_shards(folder))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+def test_lmdb_key_index_that_is_not_utf8(tmp_path: Path) -> None:
+    import lmdb
+
+    folder = output_with(tmp_path, "lmdb")
+    env = lmdb.open(str(folder / "shard-000000.lmdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"k\xff\xfe", (1).to_bytes(8, "big"))
+    env.close()
+    seal(folder, "lmdb", {"shard-000000.lmdb": 6})
+    with pytest.raises(ShardReadError, match="not UTF-8"):
+        open_shards(folder).get("r0")
+
+
+# --- never hang: FIFOs and devices ------------------------------------------------------------
+
+READ_ALL = """
+import sys
+from shardkit.errors import ShardkitError
+from shardkit.readers import open_shards
+try:
+    list(open_shards(sys.argv[1]))
+except ShardkitError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.parametrize("what", ["shard", "manifest.json", "errors.jsonl"])
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_fifos_and_devices_are_refused_not_waited_on(python_command, tmp_path: Path, what: str, kind: str) -> None:
+    folder = output_with(tmp_path, "webdataset")
+    target = folder / ("shard-000000.tar" if what == "shard" else what)
+    if what == "shard":  # keep the manifest's word on its size, so that only the file type is wrong
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["shards"][0]["bytes"] = 0
+        Manifest.from_json(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    target.unlink()
+    os.mkfifo(target) if kind == "fifo" else os.symlink("/dev/zero", target)
+    verified = subprocess.run([*python_command, "verify", str(folder)], capture_output=True, text=True, timeout=60)
+    assert verified.returncode == 1 and "Traceback" not in verified.stderr + verified.stdout
+    assert "not a regular file" in verified.stdout
+    if what != "errors.jsonl":
+        read = subprocess.run([sys.executable, "-c", READ_ALL, str(folder)], capture_output=True, text=True, timeout=60)
+        assert read.returncode == 0 and "refused:" in read.stdout and "not a regular file" in read.stdout
+
+
+def test_resource_module_is_available() -> None:
+    assert resource.getrlimit(resource.RLIMIT_AS)  # the bomb test relies on it (Linux)
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_written_shards_pass_their_own_reader_checks(sample_dataset: Path, tmp_path: Path, name: str) -> None:
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format=name, resize=ResizeConfig(48), workers=1))
+    assert verify(out, deep=True).ok
+    assert len(list(open_shards(out))) == read_manifest(out).records
