@@ -21,7 +21,7 @@ from typing import Any
 from .backends import turbojpeg
 from .discover import display
 from .errors import ShardkitError
-from .executors import mp_context
+from .executors import process_pool, stop_pool
 from .imaging import decode
 from .manifest import read_manifest
 from .readers import open_shards, record_ranges
@@ -268,7 +268,8 @@ def bench(
     if not cold:
         passes.append((MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(blobs, workers), []))
 
-    pool = ProcessPoolExecutor(workers, mp_context=mp_context()) if workers > 1 else None
+    pool = process_pool(workers) if workers > 1 else None
+    finished = False
     try:
         if pool is not None:
             list(pool.map(_folder_turbo, [[] for _ in range(workers)]))  # start the workers before timing
@@ -292,8 +293,9 @@ def bench(
                 progress("reader overhead, paired")
             by_shard = [[(r.data, r.ext) for r in dataset.records(shard)] for shard in range(len(shard_paths))]
             report.paired_overhead = _paired_overhead(str(root), by_shard, repeat)
+        finished = True
     finally:
         if pool is not None:
-            pool.shutdown()
+            stop_pool(pool, abandon=not finished)
         dataset.close()
     return report

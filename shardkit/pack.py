@@ -7,9 +7,10 @@ on `--resume`, and writes the manifest last, atomically.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -19,23 +20,38 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import EncodeConfig, PackConfig, ResizeConfig
-from .discover import Source, discover, display
-from .errors import ImageError, OutputError
+from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
+from .discover import Item, Source, discover, display
+from .errors import ImageError, ManifestError, OutputError
 from .executors import check_ray, default_workers, map_local, map_ray, mp_context
-from .formats import Record, get_format
-from .imaging import STAGES, process_image
+from .formats import Record, ShardWriter, get_format
+from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
+from .imaging import STAGES, check_pixels, process_image, record_too_big
 from .manifest import (
     ERRORS_NAME,
     MANIFEST_NAME,
-    STATE_DIR,
     Manifest,
     ShardInfo,
+    read_manifest,
     sha256_file,
     write_json_atomic,
     write_text_atomic,
 )
-from .plan import SHARD_PREFIX, ShardSpec, done_path, fingerprint, plan_shards, reusable, state_dir
+from .output import (
+    STATE_NAME,
+    claim,
+    clear,
+    precheck,
+    refuse_overlap,
+    refuse_sources_inside,
+    remove_old_temp_files,
+    remove_state,
+    remove_temp_shards,
+    state_dir,
+    temp_dir,
+)
+from .plan import ShardSpec, done_path, fingerprint, plan_shards, reusable
+from .safeio import open_regular, reason
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,7 @@ class PackResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     resize: int | None = None
     nodes: int = 1  # machines (Ray nodes) that wrote shards in this run
+    already_complete: bool = False  # --resume found the same pack finished: nothing was done
 
     @property
     def images_per_second(self) -> float:
@@ -90,7 +107,8 @@ def _init_worker(counter: Any) -> None:
 
 
 def write_shard(job: ShardJob) -> ShardResult:
-    """Write one shard from its items; a bad image is recorded, never fatal."""
+    """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
+    output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
     backend = get_format(job.format)
     spec = job.spec
     if not os.path.isdir(state_dir(job.output)) or not os.access(job.output, os.W_OK):
@@ -98,53 +116,122 @@ def write_shard(job: ShardJob) -> ShardResult:
             f"{job.output}: not visible or not writable from worker {socket.gethostname()}:{os.getpid()}; "
             "with --executor ray the output folder must be on storage that every node shares"
         )
-    temp = state_dir(job.output) / "tmp" / f"{spec.name}.{os.getpid()}.tmp"
-    temp.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[dict[str, str]] = []
     input_bytes = 0
-    writer = backend.writer(str(temp))
+    with _writing(job.output, spec.name):
+        temp.parent.mkdir(parents=True, exist_ok=True)
+        writer: ShardWriter | None = backend.writer(str(temp))
     try:
         for item in spec.items:
-            started = time.perf_counter()
-            try:
-                with open(item.path, "rb", buffering=0) as source:
-                    data = source.readall()
-                timings["read"] += time.perf_counter() - started
-                encoded = process_image(data, job.resize, job.encode, timings)
-            except OSError as error:
-                errors.append(_error(item.relpath, "read", error.strerror or str(error)))
-            except ImageError as error:
-                errors.append(_error(item.relpath, error.stage, error.reason))
-            except Exception as error:
-                errors.append(_error(item.relpath, "decode", f"{type(error).__name__}: {error}"))
-            else:
-                input_bytes += len(data)
+            record, size = _pack_one(item, job, timings, errors)
+            if record is not None:
+                input_bytes += size
                 written = time.perf_counter()
-                meta = {
-                    **encoded.meta,
-                    "source": display(item.relpath),
-                }
-                writer.add(Record(item.key, encoded.data, encoded.ext, item.label, meta))
+                with _writing(job.output, spec.name):
+                    writer.add(record)
                 timings["write"] += time.perf_counter() - written
             if _progress_counter is not None:
                 with _progress_counter.get_lock():
                     _progress_counter.value += 1
         closing = time.perf_counter()
-        finishing, writer = writer, None  # a failing close must not be retried by the finally below
-        count = finishing.close()
-        info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
-        os.replace(temp, Path(job.output) / spec.name)
+        with _writing(job.output, spec.name):
+            count = writer.close()
+            writer = None
+            info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
+            worker = f"{socket.gethostname()}:{os.getpid()}"
+            result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
+            # The marker goes first: no shard is ever in the output without a record of it (what
+            # --overwrite may delete); a marker whose shard is missing is simply written again.
+            write_json_atomic(done_path(job.output, spec), asdict(result))
+            os.replace(temp, Path(job.output) / spec.name)
         timings["write"] += time.perf_counter() - closing
+    except BaseException:
+        if writer is not None:  # the first failure is the one to report; the abort's own is not
+            with contextlib.suppress(Exception):
+                writer.abort()
+        raise
     finally:
-        if writer is not None:
-            writer.close()
         temp.unlink(missing_ok=True)
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
-    # The marker goes last: a shard without it is simply written again on resume.
-    write_json_atomic(done_path(job.output, spec), asdict(result))
     return result
+
+
+def _pack_one(
+    item: Item, job: ShardJob, timings: dict[str, float], errors: list[dict[str, str]]
+) -> tuple[Record | None, int]:
+    """One source file to a record, or (None, 0) with the reason appended to `errors`."""
+    started = time.perf_counter()
+    try:
+        data, header = read_source(item.path, job.encode.max_pixels)
+        timings["read"] += time.perf_counter() - started
+        encoded = process_image(data, job.resize, job.encode, timings, header)
+        if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
+            raise ImageError("encode", record_too_big(len(encoded.data)))
+    except OSError as error:
+        errors.append(_error(item.relpath, "read", reason(error)))
+    except ImageError as error:
+        errors.append(_error(item.relpath, error.stage, error.reason))
+    except Exception as error:  # a codec's own exception type for a file it cannot handle
+        errors.append(_error(item.relpath, "decode", f"{type(error).__name__}: {error}"))
+    else:
+        meta = {**encoded.meta, "source": display(item.relpath)}
+        return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
+    return None, 0
+
+
+def max_source_bytes(max_pixels: int) -> int:
+    """The largest source file worth reading for an image of at most `max_pixels` pixels: 8 bytes a
+    pixel (16-bit RGBA, uncompressed) and 16 MiB of metadata. Anything bigger is not read whole."""
+    return max_pixels * 8 + (16 << 20)
+
+
+def read_source(path: str, max_pixels: int) -> tuple[bytes, ImageHeader]:
+    """A source file's bytes and header: the header is read and checked first, so neither a bomb
+    nor a multi-GB file is read into memory; FIFOs and devices are refused, never waited on."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+        try:
+            header = parse_header(head, lambda offset, n: os.pread(fd, n, offset), size, path)
+        except HeaderError as error:
+            raise ImageError("header", str(error)) from None
+        check_pixels(header, max_pixels)
+        if size > max_source_bytes(max_pixels):
+            raise ImageError("read", f"{size:,} bytes is more than an image of {max_pixels:,} pixels needs; not read")
+        data = head if len(head) == size else _read_all(fd)
+    finally:
+        os.close(fd)
+    return data, header
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", buffering=0, closefd=False) as source:
+        return source.readall()
+
+
+class _writing:
+    """Turns an OSError while writing the output into an OutputError naming the output and cause."""
+
+    def __init__(self, output: str, what: str) -> None:
+        self.output, self.what = output, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> bool:
+        if isinstance(error, OSError):
+            raise output_error(self.output, self.what, error) from None
+        return False
+
+
+def output_error(output: str | os.PathLike[str], what: str, error: OSError) -> OutputError:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        cause = "no space left on device" if error.errno == errno.ENOSPC else "disk quota exceeded"
+        return OutputError(f"{output}: {cause} (writing {what}); free some space, then run again with --resume")
+    return OutputError(f"{output}: cannot write {what} ({reason(error)})")
 
 
 def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
@@ -153,36 +240,6 @@ def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
         "stage": stage,
         "reason": reason,
     }
-
-
-def prepare_output(config: PackConfig) -> Path:
-    """Refuse a bad output folder before any work: not a folder, unwritable, or not empty."""
-    output = Path(config.output)
-    if output.exists() and not output.is_dir():
-        raise OutputError(f"{output}: exists and is not a folder")
-    if output.is_dir():
-        entries = [entry.name for entry in os.scandir(output)]
-        if entries and not (config.resume or config.overwrite):
-            raise OutputError(f"{output}: not empty; use --resume to finish an interrupted pack or --overwrite")
-        if config.overwrite:
-            foreign = [name for name in entries if not _ours(name)]
-            if foreign:
-                raise OutputError(f"{output}: holds files shardkit did not write ({foreign[0]}); use an empty folder")
-            for name in entries:
-                path = output / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-    try:
-        (output / STATE_DIR / "done").mkdir(parents=True, exist_ok=True)
-        probe_file = output / STATE_DIR / ".write-test"
-        probe_file.write_bytes(b"")
-        probe_file.unlink()
-    except OSError as error:
-        raise OutputError(f"{output}: cannot write here ({error.strerror or error})") from None
-    return output
-
-
-def _ours(name: str) -> bool:
-    return name in (MANIFEST_NAME, ERRORS_NAME, STATE_DIR) or name.startswith((SHARD_PREFIX, f".{MANIFEST_NAME}."))
 
 
 def resolve_resize(config: PackConfig, source: Source, auto: bool, train_size: int) -> PackConfig:
@@ -231,59 +288,114 @@ def pack(
     train_size: int = 224,
     progress: ProgressCallback | None = None,
 ) -> PackResult:
-    """Pack `config.source` into shards in `config.output`. Returns what was done."""
+    """Pack `config.source` into shards in `config.output`. Returns what was done.
+
+    Everything that can be refused (bad output, overlap with the source, another pack running, files
+    shardkit did not write) is refused before any shard is written, and leaves the folder as it was.
+    """
     started = time.perf_counter()
     backend = get_format(config.format)
     if config.executor == "ray":
         check_ray()
+    refuse_overlap(config.source, config.output)
+    precheck(config.output)
     source = discover(config.source, labels=config.labels)
-    output = prepare_output(config)
-    config = resolve_resize(config, source, resize_auto, train_size)
-    specs = plan_shards(
-        source.items,
-        suffix=backend.suffix,
-        shard_size=config.shard_size,
-        shard_bytes=config.shard_bytes,
-        shuffle=config.shuffle,
-        seed=config.seed,
-    )
-    settings = settings_of(config)
-    plan_hash = fingerprint(settings, specs)
-    _check_resume(output, config, plan_hash)
+    if source.layout == "list":
+        refuse_sources_inside([item.path for item in source.items], config.output)
+    held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
+    output = held.output
+    try:
+        config = resolve_resize(config, source, resize_auto, train_size)
+        specs = plan_shards(
+            source.items,
+            suffix=backend.suffix,
+            shard_size=config.shard_size,
+            shard_bytes=config.shard_bytes,
+            shuffle=config.shuffle,
+            seed=config.seed,
+        )
+        settings = settings_of(config)
+        plan_hash = fingerprint(settings, specs)
+        if config.resume:
+            finished = _finished_output(output, plan_hash)
+            if finished is not None:
+                held.release(undo=True)  # as it was found: nothing to do
+                return _already_complete(finished, config, started)
+            _check_resume(output, plan_hash)
+        if config.overwrite:
+            clear(held)
+        with _writing(output, "its state"):
+            write_json_atomic(state_dir(output) / STATE_NAME, {"plan": plan_hash, "created_by": _CREATED_BY})
+    except BaseException:
+        held.release(undo=True)
+        raise
+    try:
+        remove_temp_shards(output)  # half shards of workers killed in an earlier run
+        remove_old_temp_files(output)
+        result = _write_all(config, source, specs, settings, plan_hash, output, progress)
+    except BaseException:
+        remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
+        raise
+    finally:
+        held.release(undo=False)
+    result.seconds = time.perf_counter() - started
+    return result
 
+
+_CREATED_BY = f"shardkit {__version__}"
+
+
+def _write_all(
+    config: PackConfig,
+    source: Source,
+    specs: list[ShardSpec],
+    settings: dict[str, Any],
+    plan_hash: str,
+    output: Path,
+    progress: ProgressCallback | None,
+) -> PackResult:
+    """Write the shards not done yet, then errors.jsonl and the manifest (last), and clean up."""
     results: dict[int, ShardResult] = {}
-    for spec in specs:
-        previous = reusable(output, spec, plan_hash) if config.resume else None
-        if previous is not None:
-            results[spec.index] = _result_from_json(previous)
+    if config.resume:
+        for spec in specs:
+            previous = reusable(output, spec, plan_hash)
+            if previous is not None:
+                results[spec.index] = _result_from_json(previous)
     todo = [
         ShardJob(spec, str(output), config.format, config.resize, config.encode, plan_hash)
         for spec in specs
         if spec.index not in results
     ]
     reused = len(results)
-    total_items = len(source.items)
     done_before = sum(len(specs[i].items) for i in results)
     errors_before = sum(len(r.errors) for r in results.values())
-    for index, result in _run_jobs(config, todo, total_items, done_before, errors_before, progress):
+    for index, result in _run_jobs(config, todo, len(source.items), done_before, errors_before, progress):
         results[todo[index].spec.index] = result
 
     ordered = [results[spec.index] for spec in specs]
     error_rows = [_error(s.relpath, "discover", s.reason) for s in source.skipped]
     error_rows += [row for result in ordered for row in result.errors]
-    write_text_atomic(output / ERRORS_NAME, "".join(json.dumps(row, sort_keys=True) + "\n" for row in error_rows))
     records = sum(r.shard.count for r in ordered)
     inputs = len(source.items) + len(source.skipped)
     manifest = Manifest(
         format=config.format,
         shards=[r.shard for r in ordered],
         classes=source.classes,
-        settings={**settings, "source": {"path": os.fspath(config.source), "layout": source.layout}},
+        settings={
+            **settings,
+            "source": {"path": os.fspath(config.source), "layout": source.layout},
+            "plan": plan_hash,
+        },
         totals={"inputs": inputs, "records": records, "errors": len(error_rows)},
-        created_by=f"shardkit {__version__}",
+        created_by=_CREATED_BY,
     ).sealed()
-    write_json_atomic(output / MANIFEST_NAME, manifest.to_json())
-    shutil.rmtree(output / STATE_DIR, ignore_errors=True)
+    state = state_dir(output)
+    with _writing(output, ERRORS_NAME):
+        lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in error_rows)
+        write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
+    with _writing(output, MANIFEST_NAME):
+        write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
+    remove_state(output)
     stage_seconds = dict.fromkeys(STAGES, 0.0)
     for result in ordered:
         if not result.reused:
@@ -299,25 +411,67 @@ def pack(
         reused_shards=reused,
         input_bytes=sum(r.input_bytes for r in ordered),
         output_bytes=sum(r.shard.bytes for r in ordered),
-        seconds=time.perf_counter() - started,
+        seconds=0.0,
         stage_seconds=stage_seconds,
         resize=config.resize.size,
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
     )
 
 
-def _check_resume(output: Path, config: PackConfig, plan_hash: str) -> None:
-    state_file = state_dir(output) / "state.json"
-    if config.resume and state_file.exists():
+def _check_resume(output: Path, plan_hash: str) -> None:
+    """An interrupted run may be resumed only with the same settings and inputs."""
+    state_file = state_dir(output) / STATE_NAME
+    if not state_file.exists():
+        return  # stopped before it began: nothing to reuse
+    try:
+        previous = json.loads(state_file.read_text(encoding="utf-8")).get("plan")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        previous = None
+    if previous != plan_hash:
+        raise OutputError(
+            f"{output}: was started with other settings or inputs; resume with the same flags, or use --overwrite"
+        )
+
+
+def _finished_output(output: Path, plan_hash: str) -> Manifest | None:
+    """The manifest of a pack that completed in `output`, when --resume finds one: it must be the
+    same plan (settings and inputs) with every shard intact, else the resume is refused."""
+    if (state_dir(output) / STATE_NAME).exists() or not (output / MANIFEST_NAME).exists():
+        return None
+    try:
+        manifest = read_manifest(output)
+    except ManifestError as error:
+        raise OutputError(f"{error}; use --overwrite to pack again") from None
+    if manifest.settings.get("plan") != plan_hash:
+        raise OutputError(
+            f"{output}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
+        )
+    for shard in manifest.shards:
+        path = output / shard.name
         try:
-            previous = json.loads(state_file.read_text(encoding="utf-8")).get("plan")
-        except (OSError, ValueError):
-            previous = None
-        if previous != plan_hash:
-            raise OutputError(
-                f"{output}: was started with other settings or inputs; resume with the same flags, or use --overwrite"
-            )
-    write_json_atomic(state_file, {"plan": plan_hash, "created_by": f"shardkit {__version__}"})
+            intact = path.stat().st_size == shard.bytes and sha256_file(path) == shard.sha256
+        except OSError:
+            intact = False
+        if not intact:
+            raise OutputError(f"{path}: no longer what the manifest says; use --overwrite to pack again")
+    return manifest
+
+
+def _already_complete(manifest: Manifest, config: PackConfig, started: float) -> PackResult:
+    return PackResult(
+        output=config.output,
+        manifest=manifest,
+        inputs=manifest.totals.get("inputs", 0),
+        records=manifest.records,
+        errors=manifest.totals.get("errors", 0),
+        shards=len(manifest.shards),
+        reused_shards=len(manifest.shards),
+        input_bytes=0,
+        output_bytes=sum(shard.bytes for shard in manifest.shards),
+        seconds=time.perf_counter() - started,
+        resize=config.resize.size,
+        already_complete=True,
+    )
 
 
 def _result_from_json(data: dict[str, Any]) -> ShardResult:

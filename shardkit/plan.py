@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from .discover import Item
-from .manifest import STATE_DIR, ShardInfo, sha256_file
+from .manifest import ShardInfo, sha256_file
+from .output import state_dir
 
 SHARD_PREFIX = "shard-"
 
@@ -88,10 +89,6 @@ def fingerprint(settings: dict[str, Any], specs: Sequence[ShardSpec]) -> str:
     return digest.hexdigest()
 
 
-def state_dir(output: str | Path) -> Path:
-    return Path(output) / STATE_DIR
-
-
 def done_path(output: str | Path, spec: ShardSpec) -> Path:
     return state_dir(output) / "done" / f"{spec.name}.json"
 
@@ -107,6 +104,6 @@ def reusable(output: str | Path, spec: ShardSpec, plan_hash: str) -> dict[str, A
             return None
         if sha256_file(shard) != info.sha256:
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return result

@@ -22,6 +22,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def plot_formats() -> tuple[str, ...]:
+    """File suffixes a plot can be written as (MissingDependencyError without matplotlib)."""
+    plt = _pyplot()
+    figure = plt.figure()
+    try:
+        return tuple(sorted(f".{suffix}" for suffix in figure.canvas.get_supported_filetypes()))
+    finally:
+        plt.close(figure)
+
+
 def plot_probe(report: ProbeReport, path: Path) -> None:
     plt = _pyplot()
     sizes = [r.header.displayed_size for r in report.records if r.header is not None]

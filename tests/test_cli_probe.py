@@ -49,7 +49,7 @@ def test_probe_reads_train_size_from_preset_and_flag_wins(python_command, sample
         (["{sample}", "--records", "{tmp}/r.parquet"], "records must be .jsonl or .csv"),
         (["{sample}", "--json", "/no/such/dir/r.json"], "its folder does not exist"),
         (["{sample}", "--config", "{tmp}/missing.toml"], "no such preset file"),
-        (["{sample}", "--train-size", "2"], "train size must be at least 8"),
+        (["{sample}", "--train-size", "2"], "train size must be between 8 and 16384"),
         (["{sample}", "--max-pixels", "-1"], "max pixels must be positive"),
         (["{sample}", "--workers", "0"], "workers must be at least 1"),
     ],

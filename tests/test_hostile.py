@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
+from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
 from shardkit.errors import ManifestError, ShardFormatError, ShardReadError
 from shardkit.formats import Record, available_formats, get_format
 from shardkit.manifest import Manifest, ShardInfo, read_errors, read_manifest, sha256_file, write_json_atomic
 from shardkit.pack import pack
 from shardkit.readers import open_shards
-from shardkit.synthetic import encode, picture
+from shardkit.synthetic import encode, picture, write_image
 from shardkit.verify import verify
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads recurses once per level
@@ -438,6 +438,66 @@ def test_fifos_and_devices_are_refused_not_waited_on(python_command, tmp_path: P
     if what != "errors.jsonl":
         read = subprocess.run([sys.executable, "-c", READ_ALL, str(folder)], capture_output=True, text=True, timeout=60)
         assert read.returncode == 0 and "refused:" in read.stdout and "not a regular file" in read.stdout
+
+
+def test_a_fifo_in_a_list_source_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    write_image(tmp_path / "a.jpg", 40, 30)
+    os.mkfifo(tmp_path / "b.jpg")
+    (tmp_path / "list.txt").write_text("a.jpg\nb.jpg\n")
+    result = pack(PackConfig(str(tmp_path / "list.txt"), str(tmp_path / "out"), workers=1))
+    assert (result.records, result.errors) == (1, 1)
+    assert read_errors(tmp_path / "out") == [
+        {"path": "b.jpg", "stage": "read", "reason": "not a regular file (a FIFO)"}
+    ]
+
+
+# --- what pack writes, its readers read -------------------------------------------------------
+
+
+def test_pack_refuses_a_raw_record_over_the_reader_limit(tmp_path: Path) -> None:
+    from PIL import Image
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    source.mkdir()
+    Image.new("RGB", (9500, 9500), (90, 120, 200)).save(source / "huge.jpg", quality=50)  # 271 MB as pixels
+    write_image(source / "small.jpg", 40, 30)
+    result = pack(PackConfig(str(source), str(out), encode=EncodeConfig(encode="raw"), workers=1))
+    assert (result.records, result.errors) == (1, 1)
+    (row,) = read_errors(out)
+    assert row["path"] == "huge.jpg" and row["stage"] == "encode" and "over the 256 MiB readers accept" in row["reason"]
+    assert verify(out, deep=True).ok
+
+
+def test_pack_refuses_an_upscaled_output_over_the_pixel_limit(tmp_path: Path) -> None:
+    write_image(tmp_path / "src" / "a.jpg", 40, 30)
+    config = PackConfig(str(tmp_path / "src"), str(tmp_path / "out"), resize=ResizeConfig(2000, upscale=True),
+                        encode=EncodeConfig(max_pixels=1_000_000), workers=1)  # fmt: skip
+    result = pack(config)
+    assert result.errors == 1 and read_errors(tmp_path / "out")[0]["stage"] == "resize"
+
+
+HUGE_INPUT = """
+import resource, sys
+from shardkit.config import PackConfig
+from shardkit.pack import pack
+result = pack(PackConfig(sys.argv[1], sys.argv[2], workers=1))
+print(result.records, result.errors, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_pack_never_reads_a_multi_gigabyte_input_whole(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    write_image(source / "huge.jpg", 64, 48)
+    with open(source / "huge.jpg", "r+b") as file:
+        file.truncate(4 << 30)  # sparse: a valid header, then 4 GiB of nothing
+    write_image(source / "fine.jpg", 64, 48)
+    run = subprocess.run([sys.executable, "-c", HUGE_INPUT, str(source), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    records, errors, peak_mb = map(int, run.stdout.split())
+    assert (records, errors) == (1, 1) and peak_mb < 1024
+    (row,) = read_errors(tmp_path / "out")
+    assert row["stage"] == "read" and "not read" in row["reason"]
 
 
 def test_resource_module_is_available() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,7 +10,7 @@ from rich.table import Table
 
 from ..bench import BASELINE, MEMORY, BenchReport
 from ..bench import bench as run_bench
-from .common import console, err_console, user_errors, write_report
+from .common import check_plot_path, check_report_path, console, err_console, user_errors, write_json_report
 
 
 def bench(
@@ -25,13 +24,15 @@ def bench(
 ) -> None:
     """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
     with user_errors():
+        check_report_path(json_path)
+        check_plot_path(plot)
         report = run_bench(
             output, against=against, workers=workers, repeat=repeat, cold=cold,
             progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
         )  # fmt: skip
         render(report)
         if json_path is not None:
-            write_report(json_path, json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+            write_json_report(json_path, report.to_json())
         if plot is not None:
             from ..plots import plot_bars
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,23 +16,75 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..config import load_preset
-from ..errors import ShardkitError
+from ..errors import ConfigError, ShardkitError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+# SIGTERM is what SLURM, Kubernetes and systemd send; SIGHUP comes when the terminal goes away.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised where the main thread is, so that it unwinds like Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    for stop_signal in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(stop_signal, signal.SIG_IGN)
+    raise Stopped(signum)
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Library errors become one red line and exit code 1; Ctrl-C exits 130 without a traceback."""
+def user_errors(on_stop: str = "") -> Iterator[None]:
+    """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
+    129, the same way (workers stopped, no traceback); `on_stop` says how to carry on."""
+    previous = {stop_signal: signal.signal(stop_signal, _stop) for stop_signal in STOP_SIGNALS}
     try:
         yield
     except ShardkitError as error:
         err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
+        raise typer.Exit(128 + signum) from None
+    finally:
+        for stop_signal, handler in previous.items():
+            signal.signal(stop_signal, handler)
+
+
+def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:
+    """Refuse, before any work, a report path that could not be written once the work is done."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give a file name")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{path}: its folder does not exist")
+    if not os.access(path.absolute().parent, os.W_OK):
+        raise ConfigError(f"{path}: its folder is not writable")
+    if suffixes and path.suffix.lower() not in suffixes:
+        names = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
+        raise ConfigError(f"{path}: {what} must be {names}")
+
+
+def check_plot_path(path: Path | None) -> None:
+    """A --plot file: a format matplotlib writes, and matplotlib installed (checked before the work)."""
+    if path is None:
+        return
+    from ..plots import plot_formats
+
+    check_report_path(path, plot_formats(), what="a plot")
+
+
+def check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1, not {workers}")
 
 
 def _escape(text: str) -> str:
@@ -61,11 +117,23 @@ def progress_bar(label: str, unit: str = "files") -> Progress:
     )
 
 
-def write_report(path: Path, text: str, encoding: str = "utf-8") -> None:
+def write_json_report(path: Path, data: Any) -> None:
+    """A JSON report: sorted keys, and never NaN or infinity (JSON has neither): those become null."""
+    text = json.dumps(_finite(data), indent=2, sort_keys=True, allow_nan=False) + "\n"
     try:
-        path.write_text(text, encoding=encoding)
+        path.write_text(text, encoding="utf-8")
     except OSError as error:
         raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def human_bytes(n: float) -> str:

@@ -90,7 +90,7 @@ def pack(
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
 ) -> None:
     """Pre-resize, re-encode and pack images into WebDataset, LMDB or HDF5 shards."""
-    with user_errors():
+    with user_errors(on_stop="run the same command with --resume to finish"):
         flags = {key: value for key, value in locals().items() if key in DEFAULTS}
         values = merged({k: (v.value if isinstance(v, Enum) else v) for k, v in flags.items()}, config, DEFAULTS)
         pack_config, auto = build_config(source, output, values, resume=resume, overwrite=overwrite)
@@ -112,6 +112,10 @@ def build_config(source: Path, output: Path, values: dict, *, resume: bool, over
     shard_size = values["shard_size"] if values["shard_size"] is not None or shard_bytes else 1000
     if auto and values["resize_mode"] != "short":
         raise ConfigError("--resize auto picks a short side; use --resize-mode short")
+    if values["ray_address"] is not None and values["executor"] != "ray":
+        raise ConfigError("--ray-address is only used with --executor ray")
+    if auto and not 8 <= values["train_size"] <= 16384:
+        raise ConfigError(f"train size must be between 8 and 16384 pixels, not {values['train_size']}")
     resize = ResizeConfig(
         size=size if not auto else None,
         mode=values["resize_mode"],
@@ -153,6 +157,13 @@ def _run(config: PackConfig, auto: bool, train_size: int) -> PackResult:
 
 
 def render(result: PackResult) -> None:
+    if result.already_complete:
+        console.print(
+            f"{result.output}: already complete ({result.shards:,} {result.manifest.format} shards, "
+            f"{result.records:,} of {result.inputs:,} inputs packed, every shard intact); nothing to do",
+            soft_wrap=True,
+        )
+        return
     table = Table(title=f"packed into {result.output}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")

@@ -13,12 +13,23 @@ from rich.table import Table
 
 from ..config import DEFAULT_MAX_PIXELS
 from ..discover import display
-from ..errors import ConfigError
+from ..errors import ConfigError, ShardkitError
 from ..probe import ProbeReport
 from ..probe import probe as run_probe
-from .common import console, human_bytes, merged, progress_bar, user_errors, write_report
+from .common import (
+    check_plot_path,
+    check_report_path,
+    check_workers,
+    console,
+    human_bytes,
+    merged,
+    progress_bar,
+    user_errors,
+    write_json_report,
+)
 
 PROGRESS_MIN_FILES = 5000
+MAX_TRAIN_SIZE = 16384
 
 
 def probe(
@@ -44,20 +55,18 @@ def probe(
             config,
             {"train_size": 224, "workers": None, "max_pixels": DEFAULT_MAX_PIXELS},
         )
-        if settings["train_size"] < 8:
-            raise ConfigError(f"train size must be at least 8 pixels, not {settings['train_size']}")
+        if not 8 <= settings["train_size"] <= MAX_TRAIN_SIZE:
+            raise ConfigError(f"train size must be between 8 and {MAX_TRAIN_SIZE} pixels, not {settings['train_size']}")
         if settings["max_pixels"] < 1:
             raise ConfigError(f"max pixels must be positive, not {settings['max_pixels']}")
-        if settings["workers"] is not None and settings["workers"] < 1:
-            raise ConfigError(f"workers must be at least 1, not {settings['workers']}")
-        for path in (json_path, records_path, plot):
-            _check_writable(path)
-        if records_path is not None and records_path.suffix.lower() not in (".jsonl", ".csv"):
-            raise ConfigError(f"{records_path}: records must be .jsonl or .csv")
+        check_workers(settings["workers"])
+        check_report_path(json_path)
+        check_report_path(records_path, (".jsonl", ".csv"), what="records")
+        check_plot_path(plot)
         report = _run(source, settings)
         render(report)
         if json_path is not None:
-            write_report(json_path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            write_json_report(json_path, report.to_json())
         if records_path is not None:
             write_records(report, records_path)
         if plot is not None:
@@ -65,11 +74,6 @@ def probe(
 
             plot_probe(report, plot)
             console.print(f"plot written to {plot}")
-
-
-def _check_writable(path: Path | None) -> None:
-    if path is not None and not path.parent.resolve().is_dir():
-        raise ConfigError(f"{path}: its folder does not exist")
 
 
 def _run(source: Path, settings: dict) -> ProbeReport:
@@ -177,11 +181,14 @@ def _rows(report: ProbeReport):
 
 
 def write_records(report: ProbeReport, path: Path) -> None:
-    with path.open("w", encoding="utf-8", newline="") as out:
-        if path.suffix.lower() == ".csv":
-            writer = csv.DictWriter(out, fieldnames=FIELDS)
-            writer.writeheader()
-            writer.writerows(_rows(report))
-        else:
-            for row in _rows(report):
-                out.write(json.dumps(row, sort_keys=True) + "\n")
+    try:
+        with path.open("w", encoding="utf-8", newline="") as out:
+            if path.suffix.lower() == ".csv":
+                writer = csv.DictWriter(out, fieldnames=FIELDS)
+                writer.writeheader()
+                writer.writerows(_rows(report))
+            else:
+                for row in _rows(report):
+                    out.write(json.dumps(row, sort_keys=True) + "\n")
+    except OSError as error:
+        raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
+from ..config import DEFAULT_MAX_PIXELS
 from ..verify import VerifyReport
 from ..verify import verify as run_verify
-from .common import console, progress_bar, user_errors, write_report
+from .common import check_report_path, console, progress_bar, user_errors, write_json_report
 
 MAX_LINES = 50
 
@@ -23,19 +23,23 @@ def verify(
         Optional[Path], typer.Option(help="Check every source file is packed or in errors.jsonl.")
     ] = None,
     workers: Annotated[Optional[int], typer.Option(help="Processes to use. [default: one per core]")] = None,
+    max_pixels: Annotated[
+        int, typer.Option(help="With --deep: refuse to decode images with more pixels (bombs).")
+    ] = DEFAULT_MAX_PIXELS,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
 ) -> None:
     """Check an output folder; exit code 0 only when everything holds."""
     with user_errors():
+        check_report_path(json_path)
         with progress_bar("verifying", unit="shards") as bar:
             task = bar.add_task("verify", total=None, rate="")
             report = run_verify(
-                output, deep=deep, source=source, workers=workers,
+                output, deep=deep, source=source, workers=workers, max_pixels=max_pixels,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         render(report, deep=deep)
         if json_path is not None:
-            write_report(json_path, json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+            write_json_report(json_path, report.to_json())
     if not report.ok:
         raise typer.Exit(1)
 

@@ -1,0 +1,253 @@
+"""The output folder of a pack: refusing a bad one before any work, one pack at a time (a lock),
+and knowing exactly which files shardkit wrote there (its ledger), so that `--overwrite` deletes
+those and nothing else.
+
+The ledger is the output's own records: the shards its manifest.json lists, the shards the done
+markers of an interrupted run name (a marker is written before its shard is renamed into place, so
+no shard of ours is ever unrecorded), manifest.json and errors.jsonl themselves, and the working
+folder `.shardkit/`. Anything else in the folder is the user's: a pack refuses to run beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ManifestError, OutputError
+from .manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest
+from .safeio import reason
+
+LOCK_NAME = "lock"
+STATE_NAME = "state.json"
+# Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
+_OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
+
+
+def state_dir(output: str | os.PathLike[str]) -> Path:
+    return Path(output) / STATE_DIR
+
+
+def temp_dir(output: str | os.PathLike[str]) -> Path:
+    """Where half-written shards live until they are complete."""
+    return state_dir(output) / "tmp"
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def refuse_overlap(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+    """OUT must not be SRC, lie inside it (its shards would be read as inputs next time) or hold it
+    (a source file could be taken for a shard). Links are resolved."""
+    src, out = os.path.realpath(source), os.path.realpath(output)
+    shown_src, shown_out = os.fspath(source), os.fspath(output)
+    if os.path.isfile(src):  # a list file: the files it names are checked after discovery
+        if _inside(src, out):
+            raise OutputError(f"{shown_out}: holds the source list {shown_src}; write the shards elsewhere")
+        return
+    if src == out:
+        raise OutputError(f"{shown_out}: is the source folder itself; write the shards elsewhere")
+    if _inside(out, src):
+        raise OutputError(f"{shown_out}: lies inside the source folder {shown_src}; write the shards elsewhere")
+    if _inside(src, out):
+        raise OutputError(f"{shown_out}: holds the source folder {shown_src}; write the shards elsewhere")
+
+
+def refuse_sources_inside(paths: list[str], output: str | os.PathLike[str]) -> None:
+    """For list-file sources: no listed file may lie in OUT (by path; no link is resolved per file)."""
+    folders = {os.path.abspath(output), os.path.realpath(output)}
+    for path in paths:
+        absolute = os.path.abspath(path)
+        if any(_inside(absolute, folder) for folder in folders):
+            raise OutputError(f"{os.fspath(output)}: holds the source file {path}; write the shards elsewhere")
+
+
+def precheck(output: str | os.PathLike[str]) -> None:
+    """What can be refused without touching anything, before the source is walked."""
+    path = Path(output)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path}: exists and is not a folder")
+    existing = next((p for p in (path, *path.absolute().parents) if os.path.lexists(p)), Path("/"))
+    if not existing.is_dir():
+        raise OutputError(f"{path}: cannot write here ({existing} is not a folder)")
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise OutputError(f"{path}: cannot write here (read-only file system)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: cannot write here (permission denied)")
+    for name in (MANIFEST_NAME, ERRORS_NAME):
+        target = path / name
+        if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
+            raise OutputError(f"{target}: is not a regular file; shardkit did not write it, and would write there")
+
+
+@dataclass
+class Claim:
+    """An output folder held by this process: the lock, and what was there before."""
+
+    output: Path
+    lock_fd: int
+    ours: set[str] = field(default_factory=set)  # names in the folder that shardkit wrote
+    created: bool = False  # the folder did not exist before this pack
+    created_state: bool = False  # nor did its working folder
+
+    def release(self, undo: bool) -> None:
+        """Let go of the folder; `undo` (a refusal or failure before any shard was started) leaves
+        it as it was found."""
+        if undo and (self.created or self.created_state):
+            remove_state(self.output)
+        if undo and self.created:
+            with contextlib.suppress(OSError):
+                self.output.rmdir()  # only if nothing else is in it
+        os.close(self.lock_fd)
+
+
+def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> Claim:
+    """Create and lock the output folder and refuse it when it holds files shardkit did not write,
+    or anything at all without resume or overwrite. Nothing is deleted here."""
+    path = Path(output)
+    precheck(path)
+    created = not path.exists()
+    state = state_dir(path)
+    state_existed = os.path.lexists(state)
+    for folder in (state, state / "done", state / "tmp"):  # a planted link must not redirect deletions
+        if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
+    try:
+        (state / "done").mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock(state / LOCK_NAME, path)
+    except OSError as error:
+        raise OutputError(f"{path}: cannot write here ({reason(error)})") from None
+    held = Claim(path, lock_fd, created=created, created_state=not state_existed)
+    try:
+        names = {entry.name for entry in os.scandir(path)}
+        if not state_existed:
+            names.discard(STATE_DIR)
+        if names and not (resume or overwrite):
+            raise OutputError(f"{path}: not empty; use --resume to finish an interrupted pack or --overwrite")
+        held.ours = ledger(path)
+        foreign = sorted(names - held.ours - {STATE_DIR})
+        if foreign:
+            raise OutputError(
+                f"{path}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+                "which shardkit did not write; move it away or use an empty folder"
+            )
+    except BaseException:
+        held.release(undo=True)
+        raise
+    return held
+
+
+def _lock(path: Path, output: Path) -> int:
+    """An exclusive lock on `path` (fcntl, so it works on NFS too), or OutputError naming the holder."""
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(fd)
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            holder = _holder(path)
+            raise OutputError(f"{output}: another shardkit pack is writing here ({holder}); wait for it") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else the holder removed the file as it finished: lock the new one
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+            return fd
+        os.close(fd)
+    raise OutputError(f"{output}: cannot take the lock {path}")
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid, host = path.read_text(encoding="utf-8").split()[:2]
+    except (OSError, ValueError):
+        return "another process"
+    return f"pid {pid} on {host}"
+
+
+def ledger(output: Path) -> set[str]:
+    """Names of the entries of `output` that its own records say shardkit wrote."""
+    ours: set[str] = set()
+    for name in (MANIFEST_NAME, ERRORS_NAME):
+        if (output / name).is_file():
+            ours.add(name)  # a pack writes these names anyway
+    if (output / MANIFEST_NAME).is_file():
+        # unreadable: its shards cannot be told from anyone else's files
+        with contextlib.suppress(ManifestError):
+            ours.update(shard.name for shard in read_manifest(output).shards)
+    for marker in (state_dir(output) / "done").glob("*.json"):
+        try:
+            name = json.loads(marker.read_text(encoding="utf-8"))["shard"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if name == marker.name[: -len(".json")]:
+            ours.add(name)
+    ours.update(
+        entry.name
+        for entry in os.scandir(output)
+        if entry.name.startswith(_OLD_TEMP_PREFIXES) and entry.name.endswith(".tmp")
+    )
+    # Only regular files are what shardkit writes: a folder or link under a shard's name is not ours.
+    return {name for name in ours if os.path.lexists(output / name) and stat.S_ISREG(os.lstat(output / name).st_mode)}
+
+
+def clear(held: Claim) -> None:
+    """--overwrite: delete what the ledger names (the manifest first, so the folder never looks
+    complete while its shards go) and the working state; keep the lock."""
+    order = sorted(held.ours, key=lambda name: (name != MANIFEST_NAME, name))
+    try:
+        for name in order:
+            (held.output / name).unlink(missing_ok=True)
+        remove_state(held.output, keep_lock=True)
+    except OSError as error:
+        raise OutputError(f"{held.output}: cannot remove the earlier output ({reason(error)})") from None
+    held.ours = set()
+
+
+def _old_temp_file(name: str) -> bool:
+    return name.startswith(_OLD_TEMP_PREFIXES) and name.endswith(".tmp")
+
+
+def remove_old_temp_files(output: Path) -> None:
+    """Temporary files that shardkit before 0.2 left beside manifest.json when killed."""
+    for entry in os.scandir(output):
+        if _old_temp_file(entry.name) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+
+
+def remove_temp_shards(output: Path) -> None:
+    """Half-written shards of workers that are gone (killed, or stopped after a failure)."""
+    for path in temp_dir(output).glob("*.tmp"):
+        path.unlink(missing_ok=True)
+
+
+def remove_state(output: Path, keep_lock: bool = False) -> None:
+    """Remove the working folder's own files (and the folders, once empty); nothing else."""
+    state = state_dir(output)
+    for folder, pattern in (("done", "*.json"), ("done", ".*.tmp"), ("tmp", "*.tmp"), (".", ".*.tmp")):
+        for path in (state / folder).glob(pattern):
+            if path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+    (state / STATE_NAME).unlink(missing_ok=True)
+    if not keep_lock:
+        (state / LOCK_NAME).unlink(missing_ok=True)
+    if keep_lock:  # the folder stays in use
+        return
+    for folder in (state / "done", state / "tmp", state):
+        with contextlib.suppress(OSError):
+            folder.rmdir()

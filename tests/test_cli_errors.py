@@ -1,0 +1,70 @@
+"""No traceback for any input: every command refuses bad flags and unwritable report paths in one
+line, with exit code 1, before any work (so a mistake never costs the run it follows)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardkit.config import PackConfig, ResizeConfig
+from shardkit.pack import pack
+
+
+@pytest.fixture(scope="module")
+def packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "out"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(32), shard_size=30))
+    return out
+
+
+def run(command: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+
+
+CASES = [
+    # (command, arguments; {src} {out} {tmp} filled in), expected words
+    ("verify {out} --workers -1", "workers must be at least 1"),
+    ("verify {out} --workers 0", "workers must be at least 1"),
+    ("verify {out} --deep --max-pixels 0", "max pixels must be positive"),
+    ("verify {out} --json /no/such/dir/r.json", "its folder does not exist"),
+    ("verify {out} --json {tmp}", "is a folder"),
+    ("probe {src} --plot {tmp}/x.xyz", "a plot must be"),
+    ("probe {src} --plot /no/such/dir/p.png", "its folder does not exist"),
+    ("probe {src} --train-size 100000000000000000000000000000", "train size must be between 8 and 16384"),
+    # --repeat 100000 would take hours: refused in a second proves the check comes first
+    ("bench {out} --against {src} --repeat 100000 --plot /missing/dir/b.png", "its folder does not exist"),
+    ("bench {out} --against {src} --repeat 100000 --plot {tmp}/b.nope", "a plot must be"),
+    ("bench {out} --repeat 100000 --json /missing/dir/b.json", "its folder does not exist"),
+    ("bench {out} --workers 0", "at least 1"),
+    ("pack {src} {tmp}/o --max-aspect nan", "max aspect must be a finite number"),
+    ("pack {src} {tmp}/o --max-aspect inf", "max aspect must be a finite number"),
+    ("pack {src} {tmp}/o --max-aspect -inf", "max aspect must be a finite number"),
+    ("pack {src} {tmp}/o --ray-address auto", "--ray-address is only used with --executor ray"),
+    ("pack {src} {tmp}/o --shard-bytes 99999999999999999999999999GB", "not a size"),
+    ("pack {src} {tmp}/o --shard-bytes 1e400", "not a size"),
+    ("pack {src} {tmp}/o --seed -1", "seed must be between"),
+    ("pack {src} {tmp}/o --resize auto --train-size 100000000000000000000", "train size must be between"),
+    ("pack {src} {src}", "is the source folder itself"),
+    ("pack {src} {src}/n00001000/out", "lies inside the source folder"),
+    ("pack {src} {tmp}/o --config {tmp}/nan.toml", "max aspect must be a finite number"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "words"), CASES)
+def test_bad_input_is_one_line_before_any_work(python_command, sample_dataset, packed, tmp_path, arguments, words):
+    (tmp_path / "nan.toml").write_text("max_aspect = nan\n")
+    filled = [a.format(src=sample_dataset, out=packed, tmp=tmp_path) for a in arguments.split()]
+    result = run(python_command, *filled)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert words in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_json_reports_never_hold_nan(python_command, packed: Path, tmp_path: Path) -> None:
+    report = tmp_path / "bench.json"
+    assert run(python_command, "bench", str(packed), "--repeat", "1", "--json", str(report)).returncode == 0
+    json.loads(report.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON report"))

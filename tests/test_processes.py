@@ -1,0 +1,143 @@
+"""Nothing left running: a pack stopped by a signal (or its driver killed outright) takes its
+forkserver and worker processes with it, and leaves a state that --resume finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from shardkit.manifest import read_manifest
+from shardkit.synthetic import write_image
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slow_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """240 full-size JPEGs (hard links of 16): about two seconds of packing on 2 workers."""
+    root = tmp_path_factory.mktemp("slow")
+    for i in range(16):
+        write_image(root / "c00" / f"{i:03d}.jpg", 1024, 768, seed=i)
+    for c in range(1, 15):
+        (root / f"c{c:02d}").mkdir()
+        for original in (root / "c00").iterdir():
+            os.link(original, root / f"c{c:02d}" / original.name)
+    return root
+
+
+def pack_command(python_command, source: Path, out: Path, *extra: str) -> list[str]:
+    return [*python_command, "pack", str(source), str(out), "--resize", "none", "--workers", "2",
+            "--shard-size", "20", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def clean_run(python_command_module, slow_source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("clean") / "out"
+    subprocess.run(pack_command(python_command_module, slow_source, out), check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def python_command_module() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "shardkit"]
+
+
+def group_alive(group: int) -> list[int]:
+    """Processes of a process group that are still running (zombies excluded)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == group and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+def wait_for_group(group: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := group_alive(group)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def start_and_wait_for_a_shard(command: list[str], out: Path) -> subprocess.Popen:
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out.exists() and list(out.glob("shard-*.tar"))):
+        time.sleep(0.01)
+    assert len(group_alive(process.pid)) >= 4, "expected the driver, a forkserver and two workers"
+    return process
+
+
+def shard_hashes(output: Path) -> dict[str, str]:
+    return {shard.name: shard.sha256 for shard in read_manifest(output).shards}
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [
+        ("SIGTERM to the driver", 143),  # Kubernetes, docker stop
+        ("SIGTERM to the group", 143),  # systemd, SLURM
+        ("SIGINT to the group", 130),  # Ctrl-C in a terminal
+        ("SIGHUP to the driver", 129),  # the terminal went away
+    ],
+)
+def test_a_signal_stops_the_pack_and_every_worker(
+    python_command, slow_source: Path, clean_run: Path, tmp_path: Path, how: str, code: int
+) -> None:
+    out = tmp_path / "out"
+    process = start_and_wait_for_a_shard(pack_command(python_command, slow_source, out), out)
+    name, _, target = how.split(" ", 2)
+    signum = getattr(signal, name)
+    os.killpg(process.pid, signum) if target == "the group" else os.kill(process.pid, signum)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert wait_for_group(process.pid, 5) == []
+    assert not (out / "manifest.json").exists()
+    assert not list((out / ".shardkit" / "tmp").glob("*")), "half-written shards were left behind"
+    assert list(out.glob("shard-*.tar")), "no complete shard was kept"
+    if how == "SIGTERM to the driver":  # the state every stop leaves is the same: resume it once
+        resumed = subprocess.run(
+            pack_command(python_command, slow_source, out, "--resume"), capture_output=True, text=True
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        assert shard_hashes(out) == shard_hashes(clean_run)
+        assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean_run.iterdir())
+
+
+def test_workers_exit_within_seconds_of_a_killed_driver(python_command, slow_source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_and_wait_for_a_shard(pack_command(python_command, slow_source, out), out)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+    assert wait_for_group(process.pid, 5) == [], "workers outlived their driver"
+
+
+def test_verify_stops_its_checkers_on_sigterm(python_command, clean_run: Path) -> None:
+    process = subprocess.Popen(
+        [*python_command, "verify", str(clean_run), "--deep", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(group_alive(process.pid)) < 4:
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143 and "Traceback" not in stderr
+    assert wait_for_group(process.pid, 5) == []
