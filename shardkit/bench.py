@@ -20,13 +20,15 @@ from typing import Any
 
 from .backends import turbojpeg
 from .discover import display
-from .errors import ShardkitError
+from .errors import ImageError, ShardkitError
 from .executors import process_pool, stop_pool
 from .imaging import decode
 from .manifest import read_manifest
 from .readers import open_shards, record_ranges
+from .safeio import open_regular, reason
 
 BASELINE = "folder: PIL (ImageFolder loader)"
+MAX_WORKERS = 1024
 MEMORY = "memory: same bytes, libjpeg-turbo"
 
 
@@ -125,10 +127,13 @@ def _folder_pil(paths: list[str]) -> tuple[int, int]:
 
     count = size = 0
     for path in paths:
-        with open(path, "rb") as file:
-            image = Image.open(file)
-            image.convert("RGB")  # torchvision's pil_loader: decode and convert
-        size += os.path.getsize(path)
+        with _source(path) as file:
+            try:
+                image = Image.open(file)
+                image.convert("RGB")  # torchvision's pil_loader: decode and convert
+            except Exception as error:  # Pillow's plugins raise their own types for a bad file
+                raise ShardkitError(f"{path}: cannot decode ({type(error).__name__}: {error})") from None
+            size += file.tell()
         count += 1
     return count, size
 
@@ -136,12 +141,38 @@ def _folder_pil(paths: list[str]) -> tuple[int, int]:
 def _folder_turbo(paths: list[str]) -> tuple[int, int]:
     count = size = 0
     for path in paths:
-        with open(path, "rb") as file:
+        with _source(path) as file:
             data = file.read()
-        decode(data, "jpg" if data[:3] == b"\xff\xd8\xff" else "png")
+        try:
+            decode(data, "jpg" if data[:3] == b"\xff\xd8\xff" else "png")
+        except ImageError as error:
+            raise ShardkitError(f"{path}: cannot decode ({error.reason})") from None
         size += len(data)
         count += 1
     return count, size
+
+
+def _source(path: str) -> Any:
+    """A raw-folder file, opened for reading: a regular file (a FIFO would hang the pass)."""
+    try:
+        return open(open_regular(path), "rb")
+    except OSError as error:
+        raise ShardkitError(f"{path}: cannot read ({reason(error)})") from None
+
+
+def source_files(against: str | os.PathLike[str], sources: list[str]) -> list[str]:
+    """The raw-folder file of each record, from the source path its metadata names. Records come
+    from strangers: a path must stay inside `against` (no absolute paths, no '..')."""
+    root = os.path.realpath(against)
+    files = []
+    for source in sources:
+        path = os.path.realpath(os.path.join(root, source))
+        if os.path.isabs(source) or not path.startswith(root.rstrip(os.sep) + os.sep):
+            raise ShardkitError(f"a record's source {source[:200]!r} is not a path inside {os.fspath(against)}")
+        if not os.path.exists(path):
+            raise ShardkitError(f"{path}: packed from this file, but it is not under {os.fspath(against)}")
+        files.append(path)
+    return files
 
 
 def _shards(job: tuple[str, list[tuple[int, int, int]], str, float | None]) -> tuple[int, int]:
@@ -233,6 +264,8 @@ def bench(
     """Measure decode throughput of the shards in `output` (and of `against`, the raw folder)."""
     if repeat < 1 or workers < 1:
         raise ShardkitError("repeat and workers must be at least 1")
+    if workers > MAX_WORKERS:
+        raise ShardkitError(f"workers must be at most {MAX_WORKERS}, not {workers}")
     root = Path(output)
     manifest = read_manifest(root)
     shard_paths = [str(root / shard.name) for shard in manifest.shards]
@@ -246,10 +279,7 @@ def bench(
     if against is not None:
         if not all(sources):
             raise ShardkitError(f"{root}: records carry no source paths; cannot bench against a folder")
-        files = [os.path.join(against, source) for source in sources]
-        missing = [path for path in files if not os.path.exists(path)]
-        if missing:
-            raise ShardkitError(f"{missing[0]}: packed from this file, but it is not under {against}")
+        files = source_files(against, sources)
     shard_splits = worker_parts([shard.count for shard in manifest.shards], workers)
 
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:

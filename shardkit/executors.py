@@ -6,6 +6,7 @@ with the index of its job, so callers can report progress and keep their own ord
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import select
@@ -13,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -25,6 +26,86 @@ Result = TypeVar("Result")
 
 class WorkerDiedError(ShardkitError):
     """A worker process ended abruptly (killed, out of memory, crashed in native code)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP), raised where the main thread is: it unwinds like
+    Ctrl-C, and the driver stops its workers on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# SIGTERM is what SLURM, Kubernetes and systemd send; SIGHUP comes when the terminal goes away.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_deferring = 0  # > 0 while the main thread waits inside concurrent.futures (which holds locks)
+_pending: int | None = None
+_stopping = False  # a stop signal came: the next one exits at once
+
+
+def arm_stops() -> dict[int, Any]:
+    """Install `stop` for the stop signals (the CLI does, once per command); returns the handlers
+    it replaced, for disarm_stops()."""
+    global _pending, _stopping
+    _pending, _stopping = None, False
+    return {stop_signal: signal.signal(stop_signal, stop) for stop_signal in STOP_SIGNALS}
+
+
+def disarm_stops(previous: dict[int, Any]) -> None:
+    for stop_signal, handler in previous.items():
+        signal.signal(stop_signal, handler)
+
+
+def stop(signum: int, frame: object = None) -> None:
+    """The handler the CLI installs for the stop signals. The first raises Stopped, or inside a
+    wait that must not be cut short (concurrent.futures holds its futures' locks there), as soon
+    as that wait returns; a second one exits at once (workers follow within a second; --resume
+    clears what the stop left half done)."""
+    global _pending, _stopping
+    if _stopping:
+        os.write(2, f"\nstopped again ({signal.Signals(signum).name}): exiting now\n".encode())
+        os._exit(128 + signum)
+    _stopping = True
+    if _deferring:
+        _pending = signum
+        return
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _stops_deferred() -> Iterator[None]:
+    global _deferring, _pending
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _pending is not None:
+        signum, _pending = _pending, None
+        raise Stopped(signum)
+
+
+def _stop_if_stopping(grace: float = 0.2) -> None:
+    """Raise Stopped when a stop signal came, or comes within `grace` seconds: a pool broken by
+    one is a stop, not a crash."""
+    global _pending
+    deadline = time.monotonic() + grace
+    while not _stopping and time.monotonic() < deadline:
+        time.sleep(0.01)  # the handler raises Stopped right here when the signal arrives
+    if _stopping:
+        signum, _pending = _pending or signal.SIGTERM, None
+        raise Stopped(signum)
+
+
+def wait_any(futures: Any, timeout: float = 0.25) -> set[Future[Any]]:
+    """The futures done, as soon as one is (concurrent.futures.wait, in short waits, so that a stop
+    signal is handled between them and never while its locks are held)."""
+    while True:
+        with _stops_deferred():
+            done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        if done:
+            return done
 
 
 def default_workers() -> int:
@@ -45,11 +126,10 @@ def mp_context() -> multiprocessing.context.BaseContext:
 
 
 def start_worker(driver: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
-    """Runs first in every worker process. Ctrl-C and SIGTERM are the driver's to handle (it stops
-    the workers itself, so a stop never looks like a crashed worker); and when the driver dies
-    (even by kill -9) the worker exits within a second instead of finishing its job for nobody."""
+    """Runs first in every worker process. Ctrl-C, which a terminal sends to every process, is the
+    driver's to handle (it stops the workers itself); a SIGTERM ends a worker as usual. When the
+    driver dies (even by kill -9) the worker exits within a second instead of working for nobody."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()
     if initializer is not None:
         initializer(*initargs)
@@ -133,12 +213,13 @@ def map_local(
             while next_job < len(jobs) and len(pending) < 2 * workers:
                 pending[pool.submit(function, jobs[next_job])] = next_job
                 next_job += 1
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done = wait_any(pending)
             for future in sorted(done, key=pending.__getitem__):
                 index = pending.pop(future)
                 try:
                     yield index, future.result()
                 except BrokenProcessPool as error:
+                    _stop_if_stopping()  # a stop signal to the whole group ends the workers first
                     raise WorkerDiedError(
                         f"a worker process died while running job {index} ({error}); "
                         "it may have been killed or run out of memory"
@@ -222,8 +303,9 @@ def map_threads(function: Callable[..., Result], jobs: Sequence[Any], workers: i
     with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
         pending = {pool.submit(function, job): index for index, job in enumerate(jobs)}
         try:
-            for future in as_completed(pending):
-                yield pending[future], future.result()
+            while pending:
+                for future in wait_any(pending):
+                    yield pending.pop(future), future.result()
         finally:
             for future in pending:
                 future.cancel()
@@ -246,6 +328,53 @@ def _on_ray_node(function: Callable[[Any], Result], job: Any) -> tuple[str, Resu
     return ray.get_runtime_context().get_node_id(), function(job)
 
 
+def connect_ray(address: str | None = None) -> bool:
+    """Connect to the Ray cluster at `address` (auto, ray://host:port, host:port), or start a local
+    instance; True when this call started the connection (disconnect_ray() ends it). Ray installs
+    its own SIGTERM handler (an abrupt exit): the process's own stop handlers are put back."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    _check_reachable(address)
+    handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = address or "a new local instance"
+        raise ShardkitError(f"cannot connect to the Ray cluster at {where}: {error}") from None
+    finally:
+        for stop_signal, handler in handlers.items():
+            if handler is not None:
+                signal.signal(stop_signal, handler)
+    return True
+
+
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """A cluster address (host:port or ray://host:port) must answer: ray.init waits for minutes on
+    one where nothing listens. 'auto' and None are Ray's to resolve (they fail fast)."""
+    import socket
+
+    if address is None or address == "auto" or address == "local":
+        return
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ShardkitError(f"cannot connect to the Ray cluster at {address}: not host:port or ray://host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise ShardkitError(f"cannot connect to the Ray cluster at {address}: {error.strerror or error}") from None
+
+
+def disconnect_ray() -> None:
+    import ray
+
+    ray.shutdown()
+
+
 def map_ray(
     function: Callable[..., Result],
     jobs: Sequence[Any],
@@ -253,32 +382,25 @@ def map_ray(
     address: str | None = None,
     max_retries: int = 3,
     nodes: dict[int, str] | None = None,
+    cancel: bool = True,
 ) -> Iterator[tuple[int, Result]]:
     """Yield (job index, result) as Ray tasks finish; each job is one task of `function`.
 
-    Connects to `address` (auto, ray://host:port, host:port) or to the Ray instance already
-    initialised in this process, else starts a local one. Tasks are spread across nodes; a task
-    whose worker or node dies is retried by Ray up to `max_retries` times. `nodes`, when given,
-    receives the id of the node that ran each job.
+    Uses the Ray connection this process has (connect_ray), or makes one to `address` for the
+    duration. Tasks are spread across nodes; a task whose worker or node dies is retried by Ray up
+    to `max_retries` times. `nodes`, when given, receives the id of the node that ran each job.
+    Stopped early, it cancels the tasks left, unless `cancel` is False: the caller is about to end
+    the connection, which ends them (cancelling first races replies in flight: a Ray check-failure).
     """
-    import logging
-
     import ray
     from ray.exceptions import RayError, RayTaskError, WorkerCrashedError
 
-    started_here = False
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as error:
-            where = address or "a new local instance"
-            raise ShardkitError(f"cannot connect to the Ray cluster at {where}: {error}") from None
-        started_here = True
+    started_here = connect_ray(address)
     remote = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
     pending = {remote.remote(function, job): index for index, job in enumerate(jobs)}
     try:
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
             for ref in done:
                 index = pending.pop(ref)
                 try:
@@ -296,7 +418,8 @@ def map_ray(
                     nodes[index] = node
                 yield index, result
     finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
         if started_here:
-            ray.shutdown()
+            disconnect_ray()  # ends this job's tasks with it
+        elif cancel:
+            for ref in pending:
+                ray.cancel(ref, force=True)

@@ -7,13 +7,14 @@ Pillow or PyTurboJPEG, with a DCT-domain 1/2, 1/4 or 1/8 reduction when the targ
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
 import re
 import time
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,6 +305,24 @@ def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = 
     return np.asarray(decode_pil(data, scale, max_pixels))
 
 
+def stored_size(data: bytes, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) of a record's image as stored, from its header (nothing decoded), checked
+    against `max_pixels`."""
+    if ext == "npy":
+        match = _NPY_HEADER.search(data[:512])
+        if data[:6] != b"\x93NUMPY" or match is None:
+            raise ImageError("decode", "bad raw pixels: not a uint8 HxWx3 .npy record")
+        size = int(match.group(3)), int(match.group(2))
+    else:
+        try:
+            header = parse_bytes(data)
+        except HeaderError as error:
+            raise ImageError("decode", str(error)) from None
+        size = header.width, header.height
+    _refuse_over(size, max_pixels)
+    return size
+
+
 def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
     if size[0] * size[1] > max_pixels:
         raise ImageError(
@@ -311,20 +330,45 @@ def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
         )
 
 
+# Records are decoded only as the formats shardkit handles: Pillow's other plugins (EPS runs
+# Ghostscript, DDS raises NotImplementedError) are not an attack surface readers need.
+RECORD_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
+
+
+def open_record(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """A record's image, opened lazily (header read, nothing decoded) and checked against
+    `max_pixels`; callers decode it inside `pillow_errors()`."""
+    with pillow_errors():
+        image = Image.open(io.BytesIO(data), formats=RECORD_FORMATS)
+    _refuse_over(image.size, max_pixels)
+    return image
+
+
+@contextlib.contextmanager
+def pillow_errors() -> Iterator[None]:
+    """Pillow's plugins raise many exception types for a hostile file (ValueError, SyntaxError,
+    struct.error, NotImplementedError...): each is ImageError("decode") here; our own pass through."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+        try:
+            yield
+        except ImageError:
+            raise
+        except Exception as error:
+            raise ImageError(
+                "decode", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            ) from None
+
+
 def decode_pil(data: bytes, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
-            image = Image.open(io.BytesIO(data))
-            _refuse_over(image.size, max_pixels)  # read from the header; nothing is decoded yet
-            factor = _scale_factor(scale)
-            if factor is not None and image.format == "JPEG":
-                num, den = factor
-                image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
-            image.load()
+    image = open_record(data, max_pixels)
+    with pillow_errors():
+        factor = _scale_factor(scale)
+        if factor is not None and image.format == "JPEG":
+            num, den = factor
+            image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
+        image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise ImageError("decode", str(error) or type(error).__name__) from None
 
 
 _NPY_HEADER = re.compile(

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,15 +113,11 @@ def _shard(row: Any, where: str) -> ShardInfo:
 
 MAX_SHARD_RECORDS = 2**40  # far above any real shard; bounds what a hostile manifest can claim
 MAX_SHARD_BYTES = 2**50
-MAX_MANIFEST_BYTES = 1 << 30  # ~5 M shards; a bigger manifest.json is refused unread
-MAX_ERRORS_BYTES = 4 << 30
+# ~100,000 shards (100 M images at 1,000 a shard); a bigger manifest.json is refused unread. Parsed
+# JSON takes up to ~50x its text in memory: this bounds what a hostile manifest can cost.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_ERROR_LINE = 1 << 20  # one errors.jsonl row; the file itself is streamed
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _total(value: Any) -> int:
-    if not _is_int(value):
-        raise ValueError(f"total {value!r} is not an integer")
-    return value
 
 
 def _is_int(value: Any) -> bool:
@@ -187,24 +184,29 @@ ERROR_FIELDS = ("path", "stage", "reason")
 
 def read_errors(folder: str | Path) -> list[dict[str, str]]:
     """The rows of errors.jsonl ({path, stage, reason}, all strings); none when there is no file."""
+    return list(iter_errors(folder))
+
+
+def iter_errors(folder: str | Path) -> Iterator[dict[str, str]]:
+    """The rows of errors.jsonl one at a time (the file is streamed: its size is not bounded, each
+    row is)."""
     path = Path(folder) / ERRORS_NAME
     try:
-        text = read_regular(path, MAX_ERRORS_BYTES).decode("utf-8")
+        fd = open_regular(path)
     except FileNotFoundError:
-        return []
+        return
     except OSError as error:
         raise ManifestError(f"{path}: unreadable ({reason(error)})") from None
-    except ValueError as error:
-        raise ManifestError(f"{path}: unreadable ({error})") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = loads(line)
-        except ValueError as error:
-            raise ManifestError(f"{path}: line {number} is not JSON ({error})") from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
-            raise ManifestError(f"{path}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
-        rows.append(row)
-    return rows
+    with open(fd, "rb") as lines:
+        for number, line in enumerate(iter(lambda: lines.readline(MAX_ERROR_LINE + 1), b""), 1):
+            if len(line) > MAX_ERROR_LINE:
+                raise ManifestError(f"{path}: line {number} is over {MAX_ERROR_LINE:,} bytes")
+            if not line.strip():
+                continue
+            try:
+                row = loads(line)
+            except ValueError as error:
+                raise ManifestError(f"{path}: line {number} is not JSON ({error})") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
+                raise ManifestError(f"{path}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
+            yield row

@@ -13,21 +13,36 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ManifestError, OutputError
-from .manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest
-from .safeio import reason
+from .manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
+from .safeio import load_json_file, reason
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
+CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
+SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
+
+
+def shard_name(index: int, suffix: str) -> str:
+    return f"{SHARD_PREFIX}{index:06d}{suffix}"
+
+
+def is_shard_name(name: str) -> bool:
+    """A name shardkit gives shards (shard-NNNNNN and a format's suffix): the only names a record
+    of the output may make --overwrite delete, besides manifest.json and errors.jsonl."""
+    from .formats import FORMATS
+
+    match = re.fullmatch(r"shard-\d{6,}(\.[a-z0-9]+)", name)
+    return match is not None and any(match.group(1) == backend.suffix for backend in FORMATS.values())
 
 
 def state_dir(output: str | os.PathLike[str]) -> Path:
@@ -151,7 +166,16 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
 def _lock(path: Path, output: Path) -> int:
     """An exclusive lock on `path` (fcntl, so it works on NFS too), or OutputError naming the holder."""
     for _ in range(10):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # O_NOFOLLOW and one link only: a planted link must not make us write into someone's file
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise OutputError(f"{path}: is a link, not shardkit's lock file; move it away") from None
+            raise
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            raise OutputError(f"{path}: is not shardkit's lock file (not a plain file); move it away")
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -181,36 +205,40 @@ def _holder(path: Path) -> str:
 
 
 def ledger(output: Path) -> set[str]:
-    """Names of the entries of `output` that its own records say shardkit wrote."""
+    """Names of the entries of `output` that its own records say shardkit wrote: the shards of a
+    manifest whose checksum holds, those named by done markers or by an --overwrite that was
+    interrupted, manifest.json and errors.jsonl. Every name must be a shard's name: a crafted record
+    cannot make anything else deletable."""
     ours: set[str] = set()
     for name in (MANIFEST_NAME, ERRORS_NAME):
         if (output / name).is_file():
             ours.add(name)  # a pack writes these names anyway
     if (output / MANIFEST_NAME).is_file():
-        # unreadable: its shards cannot be told from anyone else's files
-        with contextlib.suppress(ManifestError):
-            ours.update(shard.name for shard in read_manifest(output).shards)
+        with contextlib.suppress(ManifestError):  # unreadable: its shards cannot be told from others
+            manifest = read_manifest(output)
+            if manifest.checksum == manifest.computed_checksum():
+                ours.update(shard.name for shard in manifest.shards if is_shard_name(shard.name))
     for marker in (state_dir(output) / "done").glob("*.json"):
-        try:
-            name = json.loads(marker.read_text(encoding="utf-8"))["shard"]["name"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if name == marker.name[: -len(".json")]:
-            ours.add(name)
-    ours.update(
-        entry.name
-        for entry in os.scandir(output)
-        if entry.name.startswith(_OLD_TEMP_PREFIXES) and entry.name.endswith(".tmp")
-    )
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            name = load_json_file(marker)["shard"]["name"]
+            if name == marker.name[: -len(".json")] and is_shard_name(name):
+                ours.add(name)
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        clearing = load_json_file(state_dir(output) / CLEARING_NAME)
+        ours.update(name for name in clearing if isinstance(name, str) and (is_shard_name(name) or name in (
+            MANIFEST_NAME, ERRORS_NAME)))  # fmt: skip
+    ours.update(entry.name for entry in os.scandir(output) if _old_temp_file(entry.name))
     # Only regular files are what shardkit writes: a folder or link under a shard's name is not ours.
     return {name for name in ours if os.path.lexists(output / name) and stat.S_ISREG(os.lstat(output / name).st_mode)}
 
 
 def clear(held: Claim) -> None:
-    """--overwrite: delete what the ledger names (the manifest first, so the folder never looks
-    complete while its shards go) and the working state; keep the lock."""
+    """--overwrite: delete what the ledger names and the working state; keep the lock. The list is
+    written first, so an --overwrite killed half way still knows what it was deleting; the manifest
+    goes first, so the folder never looks complete while its shards go."""
     order = sorted(held.ours, key=lambda name: (name != MANIFEST_NAME, name))
     try:
+        write_json_atomic(state_dir(held.output) / CLEARING_NAME, order)
         for name in order:
             (held.output / name).unlink(missing_ok=True)
         remove_state(held.output, keep_lock=True)
@@ -244,6 +272,7 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
             if path.is_file() and not path.is_symlink():
                 path.unlink(missing_ok=True)
     (state / STATE_NAME).unlink(missing_ok=True)
+    (state / CLEARING_NAME).unlink(missing_ok=True)
     if not keep_lock:
         (state / LOCK_NAME).unlink(missing_ok=True)
     if keep_lock:  # the folder stays in use

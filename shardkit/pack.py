@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from . import __version__
 from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
 from .discover import Item, Source, discover, display
 from .errors import ImageError, ManifestError, OutputError
-from .executors import check_ray, default_workers, map_local, map_ray, mp_context
+from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from .formats import Record, ShardWriter, get_format
 from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from .imaging import STAGES, check_pixels, process_image, record_too_big
@@ -41,7 +41,6 @@ from .output import (
     STATE_NAME,
     claim,
     clear,
-    precheck,
     refuse_overlap,
     refuse_sources_inside,
     remove_old_temp_files,
@@ -51,7 +50,7 @@ from .output import (
     temp_dir,
 )
 from .plan import ShardSpec, done_path, fingerprint, plan_shards, reusable
-from .safeio import open_regular, reason
+from .safeio import load_json_file, open_regular, reason
 
 
 @dataclass(frozen=True)
@@ -295,51 +294,64 @@ def pack(
     """
     started = time.perf_counter()
     backend = get_format(config.format)
-    if config.executor == "ray":
-        check_ray()
     refuse_overlap(config.source, config.output)
-    precheck(config.output)
-    source = discover(config.source, labels=config.labels)
-    if source.layout == "list":
-        refuse_sources_inside([item.path for item in source.items], config.output)
-    held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
-    output = held.output
-    try:
-        config = resolve_resize(config, source, resize_auto, train_size)
-        specs = plan_shards(
-            source.items,
-            suffix=backend.suffix,
-            shard_size=config.shard_size,
-            shard_bytes=config.shard_bytes,
-            shuffle=config.shuffle,
-            seed=config.seed,
-        )
-        settings = settings_of(config)
-        plan_hash = fingerprint(settings, specs)
-        if config.resume:
-            finished = _finished_output(output, plan_hash)
-            if finished is not None:
-                held.release(undo=True)  # as it was found: nothing to do
-                return _already_complete(finished, config, started)
-            _check_resume(output, plan_hash)
-        if config.overwrite:
-            clear(held)
-        with _writing(output, "its state"):
-            write_json_atomic(state_dir(output) / STATE_NAME, {"plan": plan_hash, "created_by": _CREATED_BY})
-    except BaseException:
-        held.release(undo=True)
-        raise
-    try:
-        remove_temp_shards(output)  # half shards of workers killed in an earlier run
-        remove_old_temp_files(output)
-        result = _write_all(config, source, specs, settings, plan_hash, output, progress)
-    except BaseException:
-        remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
-        raise
-    finally:
-        held.release(undo=False)
+    with _ray_session(config):  # connected before anything is written or deleted
+        held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
+        output = held.output
+        try:
+            source = discover(config.source, labels=config.labels)
+            if source.layout == "list":
+                refuse_sources_inside([item.path for item in source.items], config.output)
+            config = resolve_resize(config, source, resize_auto, train_size)
+            specs = plan_shards(
+                source.items,
+                suffix=backend.suffix,
+                shard_size=config.shard_size,
+                shard_bytes=config.shard_bytes,
+                shuffle=config.shuffle,
+                seed=config.seed,
+            )
+            settings = settings_of(config)
+            plan_hash = fingerprint(settings, specs)
+            finished = _resumable(output, plan_hash) if config.resume else None
+            if config.overwrite:
+                clear(held)
+            if finished is None:
+                with _writing(output, "its state"):
+                    write_json_atomic(state_dir(output) / STATE_NAME, {"plan": plan_hash, "created_by": _CREATED_BY})
+        except BaseException:
+            held.release(undo=True)
+            raise
+        if finished is not None:
+            held.release(undo=True)  # as it was found: nothing to do
+            return _already_complete(finished, config, started)
+        try:
+            remove_temp_shards(output)  # half shards of workers killed in an earlier run
+            remove_old_temp_files(output)
+            result = _write_all(config, source, specs, settings, plan_hash, output, progress)
+        except BaseException:
+            remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
+            raise
+        finally:
+            held.release(undo=False)
     result.seconds = time.perf_counter() - started
     return result
+
+
+@contextlib.contextmanager
+def _ray_session(config: PackConfig) -> Iterator[None]:
+    """With --executor ray, the connection to the cluster, made first: a cluster that cannot be
+    reached must be refused before --overwrite deletes anything."""
+    if config.executor != "ray":
+        yield
+        return
+    check_ray()
+    started = connect_ray(config.ray_address)
+    try:
+        yield
+    finally:
+        if started:
+            disconnect_ray()
 
 
 _CREATED_BY = f"shardkit {__version__}"
@@ -418,25 +430,22 @@ def _write_all(
     )
 
 
-def _check_resume(output: Path, plan_hash: str) -> None:
-    """An interrupted run may be resumed only with the same settings and inputs."""
+def _resumable(output: Path, plan_hash: str) -> Manifest | None:
+    """What --resume finds: an interrupted run of the same plan (None: carry on), the same pack
+    finished with every shard intact (its manifest: nothing to do), or else a refusal. A folder
+    with neither state nor manifest was stopped before it began: there is nothing to reuse."""
     state_file = state_dir(output) / STATE_NAME
-    if not state_file.exists():
-        return  # stopped before it began: nothing to reuse
-    try:
-        previous = json.loads(state_file.read_text(encoding="utf-8")).get("plan")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        previous = None
-    if previous != plan_hash:
-        raise OutputError(
-            f"{output}: was started with other settings or inputs; resume with the same flags, or use --overwrite"
-        )
-
-
-def _finished_output(output: Path, plan_hash: str) -> Manifest | None:
-    """The manifest of a pack that completed in `output`, when --resume finds one: it must be the
-    same plan (settings and inputs) with every shard intact, else the resume is refused."""
-    if (state_dir(output) / STATE_NAME).exists() or not (output / MANIFEST_NAME).exists():
+    if os.path.lexists(state_file):
+        try:
+            previous = load_json_file(state_file).get("plan")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+        if previous != plan_hash:
+            raise OutputError(
+                f"{output}: was started with other settings or inputs; resume with the same flags, or use --overwrite"
+            )
+        return None
+    if not (output / MANIFEST_NAME).exists():
         return None
     try:
         manifest = read_manifest(output)
@@ -500,7 +509,8 @@ def _run_jobs(
         if progress is not None:
             progress(done, total, errors)
         nodes: dict[int, str] = {}
-        for index, result in map_ray(write_shard, jobs, address=config.ray_address, nodes=nodes):
+        # connected by pack(), whose disconnection ends the tasks of a stopped run
+        for index, result in map_ray(write_shard, jobs, nodes=nodes, cancel=False):
             result.worker = nodes[index]
             done += len(jobs[index].spec.items)
             errors += len(result.errors)

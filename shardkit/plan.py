@@ -14,9 +14,8 @@ import numpy as np
 
 from .discover import Item
 from .manifest import ShardInfo, sha256_file
-from .output import state_dir
-
-SHARD_PREFIX = "shard-"
+from .output import shard_name, state_dir
+from .safeio import load_json_file
 
 
 @dataclass(frozen=True)
@@ -24,10 +23,6 @@ class ShardSpec:
     index: int
     name: str
     items: tuple[Item, ...]
-
-
-def shard_name(index: int, suffix: str) -> str:
-    return f"{SHARD_PREFIX}{index:06d}{suffix}"
 
 
 def plan_shards(
@@ -98,12 +93,12 @@ def reusable(output: str | Path, spec: ShardSpec, plan_hash: str) -> dict[str, A
     marker = done_path(output, spec)
     shard = Path(output) / spec.name
     try:
-        result = json.loads(marker.read_text(encoding="utf-8"))
+        result = load_json_file(marker)
         info = ShardInfo(**result["shard"])
         if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
             return None
         if sha256_file(shard) != info.sha256:
             return None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     return result

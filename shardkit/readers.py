@@ -127,7 +127,7 @@ class ShardDataset:
                     self._check_count(shard)
                     keys = reader.keys()
                 except ShardFormatError as error:
-                    raise ShardReadError(f"{self.manifest.shards[shard].name}: {error}") from None
+                    raise ShardReadError(str(error)) from None  # it names the shard's path
                 index.update((key, (shard, local)) for local, key in enumerate(keys))
             self._key_index = index
         shard, local = self._key_index[key]
@@ -138,7 +138,8 @@ class ShardDataset:
         if shard not in self._counted:
             held, listed = len(self._readers[shard]), self.manifest.shards[shard].count
             if held != listed:
-                raise ShardFormatError(f"holds {held:,} records, the manifest says {listed:,}")
+                where = self.folder / self.manifest.shards[shard].name
+                raise ShardFormatError(f"{where}: holds {held:,} records, the manifest says {listed:,}")
             self._counted.add(shard)
 
     def _sample(self, shard: int, read: Callable[[ShardReader], Record], what: str) -> Any:
@@ -148,7 +149,7 @@ class ShardDataset:
             record = read(self._readers[shard])
             return self._finish(record, name)
         except ShardFormatError as error:
-            raise ShardReadError(f"{name}: record {what}: {error}") from None
+            raise ShardReadError(f"{error} (reading record {what})") from None
 
     def _finish(self, record: Record, shard_name: str) -> Any:
         try:
@@ -204,15 +205,25 @@ class ShardDataset:
         )
 
     def __iter__(self) -> Iterator[Any]:
-        samples = self._planned(self.epoch_plan())
+        for shard, record in self.epoch_records():
+            try:
+                yield self._finish(record, self.manifest.shards[shard].name)
+            except ShardReadError:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+
+    def epoch_records(self) -> Iterator[tuple[int, Record]]:
+        """(shard, record) for this rank and DataLoader worker this epoch, undecoded: the runs of
+        `epoch_plan()`, through the seeded shuffle buffer when shuffling (records, not decoded
+        images, wait in it). What iteration decodes and the batch loader crop-decodes."""
+        records = (
+            (shard, record) for shard, start, stop in self.epoch_plan() for record in self._range(shard, start, stop)
+        )
         if self.shuffle:
             rank, _ = _rank_and_world(self.rank, self.world_size)
-            samples = _buffer_shuffle(samples, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
-        yield from samples
-
-    def _planned(self, plan: list[tuple[int, int, int]]) -> Iterator[Any]:
-        for shard, start, stop in plan:
-            yield from self.shard_samples(shard, start, stop)
+            records = _buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
+        return records
 
     def records(self, shard: int) -> Iterator[Record]:
         """The stored records of one shard, in order and undecoded."""
@@ -220,7 +231,19 @@ class ShardDataset:
 
     def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
-        name, count = self.manifest.shards[shard].name, self.manifest.shards[shard].count
+        name = self.manifest.shards[shard].name
+        for record in self._range(shard, start, stop):
+            try:
+                yield self._finish(record, name)
+            except ShardReadError:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+
+    def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """The records [start, stop) of one shard, checked against the manifest's count; a damaged
+        shard raises ShardReadError, or with on_error="skip" ends the run (counted in `skipped`)."""
+        where, count = self.folder / self.manifest.shards[shard].name, self.manifest.shards[shard].count
         stop = count if stop is None else stop
         wanted = stop - start
         read = 0
@@ -229,18 +252,13 @@ class ShardDataset:
             for record in self._readers[shard].read_range(start, stop + 1 if stop == count else stop):
                 read += 1
                 if read > wanted:
-                    raise ShardFormatError(f"holds more than the {count:,} records the manifest says")
-                try:
-                    yield self._finish(record, name)
-                except ShardReadError:
-                    if self.on_error == "raise":
-                        raise
-                    self.skipped += 1
+                    raise ShardFormatError(f"{where}: holds more than the {count:,} records the manifest says")
+                yield record
             if read < wanted:  # the manifest promised more: never end an epoch short in silence
-                raise ShardFormatError(f"ends after {start + read:,} records, the manifest says {count:,}")
+                raise ShardFormatError(f"{where}: ends after {start + read:,} records, the manifest says {count:,}")
         except ShardFormatError as error:
             if self.on_error == "raise":
-                raise ShardReadError(f"{name}: {error}") from None
+                raise ShardReadError(str(error)) from None
             self.skipped += 1
 
     def iterable(self) -> Any:

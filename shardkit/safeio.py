@@ -84,6 +84,12 @@ def reason(error: OSError) -> str:
     return error.strerror or str(error) or type(error).__name__
 
 
+def load_json_file(path: str | os.PathLike[str], limit: int = 64 << 20) -> Any:
+    """A small JSON file (a state file, a marker): a regular file of at most `limit` bytes, parsed
+    without recursion errors. OSError or ValueError otherwise (a FIFO planted there is refused)."""
+    return loads(read_regular(path, limit))
+
+
 def loads(text: str | bytes) -> Any:
     """json.loads for untrusted text: a deeply nested document raises ValueError, not RecursionError."""
     try:

@@ -10,17 +10,17 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .config import DEFAULT_MAX_PIXELS
-from .discover import discover, display
+from .discover import Source, discover, display
 from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
 from .executors import default_workers, map_local_surviving_crashes
 from .formats import get_format
 from .imaging import decode
-from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, read_errors, read_manifest, sha256_file
+from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
 from .safeio import check_regular, reason
 
 
@@ -154,6 +154,7 @@ def verify(
         raise ConfigError(f"workers must be at least 1, not {workers}")
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
+    found = discover(source) if source is not None else None  # a bad source is refused before the work
     started = time.perf_counter()
     root = Path(folder)
     if root.name == MANIFEST_NAME and root.is_file():
@@ -195,8 +196,8 @@ def verify(
     for key, times in keys.items():
         if times > 1:
             report.problems.append(Problem("duplicate-key", f"key stored {times} times", key=key))
-    if source is not None:
-        _check_source(root, source, sources, report)
+    if found is not None:
+        _check_source(root, found, sources, report)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -207,14 +208,14 @@ def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> Non
     if len({s.name for s in manifest.shards}) != len(manifest.shards):
         report.problems.append(Problem("manifest", "a shard is listed twice"))
     totals = manifest.totals
-    errors = _errors_or_problem(root, report)
+    errors = sum(1 for _ in _error_rows(root, report))
     if totals.get("records") != manifest.records:
         report.problems.append(
             Problem("manifest", f"totals say {totals.get('records')} records, shards hold {manifest.records}")
         )
-    if totals.get("errors") != len(errors):
+    if totals.get("errors") != errors:
         report.problems.append(
-            Problem("manifest", f"totals say {totals.get('errors')} errors, {ERRORS_NAME} has {len(errors)}")
+            Problem("manifest", f"totals say {totals.get('errors')} errors, {ERRORS_NAME} has {errors}")
         )
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
@@ -224,19 +225,18 @@ def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> Non
             report.problems.append(Problem("stray", "not listed in the manifest", entry.name))
 
 
-def _errors_or_problem(root: Path, report: VerifyReport | None) -> list[dict]:
+def _error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, str]]:
+    """errors.jsonl's rows, streamed; a damaged log ends them with an errors-log problem."""
     try:
-        return read_errors(root)
+        yield from iter_errors(root)
     except ShardFormatError as error:
         if report is not None:
             report.problems.append(Problem("errors-log", str(error)))
-        return []
 
 
-def _check_source(root: Path, source: str | os.PathLike[str], packed: list[str], report: VerifyReport) -> None:
-    found = discover(source)
+def _check_source(root: Path, found: Source, packed: list[str], report: VerifyReport) -> None:
     expected = {display(item.relpath) for item in found.items} | {display(s.relpath) for s in found.skipped}
-    accounted = Counter(packed) + Counter(str(row.get("path")) for row in _errors_or_problem(root, None))
+    accounted = Counter(packed) + Counter(row["path"] for row in _error_rows(root, None))
     for path in sorted(expected - set(accounted)):
         report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
     for path in sorted(set(accounted) - expected):

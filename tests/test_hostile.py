@@ -510,3 +510,70 @@ def test_written_shards_pass_their_own_reader_checks(sample_dataset: Path, tmp_p
     pack(PackConfig(str(sample_dataset), str(out), format=name, resize=ResizeConfig(48), workers=1))
     assert verify(out, deep=True).ok
     assert len(list(open_shards(out))) == read_manifest(out).records
+
+
+def test_hdf5_records_the_file_does_not_store_are_refused(tmp_path: Path) -> None:
+    """Chunks never written read back as zeros: a small file could claim terabytes of records."""
+    import h5py
+
+    folder = output_with(tmp_path, "hdf5")
+    path = folder / "shard-000000.h5"
+    with h5py.File(path, "a") as h5:
+        n = len(h5["offsets"]) - 1
+        del h5["data"], h5["offsets"]
+        h5.create_dataset("data", shape=(n * (200 << 20),), maxshape=(None,), dtype="u1", chunks=(1 << 20,))
+        h5.create_dataset("offsets", data=np.arange(n + 1, dtype=np.int64) * (200 << 20))
+    seal(folder, "hdf5", {"shard-000000.h5": 6})
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(ShardFormatError, match="the file stores"):
+        len(get_format("hdf5").reader(str(path)))
+    assert only_shardkit_errors(folder) == {"unreadable"}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"DDS "
+        + (124).to_bytes(4, "little")
+        + bytes(72)
+        + (32).to_bytes(4, "little")
+        + (0x10000).to_bytes(4, "little")
+        + bytes(48),  # a DDS header with unknown pixel format flags: Pillow raised NotImplementedError
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n",  # EPS: Pillow would run Ghostscript
+        b"\x89PNG\r\n\x1a\n" + bytes(40),
+    ],
+)
+@pytest.mark.parametrize("ext", ["png", "dds", "jpg"])
+def test_records_pillow_would_open_with_other_plugins_are_refused(tmp_path: Path, payload: bytes, ext: str) -> None:
+    folder = output_with(tmp_path, "webdataset", [Record("r0", payload, ext, 0, {})])
+    for decode in ("rgb", "pil"):
+        with pytest.raises(ShardReadError, match="cannot decode"):
+            open_shards(folder, decode=decode)[0]
+    assert only_shardkit_errors(folder) == {"decode"}
+
+
+def test_a_manifest_over_the_size_limit_is_refused_unread(tmp_path: Path) -> None:
+    from shardkit.manifest import MAX_MANIFEST_BYTES
+
+    folder = output_with(tmp_path, "webdataset")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["settings"]["padding"] = [{}] * (MAX_MANIFEST_BYTES // 3)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="over the limit"):
+        open_shards(folder)
+
+
+def test_bench_against_a_folder_refuses_record_paths_outside_it(python_command, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    write_image(source / "a.jpg", 40, 30)
+    (tmp_path / "secret.jpg").write_bytes(jpeg())
+    os.mkfifo(source / "fifo.jpg")
+    for crafted in ("../secret.jpg", str(tmp_path / "secret.jpg"), "fifo.jpg"):
+        folder = tmp_path / f"out{len(crafted)}"
+        folder.mkdir()
+        write_shard(folder / "shard-000000.tar", "webdataset", [Record("r0", jpeg(), "jpg", 0, {"source": crafted})])
+        seal(folder, "webdataset", {"shard-000000.tar": 1})
+        run = subprocess.run([*python_command, "bench", str(folder), "--against", str(source), "--repeat", "1"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        assert "not a path inside" in run.stderr or "not a regular file" in run.stderr, run.stderr

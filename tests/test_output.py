@@ -3,6 +3,7 @@ never overlap, one pack at a time, and resume trusts exactly what it says it tru
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,9 +93,13 @@ def test_a_list_source_naming_files_in_the_output_is_refused(tmp_path: Path) -> 
     write_image(tmp_path / "b.jpg", 40, 30)
     listing = tmp_path / "list.txt"
     listing.write_text("b.jpg\nout/a.jpg\n")
-    with pytest.raises(OutputError, match="holds the source file"):
+    with pytest.raises(OutputError, match=r"did not write|holds the source file"):
         pack(config(listing, out, overwrite=True))
     assert (out / "a.jpg").exists()
+    listing.write_text("b.jpg\nnew/c.jpg\n")  # a listed file under an output that is still empty
+    with pytest.raises(OutputError, match="holds the source file"):
+        pack(config(listing, tmp_path / "new"))
+    assert not (tmp_path / "new").exists()
 
 
 def test_resume_of_a_finished_pack_with_other_flags_is_refused(sample_dataset: Path, tmp_path: Path) -> None:
@@ -224,3 +229,68 @@ def test_a_second_pack_on_the_same_output_is_refused(python_command, sample_data
             break
     assert third.returncode == 0, third.stderr
     assert not (out / ".shardkit").exists()
+
+
+def test_a_planted_lock_link_never_writes_into_its_target(sample_dataset: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my precious data")
+    for make in (os.symlink, os.link):
+        out = tmp_path / f"out-{make.__name__}"
+        (out / ".shardkit").mkdir(parents=True)
+        make(precious, out / ".shardkit" / "lock")
+        with pytest.raises(OutputError, match="lock file"):
+            pack(config(sample_dataset, out, overwrite=True))
+        assert precious.read_text() == "my precious data"
+
+
+@pytest.mark.parametrize("record", ["manifest", "sealed manifest", "done marker", "clearing list"])
+def test_crafted_records_cannot_make_other_files_deletable(sample_dataset: Path, tmp_path: Path, record: str) -> None:
+    """The ledger names only shard-shaped files, from a manifest whose checksum holds."""
+    from shardkit.manifest import Manifest, ShardInfo, write_json_atomic
+
+    out = tmp_path / "out"
+    (out / ".shardkit" / "done").mkdir(parents=True)
+    (out / "thesis.docx").write_text("years of work")
+    victim = ShardInfo("thesis.docx", 1, 13, "0" * 64)
+    if record.endswith("manifest"):
+        manifest = Manifest("webdataset", [victim], totals={"inputs": 1, "records": 1, "errors": 0})
+        write_json_atomic(
+            out / "manifest.json", (manifest.sealed() if record.startswith("sealed") else manifest).to_json()
+        )
+    elif record == "done marker":
+        (out / ".shardkit" / "done" / "thesis.docx.json").write_text(json.dumps({"shard": {"name": "thesis.docx"}}))
+    else:
+        (out / ".shardkit" / "clearing.json").write_text(json.dumps(["thesis.docx"]))
+    with pytest.raises(OutputError, match=r"thesis\.docx"):
+        pack(config(sample_dataset, out, overwrite=True))
+    assert (out / "thesis.docx").read_text() == "years of work"
+
+
+@pytest.mark.parametrize("what", ["done/shard-000000.tar.json", "state.json"])
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_special_files_in_the_working_folder_never_hang(python_command, sample_dataset, tmp_path, what, kind):
+    out = tmp_path / "out"
+    target = out / ".shardkit" / what
+    target.parent.mkdir(parents=True)
+    os.mkfifo(target) if kind == "fifo" else os.symlink("/dev/zero", target)
+    for flag in ("--resume", "--overwrite"):
+        run = subprocess.run([*python_command, "pack", str(sample_dataset), str(out), "--resize", "32", flag],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "Traceback" not in run.stderr and run.returncode in (0, 1), run.stderr
+        if run.returncode == 0:
+            break
+
+
+def test_an_overwrite_killed_while_clearing_can_be_finished(sample_dataset: Path, tmp_path: Path) -> None:
+    """Killed after the manifest was deleted: the list written before clearing still names the
+    shards left, so a second --overwrite (or a --resume) is not refused."""
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    pack(config(sample_dataset, clean, shard_size=32))
+    pack(config(sample_dataset, out))
+    names = sorted(p.name for p in out.iterdir())
+    (out / ".shardkit").mkdir()
+    (out / ".shardkit" / "clearing.json").write_text(json.dumps(names))
+    (out / "manifest.json").unlink()  # where the kill struck
+    (out / "shard-000000.tar").unlink()
+    pack(config(sample_dataset, out, shard_size=32, overwrite=True))
+    assert snapshot(out) == snapshot(clean)

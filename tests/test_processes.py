@@ -141,3 +141,22 @@ def test_verify_stops_its_checkers_on_sigterm(python_command, clean_run: Path) -
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 143 and "Traceback" not in stderr
     assert wait_for_group(process.pid, 5) == []
+
+
+@pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
+def test_a_second_stop_signal_exits_at_once(python_command, slow_source: Path, clean_run: Path, tmp_path, second):
+    """Ctrl-C pressed twice (or a SIGTERM after it): never a hang or a traceback; the second one
+    exits at once, the workers follow, and --resume finishes the pack."""
+    for attempt in range(4):  # the second signal lands at a different point of the clean-up each time
+        out = tmp_path / f"out{attempt}"
+        process = start_and_wait_for_a_shard(pack_command(python_command, slow_source, out), out)
+        os.killpg(process.pid, signal.SIGINT)
+        time.sleep(0.002 * attempt)
+        os.killpg(process.pid, getattr(signal, second))
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode in (130, 128 + getattr(signal, second)), stderr
+        assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+        assert wait_for_group(process.pid, 5) == []
+    resumed = subprocess.run(pack_command(python_command, slow_source, out, "--resume"), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert shard_hashes(out) == shard_hashes(clean_run)

@@ -61,3 +61,45 @@ def test_a_worker_that_cannot_see_the_output_fails_fast_with_the_reason(local_ra
     job = ShardJob(spec, "/nonexistent/shared/out", "webdataset", ResizeConfig(64), EncodeConfig(), "plan")
     with pytest.raises(OutputError, match="storage that every node shares"):
         list(map_ray(write_shard, [job]))
+
+
+def test_an_unreachable_cluster_is_refused_before_overwrite_deletes_anything(python_command, sample_dataset, tmp_path):
+    import subprocess
+
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(32)))
+    before = sorted(p.name for p in out.iterdir())
+    run = subprocess.run(
+        [*python_command, "pack", str(sample_dataset), str(out), "--resize", "32", "--overwrite",
+         "--executor", "ray", "--ray-address", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1 and "cannot connect to the Ray cluster at 127.0.0.1:1" in run.stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_sigterm_stops_a_ray_pack_like_a_local_one(python_command, tmp_path) -> None:
+    """Ray installs its own SIGTERM handler (an abrupt exit 15): shardkit's must stay in place."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from shardkit.synthetic import write_image
+
+    source = tmp_path / "src"
+    for i in range(60):
+        write_image(source / f"{i:02d}.jpg", 900, 700, seed=i)
+    out = tmp_path / "out"
+    env = {**os.environ, **__import__("tests.ray_helpers", fromlist=["LOOPBACK_ENV"]).LOOPBACK_ENV}
+    process = subprocess.Popen(
+        [*python_command, "pack", str(source), str(out), "--resize", "none", "--shard-size", "2", "--executor", "ray"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out.exists() and list(out.glob("shard-*.tar"))):
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr[-2000:]
+    assert "stopped by SIGTERM" in stderr and "--resume" in stderr and "Traceback" not in stderr

@@ -17,45 +17,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..config import load_preset
 from ..errors import ConfigError, ShardkitError
+from ..executors import Stopped, arm_stops, disarm_stops
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
-# SIGTERM is what SLURM, Kubernetes and systemd send; SIGHUP comes when the terminal goes away.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Stopped(KeyboardInterrupt):
-    """A stop signal, raised where the main thread is, so that it unwinds like Ctrl-C does."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _stop(signum: int, frame: object) -> None:
-    for stop_signal in STOP_SIGNALS:  # a second signal must not cut the clean-up short
-        signal.signal(stop_signal, signal.SIG_IGN)
-    raise Stopped(signum)
 
 
 @contextlib.contextmanager
 def user_errors(on_stop: str = "") -> Iterator[None]:
     """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
     129, the same way (workers stopped, no traceback); `on_stop` says how to carry on."""
-    previous = {stop_signal: signal.signal(stop_signal, _stop) for stop_signal in STOP_SIGNALS}
+    previous = arm_stops()
     try:
         yield
     except ShardkitError as error:
         err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt as stop:
-        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+    except KeyboardInterrupt as stopped:
+        signum = stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
         raise typer.Exit(128 + signum) from None
     finally:
-        for stop_signal, handler in previous.items():
-            signal.signal(stop_signal, handler)
+        disarm_stops(previous)
 
 
 def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:

@@ -180,6 +180,9 @@ class Hdf5ShardReader:
         if n < 0 or n > os.path.getsize(self.path) or data.ndim != 1 or data.dtype != np.uint8:
             raise ShardFormatError(f"{self.path}: implausible record count {n}")
         offsets = h5["offsets"][:]
+        if offsets.dtype.kind == "u" and offsets.size and int(offsets.max()) >= 2**63:
+            raise ShardFormatError(f"{self.path}: offsets past any file")
+        offsets = offsets.astype(np.int64)  # unsigned offsets would wrap instead of going negative
         keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
         exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
         labels = h5["labels"][:n]
@@ -190,6 +193,7 @@ class Hdf5ShardReader:
             raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
         if labels.dtype.kind not in "iu" or labels.ndim != 1 or offsets.ndim != 1:
             raise ShardFormatError(f"{self.path}: labels are not integers")
+        _check_stored(data, int(offsets[-1]) if n else 0, self.path)
         self._by_key = {key: i for i, key in enumerate(keys)}
         self._chunks = _chunk_table(data, os.path.getsize(self.path))
         if self._chunks is None and (data.chunks or (0,))[0] > _MAX_H5PY_CHUNK:
@@ -306,6 +310,16 @@ class Hdf5ShardReader:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None, "_pid": 0, "_fd": None, "_fd_pid": 0}
+
+
+def _check_stored(data: Any, used: int, path: str) -> None:
+    """The records' bytes must be stored in the file: chunks never written read back as zeros, so a
+    tiny file could otherwise claim terabytes of records. Compressed data may be up to 64x larger
+    than what it takes in the file (JPEG bytes compress far less)."""
+    stored = data.id.get_storage_size()
+    filtered = data.chunks is not None and data.id.get_create_plist().get_nfilters() != 0
+    if used > (64 * stored + (1 << 20) if filtered else stored):
+        raise ShardFormatError(f"{path}: records claim {used:,} bytes, the file stores {stored:,}")
 
 
 def _check_index_datasets(h5: Any, path: str) -> None:
