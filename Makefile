@@ -18,10 +18,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 
-# torch from PyPI can be a multi-GB CUDA build; TORCH_SPEC lets a machine pick its wheel.
-TORCH_SPEC ?= torch==2.13.0
+# torch from PyPI can be a multi-GB CUDA build; TORCH_SPEC lets a machine pick its wheels (the
+# loader's benchmarks and tests compare with torchvision, whose release must match torch's).
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 venv: $(PY)
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(if $(findstring torch,$(EXTRAS)),"$(TORCH_SPEC)")
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(if $(findstring torch,$(EXTRAS)),$(TORCH_SPEC))
 
 # Last on purpose: anything installed after stock Pillow would otherwise put it back.
 pillow-simd: venv

@@ -1,11 +1,15 @@
-"""Only the optional C extension lives here; all other metadata is in pyproject.toml."""
+"""Only the optional C extensions live here; all other metadata is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
-# optional=True: without a C compiler the install still succeeds and probe uses the pure-Python
-# parser (slower; `shardkit doctor` says so).
+# optional=True: without a C compiler (or, for _crop, without libjpeg's headers: apt-get install
+# libjpeg-dev) the install still succeeds and shardkit uses its pure-Python paths, with the same
+# results, slower; `shardkit doctor` says which.
 setup(
     ext_modules=[
-        Extension("shardkit._scan", ["shardkit/_scan.c"], optional=True, extra_compile_args=["-O2"])
+        Extension("shardkit._scan", ["shardkit/_scan.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension(
+            "shardkit._crop", ["shardkit/_crop.c"], libraries=["jpeg"], optional=True, extra_compile_args=["-O3"]
+        ),
     ]
 )

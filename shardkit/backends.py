@@ -54,6 +54,23 @@ def header_scanner() -> Any | None:
         return None
 
 
+@functools.cache
+def crop_kernel() -> Any | None:
+    """The compiled crop-decode kernel of the batch loader (shardkit._crop), or None when it was not
+    built (no compiler or no libjpeg headers at install: the loader then goes through Pillow).
+
+    Set SHARDKIT_NO_CROP_KERNEL=1 to force the Pillow path (for comparisons and tests).
+    """
+    if os.environ.get("SHARDKIT_NO_CROP_KERNEL"):
+        return None
+    try:
+        from . import _crop  # type: ignore[attr-defined]
+
+        return _crop
+    except ImportError:
+        return None
+
+
 def pil_build() -> dict[str, Any]:
     import PIL
     from PIL import features

@@ -241,8 +241,48 @@ def _paired_overhead(folder: str, blobs: list[list[tuple[bytes, str]]], rounds: 
     return overheads
 
 
+def _folder_torchvision(job: tuple[list[str], int]) -> tuple[int, int]:
+    """What a training loop on the raw folder does per image: ImageFolder's PIL loader, then
+    torchvision v2's RandomResizedCrop and horizontal flip on the PIL image, to a uint8 tensor."""
+    from torchvision.transforms import v2
+
+    paths, size = job
+    transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    count = size_bytes = 0
+    for path in paths:
+        with _source(path) as file:
+            try:
+                from PIL import Image
+
+                transform(Image.open(file).convert("RGB"))
+            except Exception as error:  # Pillow's plugins raise their own types for a bad file
+                raise ShardkitError(f"{path}: cannot decode ({type(error).__name__}: {error})") from None
+            size_bytes += file.tell()
+        count += 1
+    return count, size_bytes
+
+
+def _train_loader(job: tuple[str, int, int]) -> tuple[int, int]:
+    """The batch loader's epoch (random crops and flips, batches of 64) on `workers` threads."""
+    folder, size, workers = job
+    dataset = open_shards(folder)
+    count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, output="numpy"))
+    dataset.close()
+    return count, sum(shard.bytes for shard in dataset.manifest.shards)
+
+
+def _torchvision_available() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _run_split(pool: ProcessPoolExecutor | None, function: Callable, parts: list[Any]) -> tuple[int, int, float]:
     started = time.perf_counter()
+    if function is _train_loader:  # threads of its own, in this process
+        pool = None
     results = [function(part) for part in parts] if pool is None else list(pool.map(function, parts))
     elapsed = time.perf_counter() - started
     return sum(r[0] for r in results), sum(r[1] for r in results), elapsed
@@ -259,13 +299,18 @@ def bench(
     workers: int = 1,
     repeat: int = 3,
     cold: bool = False,
+    train: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> BenchReport:
-    """Measure decode throughput of the shards in `output` (and of `against`, the raw folder)."""
+    """Measure decode throughput of the shards in `output` (and of `against`, the raw folder).
+    With `train` (a crop size), also the training input: the batch loader's random crops against
+    torchvision's RandomResizedCrop on the raw folder (when torchvision is installed)."""
     if repeat < 1 or workers < 1:
         raise ShardkitError("repeat and workers must be at least 1")
     if workers > MAX_WORKERS:
         raise ShardkitError(f"workers must be at most {MAX_WORKERS}, not {workers}")
+    if train is not None and not 8 <= train <= 16384:
+        raise ShardkitError(f"the training crop must be 8 to 16384 pixels, not {train}")
     root = Path(output)
     manifest = read_manifest(root)
     shard_paths = [str(root / shard.name) for shard in manifest.shards]
@@ -297,6 +342,11 @@ def bench(
     passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), shard_paths))
     if not cold:
         passes.append((MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(blobs, workers), []))
+    if train is not None:
+        if files and _torchvision_available():
+            parts = [(part, train) for part in _split(files, workers)]
+            passes.append((f"train {train}: folder + torchvision", _folder_torchvision, parts, files))
+        passes.append((f"train {train}: shards loader", _train_loader, [(str(root), train, workers)], shard_paths))
 
     pool = process_pool(workers) if workers > 1 else None
     finished = False

@@ -261,6 +261,42 @@ class ShardDataset:
                 raise ShardReadError(str(error)) from None
             self.skipped += 1
 
+    def loader(
+        self,
+        batch_size: int,
+        size: int | tuple[int, int],
+        *,
+        crop: str | None = "random",
+        flip: bool = False,
+        workers: int | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        resize: int | None = None,
+        output: str = "torch",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        drop_last: bool = False,
+    ) -> Any:
+        """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
+
+        Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
+        with only what the crop needs decoded (see shardkit.loader): crop="random" is torchvision's
+        RandomResizedCrop(size, scale, ratio); "center" is Resize(resize) then CenterCrop(size)
+        (resize defaults to size / 0.875: 224 -> 256); None resizes whole images (records packed at
+        the size pass through unchanged). flip: a random horizontal flip. Batches hold uint8 images
+        (N, 3, H, W) in channels_last memory and int64 labels (-1 when unlabelled), as torch tensors
+        (numpy arrays with output="numpy", pinned with pin_memory=True), with `.keys`; `workers`
+        threads decode (default: one per core) while up to `prefetch` batches wait. The epoch is this
+        rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
+        and rank, whatever `workers` is. len() is the number of batches.
+        """
+        from .loader import BatchLoader
+
+        return BatchLoader(
+            self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
+            resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
+        )  # fmt: skip
+
     def iterable(self) -> Any:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode)."""
         _torch()

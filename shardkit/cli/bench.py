@@ -19,6 +19,10 @@ def bench(
     workers: Annotated[int, typer.Option(help="Processes per pass.")] = 1,
     repeat: Annotated[int, typer.Option(help="Timed runs per pass (median reported).")] = 3,
     cold: Annotated[bool, typer.Option(help="Evict files from the page cache before each run.")] = False,
+    train: Annotated[
+        Optional[int],
+        typer.Option(help="Also the training input at this crop size: the batch loader vs torchvision on --against."),
+    ] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
 ) -> None:
@@ -27,7 +31,7 @@ def bench(
         check_report_path(json_path)
         check_plot_path(plot)
         report = run_bench(
-            output, against=against, workers=workers, repeat=repeat, cold=cold,
+            output, against=against, workers=workers, repeat=repeat, cold=cold, train=train,
             progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
         )  # fmt: skip
         render(report)
@@ -69,5 +73,11 @@ def render(report: BenchReport) -> None:
             else f"{MEMORY} pass"
         )
         console.print(f"shard reader overhead over decoding the same bytes from memory: {overhead:+.1%} ({how})")
+    training = [row.name for row in report.rows if row.name.startswith("train ")]
+    if len(training) == 2:
+        console.print(
+            f"training input: the shards loader is {report.ratio(training[1], training[0]):.2f}x torchvision's "
+            "RandomResizedCrop on the raw folder (median of the per-round ratios)"
+        )
     if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == BASELINE for r in report.rows):
         console.print("[dim]pass --against SRC to compare with the raw folder[/]")

@@ -9,10 +9,10 @@ import sys
 from rich.table import Table
 
 from .. import __version__
-from ..backends import cpu_flags, header_scanner, pil_build, turbojpeg_problem
+from ..backends import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
 from .common import console
 
-OPTIONAL = ("numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "matplotlib")
+OPTIONAL = ("numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "torchvision", "matplotlib")
 
 
 def doctor() -> None:
@@ -28,6 +28,12 @@ def doctor() -> None:
     table.add_row("libturbojpeg (PyTurboJPEG)", "[green]loaded[/]" if turbo is None else f"[yellow]no[/]: {turbo}")
     scanner = "[green]compiled (C)[/]" if header_scanner() else "[yellow]pure Python[/]: no C compiler at install?"
     table.add_row("probe header scanner", scanner)
+    kernel = (
+        "[green]compiled (C, libjpeg-turbo)[/]"
+        if crop_kernel()
+        else "[yellow]Pillow[/]: no C compiler or libjpeg headers at install (apt-get install libjpeg-dev)?"
+    )
+    table.add_row("loader crop-decode kernel", kernel)
     table.add_row("CPU SIMD flags", " ".join(cpu_flags()) or "none found")
     for name in OPTIONAL:
         try:

@@ -1,0 +1,343 @@
+"""The training input: batches of random-resized (or center) crops, decoded straight from the shards
+into one uint8 buffer per batch.
+
+The crop window of every image is drawn from its header's size before anything is decoded
+(torchvision's RandomResizedCrop, with its arguments and its fallback). A compiled kernel
+(`shardkit/_crop.c`) then decodes only what each window needs (libjpeg-turbo's DCT scaling, crop and
+skip), resizes it with Pillow's antialiased bilinear filter and flips it, for a whole batch per call
+with the GIL released; batches are decoded on `workers` threads while earlier ones are consumed.
+Records the kernel does not take (PNG or raw records, CMYK JPEGs), and every record when the kernel
+was not built, go through Pillow with the same window, DCT scale and filter: the same pixels within a
+level or two. Crops and flips come from a generator seeded by (seed, epoch, rank, batch number), so
+they do not depend on the number of threads. Reading never imports the pack side.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .backends import crop_kernel
+from .errors import ConfigError, ImageError, ShardReadError
+from .formats import Record
+from .headers import jpeg_size
+
+CROPS = ("random", "center", None)
+OUTPUTS = ("torch", "numpy")
+_JPEG = ("jpg", "jpeg")
+_FAILED, _UNSUPPORTED = 1, 2
+
+
+class Batch(tuple):
+    """(images, labels), as `for images, labels in loader` wants, with `.keys` alongside.
+
+    images: uint8 (N, 3, H, W), in channels_last memory (the buffer is N x H x W x 3); labels:
+    int64 (N,), -1 for unlabelled records. Torch tensors, or numpy arrays with output="numpy".
+    """
+
+    keys: list[str]
+
+    def __new__(cls, images: Any, labels: Any, keys: list[str]) -> Batch:
+        batch = super().__new__(cls, (images, labels))
+        batch.keys = keys
+        return batch
+
+    @property
+    def images(self) -> Any:
+        return self[0]
+
+    @property
+    def labels(self) -> Any:
+        return self[1]
+
+
+def random_resized_boxes(
+    widths: np.ndarray,
+    heights: np.ndarray,
+    rng: np.random.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    attempts: int = 10,
+) -> np.ndarray:
+    """torchvision's RandomResizedCrop.get_params for a batch: (left, top, width, height) per image.
+
+    Up to ten tries of an area share uniform in `scale` and a log-uniform aspect ratio in `ratio`;
+    the first that fits is placed uniformly; none fitting falls back to the largest centered crop
+    with the aspect clamped to `ratio` (the whole image when its aspect is within it)."""
+    widths, heights = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
+    n = len(widths)
+    area = (widths * heights).astype(np.float64)
+    target = area[:, None] * rng.uniform(scale[0], scale[1], (n, attempts))
+    aspect = np.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1]), (n, attempts)))
+    w = np.round(np.sqrt(target * aspect)).astype(np.int64)
+    h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+    fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
+    first = np.argmax(fits, axis=1)
+    found = fits[np.arange(n), first]
+    w, h = w[np.arange(n), first], h[np.arange(n), first]
+    top = (rng.random(n) * (heights - h + 1)).astype(np.int64)
+    left = (rng.random(n) * (widths - w + 1)).astype(np.int64)
+    # The fallback: a centered crop, the aspect ratio clamped into `ratio`.
+    in_ratio = widths / heights
+    fw, fh = widths.copy(), heights.copy()
+    narrow, wide = in_ratio < min(ratio), in_ratio > max(ratio)
+    fh[narrow] = np.round(widths[narrow] / min(ratio)).astype(np.int64)
+    fw[wide] = np.round(heights[wide] * max(ratio)).astype(np.int64)
+    w, h = np.where(found, w, fw), np.where(found, h, fh)
+    top = np.where(found, top, (heights - h) // 2)
+    left = np.where(found, left, (widths - w) // 2)
+    return np.stack([left, top, w, h], axis=1).astype(np.float64)
+
+
+def center_boxes(widths: np.ndarray, heights: np.ndarray, size: tuple[int, int], resize: int) -> np.ndarray:
+    """torchvision's Resize(resize) then CenterCrop(size) as one window of the original image (the
+    same sampling positions and filter width as the two steps)."""
+    widths, heights = np.asarray(widths, np.float64), np.asarray(heights, np.float64)
+    short, long = np.minimum(widths, heights), np.maximum(widths, heights)
+    new_long = np.floor(resize * long / short)
+    new_w = np.where(widths <= heights, resize, new_long)
+    new_h = np.where(widths <= heights, new_long, resize)
+    out_h, out_w = size
+    top = np.round((new_h - out_h) / 2.0)
+    left = np.round((new_w - out_w) / 2.0)
+    sx, sy = widths / new_w, heights / new_h
+    return np.stack([left * sx, top * sy, out_w * sx, out_h * sy], axis=1)
+
+
+def dct_denominator(box_width: float, box_height: float, size: tuple[int, int]) -> int:
+    """The strongest DCT reduction (8, 4, 2) that keeps the window at least the output size, or 1."""
+    for denominator in (8, 4, 2):
+        if box_width / denominator >= size[1] and box_height / denominator >= size[0]:
+            return denominator
+    return 1
+
+
+def crop_with_pillow(data: bytes, ext: str, box: Sequence[float], flip: bool, size: tuple[int, int],
+                     max_pixels: int) -> np.ndarray:  # fmt: skip
+    """The Python path: the same window, DCT scale and filter as the kernel, through Pillow (any
+    record type: JPEG of any colour space, PNG, raw pixels)."""
+    from PIL import Image
+
+    from .imaging import decode, open_record, pillow_errors
+
+    left, top, width, height = box
+    if ext in _JPEG:
+        image = open_record(data, max_pixels)
+        with pillow_errors():
+            denominator = dct_denominator(width, height, size)
+            factor = denominator if denominator > 1 and image.format == "JPEG" else 1
+            if factor > 1:  # draft() takes the largest reduction that keeps this size: exactly 1/factor
+                image.draft("RGB", (image.width // factor, image.height // factor))
+            image = image.convert("RGB")
+    else:
+        image, factor = Image.fromarray(decode(data, ext, max_pixels=max_pixels)), 1
+    crop = (left / factor, top / factor, (left + width) / factor, (top + height) / factor)
+    out = image.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=crop)
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(out)
+
+
+def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of a record's image from its header alone."""
+    if record.ext in _JPEG:
+        size = jpeg_size(record.data)
+        if size is not None:
+            return size
+    from .imaging import stored_size
+
+    return stored_size(record.data, record.ext, max_pixels)
+
+
+class BatchLoader:
+    """Iterable of `Batch`es over one epoch of a ShardDataset for this rank (see ShardDataset.loader)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int,
+        size: int | tuple[int, int],
+        crop: str | None = "random",
+        flip: bool = False,
+        workers: int | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        resize: int | None = None,
+        output: str = "torch",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = _positive("batch_size", batch_size)
+        self.size = _size(size)
+        if crop not in CROPS:
+            raise ConfigError(f"crop must be 'random', 'center' or None, not {crop!r}")
+        if output not in OUTPUTS:
+            raise ConfigError(f"output must be 'torch' or 'numpy', not {output!r}")
+        if not (0 < scale[0] <= scale[1] <= 1) or not all(math.isfinite(v) for v in scale):
+            raise ConfigError(f"scale must be 0 < low <= high <= 1, not {scale}")
+        if not (0 < ratio[0] <= ratio[1]) or not all(math.isfinite(v) for v in ratio):
+            raise ConfigError(f"ratio must be 0 < low <= high, not {ratio}")
+        default_resize = round(min(self.size) / 0.875)
+        self.resize = default_resize if resize is None else _positive("resize", resize)
+        if crop == "center" and self.resize < max(self.size):
+            raise ConfigError(f"resize {self.resize} is smaller than the center crop {self.size}")
+        self.crop, self.flip, self.scale, self.ratio = crop, bool(flip), tuple(scale), tuple(ratio)
+        self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
+        self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
+        self.output, self.drop_last = output, drop_last
+        if output == "torch":
+            from .readers import _torch
+
+            self._torch = _torch()
+            self.pin_memory = pin_memory and self._pinning_possible()
+        else:
+            self._torch, self.pin_memory = None, False
+        self.kernel = crop_kernel()
+
+    def _pinning_possible(self) -> bool:
+        if self._torch.cuda.is_available():
+            return True
+        warnings.warn("pin_memory=True, but no CUDA device is available: batches are not pinned", stacklevel=3)
+        return False
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        samples = self.dataset.samples_per_rank()
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shardkit-loader")
+        pending: deque[Future[Batch]] = deque()
+        try:
+            for number, chunk in enumerate(self._chunks()):
+                pending.append(pool.submit(self._decode, number, chunk))
+                if len(pending) > self.prefetch:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _chunks(self) -> Iterator[list[tuple[int, Record]]]:
+        chunk: list[tuple[int, Record]] = []
+        for item in self.dataset.epoch_records():
+            chunk.append(item)
+            if len(chunk) == self.batch_size:
+                yield chunk
+                chunk = []
+        if chunk and not self.drop_last:
+            yield chunk
+
+    def _windows(self, number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Crop boxes and flips of batch `number`: the same for the same seed, epoch and rank."""
+        from .readers import _rank_and_world
+
+        rank, _ = _rank_and_world(self.dataset.rank, self.dataset.world_size)
+        rng = np.random.default_rng([self.dataset.seed, self.dataset.epoch, rank, number, 0x6C6F6164])
+        widths, heights = sizes[:, 0], sizes[:, 1]
+        if self.crop == "random":
+            boxes = random_resized_boxes(widths, heights, rng, self.scale, self.ratio)
+        elif self.crop == "center":
+            boxes = center_boxes(widths, heights, self.size, self.resize)
+        else:
+            boxes = np.stack([np.zeros_like(widths), np.zeros_like(widths), widths, heights], axis=1).astype(float)
+        flips = rng.random(len(sizes)) < 0.5 if self.flip else np.zeros(len(sizes), bool)
+        return boxes, flips
+
+    def _decode(self, number: int, chunk: list[tuple[int, Record]]) -> Batch:
+        """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
+        dataset, (height, width) = self.dataset, self.size
+        images = self._buffer(len(chunk))
+        failures: dict[int, str] = {}
+        sizes = np.zeros((len(chunk), 2), np.int64)
+        for i, (_, record) in enumerate(chunk):
+            try:
+                sizes[i] = record_size(record, dataset.max_pixels)
+            except ImageError as error:
+                failures[i], sizes[i] = error.reason, (1, 1)
+        boxes, flips = self._windows(number, sizes)
+        python_path = [i for i in range(len(chunk)) if i not in failures]
+        jpegs = [i for i in python_path if chunk[i][1].ext in _JPEG] if self.kernel is not None else []
+        if jpegs:
+            outcome = self.kernel.decode_batch(
+                [chunk[i][1].data for i in jpegs], np.ascontiguousarray(boxes[jpegs]), flips[jpegs].astype(np.uint8),
+                np.array(jpegs, np.int32), images, height, width, dataset.max_pixels,
+            )  # fmt: skip
+            handed_back = set()
+            for i, result in zip(jpegs, outcome, strict=True):
+                if result is not None and result[0] == _FAILED:
+                    failures[i] = f"corrupt JPEG: {result[1]}"
+                elif result is not None:
+                    handed_back.add(i)  # not an RGB or grey JPEG: Pillow converts it
+            python_path = [i for i in python_path if i not in jpegs or i in handed_back]
+        for i in python_path:
+            record = chunk[i][1]
+            try:
+                images[i] = crop_with_pillow(
+                    record.data, record.ext, boxes[i], bool(flips[i]), self.size, dataset.max_pixels
+                )
+            except (ImageError, ValueError) as error:
+                failures[i] = str(error)
+        keep = self._failed(chunk, failures)
+        if keep is not None:
+            images = images[keep]
+            chunk = [chunk[i] for i in keep]
+        labels = np.array([-1 if r.label is None else r.label for _, r in chunk], dtype=np.int64)
+        return self._batch(images, labels, [r.key for _, r in chunk])
+
+    def _failed(self, chunk: list[tuple[int, Record]], failures: dict[int, str]) -> list[int] | None:
+        """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""
+        if not failures:
+            return None
+        if self.dataset.on_error == "raise":
+            i = min(failures)
+            shard, record = chunk[i]
+            name = self.dataset.manifest.shards[shard].name
+            raise ShardReadError(f"{name}: record {record.key}: cannot decode ({failures[i]})")
+        self.dataset.skipped += len(failures)
+        return [i for i in range(len(chunk)) if i not in failures]
+
+    def _buffer(self, n: int) -> np.ndarray:
+        shape = (n, *self.size, 3)
+        if self.pin_memory:
+            return self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
+        return np.empty(shape, np.uint8)
+
+    def _batch(self, images: np.ndarray, labels: np.ndarray, keys: list[str]) -> Batch:
+        chw = images.transpose(0, 3, 1, 2)  # a view: the memory stays N x H x W x 3 (channels_last)
+        if self._torch is None:
+            return Batch(chw, labels, keys)
+        return Batch(self._torch.from_numpy(images).permute(0, 3, 1, 2), self._torch.from_numpy(labels), keys)
+
+
+def _consecutive(indices: list[int]) -> bool:
+    return indices[-1] - indices[0] == len(indices) - 1
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def _size(size: Any) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = (size, size)
+    if not (isinstance(size, tuple | list) and len(size) == 2):
+        raise ConfigError(f"size must be an int or (height, width), not {size!r}")
+    height, width = (_positive("size", value) for value in size)
+    if height > 16384 or width > 16384:
+        raise ConfigError(f"size must be at most 16384 pixels a side, not {size!r}")
+    return height, width
