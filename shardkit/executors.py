@@ -44,17 +44,12 @@ _pending: int | None = None
 _stopping = False  # a stop signal came: the next one exits at once
 
 
-def arm_stops() -> dict[int, Any]:
-    """Install `stop` for the stop signals (the CLI does, once per command); returns the handlers
-    it replaced, for disarm_stops()."""
+def arm_stops() -> None:
+    """Install `stop` for the stop signals (the CLI does, for the rest of the process)."""
     global _pending, _stopping
     _pending, _stopping = None, False
-    return {stop_signal: signal.signal(stop_signal, stop) for stop_signal in STOP_SIGNALS}
-
-
-def disarm_stops(previous: dict[int, Any]) -> None:
-    for stop_signal, handler in previous.items():
-        signal.signal(stop_signal, handler)
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, stop)
 
 
 def stop(signum: int, frame: object = None) -> None:

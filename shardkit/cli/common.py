@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..config import load_preset
 from ..errors import ConfigError, ShardkitError
-from ..executors import Stopped, arm_stops, disarm_stops
+from ..executors import Stopped, arm_stops
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -26,8 +26,9 @@ err_console = Console(stderr=True, highlight=False)
 @contextlib.contextmanager
 def user_errors(on_stop: str = "") -> Iterator[None]:
     """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
-    129, the same way (workers stopped, no traceback); `on_stop` says how to carry on."""
-    previous = arm_stops()
+    129, the same way (workers stopped, no traceback); `on_stop` says how to carry on. The stop
+    handlers stay until the process ends: a signal during the exit still exits with its code."""
+    arm_stops()
     try:
         yield
     except ShardkitError as error:
@@ -38,8 +39,6 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
         raise typer.Exit(128 + signum) from None
-    finally:
-        disarm_stops(previous)
 
 
 def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:
