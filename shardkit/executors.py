@@ -7,13 +7,14 @@ with the index of its job, so callers can report progress and keep their own ord
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -177,7 +178,7 @@ def stop_pool(pool: ProcessPoolExecutor, abandon: bool) -> None:
 
 def map_local(
     function: Callable[..., Result],
-    jobs: Sequence[Any],
+    jobs: Iterable[Any],
     workers: int,
     *,
     initializer: Callable[..., None] | None = None,
@@ -187,27 +188,35 @@ def map_local(
     """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order, unless
     in_process is False (jobs that may crash the process running them).
 
-    At most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
+    `jobs` may be a generator (a walk still going): it is drawn from only as workers free up, and at
+    most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
     An exception raised by a job propagates; a worker that dies raises WorkerDiedError.
     """
-    if not jobs:
+    upcoming, count = _peek(jobs)
+    if count == 0:
         return
-    if in_process and (workers <= 1 or len(jobs) <= 1):
+    if in_process and (workers <= 1 or count == 1):
         if initializer is not None:
             initializer(*initargs)
-        for index, job in enumerate(jobs):
+        for index, job in enumerate(upcoming):
             yield index, function(job)
         return
-    workers = min(workers, len(jobs))
+    workers = min(workers, len(jobs)) if isinstance(jobs, Sized) else workers
     pool = process_pool(workers, initializer, initargs)
     pending: dict[Future[Result], int] = {}
-    next_job = 0
+    numbered = enumerate(upcoming)
+    exhausted = False
     finished = False
     try:
-        while next_job < len(jobs) or pending:
-            while next_job < len(jobs) and len(pending) < 2 * workers:
-                pending[pool.submit(function, jobs[next_job])] = next_job
-                next_job += 1
+        while not exhausted or pending:
+            while not exhausted and len(pending) < 2 * workers:
+                index_job = next(numbered, None)
+                if index_job is None:
+                    exhausted = True
+                    break
+                pending[pool.submit(function, index_job[1])] = index_job[0]
+            if not pending:
+                break
             done = wait_any(pending)
             for future in sorted(done, key=pending.__getitem__):
                 index = pending.pop(future)
@@ -224,6 +233,16 @@ def map_local(
         for future in pending:
             future.cancel()
         stop_pool(pool, abandon=not finished)
+
+
+def _peek(jobs: Iterable[Any]) -> tuple[Iterator[Any], int]:
+    """The jobs as an iterator, and how many there are: the length of a sequence, or for a
+    generator 0, 1 or 2 (meaning "more than one"), having drawn at most two."""
+    if isinstance(jobs, Sized):
+        return iter(jobs), len(jobs)
+    source = iter(jobs)
+    first = list(itertools.islice(source, 2))
+    return itertools.chain(first, source), len(first)
 
 
 def map_local_surviving_crashes(
@@ -289,17 +308,24 @@ def _alone(driver: int, function: Callable[[Any], Any], job: Any, sender: Any) -
     sender.close()
 
 
-def map_threads(function: Callable[..., Result], jobs: Sequence[Any], workers: int) -> Iterator[tuple[int, Result]]:
+def map_threads(function: Callable[..., Result], jobs: Iterable[Any], workers: int) -> Iterator[tuple[int, Result]]:
     """Like map_local, on threads: for jobs that release the GIL (compiled code, I/O)."""
-    if workers <= 1 or len(jobs) <= 1:
-        for index, job in enumerate(jobs):
+    upcoming, count = _peek(jobs)
+    if workers <= 1 or count <= 1:
+        for index, job in enumerate(upcoming):
             yield index, function(job)
         return
-    with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
-        pending = {pool.submit(function, job): index for index, job in enumerate(jobs)}
+    workers = min(workers, len(jobs)) if isinstance(jobs, Sized) else workers
+    numbered = enumerate(upcoming)
+    with ThreadPoolExecutor(workers) as pool:
+        pending: dict[Future[Result], int] = {}
         try:
-            while pending:
-                for future in wait_any(pending):
+            while True:
+                while len(pending) < 2 * workers and (index_job := next(numbered, None)) is not None:
+                    pending[pool.submit(function, index_job[1])] = index_job[0]
+                if not pending:
+                    return
+                for future in sorted(wait_any(pending), key=pending.__getitem__):
                     yield pending.pop(future), future.result()
         finally:
             for future in pending:
@@ -372,7 +398,7 @@ def disconnect_ray() -> None:
 
 def map_ray(
     function: Callable[..., Result],
-    jobs: Sequence[Any],
+    jobs: Iterable[Any],
     *,
     address: str | None = None,
     max_retries: int = 3,
@@ -392,9 +418,17 @@ def map_ray(
 
     started_here = connect_ray(address)
     remote = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
-    pending = {remote.remote(function, job): index for index, job in enumerate(jobs)}
+    # Jobs are drawn as tasks finish (a plan still being walked feeds them): enough in flight to
+    # keep every CPU of the cluster busy, and never the whole plan in the driver.
+    in_flight = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    numbered = enumerate(jobs)
+    pending: dict[Any, int] = {}
     try:
-        while pending:
+        while True:
+            while len(pending) < in_flight and (index_job := next(numbered, None)) is not None:
+                pending[remote.remote(function, index_job[1])] = index_job[0]
+            if not pending:
+                break
             done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
             for ref in done:
                 index = pending.pop(ref)

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
 
-from shardkit.discover import discover, image_files, make_key
+from shardkit.discover import discover, image_files, make_key, scan
 from shardkit.errors import SourceError
 from shardkit.synthetic import write_image
 
@@ -117,3 +118,34 @@ def test_keys_stay_unique_when_a_kept_extension_meets_a_double_extension(tmp_pat
     source = discover(tmp_path)
     assert len(source.items) == 3 and not source.skipped
     assert len({item.key for item in source.items}) == 3
+
+
+def test_streamed_walk_is_in_byte_order_of_the_whole_paths(tmp_path: Path) -> None:
+    """Each folder is sorted on its own as the walk goes, yet the paths come out exactly as if the
+    whole list were sorted: 'a-c/x' before 'a/b' ('-' < '/'), 'ab.jpg' after 'a/...'."""
+    rng = random.Random(7)
+    alphabet = ["a", "a-c", "ab", "a.b", "a0", "Z", "b", "é", os.fsdecode(b"\xff")]
+    expected = []
+    for _ in range(120):
+        parts = [rng.choice(alphabet) for _ in range(rng.randint(0, 3))]
+        rel = "/".join([*parts, rng.choice(alphabet) + rng.choice([".jpg", ".png"])])
+        path = tmp_path / rel
+        if any(p.exists() and not p.is_dir() for p in path.parents) or path.is_dir():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        expected.append(rel)
+    expected = sorted(set(expected), key=os.fsencode)
+    assert [item.relpath for item in scan(tmp_path, labels="none").items] == expected
+
+
+def test_classes_are_folders_with_an_image_below_them_found_before_the_walk(tmp_path: Path) -> None:
+    write_image(tmp_path / "b" / "deep" / "er" / "1.jpg", 8, 8)
+    write_image(tmp_path / "a-c" / "1.jpg", 8, 8)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "note.txt").write_text("x")
+    found = scan(tmp_path)
+    assert found.classes == ["a-c", "b"]  # known before a single item is yielded
+    assert [(item.relpath, item.label) for item in found.items] == [("a-c/1.jpg", 0), ("b/deep/er/1.jpg", 1)]
+    assert [skip.relpath for skip in found.skipped] == ["texts/note.txt"]
