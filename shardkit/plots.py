@@ -34,11 +34,11 @@ def plot_formats() -> tuple[str, ...]:
 
 def plot_probe(report: ProbeReport, path: Path) -> None:
     plt = _pyplot()
-    sizes = [r.header.displayed_size for r in report.records if r.header is not None]
-    widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
-    shorts = [min(w, h) for w, h in sizes]
+    widths = [w for w, _, _ in report.size_counts]
+    heights = [h for _, h, _ in report.size_counts]
+    counts = [n for _, _, n in report.size_counts]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    left.hist(shorts, bins=50, color="#3b7dd8")
+    left.hist([min(w, h) for w, h in zip(widths, heights, strict=True)], bins=50, weights=counts, color="#3b7dd8")
     rec = report.recommendation
     if rec is not None and rec.resize is not None:
         left.axvline(rec.resize, color="#d83b3b", linestyle="--", label=f"--resize {rec.resize}")
@@ -46,10 +46,11 @@ def plot_probe(report: ProbeReport, path: Path) -> None:
     left.set_xlabel("short side (px)")
     left.set_ylabel("images")
     left.set_title("short side distribution")
-    right.scatter(widths, heights, s=4, alpha=0.4, color="#3b7dd8")
+    # one point per distinct size, its area growing with how many images have it
+    right.scatter(widths, heights, s=[4 + 2 * n**0.5 for n in counts], alpha=0.4, color="#3b7dd8")
     right.set_xlabel("width (px)")
     right.set_ylabel("height (px)")
-    right.set_title(f"{len(sizes):,} images")
+    right.set_title(f"{sum(counts):,} images")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -7,11 +7,12 @@ records into distributions. `recommend()` is the one function that picks a pre-r
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .backends import header_scanner
 from .config import DEFAULT_MAX_PIXELS
-from .discover import Skipped, display, image_files
+from .discover import Skipped, display, scan
 from .executors import default_workers, map_local, map_threads
 from .headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 
@@ -70,13 +71,14 @@ class ProbeReport:
     progressive: int
     problems: dict[str, ProblemSummary]
     recommendation: Recommendation | None
-    records: list[ProbeRecord] = field(default_factory=list, repr=False)
     worker_kind: str = "process"  # "thread" with the compiled scanner
     skipped: list[Skipped] = field(default_factory=list, repr=False)
+    # every distinct displayed size with its count: the distribution itself, for plots
+    size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.pop("records")
+        data.pop("size_counts")
         data["skipped"] = [{"path": display(s.relpath), "reason": s.reason} for s in self.skipped]
         data["root"] = display(self.root)
         return data
@@ -130,6 +132,17 @@ def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
     return rows
 
 
+class ProbeChunk(NamedTuple):
+    """A chunk of probe results as the scanner gives them: rows of (bytes, header tuple or None,
+    error, warnings), one per relpath. records() builds the ProbeRecords."""
+
+    relpaths: list[str]
+    rows: list[tuple]
+
+    def records(self) -> list[ProbeRecord]:
+        return _records_from_rows(self.relpaths, self.rows)
+
+
 def _records_from_rows(relpaths: Sequence[str], rows: list[tuple]) -> list[ProbeRecord]:
     make_header, make_record = ImageHeader._make, ProbeRecord._make
     return [
@@ -180,80 +193,267 @@ def probe(
     train_size: int = 224,
     workers: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    on_chunk: Callable[[ProbeChunk], None] | None = None,
+    chunk_files: int = CHUNK_FILES,
 ) -> ProbeReport:
-    """Probe every image under `source`. `progress(done, total)` is called as chunks finish."""
+    """Probe every image under `source`, streaming: the walk feeds the workers chunk by chunk as it
+    goes, and only the statistics (exact counts of each size and file size) and the first examples
+    of each problem are kept. `on_chunk` gets every chunk of results in walk order (byte order of
+    the paths) as it is done; `progress(done, total)` has total None until the walk ends."""
     started = time.perf_counter()
-    paths, relpaths, skipped = image_files(source)
-    total = len(paths)
-    done = 0
+    found = scan(source, labels="none", keys=False)
+    census = Census()
+    walked = 0
+    walk_done = False
 
-    def advance(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(done, total)
+    def chunks() -> Iterator[tuple[list[str], list[str], int]]:
+        nonlocal walked, walk_done
+        paths: list[str] = []
+        relpaths: list[str] = []
+        if found.runs is None:  # a list file
+            listed = list(found.items)
+            runs = [("", [item.path for item in listed], [item.relpath for item in listed])]
+        else:
+            runs = ((run.prefix, None, run.relpaths) for run in found.runs)
+        for prefix, run_paths, run_relpaths in runs:  # a folder's files at a time: no Python step per file
+            paths += run_paths if run_paths is not None else [prefix + rel for rel in run_relpaths]
+            relpaths += run_relpaths
+            while len(paths) >= chunk_files:
+                walked += chunk_files
+                yield paths[:chunk_files], relpaths[:chunk_files], max_pixels
+                del paths[:chunk_files], relpaths[:chunk_files]
+        if paths:
+            walked += len(paths)
+            yield paths, relpaths, max_pixels
+        walk_done = True
 
-    records = probe_records(
-        paths,
-        relpaths,
-        workers=workers,
-        max_pixels=max_pixels,
-        progress=advance,
-    )
-    report = summarize(records, train_size=train_size, root=os.fspath(source))
+    workers, kind = _streaming_parallelism(workers)
+    jobs = chunks()
+    if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
+        ahead = list(itertools.islice(jobs, math.ceil(PARALLEL_MIN_FILES / chunk_files)))
+        if len(ahead) * chunk_files < PARALLEL_MIN_FILES:
+            workers = 1
+        jobs = itertools.chain(ahead, jobs)
+    mapper = map_threads if kind == "thread" else map_local
+    jobs_by_index: dict[int, list[str]] = {}
+
+    def numbered() -> Iterator[tuple[list[str], list[str], int]]:
+        for index, job in enumerate(jobs):
+            jobs_by_index[index] = job[1]
+            yield job
+
+    finished: dict[int, list[tuple]] = {}
+    next_index = 0
+    for index, rows in mapper(_probe_chunk, numbered(), workers):
+        finished[index] = rows
+        while next_index in finished:  # in walk order, whatever order the chunks finish in
+            chunk = ProbeChunk(jobs_by_index.pop(next_index), finished.pop(next_index))
+            census.add_rows(chunk.relpaths, chunk.rows)
+            if on_chunk is not None:
+                on_chunk(chunk)
+            next_index += 1
+            if progress is not None:
+                progress(census.files, walked if walk_done else None)
+    report = census.report(train_size=train_size, root=os.fspath(source))
     report.seconds = time.perf_counter() - started
-    report.workers, report.worker_kind = parallelism(total, workers)
-    report.skipped = skipped
+    report.workers, report.worker_kind = workers, kind
+    report.skipped = found.skipped
     return report
 
 
-def summarize(records: list[ProbeRecord], *, train_size: int = 224, root: str = "") -> ProbeReport:
-    readable = [r for r in records if r.header is not None and "too-many-pixels" not in r.warnings]
-    displayed = np.array([r.header.displayed_size for r in readable], dtype=np.float64).reshape(-1, 2)
-    widths, heights = displayed[:, 0], displayed[:, 1]
-    shorts, longs = np.minimum(widths, heights), np.maximum(widths, heights)
-    sizes = np.array([r.bytes for r in readable], dtype=np.float64)
-    metrics = {
-        "width": widths,
-        "height": heights,
-        "short_side": shorts,
-        "megapixels": widths * heights / 1e6,
-        "aspect": longs / np.maximum(shorts, 1),
-        "kilobytes": sizes / 1024,
-    }
-    return ProbeReport(
-        root=root,
-        files=len(records),
-        images=len(readable),
-        bytes=sum(r.bytes for r in records),
-        seconds=0.0,
-        workers=1,
-        percentiles={name: _percentiles(values) for name, values in metrics.items()},
-        short_side_histogram=_histogram(shorts),
-        formats=dict(Counter(r.header.format for r in readable).most_common()),
-        modes=dict(Counter(r.header.mode for r in readable).most_common()),
-        rotated=sum(1 for r in readable if r.header.orientation != 1),
-        progressive=sum(1 for r in readable if r.header.progressive),
-        problems=_problems(records),
-        recommendation=recommend(widths, heights, sizes, train_size) if len(readable) else None,
-        records=records,
-    )
+def _streaming_parallelism(workers: int | None) -> tuple[int, str]:
+    workers = workers or default_workers()
+    return workers, "thread" if header_scanner() is not None else "process"
 
 
-def _percentiles(values: np.ndarray) -> dict[str, float]:
-    if values.size == 0:
+def summarize(records: Sequence[ProbeRecord], *, train_size: int = 224, root: str = "") -> ProbeReport:
+    """The report of records already in hand (probe() builds the same one as it streams)."""
+    census = Census()
+    census.add(records)
+    return census.report(train_size=train_size, root=root)
+
+
+class Counts:
+    """A multiset of integers kept exactly and compactly: sorted distinct values, each with its
+    count and the sum of a weight. Memory grows with the distinct values (image sizes: thousands),
+    not with the number of files; additions are buffered and merged in large batches."""
+
+    def __init__(self) -> None:
+        self.values = np.empty(0, np.uint64)
+        self.counts = np.empty(0, np.int64)
+        self.weights = np.empty(0, np.int64)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_size = 0
+
+    def add(self, values: np.ndarray, weights: np.ndarray) -> None:
+        self._pending.append((values.astype(np.uint64, copy=False), weights.astype(np.int64, copy=False)))
+        self._pending_size += len(values)
+        if self._pending_size >= 1 << 18:
+            self.merge()
+
+    def merge(self) -> Counts:
+        if self._pending:
+            values = np.concatenate([self.values, *(v for v, _ in self._pending)])
+            counts = np.concatenate([self.counts, *(np.ones(len(v), np.int64) for v, _ in self._pending)])
+            weights = np.concatenate([self.weights, *(w for _, w in self._pending)])
+            self.values, inverse = np.unique(values, return_inverse=True)
+            self.counts = _sum_by(inverse, counts, len(self.values))
+            self.weights = _sum_by(inverse, weights, len(self.values))
+            self._pending, self._pending_size = [], 0
+        return self
+
+
+def _sum_by(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Integer sums of `values` per group; exact while a sum is under 2**53 (8 PiB of files)."""
+    return np.rint(np.bincount(groups, weights=values, minlength=size)).astype(np.int64)
+
+
+_SIDE_BITS = 32  # a size is kept as width << 32 | height
+_SIDE_LIMIT = (1 << _SIDE_BITS) - 1
+
+
+@dataclass
+class Census:
+    """What probe keeps while it streams: totals, exact counts of each displayed size (with the
+    bytes of its files) and of each file size, and up to `examples` names per problem."""
+
+    examples: int = 5
+    files: int = 0
+    bytes: int = 0
+    sizes: Counts = field(default_factory=Counts)  # width << 32 | height, weighted by file bytes
+    file_sizes: Counts = field(default_factory=Counts)
+    formats: Counter = field(default_factory=Counter)
+    modes: Counter = field(default_factory=Counter)
+    rotated: int = 0
+    progressive: int = 0
+    problems: dict[str, list] = field(default_factory=dict)  # kind -> [count, examples]
+
+    def add(self, records: Sequence[ProbeRecord]) -> None:
+        self.add_rows([r.relpath for r in records], [(r.bytes, r.header, r.error, r.warnings) for r in records])
+
+    def add_rows(self, relpaths: Sequence[str], rows: Sequence[tuple]) -> None:
+        """The hot path: rows as the scanner gives them, (bytes, header tuple or None, error,
+        warnings), with no object built for a clean image."""
+        self.files += len(rows)
+        readable: list[tuple] = []
+        file_bytes: list[int] = []
+        for index, (size, header, error, warnings) in enumerate(rows):
+            if error is not None or warnings:
+                record = ProbeRecord(
+                    relpaths[index], size, None if header is None else ImageHeader._make(header), error, warnings
+                )
+                self._note_problems(record)
+                if header is None or "too-many-pixels" in warnings:
+                    continue
+            readable.append(header)
+            file_bytes.append(size)
+        self.bytes += sum(row[0] for row in rows)
+        if not readable:
+            return
+        # header tuples: (format, width, height, mode, bits, progressive, orientation, complete)
+        packed = [
+            min(h[2], _SIDE_LIMIT) << _SIDE_BITS | min(h[1], _SIDE_LIMIT)
+            if h[6] >= 5  # EXIF-rotated by a quarter turn: displayed with the sides swapped
+            else min(h[1], _SIDE_LIMIT) << _SIDE_BITS | min(h[2], _SIDE_LIMIT)
+            for h in readable
+        ]
+        self.formats.update(h[0] for h in readable)
+        self.modes.update(h[3] for h in readable)
+        self.rotated += sum(1 for h in readable if h[6] != 1)
+        self.progressive += sum(1 for h in readable if h[5])
+        weights = np.array(file_bytes, np.int64)
+        self.sizes.add(np.array(packed, np.uint64), weights)
+        self.file_sizes.add(weights, np.zeros(len(weights), np.int64))
+
+    def _note_problems(self, record: ProbeRecord) -> None:
+        found = []
+        if record.error is not None:
+            found.append((problem_kind(record.error), f"{display(record.relpath)}: {record.error}"))
+        for warning in record.warnings:
+            note = ""
+            if warning == "extension-mismatch" and record.header is not None:
+                note = f": content is {record.header.format}"
+            elif warning == "too-many-pixels" and record.header is not None:
+                note = f": {record.header.width}x{record.header.height}"
+            found.append((_PROBLEM_KINDS[warning], display(record.relpath) + note))
+        for kind, example in found:
+            entry = self.problems.setdefault(kind, [0, []])
+            entry[0] += 1
+            if len(entry[1]) < self.examples:
+                entry[1].append(example)
+
+    def report(self, *, train_size: int = 224, root: str = "") -> ProbeReport:
+        sizes, file_sizes = self.sizes.merge(), self.file_sizes.merge()
+        widths = (sizes.values >> np.uint64(_SIDE_BITS)).astype(np.float64)
+        heights = (sizes.values & np.uint64(_SIDE_LIMIT)).astype(np.float64)
+        shorts, longs = np.minimum(widths, heights), np.maximum(widths, heights)
+        counts = sizes.counts
+        metrics = {
+            "width": (widths, counts),
+            "height": (heights, counts),
+            "short_side": (shorts, counts),
+            "megapixels": (widths * heights / 1e6, counts),
+            "aspect": (longs / np.maximum(shorts, 1), counts),
+            "kilobytes": (file_sizes.values.astype(np.float64) / 1024, file_sizes.counts),
+        }
+        images = int(counts.sum())
+        return ProbeReport(
+            root=root,
+            files=self.files,
+            images=images,
+            bytes=self.bytes,
+            seconds=0.0,
+            workers=1,
+            percentiles={name: counted_percentiles(values, n) for name, (values, n) in metrics.items()},
+            short_side_histogram=_histogram(shorts, counts),
+            formats=dict(self.formats.most_common()),
+            modes=dict(self.modes.most_common()),
+            rotated=self.rotated,
+            progressive=self.progressive,
+            problems={kind: ProblemSummary(count, examples) for kind, (count, examples) in self.problems.items()},
+            recommendation=recommend(widths, heights, sizes.weights, train_size, counts=counts) if images else None,
+            size_counts=[(int(w), int(h), int(n)) for w, h, n in zip(widths, heights, counts, strict=True)],
+        )
+
+
+PERCENTILES = (1, 5, 25, 50, 75, 95, 99)
+
+
+def counted_percentiles(values: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    """What np.percentile and np.mean say of the multiset where each value appears `counts` times,
+    without expanding it (percentiles to the last bit; the mean from sums, to rounding)."""
+    total = int(counts.sum())
+    if total == 0:
         return {}
-    qs = np.percentile(values, [1, 5, 25, 50, 75, 95, 99])
-    result = {f"p{q}": round(float(v), 3) for q, v in zip((1, 5, 25, 50, 75, 95, 99), qs, strict=False)}
-    result.update(min=float(values.min()), max=float(values.max()), mean=round(float(values.mean()), 3))
-    return result
+    found = counted_quantiles(values, counts, np.true_divide(np.asarray(PERCENTILES), 100))
+    summary = {f"p{q}": round(float(v), 3) for q, v in zip(PERCENTILES, found, strict=True)}
+    mean = float((values * counts).sum() / total)
+    summary.update(min=float(values.min()), max=float(values.max()), mean=round(mean, 3))
+    return summary
 
 
-def _histogram(shorts: np.ndarray) -> list[tuple[int, int | None, int]]:
+def counted_quantiles(values: np.ndarray, counts: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
+    """np.quantile's default method ('linear') over a multiset given as values and their counts."""
+    order = np.argsort(values, kind="stable")
+    values, counts = values[order], counts[order]
+    ends = np.cumsum(counts)  # ranks ends[i-1] .. ends[i]-1 of the sorted multiset hold values[i]
+    total = int(ends[-1])
+    virtual = (total - 1) * quantiles
+    previous = np.floor(virtual)
+    gamma = virtual - previous
+    rank = previous.astype(np.int64)
+    lower = values[np.searchsorted(ends, rank, side="right")]
+    upper = values[np.searchsorted(ends, np.minimum(rank + 1, total - 1), side="right")]
+    difference = upper - lower
+    # numpy's _lerp: from the nearer end, so that the result is exact at both ends
+    return np.where(gamma >= 0.5, upper - difference * (1 - gamma), lower + difference * gamma)
+
+
+def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | None, int]]:
     edges = [*list(SHORT_SIDE_BINS), math.inf]
-    counts, _ = np.histogram(shorts, bins=edges)
-    bins = zip(SHORT_SIDE_BINS, edges[1:], counts, strict=True)
+    binned, _ = np.histogram(shorts, bins=edges, weights=counts)
+    bins = zip(SHORT_SIDE_BINS, edges[1:], binned, strict=True)
     return [(lo, None if math.isinf(hi) else int(hi), int(n)) for lo, hi, n in bins if n]
 
 
@@ -276,30 +476,19 @@ def problem_kind(error: str) -> str:
     return "corrupt header"
 
 
-def _problems(records: list[ProbeRecord], examples: int = 5) -> dict[str, ProblemSummary]:
-    found: dict[str, list[str]] = {}
-    for record in records:
-        if record.error is not None:
-            kind = problem_kind(record.error)
-            found.setdefault(kind, []).append(f"{display(record.relpath)}: {record.error}")
-        for warning in record.warnings:
-            note = ""
-            if warning == "extension-mismatch" and record.header is not None:
-                note = f": content is {record.header.format}"
-            elif warning == "too-many-pixels" and record.header is not None:
-                note = f": {record.header.width}x{record.header.height}"
-            found.setdefault(_PROBLEM_KINDS[warning], []).append(display(record.relpath) + note)
-    return {kind: ProblemSummary(len(names), names[:examples]) for kind, names in found.items()}
-
-
 def recommend(
     widths: np.ndarray,
     heights: np.ndarray,
     file_bytes: np.ndarray,
     train_size: int = 224,
     crop_ratio: float = 0.875,
+    *,
+    counts: np.ndarray | None = None,
 ) -> Recommendation:
     """The short side to pre-resize to for training at `train_size`, from displayed sizes.
+
+    One entry per image, or with `counts` one per distinct size: `counts[i]` images of that size,
+    whose files hold `file_bytes[i]` bytes in all.
 
     The classic recipe resizes to train_size / 0.875 (224 -> 256) and crops. We never pick a size
     above what most images have: below the median short side, images would be stored upscaled.
@@ -307,9 +496,10 @@ def recommend(
     widths = np.asarray(widths, dtype=np.float64)
     heights = np.asarray(heights, dtype=np.float64)
     file_bytes = np.asarray(file_bytes, dtype=np.float64)
+    counts = np.ones(len(widths), np.int64) if counts is None else np.asarray(counts, np.int64)
     short_sides = np.minimum(widths, heights)
     target = int(math.ceil(train_size / crop_ratio / 8) * 8)
-    median = float(np.median(short_sides))
+    median = float(counted_quantiles(short_sides, counts, np.array([0.5]))[0])
     if median >= target:
         resize: int | None = target
         reason = f"{train_size}/{crop_ratio} rounded up to a multiple of 8; the median short side is {median:.0f}"
@@ -321,12 +511,12 @@ def recommend(
         reason = f"the median short side ({median:.0f}) is below the training size {train_size}: keep originals"
     scale = np.ones_like(short_sides) if resize is None else np.minimum(1.0, resize / np.maximum(short_sides, 1))
     area = scale**2
-    pixels = widths * heights
+    pixels = widths * heights * counts
     return Recommendation(
         train_size=train_size,
         resize=resize,
         reason=reason,
-        shrink_share=round(float(np.mean(scale < 1)), 4),
+        shrink_share=round(float(counts[scale < 1].sum() / counts.sum()), 4),
         bytes_before=int(file_bytes.sum()),
         # Assumes the stored bits per pixel stay the same: JPEG size is close to linear in pixels.
         bytes_after_estimate=int((file_bytes * area).sum()),

@@ -5,7 +5,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.probe import probe, probe_records, recommend, summarize
+from shardkit.discover import image_files
+from shardkit.probe import (
+    Counts,
+    ProbeRecord,
+    ProbeReport,
+    counted_percentiles,
+    counted_quantiles,
+    probe,
+    probe_records,
+    recommend,
+    summarize,
+)
 from shardkit.synthetic import write_image
 
 
@@ -19,8 +30,14 @@ def test_probe_counts_sizes_and_problems(sample_dataset: Path) -> None:
     assert sum(n for _, _, n in report.short_side_histogram) == 60
 
 
+def collected(source: Path, **options: object) -> tuple[ProbeReport, list[ProbeRecord]]:
+    records: list[ProbeRecord] = []
+    report = probe(source, on_chunk=lambda chunk: records.extend(chunk.records()), **options)
+    return report, records
+
+
 def test_parallel_probe_equals_serial(sample_dataset: Path) -> None:
-    records = probe(sample_dataset, workers=1).records
+    _, records = collected(sample_dataset, workers=1)
     paths = [str(sample_dataset / r.relpath) for r in records]
     relpaths = [r.relpath for r in records]
     parallel = probe_records(paths, relpaths, workers=2, min_parallel=0)
@@ -69,3 +86,52 @@ def test_recommendation_uses_displayed_size(tmp_path: Path) -> None:
     for i in range(3):
         write_image(tmp_path / f"{i}.jpg", 600, 300, seed=i)
     assert probe(tmp_path, train_size=224).recommendation.resize == 256
+
+
+def test_counted_percentiles_are_numpys_to_the_last_bit() -> None:
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        distinct = rng.integers(1, 40)
+        values = np.unique(rng.integers(1, 5000, distinct)).astype(np.float64) / rng.choice([1, 3, 1024])
+        counts = rng.integers(1, 50, len(values))
+        expanded = np.repeat(values, counts)
+        rng.shuffle(expanded)
+        wanted = np.percentile(expanded, [1, 5, 25, 50, 75, 95, 99])
+        found = counted_quantiles(values[::-1].copy(), counts[::-1].copy(), np.array([1, 5, 25, 50, 75, 95, 99]) / 100)
+        assert found.tolist() == wanted.tolist(), trial
+        summary = counted_percentiles(values, counts)
+        assert summary["mean"] == pytest.approx(round(float(expanded.mean()), 3), abs=1e-3)
+        assert (summary["min"], summary["max"]) == (expanded.min(), expanded.max())
+
+
+def test_streamed_probe_reports_what_the_whole_list_gives(wild: Path, sample_dataset: Path) -> None:
+    """Tiny chunks on two threads finish out of order: the records still come in walk order, and
+    the streamed statistics equal those of the whole list summarized at once."""
+    for source in (sample_dataset, wild):
+        report, records = collected(source, workers=2, chunk_files=3)
+        paths, relpaths, _ = image_files(source)
+        assert [r.relpath for r in records] == relpaths
+        assert records == probe_records(paths, relpaths, workers=1)
+        whole = summarize(records, root=str(source))
+        report.seconds, report.workers, report.worker_kind, report.skipped = 0.0, 1, whole.worker_kind, []
+        assert report == whole
+
+
+def test_problems_keep_a_few_examples_and_the_exact_count(tmp_path: Path) -> None:
+    for i in range(12):
+        (tmp_path / f"bad{i:02}.jpg").write_bytes(b"not a jpeg at all")
+    write_image(tmp_path / "ok.jpg", 20, 20)
+    report = probe(tmp_path, chunk_files=5)
+    problem = report.problems["not an image"]
+    assert problem.count == 12 and [e.split(":")[0] for e in problem.examples] == [f"bad{i:02}.jpg" for i in range(5)]
+
+
+def test_the_census_grows_with_distinct_sizes_not_with_files() -> None:
+    counts = Counts()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        counts.add(rng.choice([500, 375, 333], 25_000).astype(np.uint64), np.full(25_000, 7, np.int64))
+        assert len(counts.values) <= 3 and len(counts._pending) < 11  # merged every 2**18 additions
+    counts.merge()
+    assert counts.values.tolist() == [333, 375, 500] and counts.counts.sum() == 1_000_000
+    assert counts.weights.sum() == 7_000_000
