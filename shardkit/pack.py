@@ -14,14 +14,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
-from .discover import Item, Source, discover, display
+from .discover import Item, SourceScan, display, scan
 from .errors import ImageError, ManifestError, OutputError
 from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from .formats import Record, ShardWriter, get_format
@@ -46,10 +46,11 @@ from .output import (
     remove_old_temp_files,
     remove_state,
     remove_temp_shards,
+    shard_name,
     state_dir,
     temp_dir,
 )
-from .plan import ShardSpec, done_path, fingerprint, plan_shards, reusable
+from .plan import PlanDigest, ShardSpec, done_path, fingerprint, plan_shards, reusable, settings_hash
 from .safeio import load_json_file, open_regular, reason
 
 
@@ -241,14 +242,14 @@ def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
     }
 
 
-def resolve_resize(config: PackConfig, source: Source, auto: bool, train_size: int) -> PackConfig:
-    """`--resize auto`: the probe's recommendation, computed by the same function `probe` uses."""
+def resolve_resize(config: PackConfig, auto: bool, train_size: int) -> PackConfig:
+    """`--resize auto`: the probe's recommendation, computed by the same function `probe` uses
+    (a streamed probe of the source first: bounded memory, whatever its size)."""
     if not auto:
         return config
-    from .probe import probe_records, summarize
+    from .probe import probe
 
-    records = probe_records([item.path for item in source.items], [item.relpath for item in source.items])
-    recommendation = summarize(records, train_size=train_size).recommendation
+    recommendation = probe(config.source, train_size=train_size, workers=config.workers).recommendation
     size = recommendation.resize if recommendation is not None else None
     return replace(config, resize=replace(config.resize, size=size))
 
@@ -277,7 +278,7 @@ def _jpeg_backend() -> str:
     return f"{write_codec()} (PIL {PIL.__version__})"
 
 
-ProgressCallback = Callable[[int, int, int], None]  # images done, images total, errors so far
+ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
 
 
 def pack(
@@ -291,6 +292,8 @@ def pack(
 
     Everything that can be refused (bad output, overlap with the source, another pack running, files
     shardkit did not write) is refused before any shard is written, and leaves the folder as it was.
+    Shards are planned as the walk goes and written as soon as each is planned: the driver holds
+    what is in flight, not the whole list (except for --shuffle, which needs the whole list).
     """
     started = time.perf_counter()
     backend = get_format(config.format)
@@ -299,26 +302,18 @@ def pack(
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
         try:
-            source = discover(config.source, labels=config.labels)
-            if source.layout == "list":
-                refuse_sources_inside([item.path for item in source.items], config.output)
-            config = resolve_resize(config, source, resize_auto, train_size)
-            specs = plan_shards(
-                source.items,
-                suffix=backend.suffix,
-                shard_size=config.shard_size,
-                shard_bytes=config.shard_bytes,
-                shuffle=config.shuffle,
-                seed=config.seed,
-            )
+            found = scan(config.source, labels=config.labels)
+            if found.listed is not None:
+                refuse_sources_inside([item.path for item in found.listed.items], config.output)
+            config = resolve_resize(config, resize_auto, train_size)
             settings = settings_of(config)
-            plan_hash = fingerprint(settings, specs)
-            finished = _resumable(output, plan_hash) if config.resume else None
+            finished = _resumable(output, settings, lambda: _dry_plan(config, found)) if config.resume else None
             if config.overwrite:
                 clear(held)
             if finished is None:
                 with _writing(output, "its state"):
-                    write_json_atomic(state_dir(output) / STATE_NAME, {"plan": plan_hash, "created_by": _CREATED_BY})
+                    state = {"settings": settings_hash(settings), "created_by": _CREATED_BY}
+                    write_json_atomic(state_dir(output) / STATE_NAME, state)
         except BaseException:
             held.release(undo=True)
             raise
@@ -328,7 +323,8 @@ def pack(
         try:
             remove_temp_shards(output)  # half shards of workers killed in an earlier run
             remove_old_temp_files(output)
-            result = _write_all(config, source, specs, settings, plan_hash, output, progress)
+            specs = _plan(config, found.items, backend.suffix)
+            result = _write_all(config, found, specs, settings, output, progress)
         except BaseException:
             remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
             raise
@@ -336,6 +332,24 @@ def pack(
             held.release(undo=False)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[ShardSpec]:
+    return plan_shards(
+        items,
+        suffix=suffix,
+        shard_size=config.shard_size,
+        shard_bytes=config.shard_bytes,
+        shuffle=config.shuffle,
+        seed=config.seed,
+    )
+
+
+def _dry_plan(config: PackConfig, found: SourceScan) -> Iterator[ShardSpec]:
+    """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
+    compared with it before anything is done."""
+    items = found.listed.items if found.listed is not None else scan(config.source, labels=config.labels).items
+    return _plan(config, items, get_format(config.format).suffix)
 
 
 @contextlib.contextmanager
@@ -359,44 +373,52 @@ _CREATED_BY = f"shardkit {__version__}"
 
 def _write_all(
     config: PackConfig,
-    source: Source,
-    specs: list[ShardSpec],
+    found: SourceScan,
+    specs: Iterator[ShardSpec],
     settings: dict[str, Any],
-    plan_hash: str,
     output: Path,
     progress: ProgressCallback | None,
 ) -> PackResult:
-    """Write the shards not done yet, then errors.jsonl and the manifest (last), and clean up."""
+    """Write the shards not done yet as the plan is cut, then errors.jsonl and the manifest (last),
+    and clean up. On --resume, a shard is reused when its done marker has its own hash: the same
+    settings and the same files (names, sizes, mtimes); a shard whose files changed is written again."""
+    digest = PlanDigest(settings)
     results: dict[int, ShardResult] = {}
-    if config.resume:
+    job_specs: list[int] = []  # job number -> shard index
+    planned = Planned()
+
+    def jobs() -> Iterator[ShardJob]:
         for spec in specs:
-            previous = reusable(output, spec, plan_hash)
+            shard_hash = digest.add(spec)
+            planned.shards += 1
+            planned.images += len(spec.items)
+            previous = reusable(output, spec, shard_hash) if config.resume else None
             if previous is not None:
                 results[spec.index] = _result_from_json(previous)
-    todo = [
-        ShardJob(spec, str(output), config.format, config.resize, config.encode, plan_hash)
-        for spec in specs
-        if spec.index not in results
-    ]
-    reused = len(results)
-    done_before = sum(len(specs[i].items) for i in results)
-    errors_before = sum(len(r.errors) for r in results.values())
-    for index, result in _run_jobs(config, todo, len(source.items), done_before, errors_before, progress):
-        results[todo[index].spec.index] = result
+                planned.reused_images += len(spec.items)
+                planned.reused_errors += len(previous["errors"])
+                continue
+            job_specs.append(spec.index)
+            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash)
+        planned.walked = True
 
-    ordered = [results[spec.index] for spec in specs]
-    error_rows = [_error(s.relpath, "discover", s.reason) for s in source.skipped]
+    for job_number, result in _run_jobs(config, jobs(), planned, progress):
+        results[job_specs[job_number]] = result
+    _remove_stale_shards(output, {shard_name(index, get_format(config.format).suffix) for index in results})
+
+    ordered = [results[index] for index in range(planned.shards)]
+    error_rows = [_error(s.relpath, "discover", s.reason) for s in found.skipped]
     error_rows += [row for result in ordered for row in result.errors]
     records = sum(r.shard.count for r in ordered)
-    inputs = len(source.items) + len(source.skipped)
+    inputs = planned.images + len(found.skipped)
     manifest = Manifest(
         format=config.format,
         shards=[r.shard for r in ordered],
-        classes=source.classes,
+        classes=found.classes,
         settings={
             **settings,
-            "source": {"path": os.fspath(config.source), "layout": source.layout},
-            "plan": plan_hash,
+            "source": {"path": os.fspath(config.source), "layout": found.layout},
+            "plan": digest.hexdigest(),
         },
         totals={"inputs": inputs, "records": records, "errors": len(error_rows)},
         created_by=_CREATED_BY,
@@ -419,8 +441,8 @@ def _write_all(
         inputs=inputs,
         records=records,
         errors=len(error_rows),
-        shards=len(specs),
-        reused_shards=reused,
+        shards=planned.shards,
+        reused_shards=sum(1 for r in ordered if r.reused),
         input_bytes=sum(r.input_bytes for r in ordered),
         output_bytes=sum(r.shard.bytes for r in ordered),
         seconds=0.0,
@@ -430,19 +452,44 @@ def _write_all(
     )
 
 
-def _resumable(output: Path, plan_hash: str) -> Manifest | None:
-    """What --resume finds: an interrupted run of the same plan (None: carry on), the same pack
-    finished with every shard intact (its manifest: nothing to do), or else a refusal. A folder
-    with neither state nor manifest was stopped before it began: there is nothing to reuse."""
+@dataclass
+class Planned:
+    """How far the plan has got while shards are being written (for progress and the totals)."""
+
+    shards: int = 0
+    images: int = 0
+    reused_images: int = 0
+    reused_errors: int = 0
+    walked: bool = False  # the walk is over: `images` is the total
+
+
+def _remove_stale_shards(output: Path, planned: set[str]) -> None:
+    """Shards an interrupted run wrote that this plan no longer has (its inputs changed since):
+    only those a done marker names, that is, only files shardkit wrote."""
+    with contextlib.suppress(OSError):
+        for marker in (state_dir(output) / "done").iterdir():
+            name = marker.name.removesuffix(".json")
+            if marker.name.endswith(".json") and name not in planned:
+                with _writing(output, name):
+                    (output / name).unlink(missing_ok=True)
+                marker.unlink(missing_ok=True)
+
+
+def _resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterable[ShardSpec]]) -> Manifest | None:
+    """What --resume finds: an interrupted run with the same settings (None: carry on), the same
+    pack finished with every shard intact (its manifest: nothing to do), or else a refusal. A
+    folder with neither state nor manifest was stopped before it began: there is nothing to reuse.
+    Only a finished pack is compared with the whole plan (a walk and a stat of every file, no
+    writing): an interrupted one is checked shard by shard as it is resumed."""
     state_file = state_dir(output) / STATE_NAME
     if os.path.lexists(state_file):
         try:
-            previous = load_json_file(state_file).get("plan")
+            previous = load_json_file(state_file).get("settings")
         except (OSError, ValueError, AttributeError):
             previous = None
-        if previous != plan_hash:
+        if previous != settings_hash(settings):
             raise OutputError(
-                f"{output}: was started with other settings or inputs; resume with the same flags, or use --overwrite"
+                f"{output}: was started with other settings; resume with the same flags, or use --overwrite"
             )
         return None
     if not (output / MANIFEST_NAME).exists():
@@ -451,7 +498,7 @@ def _resumable(output: Path, plan_hash: str) -> Manifest | None:
         manifest = read_manifest(output)
     except ManifestError as error:
         raise OutputError(f"{error}; use --overwrite to pack again") from None
-    if manifest.settings.get("plan") != plan_hash:
+    if manifest.settings.get("plan") != fingerprint(settings, plan()):
         raise OutputError(
             f"{output}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
         )
@@ -496,37 +543,40 @@ def _result_from_json(data: dict[str, Any]) -> ShardResult:
 
 def _run_jobs(
     config: PackConfig,
-    jobs: list[ShardJob],
-    total: int,
-    done_before: int,
-    errors_before: int,
+    jobs: Iterator[ShardJob],
+    planned: Planned,
     progress: ProgressCallback | None,
-):
-    """Yield (job index, result); a ticker reports images done while shards are in flight."""
+) -> Iterator[tuple[int, ShardResult]]:
+    """Yield (job number, result) as shards finish, drawing jobs from the plan as workers free up;
+    a ticker reports images done (and the total once the walk is over) while shards are in flight."""
+
+    def total() -> int | None:
+        return planned.images if planned.walked else None
+
     if config.executor == "ray":
-        errors = errors_before
-        done = done_before
+        errors = 0
+        done = 0
         if progress is not None:
-            progress(done, total, errors)
+            progress(planned.reused_images, total(), planned.reused_errors)
         nodes: dict[int, str] = {}
         # connected by pack(), whose disconnection ends the tasks of a stopped run
         for index, result in map_ray(write_shard, jobs, nodes=nodes, cancel=False):
             result.worker = nodes[index]
-            done += len(jobs[index].spec.items)
+            done += result.shard.count + len(result.errors)
             errors += len(result.errors)
             if progress is not None:
-                progress(done, total, errors)
+                progress(planned.reused_images + done, total(), planned.reused_errors + errors)
             yield index, result
         return
 
     counter = mp_context().Value("q", 0)
-    errors = [errors_before]
+    errors = [0]
     stop = threading.Event()
 
     def tick() -> None:
         while not stop.wait(0.25):
             if progress is not None:
-                progress(done_before + counter.value, total, errors[0])
+                progress(planned.reused_images + counter.value, total(), planned.reused_errors + errors[0])
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -540,4 +590,4 @@ def _run_jobs(
         ticker.join()
         _init_worker(None)
         if progress is not None:
-            progress(done_before + counter.value, total, errors[0])
+            progress(planned.reused_images + counter.value, total(), planned.reused_errors + errors[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,35 +26,59 @@ class ShardSpec:
 
 
 def plan_shards(
-    items: Sequence[Item],
+    items: Iterable[Item],
     *,
     suffix: str,
     shard_size: int | None = None,
     shard_bytes: int | None = None,
     shuffle: bool = False,
     seed: int = 0,
-) -> list[ShardSpec]:
-    """Split items (sorted by discovery) into shards of at most `shard_size` records and/or
-    `shard_bytes` source bytes. With `shuffle`, the order is a seeded permutation first."""
-    order = list(items)
-    if shuffle:
-        permutation = np.random.default_rng(seed).permutation(len(order))
-        order = [order[i] for i in permutation]
-    groups: list[list[Item]] = []
+) -> Iterator[ShardSpec]:
+    """Split items (in walk order) into shards of at most `shard_size` records and/or
+    `shard_bytes` source bytes, each yielded as soon as it is full: a walk still going feeds it.
+    With `shuffle`, the order is a seeded permutation of the whole list, so the walk is finished
+    first and the list kept compactly (~the bytes of its names) until the last shard is cut."""
+    order = _shuffled(items, seed) if shuffle else items
     current: list[Item] = []
     current_bytes = 0
+    index = 0
     for item in order:
         size = _size(item.path) if shard_bytes is not None else 0
         full_by_count = shard_size is not None and len(current) >= shard_size
         full_by_bytes = shard_bytes is not None and current and current_bytes + size > shard_bytes
         if full_by_count or full_by_bytes:
-            groups.append(current)
+            yield ShardSpec(index, shard_name(index, suffix), tuple(current))
+            index += 1
             current, current_bytes = [], 0
         current.append(item)
         current_bytes += size
     if current:
-        groups.append(current)
-    return [ShardSpec(i, shard_name(i, suffix), tuple(group)) for i, group in enumerate(groups)]
+        yield ShardSpec(index, shard_name(index, suffix), tuple(current))
+
+
+def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
+    """The items in the order of np.random.default_rng(seed).permutation(len(items)), held as one
+    block of UTF-8 text (a record per item: where its path starts, relpath, key, label) and an
+    offset array, not as objects: ~60 bytes an item for ImageNet's names instead of ~300."""
+    block = bytearray()
+    offsets = [0]
+    heads: dict[tuple[str, bool], int] = {}  # the part of each path before its relpath: the root
+    for item in items:
+        joined = item.path.endswith(item.relpath)
+        head = item.path[: len(item.path) - len(item.relpath)] if joined else item.path
+        head_id = heads.setdefault((head, joined), len(heads))
+        label = "" if item.label is None else str(item.label)
+        block += f"{head_id}\0{item.relpath}\0{item.key}\0{label}\0".encode("utf-8", "surrogateescape")
+        offsets.append(len(block))
+    ends = np.array(offsets, dtype=np.int64)
+    del offsets
+    by_id = list(heads)
+    view = memoryview(block)
+    for position in np.random.default_rng(seed).permutation(len(ends) - 1).tolist():
+        text = bytes(view[ends[position] : ends[position + 1] - 1]).decode("utf-8", "surrogateescape")
+        head_id, relpath, key, label = text.split("\0")
+        head, joined = by_id[int(head_id)]
+        yield Item(head + relpath if joined else head, relpath, key, int(label) if label else None)
 
 
 def _size(path: str) -> int:
@@ -72,15 +96,41 @@ def _size_and_mtime(path: str) -> tuple[int, int]:
     return info.st_size, info.st_mtime_ns
 
 
-def fingerprint(settings: dict[str, Any], specs: Sequence[ShardSpec]) -> str:
-    """One hash of the settings and the exact plan: a resumed run must match it."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for spec in specs:
-        digest.update(spec.name.encode())
+def settings_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+class PlanDigest:
+    """The plan's fingerprint, built shard by shard as the plan is cut: the whole plan's hash
+    (in the manifest; a finished pack is resumed only by the same one) and each shard's own (in
+    its done marker; an interrupted pack reuses a shard only if its files are unchanged)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings_hash(settings)
+        self._whole = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+
+    def add(self, spec: ShardSpec) -> str:
+        """Fold in the next shard; returns that shard's own hash."""
+        own = hashlib.sha256(self.settings.encode())
+        lines = [spec.name.encode()]
         for item in spec.items:
             size, mtime = _size_and_mtime(item.path)  # a changed source must not reuse old shards
             line = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
-            digest.update(line.encode("utf-8", "surrogateescape"))
+            lines.append(line.encode("utf-8", "surrogateescape"))
+        for line in lines:
+            self._whole.update(line)
+            own.update(line)
+        return own.hexdigest()
+
+    def hexdigest(self) -> str:
+        return self._whole.hexdigest()
+
+
+def fingerprint(settings: dict[str, Any], specs: Iterable[ShardSpec]) -> str:
+    """One hash of the settings and the exact plan."""
+    digest = PlanDigest(settings)
+    for spec in specs:
+        digest.add(spec)
     return digest.hexdigest()
 
 

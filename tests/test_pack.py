@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
+from shardkit.discover import discover
 from shardkit.errors import OutputError
 from shardkit.formats import available_formats, get_format
 from shardkit.imaging import decode
@@ -217,3 +219,35 @@ def test_pixels_survive_the_jpeg_round_trip(tmp_path: Path) -> None:
     source.save(buffer, "JPEG", quality=95, subsampling=2)
     baseline = np.abs(original - np.asarray(Image.open(buffer), dtype=np.float32)).mean()
     assert np.abs(original - restored).mean() < baseline * 1.1 + 0.1
+
+
+def test_resume_repacks_only_the_shards_whose_files_changed(
+    python_command, sample_dataset: Path, tmp_path: Path
+) -> None:
+    """An interrupted pack is checked shard by shard as it resumes: a shard is reused only if its
+    own files are unchanged (names, sizes, mtimes); a shard the new plan no longer has is removed.
+    The result equals a clean pack of the source as it is now."""
+    source = Path(shutil.copytree(sample_dataset, tmp_path / "src", symlinks=True))
+    out = tmp_path / "killed"
+    process = run_pack_cli(python_command, source, out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("shard-*.tar")) if out.exists() else []) < 3:
+        time.sleep(0.002)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
+    images = [Path(item.path) for item in discover(source).items]
+    info = images[0].stat()  # in shard 0: packed again
+    os.utime(images[0], ns=(info.st_atime_ns, info.st_mtime_ns + 1))
+    for late in images[8:]:  # two shards left: the killed run's shards 2 and up must go
+        late.unlink()
+    resumed = run_pack_cli(python_command, source, out, "--resume")
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert "reused from the earlier run" in stdout
+    clean = tmp_path / "clean"
+    assert run_pack_cli(python_command, source, clean).wait(120) == 0
+    assert shard_hashes(out) == shard_hashes(clean)
+    assert (out / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()
+    assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())

@@ -57,7 +57,7 @@ def test_a_worker_that_cannot_see_the_output_fails_fast_with_the_reason(local_ra
     from shardkit.config import EncodeConfig
     from shardkit.discover import discover
 
-    spec = plan_shards(discover(sample_dataset).items[:3], suffix=".tar", shard_size=3)[0]
+    spec = next(plan_shards(discover(sample_dataset).items[:3], suffix=".tar", shard_size=3))
     job = ShardJob(spec, "/nonexistent/shared/out", "webdataset", ResizeConfig(64), EncodeConfig(), "plan")
     with pytest.raises(OutputError, match="storage that every node shares"):
         list(map_ray(write_shard, [job]))
