@@ -11,11 +11,13 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from .config import DEFAULT_MAX_PIXELS
-from .discover import Source, discover, display
+from .discover import SourceScan, display, scan
 from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
 from .executors import default_workers, map_local_surviving_crashes
 from .formats import get_format
@@ -154,7 +156,7 @@ def verify(
         raise ConfigError(f"workers must be at least 1, not {workers}")
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
-    found = discover(source) if source is not None else None  # a bad source is refused before the work
+    found = scan(source, labels="none", keys=False) if source is not None else None  # refused before the work
     started = time.perf_counter()
     root = Path(folder)
     if root.name == MANIFEST_NAME and root.is_file():
@@ -177,8 +179,10 @@ def verify(
         _ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep, max_pixels)
         for shard in manifest.shards
     ]
-    keys: Counter[str] = Counter()
-    sources: list[str] = []
+    # 8-byte hashes of every key and source path, not the strings: bounded memory at any size; the
+    # strings are read again (a second, shallow pass) only to name what turns out to be wrong
+    key_hashes: list[np.ndarray] = []
+    source_hashes: list[np.ndarray] = []
 
     def crashed(index: int, how: str) -> _ShardCheck:
         reason = f"reading it crashed the checking process ({how}): the shard is damaged or hostile"
@@ -189,15 +193,23 @@ def verify(
         report.problems.extend(check.problems)
         report.records += len(check.keys)
         report.decoded += check.decoded
-        keys.update(check.keys)
-        sources.extend(check.sources)
+        key_hashes.append(_hashes(check.keys))
+        source_hashes.append(_hashes(check.sources))
         if progress is not None:
             progress(done, len(jobs))
-    for key, times in keys.items():
-        if times > 1:
-            report.problems.append(Problem("duplicate-key", f"key stored {times} times", key=key))
+
+    def shallow_pass() -> Iterator[_ShardCheck]:
+        shallow = [replace(job, deep=False) for job in jobs]
+        for _, check in map_local_surviving_crashes(_check_shard, shallow, workers or default_workers(), crashed):
+            yield check
+
+    repeated = set(_repeated(_joined(key_hashes)).tolist())
+    if repeated:
+        times = Counter(key for check in shallow_pass() for key in check.keys if hash(key) in repeated)
+        for key in sorted(key for key, n in times.items() if n > 1):
+            report.problems.append(Problem("duplicate-key", f"key stored {times[key]} times", key=key))
     if found is not None:
-        _check_source(root, found, sources, report)
+        _check_source(root, found, _joined(source_hashes), shallow_pass, report)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -234,13 +246,50 @@ def _error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, s
             report.problems.append(Problem("errors-log", str(error)))
 
 
-def _check_source(root: Path, found: Source, packed: list[str], report: VerifyReport) -> None:
-    expected = {display(item.relpath) for item in found.items} | {display(s.relpath) for s in found.skipped}
-    accounted = Counter(packed) + Counter(row["path"] for row in _error_rows(root, None))
-    for path in sorted(expected - set(accounted)):
-        report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
-    for path in sorted(set(accounted) - expected):
-        report.problems.append(Problem("extra", f"{path} is packed or listed but not in the source"))
-    for path, times in accounted.items():
-        if times > 1 and path in expected:
-            report.problems.append(Problem("duplicate-source", f"{path} is accounted for {times} times"))
+def _hashes(strings: list[str]) -> np.ndarray:
+    return np.fromiter(map(hash, strings), np.int64, len(strings))
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def _repeated(hashes: np.ndarray) -> np.ndarray:
+    values, counts = np.unique(hashes, return_counts=True)
+    return values[counts > 1]
+
+
+def _check_source(
+    root: Path,
+    found: SourceScan,
+    packed: np.ndarray,
+    shallow_pass: Callable[[], Iterator[_ShardCheck]],
+    report: VerifyReport,
+) -> None:
+    """Every source file packed or in errors.jsonl, once; compared by hashes of the paths (a walk
+    of the source streamed beside them), the names looked up again only for the files at fault."""
+    if found.runs is not None:
+        walked = [_hashes([display(rel) for rel in run.relpaths]) for run in found.runs]
+    else:
+        walked = [_hashes([display(item.relpath) for item in found.items])]
+    walked.append(_hashes([display(skip.relpath) for skip in found.skipped]))
+    expected = np.unique(_joined(walked))
+    logged = _hashes([row["path"] for row in _error_rows(root, None)])
+    accounted, times = np.unique(np.concatenate([packed, logged]), return_counts=True)
+    lost = set(np.setdiff1d(expected, accounted, assume_unique=True).tolist())
+    extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
+    twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
+    if lost:
+        again = scan(found.root, labels="none", keys=False)
+        names = [display(item.relpath) for item in again.items] + [display(skip.relpath) for skip in again.skipped]
+        for path in sorted({name for name in names if hash(name) in lost}):
+            report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
+    if extra or twice:
+        named = Counter(
+            path for check in shallow_pass() for path in check.sources if hash(path) in extra or hash(path) in twice
+        )
+        named.update(row["path"] for row in _error_rows(root, None) if hash(row["path"]) in extra | twice)
+        for path in sorted(path for path in named if hash(path) in extra):
+            report.problems.append(Problem("extra", f"{path} is packed or listed but not in the source"))
+        for path in sorted(path for path, n in named.items() if n > 1 and hash(path) in twice):
+            report.problems.append(Problem("duplicate-source", f"{path} is accounted for {named[path]} times"))

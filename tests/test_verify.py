@@ -3,14 +3,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shardkit.config import PackConfig, ResizeConfig
 from shardkit.formats import available_formats
-from shardkit.manifest import read_manifest
+from shardkit.manifest import read_manifest, write_json_atomic
 from shardkit.pack import pack
+from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
 from shardkit.verify import verify
 
@@ -105,3 +107,32 @@ def test_cli_exit_codes_and_json(python_command, packed: Path, copy: Path, tmp_p
     )
     assert bad.returncode == 1 and "FAILED" in bad.stdout and shard(copy).name in bad.stdout
     assert json.loads(report.read_text())["ok"] is False
+
+
+def test_source_check_names_extra_and_twice_accounted_files(copy: Path, sample_dataset: Path) -> None:
+    """errors.jsonl naming a file the source lacks, and a packed file a second time: found by
+    hashes, then named by a second, shallow pass over the shards."""
+    packed_path = next(iter(open_shards(copy))).meta["source"]
+    with (copy / "errors.jsonl").open("a") as log:
+        log.write(json.dumps({"path": "n99/ghost.jpg", "reason": "x", "stage": "decode"}) + "\n")
+        log.write(json.dumps({"path": packed_path, "reason": "x", "stage": "decode"}) + "\n")
+    details = {(p.kind, p.detail) for p in verify(copy, source=sample_dataset).problems if p.kind != "manifest"}
+    assert details == {
+        ("extra", "n99/ghost.jpg is packed or listed but not in the source"),
+        ("duplicate-source", f"{packed_path} is accounted for 2 times"),
+    }
+
+
+def test_a_key_stored_in_two_shards_is_named(copy: Path) -> None:
+    manifest = read_manifest(copy)
+    first, second = manifest.shards[0], manifest.shards[1]
+    shutil.copyfile(copy / first.name, copy / second.name)  # shard 1 now holds shard 0's records
+    shards = [first, replace(first, name=second.name), *manifest.shards[2:]]
+    records = sum(s.count for s in shards)
+    totals = {**manifest.totals, "records": records, "inputs": records + manifest.totals["errors"]}
+    write_json_atomic(copy / "manifest.json", replace(manifest, shards=shards, totals=totals).sealed().to_json())
+    report = verify(copy)
+    duplicates = [p for p in report.problems if p.kind == "duplicate-key"]
+    assert [p.kind for p in report.problems] == ["duplicate-key"] * first.count
+    assert sorted(p.key for p in duplicates) == sorted(r.key for r in open_shards(copy).records(0))
+    assert all(p.detail == "key stored 2 times" for p in duplicates)
