@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from ..bench import BASELINE, MEMORY, BenchReport
-from ..bench import bench as run_bench
+if TYPE_CHECKING:
+    from ..bench import BenchReport
+
 from .common import check_plot_path, check_report_path, console, err_console, user_errors, write_json_report
 
 
@@ -27,6 +28,8 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
 ) -> None:
     """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
+    from ..bench import bench as run_bench  # here, not at the top: every command would pay for it
+
     with user_errors():
         check_report_path(json_path)
         check_plot_path(plot)
@@ -48,6 +51,8 @@ def bench(
 
 
 def render(report: BenchReport) -> None:
+    from ..bench import BASELINE, MEMORY
+
     cache = "cold cache (evicted before each run)" if report.cold else "warm cache"
     table = Table(
         title=f"{report.images:,} images, {report.format} shards, {report.workers} process(es), {cache}, "

@@ -6,7 +6,7 @@ import re
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -14,8 +14,10 @@ from rich.table import Table
 from ..config import DEFAULT_MAX_PIXELS, EncodeConfig, PackConfig, ResizeConfig, parse_bytes
 from ..errors import ConfigError
 from ..formats import available_formats
-from ..pack import PackResult
-from ..pack import pack as run_pack
+
+if TYPE_CHECKING:
+    from ..pack import PackResult
+
 from .common import console, human_bytes, merged, progress_bar, user_errors
 
 FormatName = Enum("FormatName", {name: name for name in available_formats()}, type=str)  # type: ignore[misc]
@@ -145,11 +147,13 @@ def build_config(source: Path, output: Path, values: dict, *, resume: bool, over
 
 
 def _run(config: PackConfig, auto: bool, train_size: int) -> PackResult:
+    from ..pack import pack as run_pack  # here: `shardkit --help` need not import imaging
+
     with progress_bar("packing", unit="images") as bar:
         task = bar.add_task("pack", total=None, rate="")
         started = time.perf_counter()
 
-        def advance(done: int, total: int, errors: int) -> None:
+        def advance(done: int, total: int | None, errors: int) -> None:
             rate = done / max(time.perf_counter() - started, 1e-9)
             bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} img/s, {errors:,} errors")
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import re
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -14,8 +18,10 @@ from rich.table import Table
 from ..config import DEFAULT_MAX_PIXELS
 from ..discover import display
 from ..errors import ConfigError, ShardkitError
-from ..probe import ProbeReport
-from ..probe import probe as run_probe
+
+if TYPE_CHECKING:
+    from ..probe import ProbeChunk, ProbeReport
+
 from .common import (
     check_plot_path,
     check_report_path,
@@ -28,7 +34,6 @@ from .common import (
     write_json_report,
 )
 
-PROGRESS_MIN_FILES = 5000
 MAX_TRAIN_SIZE = 16384
 
 
@@ -63,12 +68,11 @@ def probe(
         check_report_path(json_path)
         check_report_path(records_path, (".jsonl", ".csv"), what="records")
         check_plot_path(plot)
-        report = _run(source, settings)
+        with _records_writer(records_path) as write_rows:
+            report = _run(source, settings, write_rows)
         render(report)
         if json_path is not None:
             write_json_report(json_path, report.to_json())
-        if records_path is not None:
-            write_records(report, records_path)
         if plot is not None:
             from ..plots import plot_probe
 
@@ -76,14 +80,16 @@ def probe(
             console.print(f"plot written to {plot}")
 
 
-def _run(source: Path, settings: dict) -> ProbeReport:
+def _run(source: Path, settings: dict, on_chunk: Callable[[ProbeChunk], None] | None) -> ProbeReport:
+    from ..probe import probe as run_probe  # here: `shardkit --help` need not import numpy
+
     with progress_bar("probing") as bar:
-        task = bar.add_task("probe", total=None, rate="", visible=False)
+        task = bar.add_task("probe", total=None, rate="")
         started = time.perf_counter()
 
-        def advance(done: int, total: int) -> None:
+        def advance(done: int, total: int | None) -> None:
             rate = done / max(time.perf_counter() - started, 1e-9)
-            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s", visible=total >= PROGRESS_MIN_FILES)
+            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
 
         return run_probe(
             source,
@@ -91,6 +97,7 @@ def _run(source: Path, settings: dict) -> ProbeReport:
             workers=settings["workers"],
             max_pixels=settings["max_pixels"],
             progress=advance,
+            on_chunk=on_chunk,
         )
 
 
@@ -159,36 +166,76 @@ FIELDS = ("path", "bytes", "format", "width", "height", "displayed_width", "disp
           "progressive", "orientation", "error", "warnings")  # fmt: skip
 
 
-def _rows(report: ProbeReport):
-    for record in report.records:
-        h = record.header
-        shown = h.displayed_size if h is not None else (None, None)
-        yield {
-            "path": display(record.relpath),
-            "bytes": record.bytes,
-            "format": h.format if h else None,
-            "width": h.width if h else None,
-            "height": h.height if h else None,
-            "displayed_width": shown[0],
-            "displayed_height": shown[1],
-            "mode": h.mode if h else None,
-            "bits": h.bits if h else None,
-            "progressive": h.progressive if h else None,
-            "orientation": h.orientation if h else None,
-            "error": record.error,
-            "warnings": " ".join(record.warnings),
-        }
+def _rows(relpaths: list[str], rows: list[tuple]) -> Iterator[list]:
+    """Each file's row, values in FIELDS order; built from the raw rows (no object per file)."""
+    for relpath, (size, h, error, warnings) in zip(relpaths, rows, strict=True):
+        if h is None:
+            yield [
+                display(relpath),
+                size,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                error,
+                " ".join(warnings),
+            ]
+            continue
+        shown = (h[2], h[1]) if h[6] >= 5 else (h[1], h[2])  # displayed: EXIF quarter turns swap the sides
+        yield [display(relpath), size, h[0], h[1], h[2], *shown, h[3], h[4], h[5], h[6], error, " ".join(warnings)]
 
 
-def write_records(report: ProbeReport, path: Path) -> None:
+def _csv_lines(chunk: ProbeChunk, writer: Any) -> Iterator[str]:
+    """CSV lines, byte for byte what csv.writer writes: a clean row is formatted here (3x faster);
+    a row with an error, or a name that needs quoting, goes through the writer itself."""
+    for relpath, (size, h, error, warnings) in zip(chunk.relpaths, chunk.rows, strict=True):
+        if h is not None and error is None and not warnings and relpath.isascii() and not _NEEDS_QUOTES.search(relpath):
+            shown = f"{h[2]},{h[1]}" if h[6] >= 5 else f"{h[1]},{h[2]}"
+            yield f"{relpath},{size},{h[0]},{h[1]},{h[2]},{shown},{h[3]},{h[4]},{h[5]},{h[6]},,\r\n"
+        else:
+            writer.writerows(_rows([relpath], [(size, h, error, warnings)]))
+
+
+_NEEDS_QUOTES = re.compile(r'[,"\r\n]|^\s|\s$')
+
+
+# JSON lines with sorted keys, as json.dumps(row, sort_keys=True) writes them
+_SORTED = sorted(range(len(FIELDS)), key=FIELDS.__getitem__)
+
+
+def _json_line(values: list) -> str:
+    return json.dumps({FIELDS[i]: values[i] for i in _SORTED}) + "\n"
+
+
+@contextlib.contextmanager
+def _records_writer(path: Path | None) -> Iterator[Callable[[ProbeChunk], None] | None]:
+    """Writes the per-file rows as probe produces them (nothing of them stays in memory). The file
+    is written under a temporary name and renamed at the end: a stopped probe leaves no half list."""
+    if path is None:
+        yield None
+        return
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with path.open("w", encoding="utf-8", newline="") as out:
+        with temp.open("w", encoding="utf-8", newline="") as out:
             if path.suffix.lower() == ".csv":
-                writer = csv.DictWriter(out, fieldnames=FIELDS)
-                writer.writeheader()
-                writer.writerows(_rows(report))
+                writer = csv.writer(out)
+                writer.writerow(FIELDS)
+
+                def write_rows(chunk: ProbeChunk) -> None:
+                    out.writelines(_csv_lines(chunk, writer))
             else:
-                for row in _rows(report):
-                    out.write(json.dumps(row, sort_keys=True) + "\n")
+
+                def write_rows(chunk: ProbeChunk) -> None:
+                    out.writelines(map(_json_line, _rows(chunk.relpaths, chunk.rows)))
+
+            yield write_rows
+        os.replace(temp, path)
     except OSError as error:
         raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None
+    finally:
+        temp.unlink(missing_ok=True)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from ..config import DEFAULT_MAX_PIXELS
-from ..verify import VerifyReport
-from ..verify import verify as run_verify
+
+if TYPE_CHECKING:
+    from ..verify import VerifyReport
+
 from .common import check_report_path, console, progress_bar, user_errors, write_json_report
 
 MAX_LINES = 50
@@ -29,6 +31,8 @@ def verify(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
 ) -> None:
     """Check an output folder; exit code 0 only when everything holds."""
+    from ..verify import verify as run_verify  # here: `shardkit --help` need not import it
+
     with user_errors():
         check_report_path(json_path)
         with progress_bar("verifying", unit="shards") as bar:
