@@ -1,0 +1,38 @@
+"""The public API: every name in shardkit.__all__ resolves, and `import shardkit` stays cheap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import shardkit
+
+
+def test_every_public_name_resolves_to_what_its_module_defines() -> None:
+    import importlib
+
+    for name in shardkit.__all__:
+        value = getattr(shardkit, name)
+        if name != "__version__":
+            module = importlib.import_module(f"shardkit.{shardkit._EXPORTS[name]}")
+            assert value is getattr(module, name), name
+    assert sorted(dir(shardkit)) == sorted(shardkit.__all__)
+    assert set(shardkit.__all__) == {"__version__", *shardkit._EXPORTS}
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    try:
+        shardkit.no_such_thing  # noqa: B018
+    except AttributeError as error:
+        assert "no_such_thing" in str(error)
+    else:
+        raise AssertionError("no AttributeError")
+
+
+def test_importing_shardkit_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, shardkit; heavy = [m for m in ('numpy', 'PIL', 'h5py', 'lmdb', 'torch', 'shardkit.readers') "
+        "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout
