@@ -6,6 +6,8 @@ The public API is what `__all__` names; each name is imported on first use (PEP 
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -62,6 +64,22 @@ __all__ = [
     "recommend",
     "verify",
 ]
+
+
+class _Package(types.ModuleType):
+    """`pack`, `probe` and `verify` name both a public function and the module defining it: the
+    import system binds a submodule to its parent's attribute once imported, which would hide the
+    function. The package keeps the function (the module stays in sys.modules, where imports and
+    pickle look it up)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"pack", "probe", "verify"})
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -36,3 +36,15 @@ def test_importing_shardkit_imports_nothing_heavy() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout
+
+
+def test_pack_probe_and_verify_stay_functions_after_their_modules_are_imported() -> None:
+    code = (
+        "import shardkit.pack, shardkit.probe, shardkit.verify, shardkit, pickle; "
+        "from shardkit.pack import write_shard; "
+        "assert callable(shardkit.pack) and callable(shardkit.probe) and callable(shardkit.verify); "
+        "from shardkit import pack; assert pack is shardkit.pack and pack.__module__ == 'shardkit.pack'; "
+        "assert pickle.loads(pickle.dumps(write_shard)) is write_shard"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
