@@ -39,7 +39,7 @@ demo: install
 	rm -rf $(DEMO)
 	$(PY) scripts/make_sample.py $(DEMO)/images
 	$(VENV)/bin/shardkit probe $(DEMO)/images --plot $(DEMO)/probe.png
-	$(VENV)/bin/shardkit pack $(DEMO)/images $(DEMO)/shards --config configs/imagenet-256.toml
+	$(VENV)/bin/shardkit pack $(DEMO)/images $(DEMO)/shards --config imagenet-256
 	$(VENV)/bin/shardkit verify $(DEMO)/shards --deep --source $(DEMO)/images
 	$(VENV)/bin/shardkit bench $(DEMO)/shards --against $(DEMO)/images --plot $(DEMO)/bench.png
 

@@ -1,13 +1,13 @@
-"""Settings as frozen dataclasses, validated on construction, and TOML presets from `configs/`.
-
-A bad value fails here, with the reason, before any work starts.
+"""Settings: frozen dataclasses validated on construction, their defaults (the one place they are
+written), the flat options the CLI and presets use, and TOML presets (named ones ship in
+`shardkit/presets/`). A bad value fails here, with the reason, before any work starts.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ RESAMPLERS = ("bilinear", "bicubic", "lanczos")
 EXECUTORS = ("local", "ray")
 LABEL_MODES = ("auto", "folders", "none")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb limit
+DEFAULT_TRAIN_SIZE = 224  # what probe's recommendation and --resize auto aim at
+DEFAULT_SHARD_SIZE = 1000  # records per shard when no shard size or shard bytes is given
 # A record larger than this in a shard is refused by readers (shards may come from strangers), so
 # pack refuses to write one.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
@@ -31,14 +33,19 @@ RECORD_META_ALLOWANCE = 1 << 20  # a record's metadata and container overhead, o
 
 @dataclass(frozen=True)
 class ResizeConfig:
-    size: int | None = None  # target in pixels; None keeps the original size
+    size: int | str | None = None  # target in pixels; None keeps the original size; "auto": probe's advice
     mode: str = "short"  # short: short side = size; long: long side = size; center-crop: size x size
     upscale: bool = False  # center-crop always fills its square, so it may upscale regardless
     max_aspect: float = 4.0  # the long side never exceeds size * max_aspect (thin strips stay sane)
     resample: str = "bicubic"  # antialiased: bilinear, bicubic or lanczos
 
     def __post_init__(self) -> None:
-        if self.size is not None and not 8 <= self.size <= 16384:
+        if self.size == "auto":
+            if self.mode != "short":
+                raise ConfigError("--resize auto picks a short side; use --resize-mode short")
+        elif self.size is not None and (not isinstance(self.size, int) or isinstance(self.size, bool)):
+            raise ConfigError(f"resize takes a number of pixels, 'auto' or none, not {self.size!r}")
+        elif self.size is not None and not 8 <= self.size <= 16384:
             raise ConfigError(f"resize must be between 8 and 16384 pixels, not {self.size}")
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"resize mode must be one of {', '.join(RESIZE_MODES)}, not {self.mode!r}")
@@ -75,7 +82,7 @@ class PackConfig:
     format: str = "webdataset"
     resize: ResizeConfig = field(default_factory=ResizeConfig)
     encode: EncodeConfig = field(default_factory=EncodeConfig)
-    shard_size: int | None = 1000  # records per shard
+    shard_size: int | None = None  # records per shard; None: DEFAULT_SHARD_SIZE unless shard_bytes is given
     shard_bytes: int | None = None  # or: source bytes per shard
     workers: int | None = None  # None: one per core
     shuffle: bool = False
@@ -85,14 +92,15 @@ class PackConfig:
     overwrite: bool = False
     executor: str = "local"
     ray_address: str | None = None
+    train_size: int = DEFAULT_TRAIN_SIZE  # what resize "auto" aims at
 
     def __post_init__(self) -> None:
+        if self.shard_size is None and self.shard_bytes is None:
+            object.__setattr__(self, "shard_size", DEFAULT_SHARD_SIZE)
         if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"shard size must be at least 1 record, not {self.shard_size}")
         if self.shard_bytes is not None and self.shard_bytes < 1024:
             raise ConfigError(f"shard bytes must be at least 1KB, not {self.shard_bytes}")
-        if self.shard_size is None and self.shard_bytes is None:
-            raise ConfigError("give a shard size (records) or shard bytes")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be at least 1, not {self.workers}")
         if not 0 <= self.seed < 2**63:
@@ -103,6 +111,10 @@ class PackConfig:
             raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, not {self.executor!r}")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite contradict each other; pick one")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address is only used with --executor ray")
+        if not 8 <= self.train_size <= 16384:
+            raise ConfigError(f"train size must be between 8 and 16384 pixels, not {self.train_size}")
 
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 10**6, "MB": 10**6, "MIB": 2**20,
@@ -119,6 +131,100 @@ def parse_bytes(text: str | int) -> int:
     return int(Decimal(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def _default(config: type, name: str) -> Any:
+    return next(f.default for f in fields(config) if f.name == name)
+
+
+# The flat options of `pack` (CLI flags, '_' for '-', and preset keys), each with its default read
+# from the dataclass that owns it: the defaults are written once, in the dataclasses above.
+PACK_OPTIONS: dict[str, Any] = {
+    "format": _default(PackConfig, "format"),
+    "resize": _default(ResizeConfig, "size"),
+    "resize_mode": _default(ResizeConfig, "mode"),
+    "upscale": _default(ResizeConfig, "upscale"),
+    "max_aspect": _default(ResizeConfig, "max_aspect"),
+    "resample": _default(ResizeConfig, "resample"),
+    "quality": _default(EncodeConfig, "quality"),
+    "encode": _default(EncodeConfig, "encode"),
+    "shard_size": _default(PackConfig, "shard_size"),
+    "shard_bytes": _default(PackConfig, "shard_bytes"),
+    "workers": _default(PackConfig, "workers"),
+    "shuffle": _default(PackConfig, "shuffle"),
+    "seed": _default(PackConfig, "seed"),
+    "labels": _default(PackConfig, "labels"),
+    "train_size": _default(PackConfig, "train_size"),
+    "max_pixels": _default(EncodeConfig, "max_pixels"),
+    "executor": _default(PackConfig, "executor"),
+    "ray_address": _default(PackConfig, "ray_address"),
+}
+PROBE_OPTIONS: dict[str, Any] = {"train_size": DEFAULT_TRAIN_SIZE, "workers": None, "max_pixels": DEFAULT_MAX_PIXELS}
+
+
+def options(defaults: dict[str, Any], preset: str | Path | None = None, **given: Any) -> dict[str, Any]:
+    """Defaults, overridden by a preset (a TOML file or a named preset), overridden by the options
+    given (None means not given)."""
+    values = dict(defaults)
+    if preset is not None:
+        values.update({key: value for key, value in load_preset(preset).items() if key in defaults})
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ConfigError(f"unknown option {sorted(unknown)[0]!r} (known: {', '.join(sorted(defaults))})")
+    values.update({key: value for key, value in given.items() if value is not None})
+    return values
+
+
+def pack_config(
+    source: str | Path,
+    output: str | Path,
+    preset: str | Path | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    **given: Any,
+) -> PackConfig:
+    """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
+    "auto" or "none", `shard_bytes="256MB"`, ...): what `shardkit pack` runs, for library users too."""
+    values = options(PACK_OPTIONS, preset, **given)
+    size = values["resize"]
+    if isinstance(size, str):
+        text = size.strip().lower()
+        if text in ("none", "0", ""):
+            size = None
+        elif text == "auto":
+            size = "auto"
+        elif re.fullmatch(r"[0-9]{1,9}", text):
+            size = int(text)
+        else:
+            raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {values['resize']!r}")
+    shard_bytes = parse_bytes(values["shard_bytes"]) if values["shard_bytes"] is not None else None
+    resize = ResizeConfig(
+        size=size,
+        mode=values["resize_mode"],
+        upscale=values["upscale"],
+        max_aspect=float(values["max_aspect"]),
+        resample=values["resample"],
+    )
+    encode = EncodeConfig(encode=values["encode"], quality=values["quality"], max_pixels=values["max_pixels"])
+    return PackConfig(
+        source=str(source),
+        output=str(output),
+        format=values["format"],
+        resize=resize,
+        encode=encode,
+        shard_size=values["shard_size"],
+        shard_bytes=shard_bytes,
+        workers=values["workers"],
+        shuffle=values["shuffle"],
+        seed=values["seed"],
+        labels=values["labels"],
+        resume=resume,
+        overwrite=overwrite,
+        executor=values["executor"],
+        ray_address=values["ray_address"],
+        train_size=values["train_size"],
+    )
+
+
 # Keys a preset may set, with the type each must have. They are the CLI flag names, '_' for '-'.
 PRESET_KEYS: dict[str, type | tuple[type, ...]] = {
     "format": str, "resize": (int, str), "resize_mode": str, "upscale": bool, "max_aspect": (int, float),
@@ -128,8 +234,22 @@ PRESET_KEYS: dict[str, type | tuple[type, ...]] = {
 }  # fmt: skip
 
 
+def preset_names() -> list[str]:
+    """The presets that ship with shardkit (`--config imagenet-256`)."""
+    return sorted(path.name.removesuffix(".toml") for path in _PRESETS.iterdir() if path.name.endswith(".toml"))
+
+
+_PRESETS = Path(__file__).with_name("presets")
+
+
 def load_preset(path: str | Path) -> dict[str, Any]:
-    """Read a TOML preset; unknown keys and wrong types are refused with the file's name."""
+    """Read a TOML preset: a file, or the name of one that ships with shardkit (`imagenet-256`);
+    unknown keys and wrong types are refused with the file's name."""
+    name = str(path)
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) and not name.endswith(".toml") and not Path(name).exists():
+        if name not in preset_names():
+            raise ConfigError(f"{name}: no such preset file or named preset (named: {', '.join(preset_names())})")
+        path = _PRESETS / f"{name}.toml"
     path = Path(path)
     try:
         data = tomllib.loads(read_regular(path, 1 << 20).decode("utf-8"))

@@ -242,14 +242,14 @@ def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
     }
 
 
-def resolve_resize(config: PackConfig, auto: bool, train_size: int) -> PackConfig:
-    """`--resize auto`: the probe's recommendation, computed by the same function `probe` uses
-    (a streamed probe of the source first: bounded memory, whatever its size)."""
-    if not auto:
+def resolve_resize(config: PackConfig) -> PackConfig:
+    """Resize "auto": the probe's recommendation for `config.train_size`, computed by the same
+    function `probe` uses (a streamed probe of the source first: bounded memory, whatever its size)."""
+    if config.resize.size != "auto":
         return config
     from .probe import probe
 
-    recommendation = probe(config.source, train_size=train_size, workers=config.workers).recommendation
+    recommendation = probe(config.source, train_size=config.train_size, workers=config.workers).recommendation
     size = recommendation.resize if recommendation is not None else None
     return replace(config, resize=replace(config.resize, size=size))
 
@@ -281,13 +281,7 @@ def _jpeg_backend() -> str:
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
 
 
-def pack(
-    config: PackConfig,
-    *,
-    resize_auto: bool = False,
-    train_size: int = 224,
-    progress: ProgressCallback | None = None,
-) -> PackResult:
+def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> PackResult:
     """Pack `config.source` into shards in `config.output`. Returns what was done.
 
     Everything that can be refused (bad output, overlap with the source, another pack running, files
@@ -305,7 +299,7 @@ def pack(
             found = scan(config.source, labels=config.labels)
             if found.listed is not None:
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
-            config = resolve_resize(config, resize_auto, train_size)
+            config = resolve_resize(config)
             settings = settings_of(config)
             finished = _resumable(output, settings, lambda: _dry_plan(config, found)) if config.resume else None
             if config.overwrite:

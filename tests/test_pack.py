@@ -152,7 +152,7 @@ def test_list_file_source_and_raw_encoding(tmp_path: Path) -> None:
 
 
 def test_resize_auto_uses_the_probe_recommendation(sample_dataset: Path, tmp_path: Path) -> None:
-    result = pack(config(sample_dataset, tmp_path / "out", resize=ResizeConfig(None)), resize_auto=True, train_size=224)
+    result = pack(config(sample_dataset, tmp_path / "out", resize=ResizeConfig("auto"), train_size=224))
     assert result.resize == 256
     assert read_manifest(tmp_path / "out").settings["resize"]["size"] == 256
 

@@ -15,7 +15,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..config import load_preset
 from ..errors import ConfigError, ShardkitError
 from ..executors import Stopped, arm_stops
 
@@ -74,15 +73,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def merged(flags: dict[str, Any], config: Path | None, defaults: dict[str, Any]) -> dict[str, Any]:
-    """Flags given on the command line win over the preset file, which wins over the defaults."""
-    preset = load_preset(config) if config is not None else {}
-    values = dict(defaults)
-    values.update({key: value for key, value in preset.items() if key in defaults})
-    values.update({key: value for key, value in flags.items() if value is not None})
-    return values
 
 
 def progress_bar(label: str, unit: str = "files") -> Progress:

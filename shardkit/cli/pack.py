@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from enum import Enum
 from pathlib import Path
@@ -11,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..config import DEFAULT_MAX_PIXELS, EncodeConfig, PackConfig, ResizeConfig, parse_bytes
-from ..errors import ConfigError
+from ..config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig
+from ..config import pack_config as make_pack_config
 from ..formats import available_formats
 
 if TYPE_CHECKING:
     from ..pack import PackResult
 
-from .common import console, human_bytes, merged, progress_bar, user_errors
+from .common import console, human_bytes, progress_bar, user_errors
 
 FormatName = Enum("FormatName", {name: name for name in available_formats()}, type=str)  # type: ignore[misc]
 
@@ -40,113 +39,72 @@ class Executor(str, Enum):
     ray = "ray"
 
 
-DEFAULTS = {
-    "format": "webdataset", "resize": "none", "resize_mode": "short", "upscale": False, "max_aspect": 4.0,
-    "resample": "bicubic", "quality": 90, "encode": "jpeg", "shard_size": None, "shard_bytes": None,
-    "workers": None, "shuffle": False, "seed": 0, "labels": "auto", "train_size": 224,
-    "max_pixels": DEFAULT_MAX_PIXELS, "executor": "local", "ray_address": None,
-}  # fmt: skip
+D = PACK_OPTIONS  # the defaults shown in --help come from the one place they are set
 
 
 def pack(
     source: Annotated[Path, typer.Argument(help="Image folder (class sub-folders or flat) or a list file.")],
     output: Annotated[Path, typer.Argument(help="Output folder for shards, manifest.json and errors.jsonl.")],
     format: Annotated[
-        Optional[FormatName], typer.Option("--format", "-f", help="Shard format. [default: webdataset]")
+        Optional[FormatName], typer.Option("--format", "-f", help=f"Shard format. \\[default: {D['format']}]")
     ] = None,
     resize: Annotated[
-        Optional[str], typer.Option(help="Target size in pixels, 'auto' (probe's advice) or 'none'. [default: none]")
+        Optional[str],
+        typer.Option(
+            help=f"Target size in pixels, 'auto' (probe's advice) or 'none'. \\[default: {str(D['resize']).lower()}]"
+        ),
     ] = None,
     resize_mode: Annotated[
-        Optional[ResizeMode], typer.Option(help="Which side --resize sets. [default: short]")
+        Optional[ResizeMode], typer.Option(help=f"Which side --resize sets. \\[default: {D['resize_mode']}]")
     ] = None,
     upscale: Annotated[
         Optional[bool], typer.Option("--upscale/--no-upscale", help="Allow enlarging small images.")
     ] = None,
     max_aspect: Annotated[
-        Optional[float], typer.Option(help="Cap the long side at resize x this. [default: 4]")
+        Optional[float], typer.Option(help=f"Cap the long side at resize x this. \\[default: {D['max_aspect']:g}]")
     ] = None,
-    resample: Annotated[Optional[str], typer.Option(help="bilinear, bicubic or lanczos. [default: bicubic]")] = None,
-    quality: Annotated[Optional[int], typer.Option(help="JPEG quality 1-100. [default: 90]")] = None,
+    resample: Annotated[
+        Optional[str], typer.Option(help=f"bilinear, bicubic or lanczos. \\[default: {D['resample']}]")
+    ] = None,
+    quality: Annotated[Optional[int], typer.Option(help=f"JPEG quality 1-100. \\[default: {D['quality']}]")] = None,
     encode: Annotated[
-        Optional[Encoding], typer.Option(help="jpeg, original (keep untouched JPEGs) or raw pixels. [default: jpeg]")
+        Optional[Encoding],
+        typer.Option(help=f"jpeg, original (keep untouched JPEGs) or raw pixels. \\[default: {D['encode']}]"),
     ] = None,
-    shard_size: Annotated[Optional[int], typer.Option(help="Records per shard. [default: 1000]")] = None,
+    shard_size: Annotated[
+        Optional[int], typer.Option(help=f"Records per shard. \\[default: {DEFAULT_SHARD_SIZE}, unless --shard-bytes]")
+    ] = None,
     shard_bytes: Annotated[Optional[str], typer.Option(help="Or: source bytes per shard, e.g. 256MB.")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Writer processes. [default: one per core]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Writer processes. \\[default: one per core]")] = None,
     shuffle: Annotated[
         Optional[bool], typer.Option("--shuffle/--no-shuffle", help="Seeded shuffle before sharding.")
     ] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for --shuffle. [default: 0]")] = None,
-    labels: Annotated[Optional[str], typer.Option(help="auto, folders or none. [default: auto]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help=f"Seed for --shuffle. \\[default: {D['seed']}]")] = None,
+    labels: Annotated[Optional[str], typer.Option(help=f"auto, folders or none. \\[default: {D['labels']}]")] = None,
     train_size: Annotated[
-        Optional[int], typer.Option(help="Training size that --resize auto aims at. [default: 224]")
+        Optional[int], typer.Option(help=f"Training size that --resize auto aims at. \\[default: {D['train_size']}]")
     ] = None,
     max_pixels: Annotated[Optional[int], typer.Option(help="Refuse images with more pixels (bombs).")] = None,
     executor: Annotated[
-        Optional[Executor], typer.Option(help="local processes or a ray cluster. [default: local]")
+        Optional[Executor], typer.Option(help=f"local processes or a ray cluster. \\[default: {D['executor']}]")
     ] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or ray://host:port.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="TOML preset; flags override it.")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
 ) -> None:
     """Pre-resize, re-encode and pack images into WebDataset, LMDB or HDF5 shards."""
     with user_errors(on_stop="run the same command with --resume to finish"):
-        flags = {key: value for key, value in locals().items() if key in DEFAULTS}
-        values = merged({k: (v.value if isinstance(v, Enum) else v) for k, v in flags.items()}, config, DEFAULTS)
-        pack_config, auto = build_config(source, output, values, resume=resume, overwrite=overwrite)
-        result = _run(pack_config, auto, values["train_size"])
+        flags = {key: value for key, value in locals().items() if key in PACK_OPTIONS}
+        given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
+        pack_config = make_pack_config(source, output, config, resume=resume, overwrite=overwrite, **given)
+        result = _run(pack_config)
         render(result)
 
 
-def build_config(source: Path, output: Path, values: dict, *, resume: bool, overwrite: bool) -> tuple[PackConfig, bool]:
-    """Flags and preset values to a validated PackConfig; refuses bad values before any work."""
-    size_text = str(values["resize"]).strip().lower()
-    auto = size_text == "auto"
-    if auto or size_text in ("none", "0", ""):
-        size = None
-    elif re.fullmatch(r"[0-9]+", size_text):
-        size = int(size_text)
-    else:
-        raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {values['resize']!r}")
-    shard_bytes = parse_bytes(values["shard_bytes"]) if values["shard_bytes"] is not None else None
-    shard_size = values["shard_size"] if values["shard_size"] is not None or shard_bytes else 1000
-    if auto and values["resize_mode"] != "short":
-        raise ConfigError("--resize auto picks a short side; use --resize-mode short")
-    if values["ray_address"] is not None and values["executor"] != "ray":
-        raise ConfigError("--ray-address is only used with --executor ray")
-    if auto and not 8 <= values["train_size"] <= 16384:
-        raise ConfigError(f"train size must be between 8 and 16384 pixels, not {values['train_size']}")
-    resize = ResizeConfig(
-        size=size if not auto else None,
-        mode=values["resize_mode"],
-        upscale=values["upscale"],
-        max_aspect=float(values["max_aspect"]),
-        resample=values["resample"],
-    )
-    encode = EncodeConfig(encode=values["encode"], quality=values["quality"], max_pixels=values["max_pixels"])
-    config = PackConfig(
-        source=str(source),
-        output=str(output),
-        format=values["format"],
-        resize=resize,
-        encode=encode,
-        shard_size=shard_size,
-        shard_bytes=shard_bytes,
-        workers=values["workers"],
-        shuffle=values["shuffle"],
-        seed=values["seed"],
-        labels=values["labels"],
-        resume=resume,
-        overwrite=overwrite,
-        executor=values["executor"],
-        ray_address=values["ray_address"],
-    )
-    return config, auto
-
-
-def _run(config: PackConfig, auto: bool, train_size: int) -> PackResult:
+def _run(config: PackConfig) -> PackResult:
     from ..pack import pack as run_pack  # here: `shardkit --help` need not import imaging
 
     with progress_bar("packing", unit="images") as bar:
@@ -157,7 +115,7 @@ def _run(config: PackConfig, auto: bool, train_size: int) -> PackResult:
             rate = done / max(time.perf_counter() - started, 1e-9)
             bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} img/s, {errors:,} errors")
 
-        return run_pack(config, resize_auto=auto, train_size=train_size, progress=advance)
+        return run_pack(config, progress=advance)
 
 
 def render(result: PackResult) -> None:

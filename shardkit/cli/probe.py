@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..config import DEFAULT_MAX_PIXELS
+from ..config import PROBE_OPTIONS, options
 from ..discover import display
 from ..errors import ConfigError, ShardkitError
 
@@ -28,7 +28,6 @@ from .common import (
     check_workers,
     console,
     human_bytes,
-    merged,
     progress_bar,
     user_errors,
     write_json_report,
@@ -40,10 +39,11 @@ MAX_TRAIN_SIZE = 16384
 def probe(
     source: Annotated[Path, typer.Argument(help="Image folder (or a list file of paths).", show_default=False)],
     train_size: Annotated[
-        Optional[int], typer.Option(help="Training resolution the recommendation aims at. [default: 224]")
+        Optional[int],
+        typer.Option(help=f"Training size the recommendation aims at. \\[default: {PROBE_OPTIONS['train_size']}]"),
     ] = None,
     workers: Annotated[
-        Optional[int], typer.Option(help="Threads (compiled scanner) or processes to use. [default: one per core]")
+        Optional[int], typer.Option(help="Threads (compiled scanner) or processes to use. \\[default: one per core]")
     ] = None,
     max_pixels: Annotated[Optional[int], typer.Option(help="Flag images with more pixels as bombs.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full report as JSON.")] = None,
@@ -51,15 +51,13 @@ def probe(
         Optional[Path], typer.Option("--records", help="Write one row per file (.jsonl or .csv).")
     ] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Draw the distribution to a PNG (needs matplotlib).")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="TOML preset; flags override it.")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
+    ] = None,
 ) -> None:
     """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
     with user_errors():
-        settings = merged(
-            {"train_size": train_size, "workers": workers, "max_pixels": max_pixels},
-            config,
-            {"train_size": 224, "workers": None, "max_pixels": DEFAULT_MAX_PIXELS},
-        )
+        settings = options(PROBE_OPTIONS, config, train_size=train_size, workers=workers, max_pixels=max_pixels)
         if not 8 <= settings["train_size"] <= MAX_TRAIN_SIZE:
             raise ConfigError(f"train size must be between 8 and {MAX_TRAIN_SIZE} pixels, not {settings['train_size']}")
         if settings["max_pixels"] < 1:

@@ -24,7 +24,7 @@ def verify(
     source: Annotated[
         Optional[Path], typer.Option(help="Check every source file is packed or in errors.jsonl.")
     ] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Processes to use. [default: one per core]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
     max_pixels: Annotated[
         int, typer.Option(help="With --deep: refuse to decode images with more pixels (bombs).")
     ] = DEFAULT_MAX_PIXELS,

@@ -1,0 +1,82 @@
+"""Settings: one source of defaults, the flat options the CLI and presets use, named presets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from shardkit.config import (
+    DEFAULT_SHARD_SIZE,
+    PACK_OPTIONS,
+    EncodeConfig,
+    PackConfig,
+    ResizeConfig,
+    load_preset,
+    pack_config,
+    preset_names,
+)
+from shardkit.errors import ConfigError
+
+
+def test_the_cli_shows_the_dataclasses_defaults(python_command) -> None:
+    """Change a default in config.py and the CLI, presets and library all follow: nothing repeats it."""
+    wide = {**os.environ, "COLUMNS": "400"}  # rich wraps help text in a box otherwise
+    text = subprocess.run(
+        [*python_command, "pack", "--help"], capture_output=True, text=True, timeout=60, env=wide
+    ).stdout
+    flat = " ".join(text.split())
+    for option, owner, field_name in (("quality", EncodeConfig, "quality"), ("resample", ResizeConfig, "resample"),
+                                      ("seed", PackConfig, "seed"), ("labels", PackConfig, "labels")):  # fmt: skip
+        default = next(f.default for f in fields(owner) if f.name == field_name)
+        assert PACK_OPTIONS[option] == default
+        assert f"[default: {default}]" in flat, option
+
+
+def test_flat_options_make_the_same_config_as_the_dataclasses() -> None:
+    built = pack_config("src", "out", resize="256", shard_bytes="1MB", quality=80, workers=2)
+    assert built == PackConfig(
+        "src", "out", resize=ResizeConfig(256), encode=EncodeConfig(quality=80), shard_bytes=10**6, workers=2
+    )
+    assert built.shard_size is None  # shard bytes alone: no record count limit
+    assert PackConfig("src", "out").shard_size == DEFAULT_SHARD_SIZE
+    assert pack_config("src", "out", resize="none").resize.size is None
+    assert pack_config("src", "out", resize="auto", train_size=160).resize.size == "auto"
+
+
+def test_bad_options_are_refused_before_any_work() -> None:
+    for given, message in (
+        ({"resize": "big"}, "number of pixels"),
+        ({"resize": "auto", "resize_mode": "long"}, "short side"),
+        ({"ray_address": "auto"}, "only used with --executor ray"),
+        ({"train_size": 4}, "train size"),
+        ({"colour": "red"}, "unknown option 'colour'"),
+        ({"shard_bytes": "lots"}, "not a size"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            pack_config("src", "out", **given)
+
+
+def test_named_presets_ship_in_the_package(tmp_path: Path) -> None:
+    assert "imagenet-256" in preset_names()
+    assert load_preset("imagenet-256")["resize"] == 256
+    built = pack_config("src", "out", "imagenet-256", quality=75)
+    assert (built.resize.size, built.encode.quality, built.shard_size) == (256, 75, 1000)  # the flag wins
+    with pytest.raises(ConfigError, match="named: imagenet-256"):
+        load_preset("imagenet-999")
+    own = tmp_path / "mine.toml"
+    own.write_text('format = "lmdb"\nresize = "auto"\n')
+    assert pack_config("src", "out", own).format == "lmdb"
+    own.write_text("quality = true\n")
+    with pytest.raises(ConfigError, match="quality has the wrong type"):
+        load_preset(own)
+
+
+def test_a_library_user_with_a_preset_gets_auto_resize_resolved(sample_dataset: Path, tmp_path: Path) -> None:
+    from shardkit.pack import pack
+
+    result = pack(pack_config(sample_dataset, tmp_path / "out", "imagenet-256", resize="auto", shard_size=100))
+    assert result.resize == 256 and result.records == 60
