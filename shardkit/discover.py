@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
 
-from .errors import SourceError
+from .errors import Failure, SourceError
 from .headers import EXTENSION_FORMATS
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
@@ -34,10 +34,9 @@ class Item(NamedTuple):
     label: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    relpath: str
-    reason: str
+def _skip(relpath: str, reason: str) -> Failure:
+    """A file the walk does not take: a Failure at the discover stage."""
+    return Failure(display(relpath), "discover", reason)
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Source:
     layout: str  # "folders", "flat" or "list"
     items: list[Item]
     classes: list[str] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
+    skipped: list[Failure] = field(default_factory=list)
 
 
 def display(name: str) -> str:
@@ -68,7 +67,7 @@ def _strip_extension(relpath: str) -> str:
     return f"{head}/{stem}" if head else stem
 
 
-def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], list[Skipped]]:
+def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], list[Failure]]:
     """(paths, relative paths, skipped) of the images under a folder or in a list file, without
     keys or labels. Holds the whole list: large folders go through `scan()` instead."""
     found = scan(source, labels="none")
@@ -94,7 +93,7 @@ class SourceScan:
     layout: str  # "folders", "flat" or "list"
     items: Iterable[Item]
     classes: list[str] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
+    skipped: list[Failure] = field(default_factory=list)
     listed: Source | None = None  # a list file, read whole
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
 
@@ -116,7 +115,7 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
     if not os.path.isdir(root):
         raise SourceError(f"{display(root)}: not a folder or a list file")
     _check_folder(root)
-    skipped: list[Skipped] = []
+    skipped: list[Failure] = []
     top = _listing(root, "", skipped, set(), keys=False)
     top_level_images = any(not isinstance(part, str) for part in top)
     # a class is a top-level folder with an image somewhere below it (found without a full walk)
@@ -158,7 +157,7 @@ class Run(NamedTuple):
         return [Item(prefix + rel, rel, key, label) for rel, key in zip(self.relpaths, self.keys, strict=True)]
 
 
-def walk_runs(root: str, classes: dict[str, int] | None, skipped: list[Skipped], keys: bool) -> Iterator[Run]:
+def walk_runs(root: str, classes: dict[str, int] | None, skipped: list[Failure], keys: bool) -> Iterator[Run]:
     """The images in byte order of their relative paths, depth first, as runs of one folder's
     files. Each folder's entries are sorted by name, a folder's name with '/' after it: that is
     exactly the order of the full paths."""
@@ -178,7 +177,7 @@ def walk_runs(root: str, classes: dict[str, int] | None, skipped: list[Skipped],
 
 
 def _listing(
-    root: str, rel_dir: str, skipped: list[Skipped], seen: set[tuple[int, int]], keys: bool
+    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
 ) -> list[str | tuple[list[str], list[str]]]:
     """One folder's sub-folders (relpaths) and runs of image files between them ((relpaths, keys)),
     in sorted order; what is not taken goes to `skipped`. Folder links are followed, but a folder
@@ -187,13 +186,13 @@ def _listing(
     try:
         info = os.stat(path)
         if (info.st_dev, info.st_ino) in seen:
-            skipped.append(Skipped(rel_dir, "folder link loop (already visited)"))
+            skipped.append(_skip(rel_dir, "folder link loop (already visited)"))
             return []
         seen.add((info.st_dev, info.st_ino))
         with os.scandir(path) as entries_iterator:
             entries = list(entries_iterator)
     except OSError as error:
-        skipped.append(Skipped(rel_dir or ".", f"cannot list folder: {error.strerror}"))
+        skipped.append(_skip(rel_dir or ".", f"cannot list folder: {error.strerror}"))
         return []
     names: list[str] = []  # image files, and folders with a '/' after the name (their sort key)
     for entry in entries:
@@ -206,7 +205,7 @@ def _listing(
                 continue
             is_file = entry.is_file()
         except OSError as error:
-            skipped.append(Skipped(f"{rel_dir}/{name}" if rel_dir else name, f"cannot stat: {error.strerror}"))
+            skipped.append(_skip(f"{rel_dir}/{name}" if rel_dir else name, f"cannot stat: {error.strerror}"))
             continue
         if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
             names.append(name)  # (os.path.splitext, minus its cost: hidden names never get here)
@@ -218,7 +217,7 @@ def _listing(
                 if entry.is_symlink()
                 else "not a regular file"
             )
-            skipped.append(Skipped(f"{rel_dir}/{name}" if rel_dir else name, reason))
+            skipped.append(_skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
     if all(name.isascii() for name in names):
         names.sort()  # code-point order is byte order here, and sorting str is 10x cheaper
     else:
@@ -325,12 +324,12 @@ def _from_list(list_path: str) -> Source:
         return index[label] if classes else int(label)
 
     pairs = [(os.path.normpath(path).replace(os.sep, "/"), to_label(label)) for path, label in raw]
-    skipped: list[Skipped] = []
+    skipped: list[Failure] = []
     items = _keyed(base, pairs, skipped)
     return Source(list_path, "list", items, classes, skipped)
 
 
-def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Skipped]) -> list[Item]:
+def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure]) -> list[Item]:
     """Items with unique keys: the extension is dropped unless that makes two files' keys collide
     (a.jpg and a.png; or a.jpg kept whole against a.jpg.png), in which case both keep it."""
     shown_paths = {rel.lstrip("/") for rel, _ in pairs}
@@ -349,7 +348,7 @@ def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Skipped
         shown = rel.lstrip("/")
         key = make_key(shown, keep_extension=shown in whole)
         if key in seen:
-            skipped.append(Skipped(shown, "listed more than once"))
+            skipped.append(_skip(shown, "listed more than once"))
             continue
         seen.add(key)
         path = rel if os.path.isabs(rel) else os.path.join(root, rel)

@@ -1,6 +1,25 @@
-"""Typed errors. Library code raises these; only the CLI turns them into messages and exit codes."""
+"""Typed errors, and the record of an input that was not packed. Library code raises these; only
+the CLI turns them into messages and exit codes."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+STAGES = ("discover", "header", "read", "decode", "resize", "encode", "internal")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """An input that was not taken, and why: what discover skips, what pack cannot pack, a row of
+    errors.jsonl. `path` is relative to the source and printable; `stage` is one of STAGES
+    ("internal": a shardkit bug, not a bad image)."""
+
+    path: str
+    stage: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "stage": self.stage, "reason": self.reason}
 
 
 class ShardkitError(Exception):
@@ -38,6 +57,15 @@ class ManifestError(ShardFormatError):
 
 class ShardReadError(ShardkitError):
     """A record could not be read or decoded; names the shard and the key."""
+
+
+class WorkerDiedError(ShardkitError):
+    """A worker process ended abruptly (killed, out of memory, crashed in native code)."""
+
+
+class HeaderError(ValueError):
+    """The bytes are not a readable image header; the message is the reason. A ValueError, not a
+    ShardkitError: it never reaches the user as such (probe and pack record it per file)."""
 
 
 class MissingDependencyError(ShardkitError):

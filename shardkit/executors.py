@@ -19,14 +19,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, Thr
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from .errors import ShardkitError
+from .errors import ShardkitError, WorkerDiedError
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")
-
-
-class WorkerDiedError(ShardkitError):
-    """A worker process ended abruptly (killed, out of memory, crashed in native code)."""
 
 
 class Stopped(KeyboardInterrupt):

@@ -13,6 +13,7 @@ import stat
 from collections.abc import Callable
 from typing import NamedTuple
 
+from .errors import HeaderError
 from .safeio import not_regular
 
 HEAD_BYTES = 4096
@@ -21,10 +22,6 @@ MAX_HEADER_SCAN = 16 * 1024 * 1024
 _EXIF_READ = 65536
 
 Fetch = Callable[[int, int], bytes]
-
-
-class HeaderError(ValueError):
-    """The bytes are not a readable image header; the message is the reason."""
 
 
 class ImageHeader(NamedTuple):

@@ -22,7 +22,7 @@ from typing import Any
 from . import __version__
 from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
 from .discover import Item, SourceScan, display, scan
-from .errors import ImageError, ManifestError, OutputError
+from .errors import Failure, ImageError, ManifestError, OutputError
 from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from .formats import Record, ShardWriter, get_format
 from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
@@ -67,7 +67,7 @@ class ShardJob:
 @dataclass
 class ShardResult:
     shard: ShardInfo
-    errors: list[dict[str, str]]
+    errors: list[Failure]
     input_bytes: int
     timings: dict[str, float]
     plan: str = ""
@@ -118,7 +118,7 @@ def write_shard(job: ShardJob) -> ShardResult:
         )
     temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
     timings = dict.fromkeys(STAGES, 0.0)
-    errors: list[dict[str, str]] = []
+    errors: list[Failure] = []
     input_bytes = 0
     with _writing(job.output, spec.name):
         temp.parent.mkdir(parents=True, exist_ok=True)
@@ -157,9 +157,7 @@ def write_shard(job: ShardJob) -> ShardResult:
     return result
 
 
-def _pack_one(
-    item: Item, job: ShardJob, timings: dict[str, float], errors: list[dict[str, str]]
-) -> tuple[Record | None, int]:
+def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
     """One source file to a record, or (None, 0) with the reason appended to `errors`."""
     started = time.perf_counter()
     try:
@@ -172,8 +170,8 @@ def _pack_one(
         errors.append(_error(item.relpath, "read", reason(error)))
     except ImageError as error:
         errors.append(_error(item.relpath, error.stage, error.reason))
-    except Exception as error:  # a codec's own exception type for a file it cannot handle
-        errors.append(_error(item.relpath, "decode", f"{type(error).__name__}: {error}"))
+    except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
+        errors.append(_error(item.relpath, _blame(error), f"{type(error).__name__}: {error}"))
     else:
         meta = {**encoded.meta, "source": display(item.relpath)}
         return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
@@ -234,12 +232,22 @@ def output_error(output: str | os.PathLike[str], what: str, error: OSError) -> O
     return OutputError(f"{output}: cannot write {what} ({reason(error)})")
 
 
-def _error(relpath: str, stage: str, reason: str) -> dict[str, str]:
-    return {
-        "path": display(relpath),
-        "stage": stage,
-        "reason": reason,
-    }
+def _error(relpath: str, stage: str, reason: str) -> Failure:
+    return Failure(display(relpath), stage, reason)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _blame(error: BaseException) -> str:
+    """ "decode" when the exception came out of a codec (Pillow, libjpeg-turbo: their own types for
+    a file they cannot read), "internal" when shardkit's own code raised it: a bug must not pass
+    for a bad image in errors.jsonl."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    where = os.path.abspath(trace.tb_frame.f_code.co_filename) if trace is not None else ""
+    return "internal" if where.startswith(_PACKAGE) else "decode"
 
 
 def resolve_resize(config: PackConfig) -> PackConfig:
@@ -401,7 +409,7 @@ def _write_all(
     _remove_stale_shards(output, {shard_name(index, get_format(config.format).suffix) for index in results})
 
     ordered = [results[index] for index in range(planned.shards)]
-    error_rows = [_error(s.relpath, "discover", s.reason) for s in found.skipped]
+    error_rows = list(found.skipped)
     error_rows += [row for result in ordered for row in result.errors]
     records = sum(r.shard.count for r in ordered)
     inputs = planned.images + len(found.skipped)
@@ -419,7 +427,7 @@ def _write_all(
     ).sealed()
     state = state_dir(output)
     with _writing(output, ERRORS_NAME):
-        lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in error_rows)
+        lines = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in error_rows)
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
     with _writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
@@ -527,7 +535,7 @@ def _already_complete(manifest: Manifest, config: PackConfig, started: float) ->
 def _result_from_json(data: dict[str, Any]) -> ShardResult:
     return ShardResult(
         shard=ShardInfo(**data["shard"]),
-        errors=data["errors"],
+        errors=[Failure(**row) for row in data["errors"]],
         input_bytes=data["input_bytes"],
         timings=data["timings"],
         plan=data["plan"],

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .discover import Item
+from .errors import Failure
 from .manifest import ShardInfo, sha256_file
 from .output import shard_name, state_dir
 from .safeio import load_json_file
@@ -145,6 +146,8 @@ def reusable(output: str | Path, spec: ShardSpec, plan_hash: str) -> dict[str, A
     try:
         result = load_json_file(marker)
         info = ShardInfo(**result["shard"])
+        for row in result["errors"]:  # well-formed, or the marker is not trusted
+            Failure(**row)
         if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
             return None
         if sha256_file(shard) != info.sha256:

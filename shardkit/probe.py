@@ -20,7 +20,8 @@ import numpy as np
 
 from .backends import header_scanner
 from .config import DEFAULT_MAX_PIXELS
-from .discover import Skipped, display, scan
+from .discover import display, scan
+from .errors import Failure
 from .executors import default_workers, map_local, map_threads
 from .headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 
@@ -72,14 +73,14 @@ class ProbeReport:
     problems: dict[str, ProblemSummary]
     recommendation: Recommendation | None
     worker_kind: str = "process"  # "thread" with the compiled scanner
-    skipped: list[Skipped] = field(default_factory=list, repr=False)
+    skipped: list[Failure] = field(default_factory=list, repr=False)
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data.pop("size_counts")
-        data["skipped"] = [{"path": display(s.relpath), "reason": s.reason} for s in self.skipped]
+        data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         data["root"] = display(self.root)
         return data
 

@@ -272,7 +272,7 @@ def _check_source(
         walked = [_hashes([display(rel) for rel in run.relpaths]) for run in found.runs]
     else:
         walked = [_hashes([display(item.relpath) for item in found.items])]
-    walked.append(_hashes([display(skip.relpath) for skip in found.skipped]))
+    walked.append(_hashes([skip.path for skip in found.skipped]))
     expected = np.unique(_joined(walked))
     logged = _hashes([row["path"] for row in _error_rows(root, None)])
     accounted, times = np.unique(np.concatenate([packed, logged]), return_counts=True)
@@ -281,7 +281,7 @@ def _check_source(
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
     if lost:
         again = scan(found.root, labels="none", keys=False)
-        names = [display(item.relpath) for item in again.items] + [display(skip.relpath) for skip in again.skipped]
+        names = [display(item.relpath) for item in again.items] + [skip.path for skip in again.skipped]
         for path in sorted({name for name in names if hash(name) in lost}):
             report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
     if extra or twice:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import random
 import sys
 from pathlib import Path
 
@@ -54,7 +54,7 @@ def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for orientation in range(1, 9):
         rotated_jpeg(root / f"80x50_orientation_{orientation}.jpg", 80, 50, orientation)
     # An ICC-sized APP2 segment pushes the frame header far beyond the first 4 KiB read.
-    write_image(root / "70x40_big_app2.jpg", 70, 40, icc_profile=os.urandom(100_000))
+    write_image(root / "70x40_big_app2.jpg", 70, 40, icc_profile=random.Random(70).randbytes(100_000))
     return root
 
 

@@ -55,7 +55,7 @@ def test_non_image_files_hidden_files_and_links_are_accounted(tmp_path: Path) ->
     (tmp_path / "sub" / "loop").symlink_to(tmp_path)  # a folder link back to the root
     source = discover(tmp_path)
     assert [item.relpath for item in source.items] == ["ok.jpg", "sub/in.jpg"]
-    reasons = {skip.relpath: skip.reason for skip in source.skipped}
+    reasons = {skip.path: skip.reason for skip in source.skipped}
     assert reasons["README.txt"] == "not an image file extension"
     assert reasons["dangling.jpg"] == "broken link"
     assert "loop" in reasons["sub/loop"]
@@ -148,4 +148,4 @@ def test_classes_are_folders_with_an_image_below_them_found_before_the_walk(tmp_
     found = scan(tmp_path)
     assert found.classes == ["a-c", "b"]  # known before a single item is yielded
     assert [(item.relpath, item.label) for item in found.items] == [("a-c/1.jpg", 0), ("b/deep/er/1.jpg", 1)]
-    assert [skip.relpath for skip in found.skipped] == ["texts/note.txt"]
+    assert [skip.path for skip in found.skipped] == ["texts/note.txt"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,16 @@ import pytest
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.formats import FORMATS, Record, available_formats, get_format
 
+
+def seeded_bytes(size: int, seed: int) -> bytes:
+    """Incompressible bytes, the same on every run (a failure must be reproducible)."""
+    return random.Random(seed).randbytes(size)
+
+
 RECORDS = [
-    Record(f"class{i % 3}/img_{i}", os.urandom(500 + 37 * i), "jpg", None if i % 5 == 0 else i % 3, {"i": i, "ü": "x"})
+    Record(
+        f"class{i % 3}/img_{i}", seeded_bytes(500 + 37 * i, i), "jpg", None if i % 5 == 0 else i % 3, {"i": i, "ü": "x"}
+    )
     for i in range(40)
 ]
 
@@ -125,7 +134,7 @@ def test_hdf5_shard_cannot_read_other_files_through_external_storage(tmp_path: P
         get_format("hdf5").reader(str(path)).read(0)
 
 
-BIG_RECORDS = [Record(f"big_{i}", os.urandom(300_000 + 7_919 * i), "jpg", i, {"i": i}) for i in range(12)]
+BIG_RECORDS = [Record(f"big_{i}", seeded_bytes(300_000 + 7_919 * i, 100 + i), "jpg", i, {"i": i}) for i in range(12)]
 
 
 @pytest.mark.parametrize("layout", ["as written", "gzip", "contiguous"])
@@ -199,7 +208,7 @@ def test_hdf5_index_that_would_expand_in_memory_is_refused(tmp_path: Path, datas
 
 def damaged_tar(tmp_path: Path, bad: int = 5) -> Path:
     """Ten records whose record `bad` has metadata that is not JSON (same length, so the tar stays whole)."""
-    records = [Record(f"r{i}", os.urandom(3000), "jpg", i, {"i": i}) for i in range(10)]
+    records = [Record(f"r{i}", seeded_bytes(3000, 200 + i), "jpg", i, {"i": i}) for i in range(10)]
     path = write(tmp_path / "d.tar", "webdataset", records)
     data = path.read_bytes()
     at = data.index(b'{"i": %d}' % bad)

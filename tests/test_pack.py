@@ -251,3 +251,18 @@ def test_resume_repacks_only_the_shards_whose_files_changed(
     assert (out / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()
     assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
+
+
+def test_a_bug_is_not_passed_off_as_a_bad_image() -> None:
+    """errors.jsonl's stage: 'decode' for what a codec raises, 'internal' for shardkit's own code."""
+    from PIL import Image
+
+    from shardkit.config import parse_bytes
+    from shardkit.pack import _blame
+
+    with pytest.raises(Exception) as from_codec:
+        Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n garbage")).load()
+    assert _blame(from_codec.value) == "decode"
+    with pytest.raises(Exception) as from_shardkit:
+        parse_bytes("plenty")
+    assert _blame(from_shardkit.value) == "internal"
