@@ -226,13 +226,37 @@ def test_tar_yields_every_good_record_before_a_damaged_one(tmp_path: Path) -> No
     assert [r.key for r in reader.read_range(0, 5)] == keys  # never reads ahead into r5
 
 
-def test_lmdb_range_reads_refuse_oversized_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardkit.formats import lmdb as lmdb_format
+@pytest.mark.parametrize("name", ["lmdb", "hdf5"])
+def test_range_reads_and_reads_refuse_oversized_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """One size check in the format base, for every format's read paths (the limit lowered here)."""
+    from shardkit.formats import base
 
-    path = write(tmp_path / "s.lmdb", "lmdb", RECORDS[:3])
-    monkeypatch.setattr(lmdb_format, "MAX_RECORD_BYTES", 100)
+    path = write(tmp_path / f"s{FORMATS[name].suffix}", name, RECORDS[:3])
+    monkeypatch.setattr(base, "MAX_RECORD_BYTES", 100)
     with pytest.raises(ShardFormatError, match="over the size limit"):
-        list(get_format("lmdb").reader(str(path)).read_range(0, 3))
+        list(get_format(name).reader(str(path)).read_range(0, 3))
+    with pytest.raises(ShardFormatError, match="over the size limit"):
+        get_format(name).reader(str(path)).read(1)
+
+
+def test_writers_take_validated_options(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown writer option 'level'"):
+        get_format("webdataset").writer(str(tmp_path / "a.tar"), level=3)
+    with pytest.raises(ConfigError, match="batch must be int"):
+        get_format("lmdb").writer(str(tmp_path / "a.lmdb"), batch="many")
+    with pytest.raises(ConfigError, match="chunk_bytes must be between"):
+        get_format("hdf5").writer(str(tmp_path / "a.h5"), chunk_bytes=10)
+    small = get_format("hdf5").writer(str(tmp_path / "b.h5"), chunk_bytes=4096)
+    for record in RECORDS[:5]:
+        small.add(record)
+    assert small.close() == 5
+    import h5py
+
+    with h5py.File(tmp_path / "b.h5") as h5:
+        assert h5["data"].chunks == (4096,)
+    assert [r.key for r in get_format("hdf5").reader(str(tmp_path / "b.h5"))] == [r.key for r in RECORDS[:5]]
 
 
 def test_hdf5_data_must_be_bytes(tmp_path: Path) -> None:

@@ -12,16 +12,16 @@ the bytes they move, so they serve only files whose data is filtered (compressed
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ShardFormatError
+from ..errors import ConfigError, ShardFormatError
 from ..safeio import check_regular, reason
-from . import MAX_RECORD_BYTES, Record, checked, json_objects, parse_meta
+from . import Backend, Record, checked, json_objects, parse_meta
+from .base import ShardReaderBase, ShardWriterBase, encode_meta
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
@@ -34,21 +34,30 @@ _MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seco
 VERSION = 1
 
 
-class Hdf5ShardWriter:
+class Hdf5ShardWriter(ShardWriterBase):
     """Writes through HDF5, but never lets HDF5 meet a full disk: a failed write inside HDF5 leaves
     its file state broken, and closing it then crashes the process. So the space every write needs
     is reserved first (posix_fallocate, a clean OSError when the disk is full), and the file is cut
     back to HDF5's own end-of-file address after closing: the bytes are those of an unreserved write."""
 
-    def __init__(self, path: str) -> None:
+    # the HDF5 chunk of the data array (the unit h5py inflates on reading)
+    OPTIONS: ClassVar[dict[str, Any]] = {"chunk_bytes": CHUNK_BYTES}
+
+    def __init__(self, path: str, **options: object) -> None:
         import h5py
 
+        super().__init__(path, **options)
+        if not 4096 <= self.options["chunk_bytes"] <= _MAX_H5PY_CHUNK:
+            raise ConfigError(
+                f"chunk_bytes must be between 4096 and {_MAX_H5PY_CHUNK}, not {self.options['chunk_bytes']}"
+            )
+        self._chunk = self.options["chunk_bytes"]
         self._h5py = h5py
         self._path = path
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
         self._fd: int | None = self._file.id.get_vfd_handle()  # None: no space reservation here
         self._data = self._file.create_dataset(
-            "data", shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(CHUNK_BYTES,), track_times=False
+            "data", shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(self._chunk,), track_times=False
         )
         self._buffer = bytearray()
         self._offsets = [0]
@@ -59,7 +68,7 @@ class Hdf5ShardWriter:
         self._index_bytes = 0  # what the index datasets will take, roughly
 
     def add(self, record: Record) -> None:
-        meta = json.dumps(record.meta, sort_keys=True)
+        meta = encode_meta(record.meta)
         self._buffer += record.data
         self._offsets.append(self._offsets[-1] + len(record.data))
         self._keys.append(record.key)
@@ -74,7 +83,7 @@ class Hdf5ShardWriter:
         if self._fd is None:
             return
         try:
-            os.posix_fallocate(self._fd, 0, self._offsets[-1] + 2 * CHUNK_BYTES + _RESERVE_SLACK + extra)
+            os.posix_fallocate(self._fd, 0, self._offsets[-1] + 2 * self._chunk + _RESERVE_SLACK + extra)
         except OSError as error:
             if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
@@ -137,20 +146,20 @@ def _refuse_links_outside(h5: Any, path: str) -> None:
             raise ShardFormatError(f"{path}: {name} is not a plain dataset in this file; refusing it")
 
 
-class Hdf5ShardReader:
+class Hdf5ShardReader(ShardReaderBase):
+    TRANSIENT = ("_file", "_fd")
+
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self._file: Any = None
-        self._pid = 0
         self._index: tuple[list[int], list[str], list[str], list[int]] | None = None
-        self._by_key: dict[str, int] = {}
         self._meta: list[Any] = []
         self._chunks: tuple[int, list[int]] | None = None  # (chunk bytes, file offset of each chunk)
         self._fd: int | None = None
         self._fd_pid = 0
 
     def _open(self) -> Any:
-        if self._file is None or self._pid != os.getpid():  # h5py handles must not cross a fork
+        if not self.in_this_process(self._file):  # h5py handles must not cross a fork
             import h5py
 
             try:
@@ -158,7 +167,7 @@ class Hdf5ShardReader:
                 self._file = h5py.File(self.path, "r")
             except (OSError, RuntimeError, ValueError) as error:
                 raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({reason_of(error)})") from None
-            self._pid = os.getpid()
+            self.opened()
         return self._file
 
     def _load_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
@@ -194,7 +203,6 @@ class Hdf5ShardReader:
         if labels.dtype.kind not in "iu" or labels.ndim != 1 or offsets.ndim != 1:
             raise ShardFormatError(f"{self.path}: labels are not integers")
         _check_stored(data, int(offsets[-1]) if n else 0, self.path)
-        self._by_key = {key: i for i, key in enumerate(keys)}
         self._chunks = _chunk_table(data, os.path.getsize(self.path))
         if self._chunks is None and (data.chunks or (0,))[0] > _MAX_H5PY_CHUNK:
             raise ShardFormatError(f"{self.path}: data chunks of {data.chunks[0]:,} bytes; refusing to inflate")
@@ -259,13 +267,9 @@ class Hdf5ShardReader:
         if not 0 <= index < len(keys):
             raise IndexError(index)
         start, end = offsets[index], offsets[index + 1]
-        if end - start > MAX_RECORD_BYTES:
-            raise ShardFormatError(f"{self.path}: record {keys[index]} is over the size limit")
+        self.refuse_oversize(end - start, keys[index])
         data = self._direct(start, end, self._chunks) if self._chunks else self._data(start, end)
         return self._record(index, data)
-
-    def __iter__(self) -> Iterator[Record]:
-        return self.read_range(0, len(self))
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop): straight from the file's chunks where the layout allows, else
@@ -277,8 +281,7 @@ class Hdf5ShardReader:
             last = min(stop, index + _META_BATCH)
             metas = json_objects(self._meta[index:last])
             for i in range(index, last):
-                if offsets[i + 1] - offsets[i] > MAX_RECORD_BYTES:
-                    raise ShardFormatError(f"{self.path}: record {keys[i]} is over the size limit")
+                self.refuse_oversize(offsets[i + 1] - offsets[i], keys[i])
                 yield self._record(i, self._direct(offsets[i], offsets[i + 1], chunks), metas[i - index])
             index = last
         while index < stop:
@@ -286,30 +289,19 @@ class Hdf5ShardReader:
             while last < stop and offsets[last + 1] - offsets[index] <= _FLUSH_BYTES:
                 last += 1
             base, end = offsets[index], offsets[last]
-            if offsets[index + 1] - base > MAX_RECORD_BYTES:
-                raise ShardFormatError(f"{self.path}: record {keys[index]} is over the size limit")
+            self.refuse_oversize(offsets[index + 1] - base, keys[index])
             window = memoryview(self._data(base, end))
             metas = json_objects(self._meta[index:last])
             for i in range(index, last):
                 yield self._record(i, bytes(window[offsets[i] - base : offsets[i + 1] - base]), metas[i - index])
             index = last
 
-    def read_key(self, key: str) -> Record:
-        self._load_index()
-        try:
-            return self.read(self._by_key[key])
-        except KeyError:
-            raise KeyError(key) from None
-
     def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
+        if self.in_this_process(self._file):
             self._file.close()
         if self._fd is not None and self._fd_pid == os.getpid():
             os.close(self._fd)
         self._file = self._fd = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_file": None, "_pid": 0, "_fd": None, "_fd_pid": 0}
 
 
 def _check_stored(data: Any, used: int, path: str) -> None:
@@ -383,3 +375,6 @@ def _chunk_table(data: Any, file_size: int) -> tuple[int, list[int]] | None:
 def reason_of(error: Exception) -> str:
     """h5py's messages carry HDF5's whole error stack; the first line is the cause."""
     return str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+
+
+BACKEND = Backend("hdf5", ".h5", True, Hdf5ShardWriter, Hdf5ShardReader)

@@ -13,11 +13,12 @@ import os
 import shutil
 import struct
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..errors import ShardFormatError
 from ..safeio import loads, open_regular, reason
-from . import MAX_RECORD_BYTES, Record, checked, json_objects
+from . import Backend, Record, checked, json_objects
+from .base import ShardReaderBase, ShardWriterBase
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
@@ -68,10 +69,13 @@ class _Where(NamedTuple):
         return f"{self.path} record {self.index}"
 
 
-class LmdbShardWriter:
-    def __init__(self, path: str) -> None:
+class LmdbShardWriter(ShardWriterBase):
+    OPTIONS: ClassVar[dict[str, Any]] = {"batch": _BATCH}  # records per write transaction
+
+    def __init__(self, path: str, **options: object) -> None:
         import lmdb
 
+        super().__init__(path, **options)
         self._lmdb = lmdb
         self._map_size = _INITIAL_MAP
         # lock=False: one writer per shard by design, and no '-lock' file next to the shard.
@@ -82,7 +86,7 @@ class LmdbShardWriter:
 
     def add(self, record: Record) -> None:
         self._pending.append(record)
-        if len(self._pending) >= _BATCH:
+        if len(self._pending) >= self.options["batch"]:
             self._flush()
 
     def _flush(self, info: dict[str, Any] | None = None) -> None:
@@ -295,17 +299,18 @@ def _release(path: str) -> None:
                 env.close()
 
 
-class LmdbShardReader:
+class LmdbShardReader(ShardReaderBase):
+    TRANSIENT = ("_env",)
+
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self._env: Any = None
-        self._pid = 0
         self._count: int | None = None
 
     def _open(self) -> Any:
-        if self._env is None or self._pid != os.getpid():  # opened lazily, once per process
+        if not self.in_this_process(self._env):  # opened lazily, once per process
             self._env = _acquire(self.path)
-            self._pid = os.getpid()
+            self.opened()
         return self._env
 
     def _get(self, key: bytes) -> bytes | None:
@@ -338,11 +343,10 @@ class LmdbShardReader:
         value = self._get(_index_key(index))
         if value is None:
             raise ShardFormatError(f"{self.path}: record {index} is missing")
-        if len(value) > MAX_RECORD_BYTES:
-            raise ShardFormatError(f"{self.path}: record {index} is over the size limit")
+        self.refuse_oversize(len(value), index)
         return decode_value(value, f"{self.path} record {index}")
 
-    def read_key(self, key: str) -> Record:
+    def read_key(self, key: str) -> Record:  # LMDB's own key index, not the base's
         raw = self._get(b"k" + key.encode())
         if raw is None:
             raise KeyError(key)
@@ -367,9 +371,6 @@ class LmdbShardReader:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
         return [key for _, key in sorted(pairs)]
 
-    def __iter__(self) -> Iterator[Record]:
-        return self.read_range(0, len(self))
-
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         import lmdb
 
@@ -384,8 +385,7 @@ class LmdbShardReader:
                     for index, value in zip(indices, values, strict=True):
                         if value is None:
                             raise ShardFormatError(f"{self.path}: record {index} is missing")
-                        if len(value) > MAX_RECORD_BYTES:
-                            raise ShardFormatError(f"{self.path}: record {index} is over the size limit")
+                        self.refuse_oversize(len(value), index)
                     where = [_Where(self.path, index) for index in indices]  # formatted only for an error
                     sizes = [_header_size(value, at) for value, at in zip(values, where, strict=True)]
                     blobs = [bytes(value[4 : 4 + size]) for value, size in zip(values, sizes, strict=True)]
@@ -399,5 +399,5 @@ class LmdbShardReader:
             _release(self.path)
         self._env = None
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_env": None, "_pid": 0}
+
+BACKEND = Backend("lmdb", ".lmdb", True, LmdbShardWriter, LmdbShardReader)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import os
 import re
 import tarfile
@@ -18,11 +17,13 @@ from collections.abc import Iterator
 
 from ..errors import ShardFormatError
 from ..safeio import open_regular, reason
-from . import MAX_RECORD_BYTES, Record, checked, json_objects, parse_meta
+from . import MAX_RECORD_BYTES, Backend, Record, checked, json_objects, parse_meta
+from .base import ShardReaderBase, ShardWriterBase, encode_meta
 
 
-class TarShardWriter:
-    def __init__(self, path: str) -> None:
+class TarShardWriter(ShardWriterBase):
+    def __init__(self, path: str, **options: object) -> None:
+        super().__init__(path, **options)
         self._file = open(path, "wb")  # noqa: SIM115 - both closed in close()
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self._count = 0
@@ -31,7 +32,7 @@ class TarShardWriter:
         members = [(f"{record.key}.{record.ext}", record.data)]
         if record.label is not None:
             members.append((f"{record.key}.cls", str(record.label).encode()))
-        members.append((f"{record.key}.json", json.dumps(record.meta, sort_keys=True).encode()))
+        members.append((f"{record.key}.json", encode_meta(record.meta).encode()))
         for name, payload in members:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
@@ -196,23 +197,24 @@ def _group(members: Iterator[Member], where: str) -> Iterator[tuple[str, dict[st
         yield key, parts
 
 
-class TarShardReader:
+class TarShardReader(ShardReaderBase):
     """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
     through an index of member offsets built from the headers on first random access."""
 
+    TRANSIENT = ("_fd",)
+
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self._entries: list[tuple[str, dict[str, tuple[int, int]]]] | None = None
-        self._by_key: dict[str, int] = {}
         self._fd: int | None = None
-        self._pid = 0
 
     def _descriptor(self) -> int:
-        if self._fd is None or self._pid != os.getpid():  # after fork, get our own descriptor
+        if not self.in_this_process(self._fd):  # after fork, get our own descriptor
             try:
-                self._fd, self._pid = open_regular(self.path), os.getpid()
+                self._fd = open_regular(self.path)
             except OSError as error:
                 raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
+            self.opened()
         return self._fd
 
     def _bytes(self, chunk: int = 0) -> _Bytes:
@@ -222,8 +224,7 @@ class TarShardReader:
     def _index(self) -> list[tuple[str, dict[str, tuple[int, int]]]]:
         if self._entries is None:
             entries = list(_group(scan_members(self._bytes(), self.path), self.path))
-            self._by_key = {key: i for i, (key, _) in enumerate(entries)}
-            if len(self._by_key) != len(entries):
+            if len({key for key, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
         return self._entries
@@ -306,15 +307,8 @@ class TarShardReader:
         key, members = self._index()[index]
         return next(self._records(self._bytes(), iter([(key, members)])))
 
-    def read_key(self, key: str) -> Record:
-        self._index()
-        try:
-            return self.read(self._by_key[key])
-        except KeyError:
-            raise KeyError(key) from None
-
     def __iter__(self) -> Iterator[Record]:
-        return self._stream(None)
+        return self._stream(None)  # no index needed from the first record
 
     def _stream(self, stop: int | None) -> Iterator[Record]:
         """Records from the start, walking the headers; none past `stop` is read (not even ahead)."""
@@ -339,10 +333,9 @@ class TarShardReader:
         return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
+        if self.in_this_process(self._fd):
             os.close(self._fd)
         self._fd = None
 
-    def __getstate__(self) -> dict:
-        # Descriptors do not travel to other processes; the index (plain data) does.
-        return {**self.__dict__, "_fd": None, "_pid": 0}
+
+BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader)
