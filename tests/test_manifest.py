@@ -1,0 +1,78 @@
+"""manifest.json and errors.jsonl: the checksum, strict parsing of what strangers send, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import ManifestError
+from shardkit.manifest import (
+    ERRORS_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    iter_errors,
+    read_manifest,
+    write_json_atomic,
+)
+
+
+def manifest() -> Manifest:
+    shards = [ShardInfo(f"shard-{i:06}.tar", 10 + i, 1000 * (i + 1), f"{i:064x}") for i in range(3)]
+    totals = {"inputs": 34, "records": 33, "errors": 1}
+    return Manifest("webdataset", shards, ["cat", "dog"], {"resize": {"size": 256}}, totals).sealed()
+
+
+def test_a_written_manifest_reads_back_equal_and_its_checksum_holds(tmp_path: Path) -> None:
+    write_json_atomic(tmp_path / MANIFEST_NAME, manifest().to_json())
+    back = read_manifest(tmp_path)
+    assert back == manifest() and back.records == 33
+    assert back.checksum == back.computed_checksum()
+    edited = Manifest(**{**back.to_json(), "shards": back.shards, "classes": ["cat", "cow"]})
+    assert edited.checksum != edited.computed_checksum()  # a hand edit shows
+
+
+def test_atomic_writes_leave_no_temporary_file_and_usual_permissions(tmp_path: Path) -> None:
+    write_json_atomic(tmp_path / "x.json", {"a": 1}, temp_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o666 & ~_umask()
+    with pytest.raises(ValueError):
+        write_json_atomic(tmp_path / "y.json", {"a": float("nan")})  # JSON has no NaN: refused, not written
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(schema_version=2), "schema version"),
+        (lambda d: d.update(format=7), "format must be a str"),
+        (lambda d: d["shards"][0].pop("sha256"), "shard entry"),
+        (lambda d: d.update(classes=[1, 2]), "classes must be a list of names"),
+        (lambda d: d["totals"].update(records=-1), "total records is not a count"),
+    ],
+)
+def test_a_stranger_s_manifest_is_checked_field_by_field(tmp_path: Path, edit, message: str) -> None:
+    data = manifest().to_json()
+    edit(data)
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=message):
+        read_manifest(tmp_path)
+
+
+def test_errors_rows_stream_and_a_bad_row_names_its_line(tmp_path: Path) -> None:
+    assert list(iter_errors(tmp_path)) == []  # no file: no errors
+    rows = [{"path": f"a/{i}.jpg", "stage": "decode", "reason": "broken"} for i in range(3)]
+    (tmp_path / ERRORS_NAME).write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"path": 1}\n')
+    found = iter_errors(tmp_path)
+    assert [next(found) for _ in range(3)] == rows
+    with pytest.raises(ManifestError, match="line 4 is not an object"):
+        next(found)
