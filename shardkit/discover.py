@@ -120,7 +120,10 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
     top_level_images = any(not isinstance(part, str) for part in top)
     # a class is a top-level folder with an image somewhere below it (found without a full walk)
     folders = [part for part in top if isinstance(part, str)]
-    holding = [] if top_level_images else [rel for rel in folders if _holds_image(root, rel)]
+    # in walk order, sharing what was entered: a folder reached again (a link to an earlier class)
+    # is skipped here as the walk will skip it
+    entered = {(info.st_dev, info.st_ino) for info in [os.stat(root)]}
+    holding = [] if top_level_images else [rel for rel in folders if _holds_image(root, rel, entered)]
     if not top_level_images and not holding:
         raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
     use_folders = labels == "folders" or (labels == "auto" and not top_level_images)
@@ -172,8 +175,12 @@ def walk_runs(root: str, classes: dict[str, int] | None, skipped: list[Failure],
             stack.append(iter(_listing(root, part, skipped, seen, keys)))
         else:
             relpaths, file_keys = part
-            label = None if classes is None else classes[relpaths[0].split("/", 1)[0]]  # one folder: one class
-            yield Run(prefix, relpaths, file_keys, label)
+            if classes is None:
+                yield Run(prefix, relpaths, file_keys, None)
+            elif (label := classes.get(relpaths[0].split("/", 1)[0])) is not None:  # one folder: one class
+                yield Run(prefix, relpaths, file_keys, label)
+            else:  # a folder that had no image when the classes were settled: never a silent new label
+                skipped.extend(_skip(rel, "its class folder had no image when the walk began") for rel in relpaths)
 
 
 def _listing(
@@ -238,9 +245,9 @@ def _listing(
     return parts
 
 
-def _holds_image(root: str, rel_dir: str) -> bool:
-    """Whether a folder has an image file somewhere below it; stops at the first one found."""
-    seen: set[tuple[int, int]] = set()
+def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
+    """Whether a folder has an image file somewhere below it; stops at the first one found. Folders
+    in `seen` (entered before) are not entered again, and those entered here are added to it."""
     stack = [rel_dir]
     while stack:
         rel = stack.pop()

@@ -486,9 +486,12 @@ def _resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterab
     state_file = state_dir(output) / STATE_NAME
     if os.path.lexists(state_file):
         try:
-            previous = load_json_file(state_file).get("settings")
+            state = load_json_file(state_file)
+            previous = state.get("settings")
         except (OSError, ValueError, AttributeError):
-            previous = None
+            state, previous = {}, None
+        if previous is None and isinstance(state, dict) and "plan" in state:
+            raise OutputError(f"{output}: was started by an earlier shardkit, which cannot be resumed; use --overwrite")
         if previous != settings_hash(settings):
             raise OutputError(
                 f"{output}: was started with other settings; resume with the same flags, or use --overwrite"
@@ -578,7 +581,11 @@ def _run_jobs(
     def tick() -> None:
         while not stop.wait(0.25):
             if progress is not None:
-                progress(planned.reused_images + counter.value, total(), planned.reused_errors + errors[0])
+                progress(planned.reused_images + done(), total(), planned.reused_errors + errors[0])
+
+    def done() -> int:
+        # Read without the counter's lock: a worker killed by a stop may die holding it.
+        return counter.get_obj().value
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -592,4 +599,4 @@ def _run_jobs(
         ticker.join()
         _init_worker(None)
         if progress is not None:
-            progress(planned.reused_images + counter.value, total(), planned.reused_errors + errors[0])
+            progress(planned.reused_images + done(), total(), planned.reused_errors + errors[0])

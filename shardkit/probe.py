@@ -206,10 +206,11 @@ def probe(
     found = scan(source, labels="none", keys=False)
     census = Census()
     walked = 0
+    chunk_count = 0
     walk_done = False
 
     def chunks() -> Iterator[tuple[list[str], list[str], int]]:
-        nonlocal walked, walk_done
+        nonlocal walked, walk_done, chunk_count
         paths: list[str] = []
         relpaths: list[str] = []
         if found.runs is None:  # a list file
@@ -222,10 +223,12 @@ def probe(
             relpaths += run_relpaths
             while len(paths) >= chunk_files:
                 walked += chunk_files
+                chunk_count += 1
                 yield paths[:chunk_files], relpaths[:chunk_files], max_pixels
                 del paths[:chunk_files], relpaths[:chunk_files]
         if paths:
             walked += len(paths)
+            chunk_count += 1
             yield paths, relpaths, max_pixels
         walk_done = True
 
@@ -258,7 +261,7 @@ def probe(
                 progress(census.files, walked if walk_done else None)
     report = census.report(train_size=train_size, root=os.fspath(source))
     report.seconds = time.perf_counter() - started
-    report.workers, report.worker_kind = workers, kind
+    report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     return report
 

@@ -139,6 +139,28 @@ def test_streamed_walk_is_in_byte_order_of_the_whole_paths(tmp_path: Path) -> No
     assert [item.relpath for item in scan(tmp_path, labels="none").items] == expected
 
 
+def test_a_link_to_an_earlier_class_is_no_class_of_its_own(tmp_path: Path) -> None:
+    """The walk enters a folder once: a top-level link to another class (or a class holding only a
+    link into another) yields no image, so it must not take a label and shift the classes after it."""
+    write_image(tmp_path / "a" / "1.jpg", 8, 8)
+    write_image(tmp_path / "c" / "2.jpg", 8, 8)
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "bb").mkdir()
+    (tmp_path / "bb" / "link").symlink_to(tmp_path / "a")
+    found = scan(tmp_path)
+    assert found.classes == ["a", "c"]
+    assert [(item.relpath, item.label) for item in found.items] == [("a/1.jpg", 0), ("c/2.jpg", 1)]
+
+
+def test_a_class_folder_filled_after_the_walk_began_is_recorded_not_guessed(tmp_path: Path) -> None:
+    write_image(tmp_path / "a" / "1.jpg", 8, 8)
+    (tmp_path / "c").mkdir()
+    found = scan(tmp_path)
+    write_image(tmp_path / "c" / "2.jpg", 8, 8)  # a class that did not exist when labels were settled
+    assert [(item.relpath, item.label) for item in found.items] == [("a/1.jpg", 0)]
+    assert [(skip.path, skip.stage) for skip in found.skipped] == [("c/2.jpg", "discover")]
+
+
 def test_classes_are_folders_with_an_image_below_them_found_before_the_walk(tmp_path: Path) -> None:
     write_image(tmp_path / "b" / "deep" / "er" / "1.jpg", 8, 8)
     write_image(tmp_path / "a-c" / "1.jpg", 8, 8)

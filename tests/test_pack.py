@@ -107,8 +107,11 @@ def test_output_folder_rules(sample_dataset: Path, tmp_path: Path) -> None:
 def test_resume_with_other_settings_is_refused(sample_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     (out / ".shardkit").mkdir(parents=True)
-    (out / ".shardkit" / "state.json").write_text(json.dumps({"plan": "something else"}))
+    (out / ".shardkit" / "state.json").write_text(json.dumps({"settings": "something else"}))
     with pytest.raises(OutputError, match="other settings"):
+        pack(config(sample_dataset, out, resume=True))
+    (out / ".shardkit" / "state.json").write_text(json.dumps({"plan": "an interrupted pack of shardkit 0.1"}))
+    with pytest.raises(OutputError, match="started by an earlier shardkit"):
         pack(config(sample_dataset, out, resume=True))
 
 
