@@ -64,8 +64,28 @@ class WorkerDiedError(ShardkitError):
 
 
 class HeaderError(ValueError):
-    """The bytes are not a readable image header; the message is the reason. A ValueError, not a
-    ShardkitError: it never reaches the user as such (probe and pack record it per file)."""
+    """The bytes are not a readable image header; the message is the reason and `kind` the class
+    of problem probe reports it under. A ValueError, not a ShardkitError: it never reaches the user
+    as such (probe and pack record it per file)."""
+
+    def __init__(self, reason: str, kind: str = "corrupt header") -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class Problem(str):
+    """A file's problem as probe reports it: the reason (a str, so it prints and serializes as one)
+    with its kind attached by whoever found it, never guessed from the wording."""
+
+    kind: str
+
+    def __new__(cls, reason: str, kind: str) -> Problem:
+        problem = super().__new__(cls, reason)
+        problem.kind = kind
+        return problem
+
+    def __reduce__(self) -> tuple:
+        return (Problem, (str(self), self.kind))
 
 
 class MissingDependencyError(ShardkitError):

@@ -131,7 +131,7 @@ def parse_bytes(data: bytes) -> ImageHeader:
 
 def parse_header(head: bytes, fetch: Fetch, size: int, path: object) -> ImageHeader:
     if size == 0:
-        raise HeaderError("empty file")
+        raise HeaderError("empty file", "empty file")
     parser = _PARSERS.get(format_from_magic(head))  # type: ignore[arg-type]
     if parser is not None:
         return parser(head, fetch, size)
@@ -189,7 +189,7 @@ def _jpeg(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
             width = (buf[i + 7] << 8) | buf[i + 8]
             components = buf[i + 9]
             if width == 0 or height == 0:
-                raise HeaderError(f"zero-size image ({width}x{height})")
+                raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
             mode = _JPEG_MODES.get(components)
             if mode is None:
                 raise HeaderError(f"unsupported JPEG with {components} components")
@@ -268,7 +268,7 @@ def _png(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
     height = int.from_bytes(head[20:24], "big")
     bits, color_type = head[24], head[25]
     if width == 0 or height == 0:
-        raise HeaderError(f"zero-size image ({width}x{height})")
+        raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
     mode = _PNG_MODES.get((color_type, bits))
     if mode is None:
         raise HeaderError(f"corrupt PNG: colour type {color_type} with bit depth {bits}")
@@ -313,7 +313,7 @@ def _gif(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
     width = head[6] | (head[7] << 8)
     height = head[8] | (head[9] << 8)
     if width == 0 or height == 0:
-        raise HeaderError(f"zero-size image ({width}x{height})")
+        raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
     # Like PIL, grow the canvas to the first frame when the frame overhangs the screen.
     frame = _gif_first_frame(head, fetch, size)
     if frame is not None:
@@ -364,7 +364,7 @@ def _webp(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
     else:
         raise HeaderError("corrupt WebP: unknown or truncated first chunk")
     if width == 0 or height == 0:
-        raise HeaderError(f"zero-size image ({width}x{height})")
+        raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
     return ImageHeader("webp", width, height, mode, 8, orientation=orientation)
 
 
@@ -399,7 +399,7 @@ def _bmp(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
     else:
         raise HeaderError(f"unsupported BMP header of {dib} bytes")
     if width <= 0 or height == 0:
-        raise HeaderError(f"zero-size image ({width}x{height})")
+        raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
     mode = "P" if bits <= 8 else "RGBA" if bits == 32 else "RGB"
     return ImageHeader("bmp", width, height, mode, 8 if bits >= 8 else bits)
 
@@ -426,11 +426,11 @@ def _pil_header(head: bytes, fetch: Fetch, size: int, path: object) -> ImageHead
                 fmt = (image.format or "unknown").lower()
                 mode = image.mode
     except UnidentifiedImageError:
-        raise HeaderError("not an image (unrecognised format)") from None
+        raise HeaderError("not an image (unrecognised format)", "not an image") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise HeaderError(f"unreadable header: {error}") from None
     if width <= 0 or height <= 0:
-        raise HeaderError(f"zero-size image ({width}x{height})")
+        raise HeaderError(f"zero-size image ({width}x{height})", "zero-size image")
     bits = 16 if mode.startswith("I;16") else 32 if mode in ("I", "F") else 8
     orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
     return ImageHeader(fmt, width, height, mode, bits, orientation=orientation)

@@ -21,7 +21,7 @@ import numpy as np
 from .backends import header_scanner
 from .config import DEFAULT_MAX_PIXELS
 from .discover import display, scan
-from .errors import Failure
+from .errors import Failure, Problem
 from .executors import default_workers, map_local, map_threads
 from .headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 
@@ -89,9 +89,9 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
     try:
         header, size = read_header(path)
     except HeaderError as error:
-        return ProbeRecord(relpath, _size_or_zero(path), None, str(error))
+        return ProbeRecord(relpath, _size_or_zero(path), None, Problem(str(error), error.kind))
     except OSError as error:
-        return ProbeRecord(relpath, 0, None, f"cannot read: {error.strerror or error}")
+        return ProbeRecord(relpath, 0, None, Problem(f"cannot read: {error.strerror or error}", CANNOT_READ))
     expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
     if header.complete and expected == header.format and header.width * header.height <= max_pixels:
         return ProbeRecord(relpath, size, header)  # the common case, kept cheap
@@ -373,7 +373,8 @@ class Census:
     def _note_problems(self, record: ProbeRecord) -> None:
         found = []
         if record.error is not None:
-            found.append((problem_kind(record.error), f"{display(record.relpath)}: {record.error}"))
+            kind = getattr(record.error, "kind", "corrupt header")  # a plain str: from outside probe_file
+            found.append((kind, f"{display(record.relpath)}: {record.error}"))
         for warning in record.warnings:
             note = ""
             if warning == "extension-mismatch" and record.header is not None:
@@ -461,23 +462,12 @@ def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | 
     return [(lo, None if math.isinf(hi) else int(hi), int(n)) for lo, hi, n in bins if n]
 
 
+CANNOT_READ = "cannot read (permissions, I/O)"
 _PROBLEM_KINDS = {
     "truncated": "truncated (no end marker)",
     "extension-mismatch": "extension does not match content",
     "too-many-pixels": "over the pixel limit (decompression bomb?)",
 }
-
-
-def problem_kind(error: str) -> str:
-    if error == "empty file":
-        return "empty file"
-    if error.startswith("zero-size"):
-        return "zero-size image"
-    if error.startswith("not an image"):
-        return "not an image"
-    if error.startswith("cannot read"):
-        return "cannot read (permissions, I/O)"
-    return "corrupt header"
 
 
 def recommend(

@@ -135,3 +135,21 @@ def test_the_census_grows_with_distinct_sizes_not_with_files() -> None:
     counts.merge()
     assert counts.values.tolist() == [333, 375, 500] and counts.counts.sum() == 1_000_000
     assert counts.weights.sum() == 7_000_000
+
+
+def test_a_problem_s_kind_is_set_by_what_found_it_and_survives_a_process_boundary(tmp_path: Path) -> None:
+    import pickle
+    import struct
+    import zlib
+
+    from shardkit.errors import Problem
+    from shardkit.probe import probe_file
+
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    ihdr = struct.pack(">IIBBBBB", 0, 5, 8, 2, 0, 0, 0)  # a PNG 0 pixels wide
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    (tmp_path / "zero.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk)
+    kinds = {name: probe_file(str(tmp_path / name), name).error.kind for name in ("empty.jpg", "zero.png")}
+    assert kinds == {"empty.jpg": "empty file", "zero.png": "zero-size image"}
+    sent = pickle.loads(pickle.dumps(Problem("cannot read: denied", "cannot read (permissions, I/O)")))
+    assert (sent, sent.kind) == ("cannot read: denied", "cannot read (permissions, I/O)")
