@@ -116,13 +116,14 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
         raise SourceError(f"{display(root)}: not a folder or a list file")
     _check_folder(root)
     skipped: list[Failure] = []
-    top = _listing(root, "", skipped, set(), keys=False)
+    seen: set[tuple[int, int]] = set()  # folders the walk has entered
+    top = _listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
     top_level_images = any(not isinstance(part, str) for part in top)
     # a class is a top-level folder with an image somewhere below it (found without a full walk)
     folders = [part for part in top if isinstance(part, str)]
     # in walk order, sharing what was entered: a folder reached again (a link to an earlier class)
     # is skipped here as the walk will skip it
-    entered = {(info.st_dev, info.st_ino) for info in [os.stat(root)]}
+    entered = set(seen)
     holding = [] if top_level_images else [rel for rel in folders if _holds_image(root, rel, entered)]
     if not top_level_images and not holding:
         raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
@@ -130,9 +131,9 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
     classes = sorted(holding, key=os.fsencode) if use_folders else []
-    skipped.clear()  # the walk lists the top level again, and records what it skips in order
     found = SourceScan(root, "folders" if use_folders else "flat", [], classes, skipped)
-    found.runs = walk_runs(root, {name: i for i, name in enumerate(classes)} if use_folders else None, skipped, keys)
+    class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
+    found.runs = walk_runs(root, top, class_index, skipped, seen, keys)
     found.items = itertools.chain.from_iterable(run.items() for run in found.runs)
     return found
 
@@ -160,13 +161,19 @@ class Run(NamedTuple):
         return [Item(prefix + rel, rel, key, label) for rel, key in zip(self.relpaths, self.keys, strict=True)]
 
 
-def walk_runs(root: str, classes: dict[str, int] | None, skipped: list[Failure], keys: bool) -> Iterator[Run]:
+def walk_runs(
+    root: str,
+    top: list[str | tuple[list[str], list[str]]],
+    classes: dict[str, int] | None,
+    skipped: list[Failure],
+    seen: set[tuple[int, int]],
+    keys: bool,
+) -> Iterator[Run]:
     """The images in byte order of their relative paths, depth first, as runs of one folder's
-    files. Each folder's entries are sorted by name, a folder's name with '/' after it: that is
-    exactly the order of the full paths."""
+    files, from the root's listing `top` down. Each folder's entries are sorted by name, a folder's
+    name with '/' after it: that is exactly the order of the full paths."""
     prefix = root if root.endswith("/") else root + "/"
-    seen: set[tuple[int, int]] = set()
-    stack = [iter(_listing(root, "", skipped, seen, keys))]
+    stack = [iter(top)]
     while stack:
         part = next(stack[-1], None)
         if part is None:
@@ -235,13 +242,13 @@ def _listing(
     for name in names:
         if name[-1] == "/":
             if run:
-                parts.append((run, _folder_keys(run) if keys else [""] * len(run)))
+                parts.append((run, _unique_keys(run) if keys else [""] * len(run)))
                 run = []
             parts.append(base + name[:-1])
         else:
             run.append(base + name)
     if run:
-        parts.append((run, _folder_keys(run) if keys else [""] * len(run)))
+        parts.append((run, _unique_keys(run) if keys else [""] * len(run)))
     return parts
 
 
@@ -276,10 +283,10 @@ def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
     return False
 
 
-def _folder_keys(relpaths: list[str]) -> list[str]:
-    """Keys of one folder's files: the extension is dropped unless that makes two files' keys
+def _unique_keys(relpaths: list[str]) -> list[str]:
+    """Keys of distinct relpaths: the extension is dropped unless that makes two files' keys
     collide (a.jpg and a.png; or a.jpg kept whole against a.jpg.png), in which case both keep it.
-    Keys of files in different folders never collide, so each folder is settled on its own."""
+    Keys of files in different folders never collide, so a walk settles each folder on its own."""
     keys = [make_key(rel) for rel in relpaths]
     whole: set[int] = set()  # files whose key keeps the extension
     while True:
@@ -337,23 +344,14 @@ def _from_list(list_path: str) -> Source:
 
 
 def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure]) -> list[Item]:
-    """Items with unique keys: the extension is dropped unless that makes two files' keys collide
-    (a.jpg and a.png; or a.jpg kept whole against a.jpg.png), in which case both keep it."""
-    shown_paths = {rel.lstrip("/") for rel, _ in pairs}
-    whole: set[str] = set()  # relpaths whose key keeps the extension
-    while True:
-        owners: dict[str, set[str]] = {}
-        for shown in shown_paths:
-            owners.setdefault(make_key(shown, keep_extension=shown in whole), set()).add(shown)
-        clashing = {shown for group in owners.values() if len(group) > 1 for shown in group} - whole
-        if not clashing:
-            break
-        whole |= clashing
+    """Items with unique keys (the rule of `_unique_keys`); a path listed twice is skipped."""
+    shown_paths = sorted({rel.lstrip("/") for rel, _ in pairs})
+    key_of = dict(zip(shown_paths, _unique_keys(shown_paths), strict=True))
     items: list[Item] = []
     seen: set[str] = set()
     for rel, label in pairs:
         shown = rel.lstrip("/")
-        key = make_key(shown, keep_extension=shown in whole)
+        key = key_of[shown]
         if key in seen:
             skipped.append(_skip(shown, "listed more than once"))
             continue

@@ -46,7 +46,6 @@ from .output import (
     remove_old_temp_files,
     remove_state,
     remove_temp_shards,
-    shard_name,
     state_dir,
     temp_dir,
 )
@@ -406,7 +405,7 @@ def _write_all(
 
     for job_number, result in _run_jobs(config, jobs(), planned, progress):
         results[job_specs[job_number]] = result
-    _remove_stale_shards(output, {shard_name(index, get_format(config.format).suffix) for index in results})
+    _remove_stale_shards(output, {result.shard.name for result in results.values()})
 
     ordered = [results[index] for index in range(planned.shards)]
     error_rows = list(found.skipped)

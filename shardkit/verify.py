@@ -279,16 +279,16 @@ def _check_source(
     lost = set(np.setdiff1d(expected, accounted, assume_unique=True).tolist())
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
-    if lost:
+    if lost:  # a second walk, streamed too: only the names at fault are kept
         again = scan(found.root, labels="none", keys=False)
-        names = [display(item.relpath) for item in again.items] + [skip.path for skip in again.skipped]
-        for path in sorted({name for name in names if hash(name) in lost}):
+        names = {name for name in (display(item.relpath) for item in again.items) if hash(name) in lost}
+        names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
+        for path in sorted(names):
             report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
-    if extra or twice:
-        named = Counter(
-            path for check in shallow_pass() for path in check.sources if hash(path) in extra or hash(path) in twice
-        )
-        named.update(row["path"] for row in _error_rows(root, None) if hash(row["path"]) in extra | twice)
+    wanted = extra | twice
+    if wanted:
+        named = Counter(path for check in shallow_pass() for path in check.sources if hash(path) in wanted)
+        named.update(row["path"] for row in _error_rows(root, None) if hash(row["path"]) in wanted)
         for path in sorted(path for path in named if hash(path) in extra):
             report.problems.append(Problem("extra", f"{path} is packed or listed but not in the source"))
         for path in sorted(path for path, n in named.items() if n > 1 and hash(path) in twice):
