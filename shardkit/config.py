@@ -25,6 +25,14 @@ LABEL_MODES = ("auto", "folders", "none")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's decompression-bomb limit
 DEFAULT_TRAIN_SIZE = 224  # what probe's recommendation and --resize auto aim at
 DEFAULT_SHARD_SIZE = 1000  # records per shard when no shard size or shard bytes is given
+MAX_SIDE = 16384  # the largest resize target or training size, in pixels
+
+
+def check_train_size(train_size: int) -> None:
+    if not 8 <= train_size <= MAX_SIDE:
+        raise ConfigError(f"train size must be between 8 and {MAX_SIDE} pixels, not {train_size}")
+
+
 # A record larger than this in a shard is refused by readers (shards may come from strangers), so
 # pack refuses to write one.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
@@ -45,8 +53,8 @@ class ResizeConfig:
                 raise ConfigError("--resize auto picks a short side; use --resize-mode short")
         elif self.size is not None and (not isinstance(self.size, int) or isinstance(self.size, bool)):
             raise ConfigError(f"resize takes a number of pixels, 'auto' or none, not {self.size!r}")
-        elif self.size is not None and not 8 <= self.size <= 16384:
-            raise ConfigError(f"resize must be between 8 and 16384 pixels, not {self.size}")
+        elif self.size is not None and not 8 <= self.size <= MAX_SIDE:
+            raise ConfigError(f"resize must be between 8 and {MAX_SIDE} pixels, not {self.size}")
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"resize mode must be one of {', '.join(RESIZE_MODES)}, not {self.mode!r}")
         if not math.isfinite(self.max_aspect) or self.max_aspect < 1:
@@ -113,8 +121,7 @@ class PackConfig:
             raise ConfigError("--resume and --overwrite contradict each other; pick one")
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError("--ray-address is only used with --executor ray")
-        if not 8 <= self.train_size <= 16384:
-            raise ConfigError(f"train size must be between 8 and 16384 pixels, not {self.train_size}")
+        check_train_size(self.train_size)
 
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 10**6, "MB": 10**6, "MIB": 2**20,

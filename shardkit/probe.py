@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -232,7 +233,7 @@ def probe(
             yield paths, relpaths, max_pixels
         walk_done = True
 
-    workers, kind = _streaming_parallelism(workers)
+    workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
     jobs = chunks()
     if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
         ahead = list(itertools.islice(jobs, math.ceil(PARALLEL_MIN_FILES / chunk_files)))
@@ -264,11 +265,6 @@ def probe(
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     return report
-
-
-def _streaming_parallelism(workers: int | None) -> tuple[int, str]:
-    workers = workers or default_workers()
-    return workers, "thread" if header_scanner() is not None else "process"
 
 
 def summarize(records: Sequence[ProbeRecord], *, train_size: int = 224, root: str = "") -> ProbeReport:

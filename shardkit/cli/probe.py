@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..config import PROBE_OPTIONS, options
+from ..config import PROBE_OPTIONS, check_train_size, options
 from ..discover import display
 from ..errors import ConfigError, ShardkitError
 
@@ -32,8 +32,6 @@ from .common import (
     user_errors,
     write_json_report,
 )
-
-MAX_TRAIN_SIZE = 16384
 
 
 def probe(
@@ -58,8 +56,7 @@ def probe(
     """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
     with user_errors():
         settings = options(PROBE_OPTIONS, config, train_size=train_size, workers=workers, max_pixels=max_pixels)
-        if not 8 <= settings["train_size"] <= MAX_TRAIN_SIZE:
-            raise ConfigError(f"train size must be between 8 and {MAX_TRAIN_SIZE} pixels, not {settings['train_size']}")
+        check_train_size(settings["train_size"])
         if settings["max_pixels"] < 1:
             raise ConfigError(f"max pixels must be positive, not {settings['max_pixels']}")
         check_workers(settings["workers"])
