@@ -59,6 +59,10 @@ class ShardReadError(ShardkitError):
     """A record could not be read or decoded; names the shard and the key."""
 
 
+class StorageError(ShardkitError):
+    """Object storage stayed unreachable through the retry window, or refused access; names the URL."""
+
+
 class WorkerDiedError(ShardkitError):
     """A worker process ended abruptly (killed, out of memory, crashed in native code)."""
 

@@ -158,14 +158,21 @@ def read_manifest(folder: str | Path) -> Manifest:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        data = loads(read_regular(path, MAX_MANIFEST_BYTES))
+        text = read_regular(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest (is this a shardkit output folder?)") from None
     except OSError as error:
         raise ManifestError(f"{path}: unreadable manifest ({reason(error)})") from None
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: bytes, where: str) -> Manifest:
+    """A manifest from the bytes of manifest.json (read from disk or fetched from a URL)."""
+    try:
+        data = loads(text)
     except ValueError as error:  # UnicodeDecodeError and JSON errors included
-        raise ManifestError(f"{path}: unreadable manifest ({error})") from None
-    return Manifest.from_json(data, str(path))
+        raise ManifestError(f"{where}: unreadable manifest ({error})") from None
+    return Manifest.from_json(data, where)
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .imaging import decode as decode_bytes
 from .imaging import decode_pil
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .safeio import check_regular, reason
+
+if TYPE_CHECKING:
+    from .storage import Remote
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 SCALES = (1, 1 / 2, 1 / 4, 1 / 8)
@@ -43,7 +46,7 @@ class Sample(NamedTuple):
 class ShardDataset:
     def __init__(
         self,
-        folder: Path,
+        folder: Path | str,
         manifest: Manifest,
         *,
         decode: str = "rgb",
@@ -57,6 +60,7 @@ class ShardDataset:
         world_size: int | None = None,
         drop_last: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        remote: Remote | None = None,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
@@ -88,7 +92,16 @@ class ShardDataset:
             self._backend = get_format(manifest.format)
         except ConfigError:
             raise ManifestError(f"{folder}: unknown shard format {manifest.format[:40]!r} in the manifest") from None
-        self._readers: list[ShardReader] = [self._backend.reader(str(folder / s.name)) for s in manifest.shards]
+        self.remote = remote
+        self._readers: list[ShardReader]
+        if remote is None:
+            self._readers = [self._backend.reader(os.path.join(folder, s.name)) for s in manifest.shards]
+        else:  # whole shards through the local cache, fetched on first use in each process
+            from .storage import CachedShardReader
+
+            self._readers = [
+                CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
+            ]
         self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
@@ -138,7 +151,7 @@ class ShardDataset:
         if shard not in self._counted:
             held, listed = len(self._readers[shard]), self.manifest.shards[shard].count
             if held != listed:
-                where = self.folder / self.manifest.shards[shard].name
+                where = self._where(shard)
                 raise ShardFormatError(f"{where}: holds {held:,} records, the manifest says {listed:,}")
             self._counted.add(shard)
 
@@ -217,13 +230,34 @@ class ShardDataset:
         """(shard, record) for this rank and DataLoader worker this epoch, undecoded: the runs of
         `epoch_plan()`, through the seeded shuffle buffer when shuffling (records, not decoded
         images, wait in it). What iteration decodes and the batch loader crop-decodes."""
-        records = (
-            (shard, record) for shard, start, stop in self.epoch_plan() for record in self._range(shard, start, stop)
-        )
+        plan = self.epoch_plan()
+        records = ((shard, record) for at, (shard, start, stop) in enumerate(plan) for record in self._run(plan, at))
         if self.shuffle:
             rank, _ = _rank_and_world(self.rank, self.world_size)
             records = _buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
         return records
+
+    def _run(self, plan: list[tuple[int, int, int]], at: int) -> Iterator[Record]:
+        """The records of run `at` of the epoch plan. From object storage, the shards of the next
+        runs download in the background meanwhile, and the shard is closed after its run (the
+        cache may then evict it)."""
+        shard, start, stop = plan[at]
+        if self.remote is None:
+            yield from self._range(shard, start, stop)
+            return
+        upcoming = dict.fromkeys(s for s, _, _ in plan[at + 1 : at + 1 + self.remote.ahead] if s != shard)
+        self.remote.prefetch([self._shard_id(s) for s in upcoming])
+        try:
+            yield from self._range(shard, start, stop)
+        finally:
+            self._readers[shard].close()
+
+    def _shard_id(self, shard: int) -> tuple[str, int, str]:
+        info = self.manifest.shards[shard]
+        return info.name, info.bytes, info.sha256
+
+    def _where(self, shard: int) -> str:
+        return self._readers[shard].path
 
     def records(self, shard: int) -> Iterator[Record]:
         """The stored records of one shard, in order and undecoded."""
@@ -243,7 +277,7 @@ class ShardDataset:
     def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
         """The records [start, stop) of one shard, checked against the manifest's count; a damaged
         shard raises ShardReadError, or with on_error="skip" ends the run (counted in `skipped`)."""
-        where, count = self.folder / self.manifest.shards[shard].name, self.manifest.shards[shard].count
+        where, count = self._where(shard), self.manifest.shards[shard].count
         stop = count if stop is None else stop
         wanted = stop - start
         read = 0
@@ -307,6 +341,8 @@ class ShardDataset:
     def close(self) -> None:
         for reader in self._readers:
             reader.close()
+        if self.remote is not None:
+            self.remote.close()
 
 
 def open_shards(
@@ -323,6 +359,9 @@ def open_shards(
     world_size: int | None = None,
     drop_last: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: str | int | None = None,
 ) -> ShardDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
@@ -333,8 +372,30 @@ def open_shards(
     on_error="skip" skips unreadable records during iteration and counts them (a skipped record
     makes that rank's epoch one shorter: run `shardkit verify` first). max_pixels: a record whose
     header claims more pixels is refused before it is decoded (shards may come from strangers).
+
+    `path` may be a URL fsspec reaches: s3://bucket/prefix, gs://..., https://host/path (credentials
+    and endpoints the standard way: AWS_* variables, AWS_ENDPOINT_URL, profiles; or
+    `storage_options`, fsspec's keywords). Remote shards are read through a local cache of whole
+    shards shared by every process of the machine: `cache_dir` (default ~/.cache/shardkit, or
+    SHARDKIT_CACHE), at most `cache_limit` bytes ("50GB" by default; least recently used shards are
+    evicted). Each shard is downloaded once, checked against the manifest's sha256; iteration fetches
+    the next shards of the epoch in the background.
     """
-    folder = Path(path)
+    common = dict(
+        decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
+        shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
+    )  # fmt: skip
+    from .storage import is_remote, local_path
+
+    if is_remote(path):
+        from .storage import Remote, ShardCache, Store, read_remote_manifest, split_manifest_url
+
+        cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
+        remote = Remote(Store(split_manifest_url(os.fspath(path)), dict(storage_options or {})), cache)
+        return ShardDataset(remote.store.url, read_remote_manifest(remote.store), **common, remote=remote)
+    if storage_options:
+        raise ConfigError(f"{path}: storage_options are for URLs (s3://, https://, ...), not local folders")
+    folder = Path(local_path(path))
     if folder.name == MANIFEST_NAME and folder.is_file():
         folder = folder.parent
     manifest = read_manifest(folder)
@@ -350,21 +411,7 @@ def open_shards(
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
-    return ShardDataset(
-        folder,
-        manifest,
-        decode=decode,
-        scale=scale,
-        transform=transform,
-        on_error=on_error,
-        shuffle=shuffle,
-        seed=seed,
-        shuffle_buffer=shuffle_buffer,
-        rank=rank,
-        world_size=world_size,
-        drop_last=drop_last,
-        max_pixels=max_pixels,
-    )
+    return ShardDataset(folder, manifest, **common)
 
 
 def record_ranges(order: list[int], counts: list[int], begin: int, end: int) -> list[tuple[int, int, int]]:

