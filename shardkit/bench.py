@@ -16,16 +16,16 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .backends import turbojpeg
 from .discover import display
 from .errors import ImageError, ShardkitError
 from .executors import process_pool, stop_pool
 from .imaging import decode
-from .manifest import read_manifest
 from .readers import open_shards, record_ranges
 from .safeio import open_regular, reason
+from .storage import ShardCache, is_remote, local_path
 
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024
@@ -175,10 +175,26 @@ def source_files(against: str | os.PathLike[str], sources: list[str]) -> list[st
     return files
 
 
-def _shards(job: tuple[str, list[tuple[int, int, int]], str, float | None]) -> tuple[int, int]:
+class Where(NamedTuple):
+    """The shards a pass reads: a folder or URL and how to reach it (plain data, for workers)."""
+
+    path: str
+    storage_options: dict[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_limit: str | int | None = None
+
+
+def _open(where: Where, **options: Any) -> Any:
+    return open_shards(
+        where.path, storage_options=where.storage_options, cache_dir=where.cache_dir, cache_limit=where.cache_limit,
+        **options,
+    )  # fmt: skip
+
+
+def _shards(job: tuple[Where, list[tuple[int, int, int]], str, float | None]) -> tuple[int, int]:
     """Read and decode the (shard, start, stop) record ranges of one worker's part."""
-    folder, ranges, mode, scale = job
-    dataset = open_shards(folder, decode=mode, scale=scale)
+    where, ranges, mode, scale = job
+    dataset = _open(where, decode=mode, scale=scale)
     count = 0
     size = 0.0
     for shard, start, stop in ranges:
@@ -205,7 +221,7 @@ def _memory(blobs: list[tuple[bytes, str]]) -> tuple[int, int]:
     return len(blobs), sum(len(data) for data, _ in blobs)
 
 
-def _paired_overhead(folder: str, blobs: list[list[tuple[bytes, str]]], rounds: int, chunk: int = 25) -> list[float]:
+def _paired_overhead(where: Where, blobs: list[list[tuple[bytes, str]]], rounds: int, chunk: int = 25) -> list[float]:
     """The reader's overhead over decoding the same bytes from memory, per round.
 
     Two whole passes minutes apart differ by more than the overhead itself on a shared machine, so
@@ -213,7 +229,7 @@ def _paired_overhead(folder: str, blobs: list[list[tuple[bytes, str]]], rounds: 
     shard: drift and cache effects fall on both sides alike. Both loops keep one image alive
     while the next decodes, as a training loop does.
     """
-    dataset = open_shards(folder)
+    dataset = _open(where)
     overheads = []
     try:
         for round_number in range(rounds):
@@ -262,10 +278,10 @@ def _folder_torchvision(job: tuple[list[str], int]) -> tuple[int, int]:
     return count, size_bytes
 
 
-def _train_loader(job: tuple[str, int, int]) -> tuple[int, int]:
+def _train_loader(job: tuple[Where, int, int]) -> tuple[int, int]:
     """The batch loader's epoch (random crops and flips, batches of 64) on `workers` threads."""
-    folder, size, workers = job
-    dataset = open_shards(folder)
+    where, size, workers = job
+    dataset = _open(where)
     count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, output="numpy"))
     dataset.close()
     return count, sum(shard.bytes for shard in dataset.manifest.shards)
@@ -301,20 +317,34 @@ def bench(
     cold: bool = False,
     train: int | None = None,
     progress: Callable[[str], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: str | int | None = None,
 ) -> BenchReport:
     """Measure decode throughput of the shards in `output` (and of `against`, the raw folder).
     With `train` (a crop size), also the training input: the batch loader's random crops against
-    torchvision's RandomResizedCrop on the raw folder (when torchvision is installed)."""
+    torchvision's RandomResizedCrop on the raw folder (when torchvision is installed). `output` may
+    be a URL (see open_shards): the passes then read through the local cache, which the warm-up
+    fills (with `cold`, the cached copies are evicted from the page cache before each run)."""
     if repeat < 1 or workers < 1:
         raise ShardkitError("repeat and workers must be at least 1")
     if workers > MAX_WORKERS:
         raise ShardkitError(f"workers must be at most {MAX_WORKERS}, not {workers}")
     if train is not None and not 8 <= train <= 16384:
         raise ShardkitError(f"the training crop must be 8 to 16384 pixels, not {train}")
-    root = Path(output)
-    manifest = read_manifest(root)
-    shard_paths = [str(root / shard.name) for shard in manifest.shards]
-    dataset = open_shards(root, decode="bytes")
+    remote = is_remote(output)
+    where = Where(
+        os.fspath(output) if remote else str(Path(local_path(output))), storage_options,
+        None if cache_dir is None else os.fspath(cache_dir), cache_limit,
+    )  # fmt: skip
+    dataset = _open(where, decode="bytes")
+    manifest = dataset.manifest
+    root = dataset.folder
+    if remote:
+        cache = ShardCache.at(cache_dir, cache_limit)
+        shard_paths = [str(cache.path_of(shard.sha256, Path(shard.name).suffix)) for shard in manifest.shards]
+    else:
+        shard_paths = [os.path.join(root, shard.name) for shard in manifest.shards]
     records = [record for shard in range(len(manifest.shards)) for record in dataset.records(shard)]
     blobs = [(record.data, record.ext) for record in records]
     sources = [str(record.meta.get("source", "")) for record in records]
@@ -328,7 +358,7 @@ def bench(
     shard_splits = worker_parts([shard.count for shard in manifest.shards], workers)
 
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
-        return [(str(root), part, mode, scale) for part in shard_splits]
+        return [(where, part, mode, scale) for part in shard_splits]
 
     passes: list[tuple[str, Callable, list[Any], list[str]]] = []
     if files:
@@ -346,7 +376,7 @@ def bench(
         if files and _torchvision_available():
             parts = [(part, train) for part in _split(files, workers)]
             passes.append((f"train {train}: folder + torchvision", _folder_torchvision, parts, files))
-        passes.append((f"train {train}: shards loader", _train_loader, [(str(root), train, workers)], shard_paths))
+        passes.append((f"train {train}: shards loader", _train_loader, [(where, train, workers)], shard_paths))
 
     pool = process_pool(workers) if workers > 1 else None
     finished = False
@@ -372,7 +402,7 @@ def bench(
             if progress is not None:
                 progress("reader overhead, paired")
             by_shard = [[(r.data, r.ext) for r in dataset.records(shard)] for shard in range(len(shard_paths))]
-            report.paired_overhead = _paired_overhead(str(root), by_shard, repeat)
+            report.paired_overhead = _paired_overhead(where, by_shard, repeat)
         finished = True
     finally:
         if pool is not None:

@@ -101,6 +101,10 @@ class PackConfig:
     executor: str = "local"
     ray_address: str | None = None
     train_size: int = DEFAULT_TRAIN_SIZE  # what resize "auto" aims at
+    # an output URL (s3://...): fsspec's options to reach it, and the local folder shards are
+    # written to before they are uploaded (default: under the shard cache)
+    storage_options: dict[str, Any] | None = None
+    staging: str | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.shard_bytes is None:
@@ -187,6 +191,8 @@ def pack_config(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | Path | None = None,
     **given: Any,
 ) -> PackConfig:
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
@@ -229,6 +235,8 @@ def pack_config(
         executor=values["executor"],
         ray_address=values["ray_address"],
         train_size=values["train_size"],
+        storage_options=storage_options,
+        staging=None if staging is None else str(staging),
     )
 
 

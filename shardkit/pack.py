@@ -22,7 +22,7 @@ from typing import Any
 from . import __version__
 from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
 from .discover import Item, SourceScan, display, scan
-from .errors import Failure, ImageError, ManifestError, OutputError
+from .errors import ConfigError, Failure, ImageError, ManifestError, OutputError
 from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from .formats import Record, ShardWriter, get_format
 from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
@@ -51,6 +51,7 @@ from .output import (
 )
 from .plan import PlanDigest, ShardSpec, done_path, fingerprint, plan_shards, reusable, settings_hash
 from .safeio import load_json_file, open_regular, reason
+from .storage import Store, is_remote
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,10 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
     Shards are planned as the walk goes and written as soon as each is planned: the driver holds
     what is in flight, not the whole list (except for --shuffle, which needs the whole list).
     """
+    if is_remote(config.output):
+        return _pack_to_remote(config, progress)
+    if config.storage_options:
+        raise ConfigError(f"{config.output}: storage options are for URLs (s3://, ...), not local folders")
     started = time.perf_counter()
     backend = get_format(config.format)
     refuse_overlap(config.source, config.output)
@@ -333,6 +338,47 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
             held.release(undo=False)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _pack_to_remote(config: PackConfig, progress: ProgressCallback | None) -> PackResult:
+    """A pack into a URL: the bucket is checked first, the shards are packed into a local staging
+    folder (resumable as any output), then uploaded with the manifest last (see publish)."""
+    from .publish import claim_remote, clear_staging, publish, staging_folder
+
+    started = time.perf_counter()
+    get_format(config.format)
+    store = Store(config.output, dict(config.storage_options or {}))
+    remote = claim_remote(store, resume=config.resume, overwrite=config.overwrite)
+    if config.resume and remote.manifest is not None:
+        # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are
+        # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
+        resolved = resolve_resize(config)
+        plan = fingerprint(settings_of(resolved), _dry_plan(resolved, scan(config.source, labels=config.labels)))
+        if remote.manifest.settings.get("plan") != plan:
+            raise OutputError(
+                f"{store.url}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
+            )
+        if all(remote.held.get(shard.name) == shard.bytes for shard in remote.manifest.shards):
+            return _already_complete(remote.manifest, replace(resolved, output=store.url), started)
+    staging = staging_folder(store.url, config.staging)
+    begun = state_dir(staging).exists() or (staging / MANIFEST_NAME).exists()
+    resume = config.resume and begun
+    occupied = staging.is_dir() and any(staging.iterdir())
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{staging}: cannot stage the shards here ({reason(error)})") from None
+    local = replace(
+        config, output=str(staging), resume=resume, overwrite=occupied and not resume, storage_options=None,
+        staging=None,
+    )  # fmt: skip
+    result = pack(local, progress=progress)
+    manifest, kept = publish(staging, remote)
+    clear_staging(staging, manifest)
+    return replace(
+        result, output=store.url, already_complete=False, reused_shards=max(result.reused_shards, kept),
+        seconds=time.perf_counter() - started,
+    )  # fmt: skip
 
 
 def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[ShardSpec]:

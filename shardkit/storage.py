@@ -88,7 +88,7 @@ def retry_seconds() -> float:
         raise ConfigError(f"SHARDKIT_RETRY_SECONDS must be a number of seconds, not {text!r}") from None
 
 
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ShardkitError, ImportError)
+_PERMANENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ShardkitError, ImportError)
 
 
 def _describe(error: BaseException) -> str:
@@ -105,6 +105,8 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
     while True:
         try:
             return action()
+        except PermissionError as error:
+            raise StorageError(f"{url}: access denied ({_describe(error)})") from None
         except _PERMANENT:
             raise
         except Exception as error:
@@ -235,8 +237,6 @@ class Store:
             retrying(url, "downloading", get)
         except FileNotFoundError:
             raise ShardFormatError(f"{url}: listed in the manifest but missing") from None
-        except PermissionError as error:
-            raise StorageError(f"{url}: access denied ({_describe(error)})") from None
         held = os.path.getsize(destination)
         if held != size:
             raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
@@ -245,17 +245,11 @@ class Store:
 
     def upload(self, source: str, name: str) -> None:
         path = self._path(name)
-        try:
-            retrying(self.child(name), "uploading", lambda: self.fs.put_file(source, path))
-        except PermissionError as error:
-            raise StorageError(f"{self.child(name)}: access denied ({_describe(error)})") from None
+        retrying(self.child(name), "uploading", lambda: self.fs.put_file(source, path))
 
     def write(self, name: str, data: bytes) -> None:
         path = self._path(name)
-        try:
-            retrying(self.child(name), "writing", lambda: self.fs.pipe_file(path, data))
-        except PermissionError as error:
-            raise StorageError(f"{self.child(name)}: access denied ({_describe(error)})") from None
+        retrying(self.child(name), "writing", lambda: self.fs.pipe_file(path, data))
 
     def delete(self, name: str) -> None:
         path = self._path(name)
@@ -531,8 +525,6 @@ def read_remote_manifest(store: Store) -> Manifest:
         text = store.read(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise ManifestError(f"{where}: no manifest (is this a shardkit output folder?)") from None
-    except PermissionError as error:
-        raise StorageError(f"{where}: access denied ({_describe(error)})") from None
     return parse_manifest(text, where)
 
 

@@ -7,23 +7,27 @@ not what was written, and a damaged memory-mapped file must not take the checker
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .config import DEFAULT_MAX_PIXELS
 from .discover import SourceScan, display, scan
-from .errors import ConfigError, ImageError, ShardFormatError, ShardkitError
+from .errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardkitError, StorageError
 from .executors import default_workers, map_local_surviving_crashes
 from .formats import get_format
 from .imaging import decode
 from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
 from .safeio import check_regular, reason
+from .storage import Store, is_remote, local_path, read_remote_manifest, split_manifest_url
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class _ShardJob:
     classes: int
     deep: bool
     max_pixels: int = DEFAULT_MAX_PIXELS
+    store: Store | None = None  # a remote output: the shard is downloaded into `folder` (a temp folder)
+    held: int | None = None  # the remote object's size from the listing; None when it is missing
 
 
 @dataclass
@@ -81,6 +87,26 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
 
 
 def _checked_shard(job: _ShardJob) -> _ShardCheck:
+    if job.store is None:
+        return _checked_file(job)
+    name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
+    if job.held is None:
+        return _ShardCheck([Problem("missing", "listed in the manifest but not in the bucket", name)], [], [], 0)
+    if job.held != job.shard.bytes:
+        return _ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
+    try:
+        job.store.download(name, path, job.shard.bytes, None)  # the sha256 is checked below, as for a file
+        return _checked_file(job)
+    except ShardFormatError as error:
+        return _ShardCheck([Problem("unreadable", str(error), name)], [], [], 0)
+    except (StorageError, FileNotFoundError) as error:
+        return _ShardCheck([Problem("unreadable", str(error), name)], [], [], 0)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _checked_file(job: _ShardJob) -> _ShardCheck:
     name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
     check = _ShardCheck([], [], [], 0)
     try:
@@ -148,25 +174,81 @@ def verify(
     workers: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: Callable[[int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> VerifyReport:
     """Check `folder` against its manifest; with `deep`, decode every image (refusing any whose
     header claims more than `max_pixels`); with `source`, check that every source file is either
-    packed or listed in errors.jsonl."""
+    packed or listed in errors.jsonl. `folder` may be a URL (s3://..., https://...; see
+    open_shards): each object is downloaded to a temporary folder, checked, and deleted."""
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}")
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
     found = scan(source, labels="none", keys=False) if source is not None else None  # refused before the work
     started = time.perf_counter()
-    root = Path(folder)
-    if root.name == MANIFEST_NAME and root.is_file():
-        root = root.parent
-    report = VerifyReport(str(root), None)
-    try:
-        manifest = read_manifest(root)
-    except ShardkitError as error:
-        report.problems.append(Problem("manifest", str(error)))
+    with _opened(folder, storage_options) as output:
+        report = _verify(output, deep, found, workers, max_pixels, progress)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@dataclass
+class _Output:
+    """What verify reads: the output's name, a local folder holding its manifest and errors.jsonl,
+    the names it holds, and for a remote output its store and a temporary folder for shards."""
+
+    name: str
+    meta: Path
+    store: Store | None = None
+    work: str = ""
+    manifest: Manifest | ManifestError | None = None
+    held: dict[str, int] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Iterator[_Output]:
+    if not is_remote(folder):
+        if storage_options:
+            raise ConfigError(f"{folder}: storage options are for URLs (s3://, https://, ...), not local folders")
+        root = Path(local_path(folder))
+        if root.name == MANIFEST_NAME and root.is_file():
+            root = root.parent
+        output = _Output(str(root), root, work=str(root))
+        try:
+            output.manifest = read_manifest(root)
+        except ShardkitError as error:
+            output.manifest = ManifestError(str(error))
+        if root.is_dir():
+            output.held = {entry.name: 0 for entry in os.scandir(root)}
+        yield output
+        return
+    store = Store(split_manifest_url(os.fspath(folder)), dict(storage_options or {}))
+    with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as temp:
+        output = _Output(store.url, Path(temp), store, temp)
+        try:
+            output.manifest = read_remote_manifest(store)
+            output.held = store.listing()
+            if ERRORS_NAME in output.held:
+                store.download(ERRORS_NAME, os.path.join(temp, ERRORS_NAME), output.held[ERRORS_NAME], None)
+        except ShardkitError as error:
+            output.manifest = ManifestError(str(error))
+        yield output
+
+
+def _verify(
+    output: _Output,
+    deep: bool,
+    found: SourceScan | None,
+    workers: int | None,
+    max_pixels: int,
+    progress: Callable[[int, int], None] | None,
+) -> VerifyReport:
+    report = VerifyReport(output.name, None)
+    manifest = output.manifest
+    if not isinstance(manifest, Manifest):
+        report.problems.append(Problem("manifest", str(manifest)))
         return report
+    root = output.meta
     try:
         get_format(manifest.format)
     except ConfigError:
@@ -174,9 +256,18 @@ def verify(
         return report
     report.format = manifest.format
     report.shards = len(manifest.shards)
-    _check_manifest(root, manifest, report)
+    _check_manifest(root, manifest, output.held, report)
     jobs = [
-        _ShardJob(str(root), shard, manifest.format, len(manifest.classes), deep, max_pixels)
+        _ShardJob(
+            output.work,
+            shard,
+            manifest.format,
+            len(manifest.classes),
+            deep,
+            max_pixels,
+            output.store,
+            output.held.get(shard.name),
+        )
         for shard in manifest.shards
     ]
     # 8-byte hashes of every key and source path, not the strings: bounded memory at any size; the
@@ -210,11 +301,10 @@ def verify(
             report.problems.append(Problem("duplicate-key", f"key stored {times[key]} times", key=key))
     if found is not None:
         _check_source(root, found, _joined(source_hashes), shallow_pass, report)
-    report.seconds = time.perf_counter() - started
     return report
 
 
-def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> None:
+def _check_manifest(root: Path, manifest: Manifest, held: dict[str, int], report: VerifyReport) -> None:
     if manifest.checksum != manifest.computed_checksum():
         report.problems.append(Problem("manifest", "checksum does not match its content (edited by hand?)"))
     if len({s.name for s in manifest.shards}) != len(manifest.shards):
@@ -232,9 +322,9 @@ def _check_manifest(root: Path, manifest: Manifest, report: VerifyReport) -> Non
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
     listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME}
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name not in listed and not entry.name.startswith("."):
-            report.problems.append(Problem("stray", "not listed in the manifest", entry.name))
+    for name in sorted(held):
+        if name not in listed and not name.startswith("."):
+            report.problems.append(Problem("stray", "not listed in the manifest", name))
 
 
 def _error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, str]]:

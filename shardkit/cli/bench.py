@@ -11,11 +11,20 @@ from rich.table import Table
 if TYPE_CHECKING:
     from ..bench import BenchReport
 
-from .common import check_plot_path, check_report_path, console, err_console, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_plot_path,
+    check_report_path,
+    console,
+    err_console,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 
 def bench(
-    output: Annotated[Path, typer.Argument(help="A shardkit output folder.")],
+    output: Annotated[str, typer.Argument(help="A shardkit output folder, or its URL (s3://..., https://...).")],
     against: Annotated[Optional[Path], typer.Option(help="The raw image folder the shards were packed from.")] = None,
     workers: Annotated[int, typer.Option(help="Processes per pass.")] = 1,
     repeat: Annotated[int, typer.Option(help="Timed runs per pass (median reported).")] = 3,
@@ -26,6 +35,13 @@ def bench(
     ] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
+    cache_dir: Annotated[
+        Optional[Path], typer.Option(help="For a URL: the local shard cache. \\[default: ~/.cache/shardkit]")
+    ] = None,
+    cache_limit: Annotated[
+        Optional[str], typer.Option(help="For a URL: the cache's size limit, e.g. 50GB. \\[default: 50GB]")
+    ] = None,
 ) -> None:
     """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
     from ..bench import bench as run_bench  # here, not at the top: every command would pay for it
@@ -35,6 +51,7 @@ def bench(
         check_plot_path(plot)
         report = run_bench(
             output, against=against, workers=workers, repeat=repeat, cold=cold, train=train,
+            storage_options=storage_options(storage_option), cache_dir=cache_dir, cache_limit=cache_limit,
             progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
         )  # fmt: skip
         render(report)

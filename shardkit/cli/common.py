@@ -115,3 +115,19 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+STORAGE_OPTION_HELP = (
+    "For s3://, gs://, https://... paths: an fsspec option as key=value (JSON values; dotted keys nest, "
+    "e.g. client_kwargs.region_name=eu-west-1). Repeatable. Credentials otherwise come the standard way "
+    "(AWS_* variables, AWS_ENDPOINT_URL, profiles)."
+)
+
+
+def storage_options(pairs: list[str] | None) -> dict[str, Any] | None:
+    """--storage-option pairs as fsspec keywords (None when there are none)."""
+    if not pairs:
+        return None
+    from ..storage import parse_storage_options
+
+    return parse_storage_options(pairs)

@@ -17,7 +17,7 @@ from ..formats import available_formats
 if TYPE_CHECKING:
     from ..pack import PackResult
 
-from .common import console, human_bytes, progress_bar, user_errors
+from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
 
 FormatName = Enum("FormatName", {name: name for name in available_formats()}, type=str)  # type: ignore[misc]
 
@@ -44,7 +44,10 @@ D = PACK_OPTIONS  # the defaults shown in --help come from the one place they ar
 
 def pack(
     source: Annotated[Path, typer.Argument(help="Image folder (class sub-folders or flat) or a list file.")],
-    output: Annotated[Path, typer.Argument(help="Output folder for shards, manifest.json and errors.jsonl.")],
+    output: Annotated[
+        str,
+        typer.Argument(help="Output folder for shards, manifest.json and errors.jsonl, or a URL (s3://bucket/prefix)."),
+    ],
     format: Annotated[
         Optional[FormatName], typer.Option("--format", "-f", help=f"Shard format. \\[default: {D['format']}]")
     ] = None,
@@ -94,12 +97,23 @@ def pack(
     ] = None,
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
+    staging: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="For an OUTPUT URL: the local folder shards are written to before upload. "
+            "\\[default: under ~/.cache/shardkit/staging]"
+        ),
+    ] = None,
 ) -> None:
     """Pre-resize, re-encode and pack images into WebDataset, LMDB or HDF5 shards."""
     with user_errors(on_stop="run the same command with --resume to finish"):
         flags = {key: value for key, value in locals().items() if key in PACK_OPTIONS}
         given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
-        pack_config = make_pack_config(source, output, config, resume=resume, overwrite=overwrite, **given)
+        pack_config = make_pack_config(
+            source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
+            staging=staging, **given,
+        )  # fmt: skip
         result = _run(pack_config)
         render(result)
 

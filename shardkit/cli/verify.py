@@ -13,13 +13,21 @@ from ..config import DEFAULT_MAX_PIXELS
 if TYPE_CHECKING:
     from ..verify import VerifyReport
 
-from .common import check_report_path, console, progress_bar, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_report_path,
+    console,
+    progress_bar,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 MAX_LINES = 50
 
 
 def verify(
-    output: Annotated[Path, typer.Argument(help="A shardkit output folder.")],
+    output: Annotated[str, typer.Argument(help="A shardkit output folder, or its URL (s3://..., https://...).")],
     deep: Annotated[bool, typer.Option(help="Decode every image and check its size against the metadata.")] = False,
     source: Annotated[
         Optional[Path], typer.Option(help="Check every source file is packed or in errors.jsonl.")
@@ -29,16 +37,18 @@ def verify(
         int, typer.Option(help="With --deep: refuse to decode images with more pixels (bombs).")
     ] = DEFAULT_MAX_PIXELS,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Check an output folder; exit code 0 only when everything holds."""
     from ..verify import verify as run_verify  # here: `shardkit --help` need not import it
 
     with user_errors():
         check_report_path(json_path)
+        options = storage_options(storage_option)
         with progress_bar("verifying", unit="shards") as bar:
             task = bar.add_task("verify", total=None, rate="")
             report = run_verify(
-                output, deep=deep, source=source, workers=workers, max_pixels=max_pixels,
+                output, deep=deep, source=source, workers=workers, max_pixels=max_pixels, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         render(report, deep=deep)

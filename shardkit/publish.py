@@ -1,0 +1,150 @@
+"""A pack whose output is a URL: shards are written to a local staging folder by the ordinary pack,
+then uploaded, errors.jsonl next and manifest.json last, so a reader never finds a manifest that
+names an object not yet there.
+
+The bucket is checked before any work, as a local output folder is: refused when it holds a
+finished output (unless --resume or --overwrite), objects shardkit did not write, or when it cannot
+be written. Each shard gets a marker (`.shardkit/uploaded/<shard>.json`: bytes, sha256, whether
+the upload finished) before its upload begins and again when it ends, until the manifest is up:
+every object shardkit may have written is on record, and a resumed pack uploads only the shards
+the bucket holds with the same bytes and a finished upload. --overwrite removes the earlier
+manifest first (no reader trusts it while the new shards go up), then deletes only the objects the
+earlier manifest named that the new one lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import OutputError, ShardkitError
+from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, read_manifest
+from .safeio import loads
+from .storage import Store, default_cache_dir, read_remote_manifest
+
+MARKERS = ".shardkit/uploaded"
+_PROBE = ".shardkit/probe"
+
+
+@dataclass
+class RemoteOutput:
+    """What a bucket prefix held when the pack claimed it."""
+
+    store: Store
+    manifest: Manifest | None = None
+    uploaded: dict[str, tuple[int, str]] = field(default_factory=dict)  # shard -> (bytes, sha256), finished uploads
+    begun: set[str] = field(default_factory=set)  # every shard with a marker, finished or not
+    held: dict[str, int] = field(default_factory=dict)  # object name -> size
+
+
+def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput:
+    """Checks the remote output before any work (nothing is deleted here): what it holds must be
+    shardkit's, a finished output needs --resume or --overwrite, and it must take a write."""
+    held = store.listing()
+    state = RemoteOutput(store, held=held)
+    if MANIFEST_NAME in held:
+        try:
+            state.manifest = read_remote_manifest(store)
+        except ShardkitError as error:
+            if not overwrite:
+                raise OutputError(f"{error}; use --overwrite to replace it") from None
+    state.uploaded, state.begun = _markers(store)
+    ours = {MANIFEST_NAME, ERRORS_NAME} | state.begun
+    if state.manifest is not None:
+        ours |= {shard.name for shard in state.manifest.shards}
+    foreign = sorted(name for name in held if name not in ours)
+    if foreign:
+        raise OutputError(
+            f"{store.child(foreign[0])}: not written by shardkit; pack into an empty prefix "
+            "(nothing there is deleted or overwritten)"
+        )
+    if state.manifest is not None and not (resume or overwrite):
+        raise OutputError(f"{store.url}: holds a finished shardkit output; use --resume or --overwrite")
+    if state.begun and state.manifest is None and not (resume or overwrite):
+        raise OutputError(f"{store.url}: holds an interrupted pack; use --resume to finish it or --overwrite")
+    try:
+        store.write(_PROBE, b"shardkit checks this output takes writes\n")
+        store.delete(_PROBE)
+    except ShardkitError as error:
+        raise OutputError(f"{store.url}: cannot write here ({error})") from None
+    except OSError as error:
+        raise OutputError(f"{store.child(_PROBE)}: cannot write here ({error})") from None
+    return state
+
+
+def _markers(store: Store) -> tuple[dict[str, tuple[int, str]], set[str]]:
+    """(shards whose upload finished -> (bytes, sha256), every shard with a marker)."""
+    marks = Store(store.child(MARKERS), store.options)
+    finished, begun = {}, set()
+    for name in marks.listing():
+        if not name.endswith(".json"):
+            continue
+        begun.add(name.removesuffix(".json"))
+        try:
+            data = loads(marks.read(name, 1 << 16))
+            if data["uploaded"] is True:
+                finished[name.removesuffix(".json")] = (int(data["bytes"]), str(data["sha256"]))
+        except (ValueError, KeyError, TypeError, FileNotFoundError):
+            continue  # a damaged marker: that shard is uploaded again
+    return finished, begun
+
+
+def _mark(store: Store, name: str, size: int, sha256: str, uploaded: bool) -> None:
+    record = {"bytes": size, "sha256": sha256, "uploaded": uploaded}
+    store.write(f"{MARKERS}/{name}.json", json.dumps(record).encode())
+
+
+def staging_folder(url: str, staging: str | os.PathLike[str] | None) -> Path:
+    """Where the shards of a pack to `url` are written before they are uploaded."""
+    if staging is not None:
+        return Path(staging)
+    return default_cache_dir() / "staging" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def publish(
+    staging: Path, remote: RemoteOutput, progress: Callable[[int, int], None] | None = None
+) -> tuple[Manifest, int]:
+    """Uploads a finished local output in `staging` to `remote`: shards the bucket does not hold
+    with the same bytes, then errors.jsonl, then the manifest. Returns the manifest and the number of
+    shards the bucket already held."""
+    store = remote.store
+    manifest = read_manifest(staging)
+    have = dict(remote.uploaded)
+    if remote.manifest is not None:
+        have.update({shard.name: (shard.bytes, shard.sha256) for shard in remote.manifest.shards})
+    if remote.manifest is not None:
+        store.delete(MANIFEST_NAME)  # readers stop trusting the earlier output before any shard changes
+    kept = 0
+    for done, shard in enumerate(manifest.shards, 1):
+        if have.get(shard.name) == (shard.bytes, shard.sha256) and remote.held.get(shard.name) == shard.bytes:
+            kept += 1
+        else:
+            _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=False)  # on record before it exists
+            store.upload(str(staging / shard.name), shard.name)
+            _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=True)
+        if progress is not None:
+            progress(done, len(manifest.shards))
+    if (staging / ERRORS_NAME).exists():
+        store.upload(str(staging / ERRORS_NAME), ERRORS_NAME)
+    store.upload(str(staging / MANIFEST_NAME), MANIFEST_NAME)
+    current = {shard.name for shard in manifest.shards}
+    earlier = {shard.name for shard in remote.manifest.shards} if remote.manifest is not None else set()
+    for name in sorted((earlier | remote.begun) - current):
+        store.delete(name)  # named by shardkit's own earlier records only
+    for name in sorted(remote.begun | current):
+        store.delete(f"{MARKERS}/{name}.json")
+    return manifest, kept
+
+
+def clear_staging(staging: Path, manifest: Manifest) -> None:
+    """Removes the uploaded local copy: only what the manifest names, then the folder if empty."""
+    for name in [shard.name for shard in manifest.shards] + [ERRORS_NAME, MANIFEST_NAME]:
+        with contextlib.suppress(FileNotFoundError):
+            (staging / name).unlink()
+    with contextlib.suppress(OSError):
+        staging.rmdir()

@@ -1,0 +1,157 @@
+"""`shardkit pack SRC s3://...`, `verify` and `bench` on a URL: the real CLI in subprocesses against a
+real SeaweedFS S3 server on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardkit.manifest import read_manifest
+from shardkit.storage import Store
+
+SHARDKIT = [sys.executable, "-m", "shardkit"]
+
+
+def _run(*args: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "SHARDKIT_CACHE": str(cache), "COLUMNS": "200", **env}
+    return subprocess.run([*SHARDKIT, *map(str, args)], capture_output=True, text=True, env=environment, timeout=300)
+
+
+def _objects(s3, prefix: str) -> dict[str, bytes]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    fs.invalidate_cache()
+    return {path.rsplit("/", 1)[-1]: fs.cat_file(path) for path in fs.find(f"data/{prefix}")}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def local_pack(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("local") / "out"
+    result = _run("pack", sample_dataset, out, "--resize", "48", "--shard-size", "10", cache=out.parent / "cache")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_pack_to_s3_gives_the_bytes_of_a_local_pack(s3, sample_dataset: Path, local_pack: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    result = _run("pack", sample_dataset, "s3://data/same", "--resize", "48", "--shard-size", "10", cache=cache)
+    assert result.returncode == 0, result.stderr
+    assert "s3://data/same" in result.stdout
+    uploaded = _objects(s3, "same")
+    assert uploaded == _files(local_pack)  # shards, errors.jsonl and manifest, byte for byte
+    assert not (cache / "staging").exists() or not any((cache / "staging").iterdir())  # staging cleared
+    # packing again is refused, before any work
+    again = _run("pack", sample_dataset, "s3://data/same", "--resize", "48", "--shard-size", "10", cache=cache)
+    assert again.returncode != 0
+    assert "s3://data/same: holds a finished shardkit output; use --resume or --overwrite" in again.stderr
+    assert "Traceback" not in again.stderr
+    # --resume finds it complete and uploads nothing
+    resumed = _run("pack", sample_dataset, "s3://data/same", "--resize", "48", "--shard-size", "10", "--resume",
+                   cache=cache)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already complete" in resumed.stdout
+    assert _objects(s3, "same") == uploaded
+
+
+def test_verify_a_bucket_catches_damaged_missing_and_stray_objects(s3, local_pack: Path, tmp_path: Path) -> None:
+    store = Store("s3://data/verify")
+    for name, data in _files(local_pack).items():
+        store.write(name, data)
+    ok = _run("verify", "s3://data/verify", "--deep", cache=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "OK" in ok.stdout and "60" not in ok.stderr
+    shards = read_manifest(local_pack).shards
+    damaged = bytearray((local_pack / shards[1].name).read_bytes())
+    damaged[-2000] ^= 0x01
+    store.write(shards[1].name, bytes(damaged))
+    store.delete(shards[3].name)
+    store.write("notes.txt", b"not a shard")
+    report_path = tmp_path / "report.json"
+    bad = _run("verify", "s3://data/verify", "--json", report_path, cache=tmp_path)
+    assert bad.returncode == 1
+    problems = {(p["kind"], p["shard"]) for p in json.loads(report_path.read_text())["problems"]}
+    assert ("checksum", shards[1].name) in problems
+    assert ("missing", shards[3].name) in problems
+    assert ("stray", "notes.txt") in problems
+
+
+def test_a_bucket_with_foreign_objects_or_no_access_is_refused_before_work(s3, sample_dataset, tmp_path) -> None:
+    Store("s3://data/foreign").write("keep-me.txt", b"a user's file")
+    result = _run("pack", sample_dataset, "s3://data/foreign", "--overwrite", cache=tmp_path)
+    assert result.returncode != 0
+    assert "s3://data/foreign/keep-me.txt: not written by shardkit" in result.stderr
+    assert _objects(s3, "foreign") == {"keep-me.txt": b"a user's file"}
+    denied = _run(
+        "pack", sample_dataset, "s3://data/denied", "--storage-option", "key=nobody", "--storage-option",
+        "secret=wrong", cache=tmp_path,
+    )  # fmt: skip
+    assert denied.returncode != 0 and "s3://data/denied" in denied.stderr
+    assert len(denied.stderr.strip().splitlines()) == 1 and "Traceback" not in denied.stderr
+    assert not (tmp_path / "staging").exists()  # nothing packed
+
+
+def test_resume_uploads_only_what_the_bucket_lacks(s3, sample_dataset: Path, local_pack: Path, tmp_path) -> None:
+    # The state an upload killed halfway leaves: some shards up, each with a finished marker, one
+    # begun (a store that shows partial objects); no manifest.
+    store = Store("s3://data/half")
+    shards = read_manifest(local_pack).shards
+
+    def mark(shard, uploaded: bool) -> None:
+        record = {"bytes": shard.bytes, "sha256": shard.sha256, "uploaded": uploaded}
+        store.write(f".shardkit/uploaded/{shard.name}.json", json.dumps(record).encode())
+
+    for shard in shards[:3]:
+        store.write(shard.name, (local_pack / shard.name).read_bytes())
+        mark(shard, True)
+    mark(shards[3], False)
+    store.write(shards[3].name, b"half an upload")  # begun, not finished: not trusted
+    refused = _run("pack", sample_dataset, "s3://data/half", "--resize", "48", "--shard-size", "10", cache=tmp_path)
+    assert refused.returncode != 0 and "holds an interrupted pack; use --resume" in refused.stderr
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    before = {shard.name: fs.info(f"data/half/{shard.name}")["LastModified"] for shard in shards[:3]}
+    resumed = _run("pack", sample_dataset, "s3://data/half", "--resize", "48", "--shard-size", "10", "--resume",
+                   cache=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    fs.invalidate_cache()
+    after = {shard.name: fs.info(f"data/half/{shard.name}")["LastModified"] for shard in shards[:3]}
+    assert after == before  # the shards the bucket held were not uploaded again
+    assert _objects(s3, "half") == _files(local_pack)  # markers gone, the half upload replaced
+
+
+def test_overwrite_replaces_only_shardkits_objects(s3, sample_dataset: Path, local_pack: Path, tmp_path) -> None:
+    first = _run("pack", sample_dataset, "s3://data/over", "--resize", "48", "--shard-size", "5", cache=tmp_path)
+    assert first.returncode == 0, first.stderr
+    earlier = [name for name in _objects(s3, "over") if name.startswith("shard-")]
+    assert len(earlier) > len(read_manifest(local_pack).shards)  # more shards than the pack replacing it
+    second = _run("pack", sample_dataset, "s3://data/over", "--resize", "48", "--shard-size", "10", "--overwrite",
+                  cache=tmp_path)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert _objects(s3, "over") == _files(local_pack)  # the six shards the new manifest names, nothing else
+
+
+def test_bench_reads_a_bucket_through_the_cache(s3, local_pack: Path, tmp_path: Path) -> None:
+    store = Store("s3://data/bench")
+    for name, data in _files(local_pack).items():
+        store.write(name, data)
+    report_path = tmp_path / "bench.json"
+    result = _run("bench", "s3://data/bench", "--repeat", "1", "--json", report_path, "--cache-dir", tmp_path / "c",
+                  cache=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    records = read_manifest(local_pack).records
+    assert report["images"] == records and all(row["images"] == records for row in report["rows"])
+    assert sorted(p.name for p in (tmp_path / "c" / "shards").iterdir()) == sorted(
+        s.sha256 + ".tar" for s in read_manifest(local_pack).shards
+    )
