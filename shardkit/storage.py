@@ -149,6 +149,9 @@ def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_INHERITED: list[Any] = []
+
+
 @dataclass
 class Store:
     """A remote folder: `url` (no trailing slash) and the fsspec options that reach it. Picklable;
@@ -173,6 +176,10 @@ class Store:
     @property
     def fs(self) -> Any:
         if self._fs is None or self._pid != os.getpid():
+            if self._fs is not None:
+                # Inherited through a fork: its pooled connections are the parent's sockets. Left
+                # alive, never used: closing it here would close them under the parent's requests.
+                _INHERITED.append(self._fs)
             self._fs, self._root = _filesystem(self.url, self.options)
             self._root = self._root.rstrip("/")
             if self.url.lower().startswith(("s3://", "s3a://")):

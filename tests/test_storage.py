@@ -78,6 +78,7 @@ def test_s3_reads_the_same_samples_as_local(fmt: str, packed, uploaded, tmp_path
         assert np.array_equal(remote[index].image, local[index].image)
     key = local[23].key
     assert np.array_equal(remote.get(key).image, local.get(key).image)
+    remote.close()
     # the cache holds each shard once, named by the manifest's sha256
     cached = sorted(p.name for p in (tmp_path / "cache" / "shards").iterdir())
     assert cached == sorted(s.sha256 + Path(s.name).suffix for s in local.manifest.shards)
@@ -174,6 +175,7 @@ def test_a_damaged_object_is_refused_and_never_cached(s3, packed, tmp_path: Path
     remote = open_shards(url, cache_dir=tmp_path / "cache")
     with pytest.raises(ShardReadError, match=f"{url}/{shard.name}: sha256 differs"):
         list(remote)
+    remote.close()  # waits for the background downloads of the next shards
     assert not (tmp_path / "cache" / "shards" / f"{shard.sha256}.tar").exists()
     assert not any((tmp_path / "cache" / "tmp").iterdir())
     Store(url).delete(shard.name)

@@ -11,7 +11,10 @@ from .. import __version__
 from ..backends import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
 from .common import console
 
-OPTIONAL = ("numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "torchvision", "matplotlib")
+OPTIONAL = (
+    "numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "torchvision", "matplotlib", "fsspec", "s3fs",
+    "gcsfs", "aiohttp",
+)  # fmt: skip
 
 
 def doctor() -> None:
