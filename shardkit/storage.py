@@ -22,6 +22,8 @@ import hashlib
 import json
 import os
 import re
+import select
+import sys
 import tempfile
 import threading
 import time
@@ -144,12 +146,58 @@ def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint and "endpoint_url" not in options and "endpoint_url" not in options.get("client_kwargs", {}):
         options["endpoint_url"] = endpoint
-    config = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 2, "mode": "standard"}}
+    config: dict[str, Any] = {
+        "connect_timeout": 10,
+        "read_timeout": 60,
+        "retries": {"max_attempts": 2, "mode": "standard"},
+    }
+    # botocore's CRC of every response costs CPU the decoders need; each shard's sha256 is checked anyway
+    with contextlib.suppress(ImportError):
+        from botocore.config import Config
+
+        for name in ("response_checksum_validation", "request_checksum_calculation"):
+            if name in getattr(Config, "OPTION_DEFAULTS", {}):
+                config[name] = "when_required"
     options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
     return options
 
 
-_INHERITED: list[Any] = []
+_INHERITED: list[Any] = []  # filesystem objects a forked process inherited: kept, never used
+_PARENT_LOOP: list[Any] = []
+
+
+def _before_fork() -> None:
+    asyn = sys.modules.get("fsspec.asyn")
+    _PARENT_LOOP[:] = [asyn.loop[0]] if asyn is not None and asyn.loop[0] is not None else []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares the kernel objects behind the parent's descriptors, the epoll set of
+    fsspec's event loop included: a connection closed in the child (a finalizer, a garbage-collected
+    client) would unregister the parent's socket from it, and the parent's request on it would wait
+    out its timeout. So the child's copy of that loop gets an epoll set of its own, and every
+    filesystem object fsspec had cached is kept alive, unused (closing one over TLS would also write
+    to the parent's connection)."""
+    for loop in _PARENT_LOOP:
+        selector = getattr(getattr(loop, "_selector", None), "_selector", None)
+        if isinstance(selector, select.epoll):
+            loop._selector._selector = select.epoll()
+            selector.close()  # the child's descriptor only: the parent's set is untouched
+    _PARENT_LOOP.clear()
+    fsspec = sys.modules.get("fsspec")
+    if fsspec is None:
+        return
+    pending = [fsspec.AbstractFileSystem]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        cache = cls.__dict__.get("_cache")
+        if isinstance(cache, dict):
+            _INHERITED.extend(cache.values())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 @dataclass

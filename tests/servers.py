@@ -141,7 +141,11 @@ def start_s3(folder: Path) -> S3Server:
         if port not in ports.values() and port + 10000 not in ports.values():
             ports[("master", "volume", "filer", "s3")[len(ports)]] = port
     server = S3Server(folder, ports)
-    server.start()
+    try:
+        server.start()
+    except BaseException:  # Ctrl-C or a failed start: never leave a server running
+        server.kill()
+        raise
     return server
 
 

@@ -253,3 +253,28 @@ def test_a_server_back_within_the_retry_window_lets_the_epoch_finish(packed, tmp
     assert error is None
     assert samples == [s.key for s in open_shards(packed["webdataset"], decode="bytes")]
     assert os.environ.get("SHARDKIT_RETRY_SECONDS") == "60"
+
+
+def _close_inherited_connections() -> None:
+    """What a garbage-collected client does in a forked child: close every connection it holds."""
+    import asyncio.selector_events
+    import gc
+
+    for thing in gc.get_objects():
+        if isinstance(thing, asyncio.selector_events._SelectorTransport):
+            thing.close()
+
+
+def test_a_forked_child_closing_connections_leaves_the_parents_alone(uploaded, tmp_path: Path) -> None:
+    import multiprocessing
+
+    dataset = open_shards(uploaded["lmdb"], cache_dir=tmp_path / "cache")
+    store = dataset.remote.store
+    store.read("manifest.json", 1 << 20)  # a pooled connection in the parent
+    child = multiprocessing.get_context("fork").Process(target=_close_inherited_connections)
+    child.start()
+    child.join(30)
+    started = time.monotonic()
+    store.read("manifest.json", 1 << 20)
+    store.listing()
+    assert time.monotonic() - started < 5  # without the child's own epoll set: the read timeout, 60 s
