@@ -284,21 +284,11 @@ def upload(server: Any, shards: Path) -> int:
 
 @contextlib.contextmanager
 def s3_server(folder: Path) -> Iterator[Any]:
-    """tests/servers.py's server, stopped however this ends: its own s3_server starts the process before
-    its `try`, so a Ctrl-C while the server comes up would leave it running."""
-    from tests.servers import S3Server, free_port
+    """tests/servers.py's server (never left running, even by a Ctrl-C while it starts)."""
+    from tests.servers import s3_server as serve
 
-    ports: dict[str, int] = {}
-    while len(ports) < 4:
-        port = free_port()
-        if port not in ports.values() and port + 10000 not in ports.values():
-            ports[("master", "volume", "filer", "s3")[len(ports)]] = port
-    server = S3Server(folder, ports)
-    try:
-        server.start()
+    with serve(folder) as server:
         yield server
-    finally:
-        server.kill()
 
 
 def environment() -> dict[str, Any]:
