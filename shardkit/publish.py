@@ -39,7 +39,7 @@ class RemoteOutput:
     manifest: Manifest | None = None
     uploaded: dict[str, tuple[int, str]] = field(default_factory=dict)  # shard -> (bytes, sha256), finished uploads
     begun: set[str] = field(default_factory=set)  # every shard with a marker, finished or not
-    held: dict[str, int] = field(default_factory=dict)  # object name -> size
+    held: dict[str, int | None] = field(default_factory=dict)  # object name -> size
 
 
 def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput:

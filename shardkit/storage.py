@@ -261,8 +261,9 @@ class Store:
         path = self._path(name)
         return retrying(self.child(name), "checking", lambda: bool(self.fs.exists(path)))
 
-    def listing(self) -> dict[str, int]:
-        """name -> size of the objects directly under this folder (none when it does not exist)."""
+    def listing(self) -> dict[str, int | None]:
+        """name -> size of the objects directly under this folder (none when it does not exist; an
+        HTTP server lists what its index page links to, if it has one)."""
         fs = self.fs
 
         def ls() -> list[dict[str, Any]]:
@@ -274,29 +275,31 @@ class Store:
                 return []
 
         entries = retrying(self.url, "listing", ls)
-        held = {}
+        held: dict[str, int | None] = {}
         for entry in entries:
-            if entry.get("type") == "file":
-                held[entry["name"].rstrip("/").rsplit("/", 1)[-1]] = int(entry.get("size") or 0)
+            if entry.get("type") == "file":  # an HTTP index may not tell sizes: None
+                size = entry.get("size")
+                held[entry["name"].rstrip("/").rsplit("/", 1)[-1]] = None if size is None else int(size)
         return held
 
     def download(self, name: str, destination: str, size: int, sha256: str | None) -> None:
         """Object `name` into the local file `destination`, checked against `size` and `sha256`
         (ShardFormatError when the bytes differ: a damaged or replaced object, never retried)."""
-        path, url = self._path(name), self.child(name)
-
-        def get() -> None:
-            self.fs.get_file(path, destination)
-
         try:
-            retrying(url, "downloading", get)
+            self.get(name, destination)
         except FileNotFoundError:
-            raise ShardFormatError(f"{url}: listed in the manifest but missing") from None
+            raise ShardFormatError(f"{self.child(name)}: listed in the manifest but missing") from None
+        url = self.child(name)
         held = os.path.getsize(destination)
         if held != size:
             raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
         if sha256 is not None and file_sha256(destination) != sha256:
             raise ShardFormatError(f"{url}: sha256 differs from the manifest (damaged or replaced object)")
+
+    def get(self, name: str, destination: str) -> None:
+        """Object `name` into the local file `destination`, as it is (FileNotFoundError if none)."""
+        path = self._path(name)
+        retrying(self.child(name), "downloading", lambda: self.fs.get_file(path, destination))
 
     def upload(self, source: str, name: str) -> None:
         path = self._path(name)

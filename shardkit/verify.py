@@ -65,7 +65,7 @@ class _ShardJob:
     deep: bool
     max_pixels: int = DEFAULT_MAX_PIXELS
     store: Store | None = None  # a remote output: the shard is downloaded into `folder` (a temp folder)
-    held: int | None = None  # the remote object's size from the listing; None when it is missing
+    held: int | None = None  # the remote object's size from the listing, when it tells one
 
 
 @dataclass
@@ -90,16 +90,14 @@ def _checked_shard(job: _ShardJob) -> _ShardCheck:
     if job.store is None:
         return _checked_file(job)
     name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
-    if job.held is None:
-        return _ShardCheck([Problem("missing", "listed in the manifest but not in the bucket", name)], [], [], 0)
-    if job.held != job.shard.bytes:
+    if job.held is not None and job.held != job.shard.bytes:  # the listing's size, when it tells one
         return _ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
     try:
-        job.store.download(name, path, job.shard.bytes, None)  # the sha256 is checked below, as for a file
+        job.store.get(name, path)  # size and sha256 are checked below, as for a file
         return _checked_file(job)
-    except ShardFormatError as error:
-        return _ShardCheck([Problem("unreadable", str(error), name)], [], [], 0)
-    except (StorageError, FileNotFoundError) as error:
+    except FileNotFoundError:
+        return _ShardCheck([Problem("missing", "listed in the manifest but not in the bucket", name)], [], [], 0)
+    except StorageError as error:
         return _ShardCheck([Problem("unreadable", str(error), name)], [], [], 0)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -202,7 +200,7 @@ class _Output:
     store: Store | None = None
     work: str = ""
     manifest: Manifest | ManifestError | None = None
-    held: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int | None] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -228,8 +226,8 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         try:
             output.manifest = read_remote_manifest(store)
             output.held = store.listing()
-            if ERRORS_NAME in output.held:
-                store.download(ERRORS_NAME, os.path.join(temp, ERRORS_NAME), output.held[ERRORS_NAME], None)
+            with contextlib.suppress(FileNotFoundError):  # no errors.jsonl: nothing was skipped
+                store.get(ERRORS_NAME, os.path.join(temp, ERRORS_NAME))
         except ShardkitError as error:
             output.manifest = ManifestError(str(error))
         yield output

@@ -97,11 +97,16 @@ def test_the_batch_loader_reads_from_s3(packed, uploaded, tmp_path: Path) -> Non
 
 
 def test_http_server_serves_shards(packed, tmp_path: Path) -> None:
+    from shardkit.verify import verify
+
     local = open_shards(packed["lmdb"])
     with http_server(packed["lmdb"].parent) as url:
         remote = open_shards(f"{url}/lmdb/manifest.json", cache_dir=tmp_path / "cache")
         assert _samples(remote) == _samples(local)
         assert remote.get(local[3].key).key == local[3].key
+        report = verify(f"{url}/lmdb", deep=True)
+        assert report.ok, report.problems
+        assert report.records == len(local) and report.decoded == len(local)
 
 
 def test_each_sample_once_per_rank_across_dataloader_workers(packed, uploaded, tmp_path: Path) -> None:
