@@ -28,6 +28,7 @@ from .safeio import loads
 from .storage import Store, default_cache_dir, read_remote_manifest
 
 MARKERS = ".shardkit/uploaded"
+EARLIER = ".shardkit/earlier.json"  # the earlier output's shards, written before its manifest goes
 _PROBE = ".shardkit/probe"
 
 
@@ -58,6 +59,11 @@ def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput
     if state.manifest is not None:
         ours |= {shard.name for shard in state.manifest.shards}
     foreign = sorted(name for name in held if name not in ours)
+    if foreign and MANIFEST_NAME in held and state.manifest is None:
+        raise OutputError(
+            f"{store.child(MANIFEST_NAME)}: damaged, so shardkit cannot tell its objects from others "
+            f"(such as {foreign[0]}); remove them yourself, or pack into an empty prefix"
+        )
     if foreign:
         raise OutputError(
             f"{store.child(foreign[0])}: not written by shardkit; pack into an empty prefix "
@@ -78,17 +84,27 @@ def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput
 
 
 def _markers(store: Store) -> tuple[dict[str, tuple[int, str]], set[str]]:
-    """(shards whose upload finished -> (bytes, sha256), every shard with a marker)."""
+    """(shards whose upload finished -> (bytes, sha256), every shard with a marker). The shards of
+    an earlier output whose manifest an interrupted overwrite or resume removed count as finished."""
     marks = Store(store.child(MARKERS), store.options)
-    finished, begun = {}, set()
+    finished: dict[str, tuple[int, str]] = {}
+    begun: set[str] = set()
+    with contextlib.suppress(FileNotFoundError, ValueError, TypeError, KeyError):
+        earlier = loads(store.read(EARLIER, 64 << 20))
+        for name, (size, sha256) in earlier["shards"].items():
+            if isinstance(name, str) and "/" not in name:
+                finished[name] = (int(size), str(sha256))
+                begun.add(name)
     for name in marks.listing():
         if not name.endswith(".json"):
             continue
-        begun.add(name.removesuffix(".json"))
+        shard = name.removesuffix(".json")
+        begun.add(shard)
+        finished.pop(shard, None)  # a marker is newer than the earlier output: it decides
         try:
             data = loads(marks.read(name, 1 << 16))
             if data["uploaded"] is True:
-                finished[name.removesuffix(".json")] = (int(data["bytes"]), str(data["sha256"]))
+                finished[shard] = (int(data["bytes"]), str(data["sha256"]))
         except (ValueError, KeyError, TypeError, FileNotFoundError):
             continue  # a damaged marker: that shard is uploaded again
     return finished, begun
@@ -118,7 +134,12 @@ def publish(
     if remote.manifest is not None:
         have.update({shard.name: (shard.bytes, shard.sha256) for shard in remote.manifest.shards})
     if remote.manifest is not None:
-        store.delete(MANIFEST_NAME)  # readers stop trusting the earlier output before any shard changes
+        # the earlier shards stay on record (a run killed from here on can finish or replace them),
+        # then readers stop trusting the earlier output before any shard changes
+        on_record = {shard.name: [shard.bytes, shard.sha256] for shard in remote.manifest.shards}
+        on_record.update((name, list(entry)) for name, entry in remote.uploaded.items())
+        store.write(EARLIER, json.dumps({"shards": on_record}).encode())
+        store.delete(MANIFEST_NAME)
     kept = 0
     for done, shard in enumerate(manifest.shards, 1):
         if have.get(shard.name) == (shard.bytes, shard.sha256) and remote.held.get(shard.name) == shard.bytes:
@@ -138,6 +159,7 @@ def publish(
         store.delete(name)  # named by shardkit's own earlier records only
     for name in sorted(remote.begun | current):
         store.delete(f"{MARKERS}/{name}.json")
+    store.delete(EARLIER)
     return manifest, kept
 
 

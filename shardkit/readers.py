@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import os
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .storage import Remote
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
+OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
 SCALES = (1, 1 / 2, 1 / 4, 1 / 8)
 
 
@@ -105,6 +107,7 @@ class ShardDataset:
         self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
+        self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
 
     @property
     def format(self) -> str:
@@ -141,6 +144,9 @@ class ShardDataset:
                     keys = reader.keys()
                 except ShardFormatError as error:
                     raise ShardReadError(str(error)) from None  # it names the shard's path
+                finally:
+                    if self.remote is not None:
+                        reader.close()
                 index.update((key, (shard, local)) for local, key in enumerate(keys))
             self._key_index = index
         shard, local = self._key_index[key]
@@ -163,6 +169,18 @@ class ShardDataset:
             return self._finish(record, name)
         except ShardFormatError as error:
             raise ShardReadError(f"{error} (reading record {what})") from None
+        finally:
+            if self.remote is not None:
+                self._hold_open(shard)
+
+    def _hold_open(self, shard: int) -> None:
+        """Random access keeps the last few remote shards open, not all it ever touched: each open
+        one holds descriptors, and a cached copy the cache evicted still takes its disk space."""
+        self._open_remote[shard] = None
+        self._open_remote.move_to_end(shard)
+        while len(self._open_remote) > OPEN_REMOTE_SHARDS:
+            oldest, _ = self._open_remote.popitem(last=False)
+            self._readers[oldest].close()
 
     def _finish(self, record: Record, shard_name: str) -> Any:
         try:

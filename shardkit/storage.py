@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote, unquote
 
 from .config import parse_bytes
 from .errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, ShardkitError, StorageError
@@ -111,6 +112,8 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
             raise StorageError(f"{url}: access denied ({_describe(error)})") from None
         except _PERMANENT:
             raise
+        except ValueError as error:  # a URL the client refuses (http.client.InvalidURL): never transient
+            raise StorageError(f"{url}: {what} failed ({_describe(error)})") from None
         except Exception as error:
             if time.monotonic() - started + delay > window:
                 waited = time.monotonic() - started
@@ -178,6 +181,9 @@ def _after_fork_in_child() -> None:
     out its timeout. So the child's copy of that loop gets an epoll set of its own, and every
     filesystem object fsspec had cached is kept alive, unused (closing one over TLS would also write
     to the parent's connection)."""
+    _THREAD_LOCKS.clear()  # a lock a parent's thread held at the fork would never be released here
+    global _THREAD_LOCKS_GUARD
+    _THREAD_LOCKS_GUARD = threading.Lock()
     for loop in _PARENT_LOOP:
         selector = getattr(getattr(loop, "_selector", None), "_selector", None)
         if isinstance(selector, select.epoll):
@@ -240,6 +246,8 @@ class Store:
 
     def _path(self, name: str) -> str:
         self.fs  # noqa: B018 - sets _root
+        if self._root.lower().startswith(("http://", "https://")):
+            name = quote(name)  # a space, '?' or '#' in a shard name is part of the name, not of the URL
         return f"{self._root}/{name}" if self._root else name
 
     def read(self, name: str, limit: int) -> bytes:
@@ -247,15 +255,23 @@ class Store:
         path = self._path(name)
 
         def fetch() -> bytes:
-            size = self.fs.size(path)
-            if size is not None and size > limit:
-                raise StorageError(f"{self.child(name)}: {size:,} bytes, over the limit of {limit:,}")
-            data = self.fs.cat_file(path)
-            if len(data) > limit:
-                raise StorageError(f"{self.child(name)}: over the limit of {limit:,} bytes")
-            return data
+            parts, total = [], 0
+            with self._open_stream(path) as source:  # streamed: a body without a size, or a gzip
+                while chunk := source.read(min(1 << 20, limit + 1 - total)):  # bomb, stops at the limit
+                    parts.append(chunk)
+                    total += len(chunk)
+                    if total > limit:
+                        raise StorageError(f"{self.child(name)}: over the limit of {limit:,} bytes")
+            return b"".join(parts)
 
         return retrying(self.child(name), "reading", fetch)
+
+    def _open_stream(self, path: str) -> Any:
+        """A file object reading `path` from its start; HTTP as one streamed GET (servers need not
+        support ranges)."""
+        if path.lower().startswith(("http://", "https://")):
+            return self.fs.open(path, "rb", block_size=0)
+        return self.fs.open(path, "rb")
 
     def exists(self, name: str) -> bool:
         path = self._path(name)
@@ -279,7 +295,10 @@ class Store:
         for entry in entries:
             if entry.get("type") == "file":  # an HTTP index may not tell sizes: None
                 size = entry.get("size")
-                held[entry["name"].rstrip("/").rsplit("/", 1)[-1]] = None if size is None else int(size)
+                name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+                if self._root.lower().startswith(("http://", "https://")):
+                    name = unquote(name)  # links are URLs: "a%20b.tar" is the shard "a b.tar"
+                held[name] = None if size is None else int(size)
         return held
 
     def download(self, name: str, destination: str, size: int, sha256: str | None) -> None:
@@ -290,27 +309,29 @@ class Store:
             digest = self.get(name, destination, limit=size)
         except FileNotFoundError:
             raise ShardFormatError(f"{url}: listed in the manifest but missing") from None
+        except TooLong:
+            raise ShardFormatError(f"{url}: more than the {size:,} bytes the manifest says (replaced?)") from None
         held = os.path.getsize(destination)
         if held != size:
             raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
-        if sha256 is not None and (digest or file_sha256(destination)) != sha256:
+        if sha256 is not None and digest != sha256:
             raise ShardFormatError(f"{url}: sha256 differs from the manifest (damaged or replaced object)")
 
-    def get(self, name: str, destination: str, limit: int | None = None) -> str | None:
-        """Object `name` into the local file `destination`, as it is (FileNotFoundError if none).
-        Returns its sha256 when it was computed on the way (the direct path), else None. With
-        `limit`, a body longer than that is cut there (the size check then refuses it)."""
+    def get(self, name: str, destination: str, limit: int | None = None) -> str:
+        """Object `name` into the local file `destination`, as it is (FileNotFoundError if none);
+        returns its sha256, computed on the way. With `limit`, a body longer than that raises
+        TooLong as soon as it passes it (a stranger's server cannot fill the disk)."""
         path = self._path(name)
 
-        def fetch() -> str | None:
+        def fetch() -> str:
             direct = self._direct_url(path)
             if direct is not None:
                 try:
                     return _get_direct(direct, destination, limit)
                 except _NotDirect:
                     pass
-            self.fs.get_file(path, destination)
-            return None
+            with self._open_stream(path) as source:
+                return _copy(source.read, destination, limit)
 
         return retrying(self.child(name), "downloading", fetch)
 
@@ -322,6 +343,8 @@ class Store:
         server-side keys) or a proxy in the environment keep the filesystem's own path."""
         if any(os.environ.get(name) for name in _PROXIES):
             return None
+        if os.environ.get("AWS_CA_BUNDLE") or "verify" in self.options.get("client_kwargs", {}):
+            return None  # a custom CA or no verification: the filesystem's own TLS settings apply
         protocol = _URL.match(self.url).group(1).lower()  # type: ignore[union-attr]
         if protocol in ("http", "https") and not self.options:
             return path
@@ -352,6 +375,34 @@ _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy
 _REQUEST_OPTIONS = {"s3_additional_kwargs", "requester_pays", "version_aware"}
 _DIRECT_BUFFER = 1 << 20
 _CONNECTIONS = threading.local()  # keep-alive connections of this thread: (pid, scheme, host, port) -> connection
+
+
+class TooLong(ShardFormatError):
+    """The body runs past the size the manifest gives (the caller names the URL)."""
+
+
+def _copy(read: Callable[..., Any], destination: str, limit: int | None, into: bool = False) -> str:
+    """Copies a body into `destination` a MiB at a time, hashing on the way; stops with TooLong
+    as soon as it passes `limit`. `read` is readinto (into=True, into a reused buffer) or read."""
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(_DIRECT_BUFFER))
+    total = 0
+    with open(destination, "wb", buffering=0) as out:
+        while True:
+            if into:
+                count = read(buffer)
+                chunk = buffer[:count]
+            else:
+                chunk = read(_DIRECT_BUFFER)
+                count = len(chunk)
+            if not count:
+                break
+            total += count
+            if limit is not None and total > limit:
+                raise TooLong("")
+            out.write(chunk)
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class _NotDirect(Exception):
@@ -405,21 +456,11 @@ def _get_direct(url: str, destination: str, limit: int | None) -> str:
             if status >= 500 or status == 429:
                 raise OSError(status, f"HTTP {status} {response.reason}")
             raise _NotDirect(status)
-        digest = hashlib.sha256()
-        buffer = bytearray(_DIRECT_BUFFER)
-        view = memoryview(buffer)
-        total = 0
-        with open(destination, "wb", buffering=0) as out:
-            while count := response.readinto(view):
-                total += count
-                if limit is not None and total > limit:  # more than the manifest says: stop here
-                    out.write(view[: count - (total - limit)])
-                    connection.close()
-                    out.write(b"\0")  # one byte over: the size check names it
-                    return ""
-                out.write(view[:count])
-                digest.update(view[:count])
-        return digest.hexdigest()
+        try:
+            return _copy(response.readinto, destination, limit, into=True)
+        except TooLong:
+            connection.close()  # the rest of the body is not read: the connection cannot be reused
+            raise
     except BaseException:
         connection.close()
         raise
@@ -442,6 +483,20 @@ def default_cache_dir() -> Path:
 
 
 DEFAULT_CACHE_LIMIT = "50GB"
+
+
+def _safe_suffix(suffix: str) -> str:
+    """A shard's suffix as a cache file name may carry it: short and plain (names come from strangers)."""
+    return suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
+
+
+_THREAD_LOCKS: dict[tuple[Path, str], threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def _thread_lock(root: Path, name: str) -> threading.Lock:
+    with _THREAD_LOCKS_GUARD:
+        return _THREAD_LOCKS.setdefault((root, name), threading.Lock())
 
 
 @dataclass(frozen=True)
@@ -470,7 +525,7 @@ class ShardCache:
             raise ConfigError(f"{self.root}: cannot use as the shard cache ({error.strerror or error})") from None
 
     def path_of(self, sha256: str, suffix: str) -> Path:
-        return self.root / "shards" / f"{sha256}{suffix}"
+        return self.root / "shards" / f"{sha256}{_safe_suffix(suffix)}"
 
     def _open_cached(self, sha256: str, suffix: str, size: int) -> int | None:
         """A descriptor of the cached shard, or None. Opened before anything else: once open, an
@@ -496,17 +551,29 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
-        fd = os.open(self.root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-            yield
-        finally:
-            os.close(fd)
+        """Excludes the other threads of this process, then the other processes: a POSIX record
+        lock, released by the kernel when a process dies and, unlike flock, never inherited by a
+        forked child (a DataLoader worker forked while a prefetch held one would wait on itself)."""
+        with _thread_lock(self.root, name):
+            fd = os.open(self.root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the record lock
 
     def open(self, store: Store, name: str, size: int, sha256: str) -> int:
         """A read-only descriptor of shard `name` of `store`, downloaded and checked unless already
         cached. Processes wanting the same shard wait for the one downloading it; a failed or killed
         download leaves only a temporary file, which the next download of that shard removes."""
+        try:
+            return self._open(store, name, size, sha256)
+        except ShardkitError:
+            raise
+        except OSError as error:  # the cache folder itself: full, read-only, another user's
+            raise StorageError(f"{self.root}: cannot use the shard cache ({error.strerror or error})") from None
+
+    def _open(self, store: Store, name: str, size: int, sha256: str) -> int:
         suffix = Path(name).suffix
         fd = self._open_cached(sha256, suffix, size)
         if fd is not None:
@@ -521,6 +588,7 @@ class ShardCache:
             for leftover in (self.root / "tmp").glob(f"{sha256}.*"):
                 leftover.unlink(missing_ok=True)
             temp_fd, temp = tempfile.mkstemp(prefix=f"{sha256}.", suffix=".part", dir=self.root / "tmp")
+            os.fchmod(temp_fd, 0o644)  # readable by the other users of a shared cache, as the locks are
             os.close(temp_fd)
             try:
                 store.download(name, temp, size, sha256)

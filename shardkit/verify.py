@@ -27,7 +27,7 @@ from .formats import get_format
 from .imaging import decode
 from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
 from .safeio import check_regular, reason
-from .storage import Store, is_remote, local_path, read_remote_manifest, split_manifest_url
+from .storage import Store, TooLong, is_remote, local_path, read_remote_manifest, split_manifest_url
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,11 @@ def _checked_shard(job: _ShardJob) -> _ShardCheck:
     if job.held is not None and job.held != job.shard.bytes:  # the listing's size, when it tells one
         return _ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
     try:
-        job.store.get(name, path)  # size and sha256 are checked below, as for a file
+        job.store.get(name, path, limit=job.shard.bytes)  # size and sha256 are checked below, as for a file
         return _checked_file(job)
+    except TooLong:
+        detail = f"more than the {job.shard.bytes:,} bytes the manifest says"
+        return _ShardCheck([Problem("size", detail, name)], [], [], 0)
     except FileNotFoundError:
         return _ShardCheck([Problem("missing", "listed in the manifest but not in the bucket", name)], [], [], 0)
     except StorageError as error:
@@ -222,7 +225,9 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         return
     store = Store(split_manifest_url(os.fspath(folder)), dict(storage_options or {}))
     with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as temp:
-        output = _Output(store.url, Path(temp), store, temp)
+        shards = os.path.join(temp, "shards")  # apart from errors.jsonl: a shard may be named anything
+        os.mkdir(shards)
+        output = _Output(store.url, Path(temp), store, shards)
         try:
             output.manifest = read_remote_manifest(store)
             output.held = store.listing()

@@ -155,3 +155,22 @@ def test_bench_reads_a_bucket_through_the_cache(s3, local_pack: Path, tmp_path: 
     assert sorted(p.name for p in (tmp_path / "c" / "shards").iterdir()) == sorted(
         s.sha256 + ".tar" for s in read_manifest(local_pack).shards
     )
+
+
+def test_an_overwrite_killed_after_the_manifest_went_can_be_finished(s3, sample_dataset, local_pack, tmp_path) -> None:
+    from shardkit.publish import EARLIER
+    from shardkit.storage import read_remote_manifest
+
+    first = _run("pack", sample_dataset, "s3://data/killed", "--resize", "48", "--shard-size", "5", cache=tmp_path)
+    assert first.returncode == 0, first.stderr
+    # An --overwrite killed right after its first steps: the earlier shards on record, no manifest.
+    store = Store("s3://data/killed")
+    earlier = read_remote_manifest(store)
+    store.write(EARLIER, json.dumps({"shards": {s.name: [s.bytes, s.sha256] for s in earlier.shards}}).encode())
+    store.delete("manifest.json")
+    refused = _run("pack", sample_dataset, "s3://data/killed", "--resize", "48", "--shard-size", "10", cache=tmp_path)
+    assert refused.returncode != 0 and "holds an interrupted pack" in refused.stderr
+    again = _run("pack", sample_dataset, "s3://data/killed", "--resize", "48", "--shard-size", "10", "--overwrite",
+                 cache=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert _objects(s3, "killed") == _files(local_pack)  # the earlier shards gone, no record left

@@ -18,6 +18,7 @@ import pytest
 from shardkit import open_shards
 from shardkit.config import pack_config
 from shardkit.errors import ConfigError, ShardkitError, ShardReadError, StorageError
+from shardkit.manifest import read_manifest
 from shardkit.pack import pack
 from shardkit.storage import ShardCache, Store, is_remote, parse_storage_options
 from tests.servers import http_server, s3_server
@@ -287,3 +288,85 @@ def test_a_forked_child_closing_connections_leaves_the_parents_alone(uploaded, t
     store.read("manifest.json", 1 << 20)
     store.listing()
     assert time.monotonic() - started < 5  # without the child's own epoll set: the read timeout, 60 s
+
+
+def _hold_then_release(root: str, seconds: float) -> None:
+    cache = ShardCache.at(root, None)
+    cache.ready()
+    with cache._lock("ab"):
+        time.sleep(seconds)
+
+
+def _take(root: str) -> None:
+    with ShardCache.at(root, None)._lock("ab"):
+        pass
+
+
+def test_a_child_forked_while_a_cache_lock_is_held_does_not_wait_on_itself(tmp_path: Path) -> None:
+    import multiprocessing
+
+    holder = threading.Thread(target=_hold_then_release, args=(str(tmp_path), 1.0))
+    holder.start()
+    time.sleep(0.3)  # the lock is held by this process's thread when the child forks
+    child = multiprocessing.get_context("fork").Process(target=_take, args=(str(tmp_path),))
+    child.start()
+    holder.join()
+    child.join(15)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0  # with flock the child inherited the lock and hung
+
+
+def _resealed(folder: Path, renames: dict[str, str]) -> None:
+    """Renames shards of an output and reseals its manifest (a stranger's output with odd names)."""
+    from dataclasses import replace
+
+    from shardkit.manifest import write_json_atomic
+
+    manifest = read_manifest(folder)
+    shards = []
+    for shard in manifest.shards:
+        new = renames.get(shard.name, shard.name)
+        (folder / shard.name).rename(folder / new)
+        shards.append(replace(shard, name=new))
+    write_json_atomic(folder / "manifest.json", replace(manifest, shards=shards).sealed().to_json())
+
+
+def test_odd_shard_names_and_oversized_objects_over_http(packed, tmp_path: Path) -> None:
+    import shutil
+
+    from shardkit.verify import verify
+
+    folder = tmp_path / "odd"
+    shutil.copytree(packed["webdataset"], folder)
+    first, second = read_manifest(folder).shards[:2]
+    _resealed(folder, {first.name: "a b?#1.tar", second.name: "x." + "y" * 250})
+    expected = _samples(open_shards(folder))
+    with http_server(tmp_path) as url:
+        assert _samples(open_shards(f"{url}/odd", cache_dir=tmp_path / "cache")) == expected
+        # a server sending far more than the manifest says: refused at the manifest's size, through
+        # the direct path and through fsspec's own (any storage option takes that one)
+        big = folder / "a b?#1.tar"
+        big.write_bytes(big.read_bytes() + bytes(8 << 20))
+        for options in (None, {"simple_links": True}):
+            dataset = open_shards(f"{url}/odd", storage_options=options, cache_dir=tmp_path / "c2", cache_limit="4MB")
+            with pytest.raises(ShardReadError, match=r"more than the [0-9,]+ bytes the manifest says"):
+                list(dataset)
+            dataset.close()  # waits for the background downloads
+            assert not any((tmp_path / "c2" / "tmp").iterdir())
+        report = verify(f"{url}/odd")
+        assert [(p.kind, p.shard) for p in report.problems] == [("size", "a b?#1.tar")]
+        (folder / "manifest.json").write_bytes(b" " * (17 << 20))  # over the manifest limit, never held whole
+        with pytest.raises(ShardkitError, match="over the limit"):
+            open_shards(f"{url}/odd", cache_dir=tmp_path / "c3")
+
+
+def test_random_access_keeps_a_few_remote_shards_open(packed, uploaded, tmp_path: Path) -> None:
+    from shardkit.readers import OPEN_REMOTE_SHARDS
+
+    dataset = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache")
+    before = len(os.listdir("/proc/self/fd"))
+    for index in range(0, len(dataset), 3):
+        dataset[index]
+    assert len(os.listdir("/proc/self/fd")) - before <= 2 * OPEN_REMOTE_SHARDS + 4
