@@ -185,7 +185,7 @@ def test_a_damaged_object_is_refused_and_never_cached(s3, packed, tmp_path: Path
     assert not (tmp_path / "cache" / "shards" / f"{shard.sha256}.tar").exists()
     assert not any((tmp_path / "cache" / "tmp").iterdir())
     Store(url).write(shard.name, bytes(data) + bytes(10 << 20))  # a server sending more than it should
-    with pytest.raises(ShardReadError, match=f"{url}/{shard.name}: .* bytes, the manifest says"):
+    with pytest.raises(ShardReadError, match=f"{url}/{shard.name}: more than the [0-9,]+ bytes the manifest says"):
         list(open_shards(url, cache_dir=tmp_path / "cache1"))
     assert not any((tmp_path / "cache1" / "shards").glob(f"{shard.sha256}*"))
     Store(url).delete(shard.name)
