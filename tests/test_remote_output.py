@@ -174,3 +174,14 @@ def test_an_overwrite_killed_after_the_manifest_went_can_be_finished(s3, sample_
                  cache=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert _objects(s3, "killed") == _files(local_pack)  # the earlier shards gone, no record left
+
+
+def test_a_missing_filesystem_package_is_named_on_the_cli(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here: gs:// would not need the hint")
+    result = _run("verify", "gs://bucket/[prefix]", cache=tmp_path)
+    assert result.returncode == 1
+    assert "pip install 'shardkit[gcs]'" in result.stdout  # rich markup would have eaten "[gcs]"
+    assert "gs://bucket/[prefix]" in result.stdout

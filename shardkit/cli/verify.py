@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import DEFAULT_MAX_PIXELS
@@ -61,8 +62,8 @@ def verify(
 def render(report: VerifyReport, deep: bool) -> None:
     decoded = f", {report.decoded:,} decoded" if deep else ""
     summary = (
-        f"{report.folder}: {report.format or '?'}, {report.shards:,} shards, {report.records:,} records{decoded} "
-        f"in {report.seconds:.2f}s"
+        f"{escape(report.folder)}: {report.format or '?'}, {report.shards:,} shards, "
+        f"{report.records:,} records{decoded} in {report.seconds:.2f}s"
     )
     if report.ok:
         console.print(f"[bold green]OK[/] {summary}")
@@ -72,7 +73,10 @@ def render(report: VerifyReport, deep: bool) -> None:
     for column in ("kind", "shard", "key", "detail"):
         table.add_column(column)
     for problem in report.problems[:MAX_LINES]:
-        table.add_row(problem.kind, problem.shard or "", problem.key or "", problem.detail)
+        # names and details come from strangers' files: text, never rich markup ("[gcs]" stays)
+        table.add_row(
+            *(escape(text) for text in (problem.kind, problem.shard or "", problem.key or "", problem.detail))
+        )
     console.print(table)
     if len(report.problems) > MAX_LINES:
         console.print(f"... and {len(report.problems) - MAX_LINES:,} more (use --json for all)")
