@@ -342,7 +342,7 @@ def bench(
     root = dataset.folder
     if remote:
         cache = ShardCache.at(cache_dir, cache_limit)
-        shard_paths = [str(cache.path_of(shard.sha256, Path(shard.name).suffix)) for shard in manifest.shards]
+        shard_paths = [str(cache.path_of(shard.sha256, shard.name)) for shard in manifest.shards]
     else:
         shard_paths = [os.path.join(root, shard.name) for shard in manifest.shards]
     records = [record for shard in range(len(manifest.shards)) for record in dataset.records(shard)]

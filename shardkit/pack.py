@@ -22,7 +22,7 @@ from typing import Any
 from . import __version__
 from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
 from .discover import Item, SourceScan, display, scan
-from .errors import ConfigError, Failure, ImageError, ManifestError, OutputError
+from .errors import Failure, ImageError, ManifestError, OutputError
 from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from .formats import Record, ShardWriter, get_format
 from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
@@ -51,7 +51,7 @@ from .output import (
 )
 from .plan import PlanDigest, ShardSpec, done_path, fingerprint, plan_shards, reusable, settings_hash
 from .safeio import load_json_file, open_regular, reason
-from .storage import Store, is_remote
+from .storage import Store, is_remote, refuse_local_options
 
 
 @dataclass(frozen=True)
@@ -299,8 +299,7 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
     """
     if is_remote(config.output):
         return _pack_to_remote(config, progress)
-    if config.storage_options:
-        raise ConfigError(f"{config.output}: storage options are for URLs (s3://, ...), not local folders")
+    refuse_local_options(config.output, config.storage_options)
     started = time.perf_counter()
     backend = get_format(config.format)
     refuse_overlap(config.source, config.output)

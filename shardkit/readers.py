@@ -403,7 +403,7 @@ def open_shards(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
-    from .storage import is_remote, local_path
+    from .storage import is_remote, local_path, refuse_local_options
 
     if is_remote(path):
         from .storage import Remote, ShardCache, Store, read_remote_manifest, split_manifest_url
@@ -411,8 +411,7 @@ def open_shards(
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(Store(split_manifest_url(os.fspath(path)), dict(storage_options or {})), cache)
         return ShardDataset(remote.store.url, read_remote_manifest(remote.store), **common, remote=remote)
-    if storage_options:
-        raise ConfigError(f"{path}: storage_options are for URLs (s3://, https://, ...), not local folders")
+    refuse_local_options(path, storage_options)
     folder = Path(local_path(path))
     if folder.name == MANIFEST_NAME and folder.is_file():
         folder = folder.parent

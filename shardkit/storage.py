@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
 from .config import parse_bytes
 from .errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, ShardkitError, StorageError
@@ -44,7 +44,6 @@ _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 # which extra brings the filesystem of a protocol (fsspec names the package, not our extra)
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 RETRY_SECONDS = 30.0  # how long a remote that keeps failing is retried before the error is final
-_CHUNK = 8 << 20
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
@@ -52,6 +51,12 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
     file:// URLs count as local."""
     match = _URL.match(os.fspath(path)) if isinstance(path, str) else None
     return match is not None and match.group(1).lower() != "file"
+
+
+def refuse_local_options(path: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> None:
+    """Storage options given with a local path are a mistake (a URL lost its scheme?): say so."""
+    if storage_options:
+        raise ConfigError(f"{os.fspath(path)}: storage_options are for URLs (s3://, https://, ...), not local folders")
 
 
 def local_path(path: str | os.PathLike[str]) -> str:
@@ -122,12 +127,11 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
             delay = min(delay * 2, 4.0)
 
 
-def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError:
         raise MissingDependencyError(f"{url}: URLs need fsspec: pip install fsspec") from None
-    protocol = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
     options = dict(options)
     if protocol in ("s3", "s3a"):
         options = _s3_defaults(options)
@@ -216,6 +220,8 @@ class Store:
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
+        self.protocol = _URL.match(self.url).group(1).lower()  # type: ignore[union-attr]
+        self._http = self.protocol in ("http", "https")
         self._fs: Any = None
         self._root = ""
         self._pid = 0
@@ -234,9 +240,9 @@ class Store:
                 # Inherited through a fork: its pooled connections are the parent's sockets. Left
                 # alive, never used: closing it here would close them under the parent's requests.
                 _INHERITED.append(self._fs)
-            self._fs, self._root = _filesystem(self.url, self.options)
+            self._fs, self._root = _filesystem(self.url, self.protocol, self.options)
             self._root = self._root.rstrip("/")
-            if self.url.lower().startswith(("s3://", "s3a://")):
+            if self.protocol in ("s3", "s3a"):
                 self._fs.retries = 2  # s3fs's own retry loop; `retrying` holds the window
             self._pid = os.getpid()
         return self._fs
@@ -246,7 +252,7 @@ class Store:
 
     def _path(self, name: str) -> str:
         self.fs  # noqa: B018 - sets _root
-        if self._root.lower().startswith(("http://", "https://")):
+        if self._http:
             name = quote(name)  # a space, '?' or '#' in a shard name is part of the name, not of the URL
         return f"{self._root}/{name}" if self._root else name
 
@@ -269,13 +275,9 @@ class Store:
     def _open_stream(self, path: str) -> Any:
         """A file object reading `path` from its start; HTTP as one streamed GET (servers need not
         support ranges)."""
-        if path.lower().startswith(("http://", "https://")):
+        if self._http:
             return self.fs.open(path, "rb", block_size=0)
         return self.fs.open(path, "rb")
-
-    def exists(self, name: str) -> bool:
-        path = self._path(name)
-        return retrying(self.child(name), "checking", lambda: bool(self.fs.exists(path)))
 
     def listing(self) -> dict[str, int | None]:
         """name -> size of the objects directly under this folder (none when it does not exist; an
@@ -296,12 +298,12 @@ class Store:
             if entry.get("type") == "file":  # an HTTP index may not tell sizes: None
                 size = entry.get("size")
                 name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-                if self._root.lower().startswith(("http://", "https://")):
+                if self._http:
                     name = unquote(name)  # links are URLs: "a%20b.tar" is the shard "a b.tar"
                 held[name] = None if size is None else int(size)
         return held
 
-    def download(self, name: str, destination: str, size: int, sha256: str | None) -> None:
+    def download(self, name: str, destination: str, size: int, sha256: str) -> None:
         """Object `name` into the local file `destination`, checked against `size` and `sha256`
         (ShardFormatError when the bytes differ: a damaged or replaced object, never retried)."""
         url = self.child(name)
@@ -314,7 +316,7 @@ class Store:
         held = os.path.getsize(destination)
         if held != size:
             raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
-        if sha256 is not None and digest != sha256:
+        if digest != sha256:
             raise ShardFormatError(f"{url}: sha256 differs from the manifest (damaged or replaced object)")
 
     def get(self, name: str, destination: str, limit: int | None = None) -> str:
@@ -345,10 +347,9 @@ class Store:
             return None
         if os.environ.get("AWS_CA_BUNDLE") or "verify" in self.options.get("client_kwargs", {}):
             return None  # a custom CA or no verification: the filesystem's own TLS settings apply
-        protocol = _URL.match(self.url).group(1).lower()  # type: ignore[union-attr]
-        if protocol in ("http", "https") and not self.options:
+        if self._http and not self.options:
             return path
-        if protocol in ("s3", "s3a") and not _REQUEST_OPTIONS & set(self.options):
+        if self.protocol in ("s3", "s3a") and not _REQUEST_OPTIONS & set(self.options):
             fs = self.fs
             return fs.url(path, expires=3600) if hasattr(fs, "url") else None
         return None
@@ -425,11 +426,9 @@ def _connection(scheme: str, host: str, port: int | None) -> Any:
 def _get_direct(url: str, destination: str, limit: int | None) -> str:
     """GET `url` into `destination`, hashing on the way; the sha256. FileNotFoundError on 404,
     PermissionError on 401/403, OSError (retried) on 5xx and 429, _NotDirect on redirects."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
     import http.client
 
+    parts = urlsplit(url)
     connection = _connection(parts.scheme, parts.hostname or "", parts.port)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     for attempt in (1, 2):
@@ -466,14 +465,6 @@ def _get_direct(url: str, destination: str, limit: int | None) -> str:
         raise
 
 
-def file_sha256(path: str, block: int = _CHUNK) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as source:
-        while chunk := source.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def default_cache_dir() -> Path:
     """SHARDKIT_CACHE, else $XDG_CACHE_HOME/shardkit, else ~/.cache/shardkit."""
     if os.environ.get("SHARDKIT_CACHE"):
@@ -483,11 +474,6 @@ def default_cache_dir() -> Path:
 
 
 DEFAULT_CACHE_LIMIT = "50GB"
-
-
-def _safe_suffix(suffix: str) -> str:
-    """A shard's suffix as a cache file name may carry it: short and plain (names come from strangers)."""
-    return suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""
 
 
 _THREAD_LOCKS: dict[tuple[Path, str], threading.Lock] = {}
@@ -524,13 +510,16 @@ class ShardCache:
         except OSError as error:
             raise ConfigError(f"{self.root}: cannot use as the shard cache ({error.strerror or error})") from None
 
-    def path_of(self, sha256: str, suffix: str) -> Path:
-        return self.root / "shards" / f"{sha256}{_safe_suffix(suffix)}"
+    def path_of(self, sha256: str, name: str) -> Path:
+        """Where the shard `name` with this sha256 is cached: the hash, and the name's suffix when it
+        is short and plain (names come from strangers)."""
+        suffix = Path(name).suffix
+        return self.root / "shards" / (sha256 + (suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", suffix) else ""))
 
-    def _open_cached(self, sha256: str, suffix: str, size: int) -> int | None:
+    def _open_cached(self, sha256: str, name: str, size: int) -> int | None:
         """A descriptor of the cached shard, or None. Opened before anything else: once open, an
         eviction in another process cannot take it away."""
-        path = self.path_of(sha256, suffix)
+        path = self.path_of(sha256, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -542,8 +531,8 @@ class ShardCache:
             os.utime(fd)  # last use: eviction takes the least recently used first
         return fd
 
-    def cached(self, sha256: str, suffix: str, size: int) -> bool:
-        fd = self._open_cached(sha256, suffix, size)
+    def cached(self, sha256: str, name: str, size: int) -> bool:
+        fd = self._open_cached(sha256, name, size)
         if fd is None:
             return False
         os.close(fd)
@@ -574,15 +563,14 @@ class ShardCache:
             raise StorageError(f"{self.root}: cannot use the shard cache ({error.strerror or error})") from None
 
     def _open(self, store: Store, name: str, size: int, sha256: str) -> int:
-        suffix = Path(name).suffix
-        fd = self._open_cached(sha256, suffix, size)
+        fd = self._open_cached(sha256, name, size)
         if fd is not None:
             return fd
         if size > self.limit:
             raise ConfigError(f"{store.child(name)}: {size:,} bytes, more than the cache limit of {self.limit:,}")
         self.ready()
         with self._lock(sha256[:2]):
-            fd = self._open_cached(sha256, suffix, size)
+            fd = self._open_cached(sha256, name, size)
             if fd is not None:
                 return fd
             for leftover in (self.root / "tmp").glob(f"{sha256}.*"):
@@ -593,7 +581,7 @@ class ShardCache:
             try:
                 store.download(name, temp, size, sha256)
                 fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
-                final = self.path_of(sha256, suffix)
+                final = self.path_of(sha256, name)
                 os.replace(temp, final)
             except BaseException:
                 Path(temp).unlink(missing_ok=True)
@@ -669,7 +657,7 @@ class Remote:
             for done in [sha for sha, future in self._pending.items() if future.done()]:
                 del self._pending[done]
             for name, size, sha256 in shards:
-                if sha256 not in self._pending and not self.cache.cached(sha256, Path(name).suffix, size):
+                if sha256 not in self._pending and not self.cache.cached(sha256, name, size):
                     self._pending[sha256] = self._pool.submit(self.fetch, name, size, sha256)
 
     def close(self) -> None:

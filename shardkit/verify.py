@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,15 @@ from .formats import get_format
 from .imaging import decode
 from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
 from .safeio import check_regular, reason
-from .storage import Store, TooLong, is_remote, local_path, read_remote_manifest, split_manifest_url
+from .storage import (
+    Store,
+    TooLong,
+    is_remote,
+    local_path,
+    read_remote_manifest,
+    refuse_local_options,
+    split_manifest_url,
+)
 
 
 @dataclass(frozen=True)
@@ -209,8 +217,7 @@ class _Output:
 @contextlib.contextmanager
 def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Iterator[_Output]:
     if not is_remote(folder):
-        if storage_options:
-            raise ConfigError(f"{folder}: storage options are for URLs (s3://, https://, ...), not local folders")
+        refuse_local_options(folder, storage_options)
         root = Path(local_path(folder))
         if root.name == MANIFEST_NAME and root.is_file():
             root = root.parent
@@ -220,7 +227,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         except ShardkitError as error:
             output.manifest = ManifestError(str(error))
         if root.is_dir():
-            output.held = {entry.name: 0 for entry in os.scandir(root)}
+            output.held = {entry.name: None for entry in os.scandir(root)}  # names only: shards are stat'ed
         yield output
         return
     store = Store(split_manifest_url(os.fspath(folder)), dict(storage_options or {}))
@@ -307,7 +314,7 @@ def _verify(
     return report
 
 
-def _check_manifest(root: Path, manifest: Manifest, held: dict[str, int], report: VerifyReport) -> None:
+def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report: VerifyReport) -> None:
     if manifest.checksum != manifest.computed_checksum():
         report.problems.append(Problem("manifest", "checksum does not match its content (edited by hand?)"))
     if len({s.name for s in manifest.shards}) != len(manifest.shards):

@@ -249,10 +249,10 @@ def test_a_server_gone_for_good_gives_a_clean_error(packed, tmp_path: Path, monk
     # nothing half-downloaded was kept: every cached shard is whole and matches the manifest
     cache = tmp_path / "cache"
     by_sha = {s.sha256 for s in open_shards(packed["webdataset"]).manifest.shards}
-    from shardkit.storage import file_sha256
+    from shardkit.manifest import sha256_file
 
     for entry in (cache / "shards").iterdir():
-        assert entry.stem in by_sha and file_sha256(str(entry)) == entry.stem
+        assert entry.stem in by_sha and sha256_file(entry) == entry.stem
     assert not any((cache / "tmp").iterdir())
 
 
