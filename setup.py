@@ -7,9 +7,9 @@ from setuptools import Extension, setup
 # results, slower; `shardkit doctor` says which.
 setup(
     ext_modules=[
-        Extension("shardkit._scan", ["shardkit/_scan.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("shardkit.core._scan", ["shardkit/core/_scan.c"], optional=True, extra_compile_args=["-O2"]),
         Extension(
-            "shardkit._crop", ["shardkit/_crop.c"], libraries=["jpeg"], optional=True, extra_compile_args=["-O3"]
+            "shardkit.core._crop", ["shardkit/core/_crop.c"], libraries=["jpeg"], optional=True, extra_compile_args=["-O3"]
         ),
     ]
 )

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.discover import discover
-from shardkit.pack import pack
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
+from shardkit.packing.discover import discover
+from shardkit.packing.pack import pack
 
 
 def link_copies(source: Path, copies: int, into: Path) -> list[Path]:

@@ -16,10 +16,10 @@ import time
 import warnings
 from collections.abc import Callable
 
-from shardkit.backends import header_scanner
-from shardkit.config import DEFAULT_MAX_PIXELS
-from shardkit.discover import discover
-from shardkit.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file, probe_records
+from shardkit.core.codecs import header_scanner
+from shardkit.core.config import DEFAULT_MAX_PIXELS
+from shardkit.packing.discover import discover
+from shardkit.packing.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file, probe_records
 
 
 def floor(paths: list[str]) -> None:

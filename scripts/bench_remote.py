@@ -248,8 +248,8 @@ def warm(*folders: Path) -> None:
 
 def build(source: Path, root: Path, copies: int, args: argparse.Namespace) -> tuple[Path, int]:
     """`copies` hard links of every JPEG of `source` in class folders, packed; (shards folder, images)."""
-    from shardkit.config import pack_config
-    from shardkit.pack import pack
+    from shardkit.core.config import pack_config
+    from shardkit.packing.pack import pack
 
     photos = sorted(p for p in source.iterdir() if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
     if not photos:

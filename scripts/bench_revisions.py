@@ -27,8 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 PACK = """
 import json, sys, time
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.pack import pack
+from shardkit import PackConfig, ResizeConfig, pack  # the public API: the same in every revision
 started = time.perf_counter()
 result = pack(PackConfig(sys.argv[1], sys.argv[2], format=sys.argv[3], resize=ResizeConfig(256),
                          workers=int(sys.argv[4]), overwrite=True))

@@ -78,9 +78,9 @@ KERNEL = """
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
-from shardkit import _crop
-from shardkit.loader import random_resized_boxes
-from shardkit.headers import jpeg_size
+from shardkit.core import _crop
+from shardkit.readers.loader import random_resized_boxes
+from shardkit.core.headers import jpeg_size
 from shardkit.readers import open_shards
 shards, size, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dataset = open_shards(shards, decode="bytes")

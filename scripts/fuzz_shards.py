@@ -43,8 +43,8 @@ DAMAGE = ("flip", "flip-resealed", "insert-resealed", "truncate", "truncate-rese
 
 
 def build_bases(root: Path) -> dict[str, Path]:
-    from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
-    from shardkit.pack import pack
+    from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
+    from shardkit.packing.pack import pack
     from shardkit.synthetic import write_image
 
     source = root / "source"
@@ -132,9 +132,9 @@ def damage(folder: Path, kind: str, rng: random.Random) -> str:
 
 def exercise(folder: Path) -> tuple[str, str]:
     """Read a damaged output every way: (outcome, detail)."""
-    from shardkit.errors import ShardkitError
-    from shardkit.readers import open_shards
-    from shardkit.verify import verify
+    from shardkit.checks.verify import verify
+    from shardkit.core.errors import ShardkitError
+    from shardkit.readers.dataset import open_shards
 
     refused = []
     try:

@@ -6,37 +6,35 @@ The public API is what `__all__` names; each name is imported on first use (PEP 
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .core.version import __version__
 
 # name -> the module that defines it
 _EXPORTS = {
     "open_shards": "readers",
     "ShardDataset": "readers",
-    "pack": "pack",
-    "PackResult": "pack",
-    "probe": "probe",
-    "ProbeReport": "probe",
-    "recommend": "probe",
-    "verify": "verify",
-    "VerifyReport": "verify",
-    "PackConfig": "config",
-    "ResizeConfig": "config",
-    "EncodeConfig": "config",
-    "load_preset": "config",
+    "pack": "packing.pack",
+    "PackResult": "packing.pack",
+    "probe": "packing.probe",
+    "ProbeReport": "packing.probe",
+    "recommend": "packing.probe",
+    "verify": "checks.verify",
+    "VerifyReport": "checks.verify",
+    "PackConfig": "core.config",
+    "ResizeConfig": "core.config",
+    "EncodeConfig": "core.config",
+    "load_preset": "core.config",
     "available_formats": "formats",
-    "ShardkitError": "errors",
-    "ConfigError": "errors",
-    "SourceError": "errors",
-    "OutputError": "errors",
-    "ImageError": "errors",
-    "ShardFormatError": "errors",
-    "ManifestError": "errors",
-    "ShardReadError": "errors",
-    "MissingDependencyError": "errors",
+    "ShardkitError": "core.errors",
+    "ConfigError": "core.errors",
+    "SourceError": "core.errors",
+    "OutputError": "core.errors",
+    "ImageError": "core.errors",
+    "ShardFormatError": "core.errors",
+    "ManifestError": "core.errors",
+    "ShardReadError": "core.errors",
+    "MissingDependencyError": "core.errors",
 }
 __all__ = [
     "ConfigError",
@@ -66,22 +64,6 @@ __all__ = [
 ]
 
 
-class _Package(types.ModuleType):
-    """`pack`, `probe` and `verify` name both a public function and the module defining it: the
-    import system binds a submodule to its parent's attribute once imported, which would hide the
-    function. The package keeps the function (the module stays in sys.modules, where imports and
-    pickle look it up)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"pack", "probe", "verify"})
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
@@ -98,8 +80,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .config import EncodeConfig, PackConfig, ResizeConfig, load_preset
-    from .errors import (
+    from .checks.verify import VerifyReport, verify
+    from .core.config import EncodeConfig, PackConfig, ResizeConfig, load_preset
+    from .core.errors import (
         ConfigError,
         ImageError,
         ManifestError,
@@ -111,7 +94,6 @@ if TYPE_CHECKING:
         SourceError,
     )
     from .formats import available_formats
-    from .pack import PackResult, pack
-    from .probe import ProbeReport, probe, recommend
-    from .readers import ShardDataset, open_shards
-    from .verify import VerifyReport, verify
+    from .packing.pack import PackResult, pack
+    from .packing.probe import ProbeReport, probe, recommend
+    from .readers.dataset import ShardDataset, open_shards

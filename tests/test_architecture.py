@@ -1,5 +1,7 @@
-"""docs/ARCHITECTURE.md's module table is the law: every module has a row, and imports only what
-its row allows (at the top or inside a function)."""
+"""The layout is the law: each folder of shardkit imports only the folders docs/ARCHITECTURE.md's
+table allows it (at the top, inside a function or for type checking: a lazy import is still a
+dependency), every module is in a folder of the table, and no module imports itself through others.
+"""
 
 from __future__ import annotations
 
@@ -9,94 +11,124 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "shardkit"
-READING = {"readers", "loader", "torch_data", "formats", "imaging", "manifest"}
-WRITING = {"pack", "plan", "output", "executors", "probe", "discover"}
 
 
-def table() -> dict[str, set[str]]:
-    """Row name (`errors`, `formats`, `cli`, `shardkit` for the package files) -> allowed imports."""
-    rows: dict[str, set[str]] = {}
+def folder_rules() -> dict[str, set[str]]:
+    """Folder (`core`, `readers`, ..., `shardkit` for the package's own files) -> folders it may import."""
+    rules: dict[str, set[str]] = {}
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) != 3 or not cells[0].startswith("`shardkit/"):
             continue
-        allowed = set(re.findall(r"`([a-z_]+)`", cells[2]))
-        for path in re.findall(r"`shardkit/([^`]*)`", cells[0]):
-            rows[_row_name(path)] = allowed
-    return rows
+        folder = cells[0].strip("`").removeprefix("shardkit/").rstrip("/") or "shardkit"
+        rules[folder] = set(re.findall(r"`([a-z_]+)`", cells[1])) | {folder}
+    return rules
 
 
-def _row_name(path: str) -> str:
-    if path.endswith("/"):
-        return path.rstrip("/")
-    if path in ("__init__.py", "__main__.py"):
-        return "shardkit"
-    return path.removesuffix(".py")
-
-
-def module_row(path: Path) -> str:
-    relative = path.relative_to(PACKAGE)
-    if len(relative.parts) > 1:
-        return relative.parts[0]
-    return _row_name(relative.name)
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(path: Path) -> set[str]:
-    """The shardkit modules a file imports, as first-level names (`formats`, not `formats.lmdb`)."""
+    """The shardkit modules a file imports, wherever the import statement stands, as full dotted
+    names (`shardkit.core.errors`; `from . import x` names the module x when it is one)."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found: set[str] = set()
-    depth = len(path.relative_to(PACKAGE).parts) - 1  # 0 in shardkit/, 1 in shardkit/cli/
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            if node.level > depth + 1:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("shardkit"):
                 continue
-            if node.level == depth + 1:  # relative to shardkit/
-                if node.module:
-                    found.add(node.module.split(".")[0])
-                else:
-                    found.update(alias.name for alias in node.names if alias.name != "__version__")
-                    found.update("shardkit" for alias in node.names if alias.name == "__version__")
-            # level <= depth: a sibling inside the same package, always allowed
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shardkit"):
-            found.add(node.module.split(".")[1] if "." in node.module else "shardkit")
+            for alias in node.names:  # `from . import x`: x is a module when it is a file or a folder
+                sub = PACKAGE.parent / (f"{target}.{alias.name}".replace(".", "/"))
+                is_module = sub.with_suffix(".py").exists() or sub.is_dir() or any(sub.parent.glob(f"{sub.name}.*.so"))
+                found.add(f"{target}.{alias.name}" if is_module else target)
         elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("shardkit."))
+            found.update(alias.name for alias in node.names if alias.name.startswith("shardkit"))
     return found
 
 
-def test_every_module_has_a_row_and_imports_only_what_it_allows() -> None:
-    rows = table()
+def folder_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or (PACKAGE / f"{parts[1]}.py").exists() or parts[1] in ("__init__", "__main__"):
+        return "shardkit"  # the package's own files (`shardkit/__init__.py`, a leaf like synthetic.py)
+    return parts[1]
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(path): imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+    return {name: {target for target in targets if target != name} for name, targets in modules.items()}
+
+
+def test_every_folder_imports_only_what_its_row_allows() -> None:
+    rules = folder_rules()
     wrong = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        row = module_row(path)
-        assert row in rows, f"{path.relative_to(ROOT)} has no row in docs/ARCHITECTURE.md"
-        extra = imports(path) - rows[row] - {row}
-        if extra:
-            wrong.append(f"{path.relative_to(ROOT)} imports {sorted(extra)}, its row allows {sorted(rows[row])}")
+    for module, targets in graph().items():
+        folder = folder_of(module)
+        assert folder in rules, f"{module}: its folder {folder!r} has no row in docs/ARCHITECTURE.md"
+        for target in sorted(targets):
+            if folder_of(target) not in rules[folder]:
+                wrong.append(f"{module} imports {target}; shardkit/{folder}/ may import {sorted(rules[folder])}")
     assert not wrong, "\n".join(wrong)
 
 
-def test_every_row_names_a_module_that_exists() -> None:
-    for row in table():
-        assert row == "shardkit" or (PACKAGE / f"{row}.py").exists() or (PACKAGE / row).is_dir(), row
+def test_every_row_names_a_folder_that_exists() -> None:
+    for folder in folder_rules():
+        assert folder == "shardkit" or (PACKAGE / folder / "__init__.py").exists(), folder
 
 
-def test_reading_never_reaches_the_writing_side() -> None:
-    """Through any chain of imports, as the table allows them: the rule the table encodes."""
-    rows = table()
-    for start in READING:
-        seen, stack = set(), [start]
-        while stack:
-            module = stack.pop()
-            if module in seen or module not in rows:
-                continue
-            seen.add(module)
-            stack.extend(rows[module])
-        assert not seen & WRITING, f"{start} reaches {sorted(seen & WRITING)}"
+def test_no_import_cycles() -> None:
+    """Through any chain of imports, lazy ones included: a cycle means two modules are one idea, or
+    one of them holds something that belongs in a third."""
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(target) :], target]))
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert not cycles, "\n".join(cycles)
 
 
-def test_the_checker_sees_lazy_and_relative_imports() -> None:
-    """The test above must be able to fail: a function-level import from the writing side is seen."""
-    probe_file = PACKAGE / "readers.py"
-    assert "formats" in imports(probe_file) and "loader" in imports(probe_file)  # top level and lazy
-    assert "pack" in imports(PACKAGE / "cli" / "pack.py")  # lazy, inside the command, two dots
+def test_reading_never_reaches_the_write_side_or_the_process_machinery() -> None:
+    """What a training job imports (readers, formats, storage, core) pulls in no pack machinery and
+    no executors, through any chain of imports."""
+    edges = graph()
+    for start in [m for m in edges if folder_of(m) in ("readers", "formats", "storage")]:
+        seen, pending = set(), [start]
+        while pending:
+            module = pending.pop()
+            if module not in seen:
+                seen.add(module)
+                pending.extend(edges.get(module, ()))
+        bad = sorted(m for m in seen if folder_of(m) in ("packing", "checks", "cli") or m == "shardkit.core.executors")
+        assert not bad, f"{start} reaches {bad}"
+
+
+def test_the_checker_sees_lazy_relative_and_type_only_imports() -> None:
+    """The tests above must be able to fail: each kind of import statement is seen."""
+    assert "shardkit.readers.loader" in imports(PACKAGE / "readers" / "dataset.py")  # inside a function
+    assert "shardkit.packing.pack" in imports(PACKAGE / "cli" / "pack.py")  # lazy, two dots
+    assert "shardkit.core._scan" in imports(PACKAGE / "core" / "codecs.py")  # `from . import _scan`
+    assert "shardkit.storage.store" in imports(PACKAGE / "storage" / "cache.py")
+    assert folder_of("shardkit.synthetic") == "shardkit" and folder_of("shardkit.readers.split") == "readers"

@@ -4,9 +4,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from shardkit.bench import BASELINE, bench
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.pack import pack
+from shardkit.checks.bench import BASELINE, bench
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.packing.pack import pack
 
 
 def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_bench_cli_writes_json(python_command, sample_dataset: Path, tmp_path: P
 
 
 def test_workers_share_records_not_whole_shards() -> None:
-    from shardkit.bench import worker_parts
+    from shardkit.checks.bench import worker_parts
 
     assert worker_parts([300], 2) == [[(0, 0, 150)], [(0, 150, 300)]]
     parts = worker_parts([5, 0, 7, 3], 3)

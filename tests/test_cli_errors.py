@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.pack import pack
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.packing.pack import pack
 
 
 @pytest.fixture(scope="module")

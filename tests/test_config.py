@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import (
+from shardkit.core.config import (
     DEFAULT_SHARD_SIZE,
     PACK_OPTIONS,
     EncodeConfig,
@@ -19,7 +19,7 @@ from shardkit.config import (
     pack_config,
     preset_names,
 )
-from shardkit.errors import ConfigError
+from shardkit.core.errors import ConfigError
 
 
 def test_the_cli_shows_the_dataclasses_defaults(python_command) -> None:
@@ -76,7 +76,7 @@ def test_named_presets_ship_in_the_package(tmp_path: Path) -> None:
 
 
 def test_a_library_user_with_a_preset_gets_auto_resize_resolved(sample_dataset: Path, tmp_path: Path) -> None:
-    from shardkit.pack import pack
+    from shardkit.packing.pack import pack
 
     result = pack(pack_config(sample_dataset, tmp_path / "out", "imagenet-256", resize="auto", shard_size=100))
     assert result.resize == 256 and result.records == 60

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.discover import discover, image_files, make_key, scan
-from shardkit.errors import SourceError
+from shardkit.core.errors import SourceError
+from shardkit.packing.discover import discover, image_files, make_key, scan
 from shardkit.synthetic import write_image
 
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from shardkit.executors import WorkerDiedError, map_local, map_local_surviving_crashes, run_alone
+from shardkit.core.executors import WorkerDiedError, map_local, map_local_surviving_crashes, run_alone
 
 
 def square_or_die(value: int) -> int:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.errors import ConfigError, ShardFormatError
-from shardkit.formats import FORMATS, Record, available_formats, get_format
+from shardkit.core.errors import ConfigError, ShardFormatError
+from shardkit.formats import FORMATS, available_formats, get_format
+from shardkit.formats.base import Record
 
 
 def seeded_bytes(size: int, seed: int) -> bytes:
@@ -272,7 +273,7 @@ def test_hdf5_data_must_be_bytes(tmp_path: Path) -> None:
 
 
 def test_json_objects_never_shifts_metadata_between_records() -> None:
-    from shardkit.formats import json_objects
+    from shardkit.formats.base import json_objects
 
     # Joined, these would parse as two objects: '{"a": "x},{"' and '}' then '{"b": 1}, {"c": 2}'.
     blobs = [b'{"a": "x}', b'{"}', b'{"b": 1}, {"c": 2}', b' {"ok": [1, 2]} ', b"\xff", b"[1]"]

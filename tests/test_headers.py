@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from shardkit.headers import HeaderError, parse_bytes, read_header
+from shardkit.core.headers import HeaderError, parse_bytes, read_header
 from shardkit.synthetic import encode, picture
 
 

@@ -16,14 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.errors import ManifestError, ShardFormatError, ShardReadError
-from shardkit.formats import Record, available_formats, get_format
-from shardkit.manifest import Manifest, ShardInfo, read_errors, read_manifest, sha256_file, write_json_atomic
-from shardkit.pack import pack
-from shardkit.readers import open_shards
+from shardkit.checks.verify import verify
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
+from shardkit.core.errors import ManifestError, ShardFormatError, ShardReadError
+from shardkit.core.manifest import Manifest, ShardInfo, read_errors, read_manifest, sha256_file, write_json_atomic
+from shardkit.formats import available_formats, get_format
+from shardkit.formats.base import Record
+from shardkit.packing.pack import pack
+from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import encode, picture, write_image
-from shardkit.verify import verify
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads recurses once per level
 
@@ -234,7 +235,7 @@ def test_lmdb_record_count_that_is_not_a_count(tmp_path: Path, count: bytes) -> 
 
 READ_LMDB = """
 import sys
-from shardkit.errors import ShardkitError
+from shardkit.core.errors import ShardkitError
 from shardkit.readers import open_shards
 try:
     dataset = open_shards(sys.argv[1])
@@ -347,7 +348,7 @@ def bomb_jpeg() -> bytes:
 BOMB_CHECK = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # 12 GiB would be needed to decode it
-from shardkit.verify import verify
+from shardkit.checks.verify import verify
 report = verify(sys.argv[1], deep=True, workers=1)
 print(sorted({p.kind for p in report.problems}), [p.detail for p in report.problems][:1])
 """
@@ -411,7 +412,7 @@ def test_lmdb_key_index_that_is_not_utf8(tmp_path: Path) -> None:
 
 READ_ALL = """
 import sys
-from shardkit.errors import ShardkitError
+from shardkit.core.errors import ShardkitError
 from shardkit.readers import open_shards
 try:
     list(open_shards(sys.argv[1]))
@@ -478,8 +479,8 @@ def test_pack_refuses_an_upscaled_output_over_the_pixel_limit(tmp_path: Path) ->
 
 HUGE_INPUT = """
 import re, sys
-from shardkit.config import PackConfig
-from shardkit.pack import pack
+from shardkit.core.config import PackConfig
+from shardkit.packing.pack import pack
 result = pack(PackConfig(sys.argv[1], sys.argv[2], workers=1))
 # VmHWM is this process image's peak (ru_maxrss would include the forked parent's, kept across exec)
 peak_kb = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
@@ -555,7 +556,7 @@ def test_records_pillow_would_open_with_other_plugins_are_refused(tmp_path: Path
 
 
 def test_a_manifest_over_the_size_limit_is_refused_unread(tmp_path: Path) -> None:
-    from shardkit.manifest import MAX_MANIFEST_BYTES
+    from shardkit.core.manifest import MAX_MANIFEST_BYTES
 
     folder = output_with(tmp_path, "webdataset")
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from shardkit import backends
-from shardkit.config import EncodeConfig, ResizeConfig
-from shardkit.errors import ImageError
-from shardkit.imaging import dct_factor, decode, plan_geometry, process_image, write_codec
+from shardkit.core import codecs as backends
+from shardkit.core.config import EncodeConfig, ResizeConfig
+from shardkit.core.errors import ImageError
+from shardkit.packing.encode import dct_factor, plan_geometry, process_image, write_codec
+from shardkit.readers.decode import decode
 from shardkit.synthetic import encode, picture
 
 

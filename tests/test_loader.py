@@ -15,28 +15,29 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardkit.backends import crop_kernel
-from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.errors import ConfigError, ShardReadError
-from shardkit.formats import Record, get_format
-from shardkit.loader import BatchLoader, center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
-from shardkit.manifest import Manifest, ShardInfo, sha256_file, write_json_atomic
-from shardkit.pack import pack
-from shardkit.readers import open_shards
+from shardkit.core.codecs import crop_kernel
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError, ShardReadError
+from shardkit.core.manifest import Manifest, ShardInfo, sha256_file, write_json_atomic
+from shardkit.formats import get_format
+from shardkit.formats.base import Record
+from shardkit.packing.pack import pack
+from shardkit.readers.dataset import open_shards
+from shardkit.readers.loader import BatchLoader, center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
 from shardkit.synthetic import picture, write_image
 
 from .conftest import IMAGENET_SAMPLE
 
 torch = pytest.importorskip("torch")
 kernel = crop_kernel()
-needs_kernel = pytest.mark.skipif(kernel is None, reason="shardkit._crop was not compiled")
+needs_kernel = pytest.mark.skipif(kernel is None, reason="shardkit.core._crop was not compiled")
 
 
 def test_kernel_is_built_where_ci_requires_it() -> None:
     if os.environ.get("SHARDKIT_REQUIRE_EXTENSIONS"):
-        assert kernel is not None, "shardkit._crop did not compile: the loader would run through Pillow"
+        assert kernel is not None, "shardkit.core._crop did not compile: the loader would run through Pillow"
     elif kernel is None:
-        pytest.skip("shardkit._crop was not compiled")
+        pytest.skip("shardkit.core._crop was not compiled")
 
 
 # --- pixels ------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.errors import ManifestError
-from shardkit.manifest import (
+from shardkit.core.errors import ManifestError
+from shardkit.core.manifest import (
     ERRORS_NAME,
     MANIFEST_NAME,
     Manifest,

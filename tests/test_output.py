@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.errors import OutputError
-from shardkit.manifest import read_manifest
-from shardkit.pack import pack
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import OutputError
+from shardkit.core.manifest import read_manifest
+from shardkit.packing.pack import pack
 from shardkit.synthetic import write_image
 
 
@@ -146,8 +146,8 @@ def test_damaged_shard_of_a_finished_pack_is_not_resumed(sample_dataset: Path, t
 
 KILLED_AT_RENAME = """
 import os, signal, sys
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.pack import pack
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.packing.pack import pack
 
 target, rename = sys.argv[3], os.replace
 
@@ -189,7 +189,7 @@ def test_refusals_leave_a_new_output_folder_uncreated(sample_dataset: Path, tmp_
 
 HOLDER = """
 import sys, time
-from shardkit.output import claim
+from shardkit.packing.output import claim
 claim(sys.argv[1], resume=False, overwrite=False)
 print("held", flush=True)
 time.sleep(60)
@@ -246,7 +246,7 @@ def test_a_planted_lock_link_never_writes_into_its_target(sample_dataset: Path, 
 @pytest.mark.parametrize("record", ["manifest", "sealed manifest", "done marker", "clearing list"])
 def test_crafted_records_cannot_make_other_files_deletable(sample_dataset: Path, tmp_path: Path, record: str) -> None:
     """The ledger names only shard-shaped files, from a manifest whose checksum holds."""
-    from shardkit.manifest import Manifest, ShardInfo, write_json_atomic
+    from shardkit.core.manifest import Manifest, ShardInfo, write_json_atomic
 
     out = tmp_path / "out"
     (out / ".shardkit" / "done").mkdir(parents=True)

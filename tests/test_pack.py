@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from shardkit.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.discover import discover
-from shardkit.errors import OutputError
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
+from shardkit.core.errors import OutputError
+from shardkit.core.manifest import read_errors, read_manifest
 from shardkit.formats import available_formats, get_format
-from shardkit.imaging import decode
-from shardkit.manifest import read_errors, read_manifest
-from shardkit.pack import pack
+from shardkit.packing.discover import discover
+from shardkit.packing.pack import pack
+from shardkit.readers.decode import decode
 from shardkit.synthetic import write_image
 
 
@@ -260,8 +260,8 @@ def test_a_bug_is_not_passed_off_as_a_bad_image() -> None:
     """errors.jsonl's stage: 'decode' for what a codec raises, 'internal' for shardkit's own code."""
     from PIL import Image
 
-    from shardkit.config import parse_bytes
-    from shardkit.pack import _blame
+    from shardkit.core.config import parse_bytes
+    from shardkit.packing.pack import _blame
 
     with pytest.raises(Exception) as from_codec:
         Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n garbage")).load()

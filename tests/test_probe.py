@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.discover import image_files
-from shardkit.probe import (
+from shardkit.packing.discover import image_files
+from shardkit.packing.probe import (
     Counts,
     ProbeRecord,
     ProbeReport,
@@ -142,8 +142,8 @@ def test_a_problem_s_kind_is_set_by_what_found_it_and_survives_a_process_boundar
     import struct
     import zlib
 
-    from shardkit.errors import Problem
-    from shardkit.probe import probe_file
+    from shardkit.core.errors import Problem
+    from shardkit.packing.probe import probe_file
 
     (tmp_path / "empty.jpg").write_bytes(b"")
     ihdr = struct.pack(">IIBBBBB", 0, 5, 8, 2, 0, 0, 0)  # a PNG 0 pixels wide

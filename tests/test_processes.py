@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.manifest import read_manifest
+from shardkit.core.manifest import read_manifest
 from shardkit.synthetic import write_image
 
 pytestmark = pytest.mark.slow

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.errors import OutputError
-from shardkit.executors import map_ray
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import OutputError
+from shardkit.core.executors import map_ray
 from shardkit.formats import available_formats
-from shardkit.pack import ShardJob, pack, write_shard
-from shardkit.plan import plan_shards
+from shardkit.packing.pack import ShardJob, pack, write_shard
+from shardkit.packing.plan import plan_shards
 
 from .ray_helpers import restore_env, set_env
 
@@ -54,8 +54,8 @@ def test_ray_output_is_byte_identical_to_the_local_pool(local_ray, sample_datase
 
 
 def test_a_worker_that_cannot_see_the_output_fails_fast_with_the_reason(local_ray, sample_dataset: Path) -> None:
-    from shardkit.config import EncodeConfig
-    from shardkit.discover import discover
+    from shardkit.core.config import EncodeConfig
+    from shardkit.packing.discover import discover
 
     spec = next(plan_shards(discover(sample_dataset).items[:3], suffix=".tar", shard_size=3))
     job = ShardJob(spec, "/nonexistent/shared/out", "webdataset", ResizeConfig(64), EncodeConfig(), "plan")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.manifest import read_manifest
-from shardkit.pack import pack
+from shardkit.checks.verify import verify
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.manifest import read_manifest
+from shardkit.packing.pack import pack
 from shardkit.synthetic import write_image
-from shardkit.verify import verify
 
 from .ray_helpers import LOOPBACK_ENV, restore_env, set_env, task_pids
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.config import PackConfig, ResizeConfig
-from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError, ShardFormatError
+from shardkit.core.manifest import read_manifest
 from shardkit.formats import available_formats, get_format
-from shardkit.manifest import read_manifest
-from shardkit.pack import pack
-from shardkit.readers import ShardReadError, open_shards
+from shardkit.packing.pack import pack
+from shardkit.readers.dataset import ShardReadError, open_shards
 
 
 @pytest.fixture(scope="module", params=available_formats())
@@ -177,7 +177,7 @@ def test_reading_never_imports_the_pack_side(packed: Path) -> None:
     code = (
         "import sys; from shardkit.readers import open_shards; "
         f"ds = open_shards({str(packed)!r}); list(ds); ds[0]; "
-        "bad = [m for m in ('shardkit.pack', 'shardkit.plan', 'shardkit.executors') if m in sys.modules]; "
+        "bad = [m for m in sys.modules if m.startswith('shardkit.packing') or m == 'shardkit.core.executors']; "
         "sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
@@ -191,7 +191,7 @@ def test_reading_never_imports_the_pack_side(packed: Path) -> None:
 )
 def test_ranges_cut_the_epoch_into_equal_runs(counts: list[int], world: int, workers: int) -> None:
     """Pure planning: every rank gets ceil(total/world) positions, runs tile the epoch, wrapping at the end."""
-    from shardkit.readers import record_ranges
+    from shardkit.readers.split import record_ranges
 
     total = sum(counts)
     order = list(range(len(counts)))[::-1]

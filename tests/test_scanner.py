@@ -1,4 +1,4 @@
-"""The compiled header scanner (shardkit._scan) must agree with the Python reference parser.
+"""The compiled header scanner (shardkit.core._scan) must agree with the Python reference parser.
 
 It answers only what it is sure of (a clean JPEG/PNG whose header is in the first 4 KiB) and
 leaves the rest (None) to Python; wherever it answers, the row must be exactly Python's.
@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from shardkit.backends import header_scanner
-from shardkit.config import DEFAULT_MAX_PIXELS
-from shardkit.probe import _probe_chunk, probe_file, probe_records
+from shardkit.core.codecs import header_scanner
+from shardkit.core.config import DEFAULT_MAX_PIXELS
+from shardkit.packing.probe import _probe_chunk, probe_file, probe_records
 from shardkit.synthetic import encode, picture, rotated_jpeg
 
 scanner = header_scanner()
-needs_scanner = pytest.mark.skipif(scanner is None, reason="shardkit._scan was not compiled (no C compiler?)")
+needs_scanner = pytest.mark.skipif(scanner is None, reason="shardkit.core._scan was not compiled (no C compiler?)")
 
 
 def python_row(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple:
@@ -46,9 +46,9 @@ def files(folder: Path) -> list[str]:
 
 def test_scanner_is_built_where_ci_requires_it() -> None:
     if os.environ.get("SHARDKIT_REQUIRE_EXTENSIONS"):
-        assert scanner is not None, "shardkit._scan did not compile: probe would run at pure-Python speed"
+        assert scanner is not None, "shardkit.core._scan did not compile: probe would run at pure-Python speed"
     elif scanner is None:
-        pytest.skip("shardkit._scan was not compiled")
+        pytest.skip("shardkit.core._scan was not compiled")
 
 
 @needs_scanner

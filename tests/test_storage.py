@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from shardkit import open_shards
-from shardkit.config import pack_config
-from shardkit.errors import ConfigError, ShardkitError, ShardReadError, StorageError
-from shardkit.manifest import read_manifest
-from shardkit.pack import pack
-from shardkit.storage import ShardCache, Store, is_remote, parse_storage_options
+from shardkit.core.config import pack_config
+from shardkit.core.errors import ConfigError, ShardkitError, ShardReadError, StorageError
+from shardkit.core.manifest import read_manifest
+from shardkit.packing.pack import pack
+from shardkit.storage.cache import ShardCache
+from shardkit.storage.store import Store
+from shardkit.storage.urls import is_remote, parse_storage_options
 from tests.servers import http_server, s3_server
 
 FORMATS = ("webdataset", "lmdb", "hdf5")
@@ -87,7 +89,7 @@ def test_s3_reads_the_same_samples_as_local(fmt: str, packed, uploaded, tmp_path
 
 
 def test_the_batch_loader_reads_from_s3(packed, uploaded, tmp_path: Path) -> None:
-    pytest.importorskip("shardkit._crop")
+    pytest.importorskip("shardkit.core._crop")
     local = open_shards(packed["webdataset"])
     remote = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache")
     batches = list(remote.loader(8, 32, crop="center", output="numpy", workers=2))
@@ -98,7 +100,7 @@ def test_the_batch_loader_reads_from_s3(packed, uploaded, tmp_path: Path) -> Non
 
 
 def test_http_server_serves_shards(packed, tmp_path: Path) -> None:
-    from shardkit.verify import verify
+    from shardkit.checks.verify import verify
 
     local = open_shards(packed["lmdb"])
     with http_server(packed["lmdb"].parent) as url:
@@ -130,7 +132,9 @@ def test_each_sample_once_per_rank_across_dataloader_workers(packed, uploaded, t
 _SHARED_FETCH = textwrap.dedent(
     """
     import json, os, sys
-    from shardkit.storage import Remote, ShardCache, Store
+    from shardkit.storage.cache import ShardCache
+    from shardkit.storage.remote import Remote
+    from shardkit.storage.store import Store
     url, cache_dir, name, size, sha = sys.argv[1:6]
     remote = Remote(Store(url), ShardCache.at(cache_dir, None))
     sys.stdin.readline()  # all start together
@@ -249,7 +253,7 @@ def test_a_server_gone_for_good_gives_a_clean_error(packed, tmp_path: Path, monk
     # nothing half-downloaded was kept: every cached shard is whole and matches the manifest
     cache = tmp_path / "cache"
     by_sha = {s.sha256 for s in open_shards(packed["webdataset"]).manifest.shards}
-    from shardkit.manifest import sha256_file
+    from shardkit.core.manifest import sha256_file
 
     for entry in (cache / "shards").iterdir():
         assert entry.stem in by_sha and sha256_file(entry) == entry.stem
@@ -322,7 +326,7 @@ def _resealed(folder: Path, renames: dict[str, str]) -> None:
     """Renames shards of an output and reseals its manifest (a stranger's output with odd names)."""
     from dataclasses import replace
 
-    from shardkit.manifest import write_json_atomic
+    from shardkit.core.manifest import write_json_atomic
 
     manifest = read_manifest(folder)
     shards = []
@@ -336,7 +340,7 @@ def _resealed(folder: Path, renames: dict[str, str]) -> None:
 def test_odd_shard_names_and_oversized_objects_over_http(packed, tmp_path: Path) -> None:
     import shutil
 
-    from shardkit.verify import verify
+    from shardkit.checks.verify import verify
 
     folder = tmp_path / "odd"
     shutil.copytree(packed["webdataset"], folder)
@@ -363,7 +367,7 @@ def test_odd_shard_names_and_oversized_objects_over_http(packed, tmp_path: Path)
 
 
 def test_random_access_keeps_a_few_remote_shards_open(packed, uploaded, tmp_path: Path) -> None:
-    from shardkit.readers import OPEN_REMOTE_SHARDS
+    from shardkit.readers.dataset import OPEN_REMOTE_SHARDS
 
     dataset = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache")
     before = len(os.listdir("/proc/self/fd"))

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.config import PackConfig, ResizeConfig
+from shardkit.checks.verify import verify
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.formats import available_formats
-from shardkit.manifest import read_manifest, write_json_atomic
-from shardkit.pack import pack
-from shardkit.readers import open_shards
+from shardkit.packing.pack import pack
+from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image
-from shardkit.verify import verify
 
 
 @pytest.fixture(scope="module", params=available_formats())

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .. import __version__
+from ..core.version import __version__
 from .bench import bench
 from .common import console
 from .doctor import doctor

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from ..bench import BenchReport
+    from ..checks.bench import BenchReport
 
 from .common import (
     STORAGE_OPTION_HELP,
@@ -44,7 +44,7 @@ def bench(
     ] = None,
 ) -> None:
     """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
-    from ..bench import bench as run_bench  # here, not at the top: every command would pay for it
+    from ..checks.bench import bench as run_bench
 
     with user_errors():
         check_report_path(json_path)
@@ -58,7 +58,7 @@ def bench(
         if json_path is not None:
             write_json_report(json_path, report.to_json())
         if plot is not None:
-            from ..plots import plot_bars
+            from ..checks.plots import plot_bars
 
             plot_bars(
                 [row.name for row in report.rows], [row.images_per_second for row in report.rows],
@@ -68,7 +68,7 @@ def bench(
 
 
 def render(report: BenchReport) -> None:
-    from ..bench import BASELINE, MEMORY
+    from ..checks.bench import BASELINE, MEMORY
 
     cache = "cold cache (evicted before each run)" if report.cold else "warm cache"
     table = Table(

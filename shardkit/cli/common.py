@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..errors import ConfigError, ShardkitError
-from ..executors import Stopped, arm_stops
+from ..core.errors import ConfigError, ShardkitError
+from ..core.executors import Stopped, arm_stops
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -59,7 +59,7 @@ def check_plot_path(path: Path | None) -> None:
     """A --plot file: a format matplotlib writes, and matplotlib installed (checked before the work)."""
     if path is None:
         return
-    from ..plots import plot_formats
+    from ..checks.plots import plot_formats
 
     check_report_path(path, plot_formats(), what="a plot")
 
@@ -128,6 +128,6 @@ def storage_options(pairs: list[str] | None) -> dict[str, Any] | None:
     """--storage-option pairs as fsspec keywords (None when there are none)."""
     if not pairs:
         return None
-    from ..storage import parse_storage_options
+    from ..storage.urls import parse_storage_options
 
     return parse_storage_options(pairs)

@@ -7,8 +7,8 @@ import sys
 
 from rich.table import Table
 
-from .. import __version__
-from ..backends import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
+from ..core.codecs import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
+from ..core.version import __version__
 from .common import console
 
 OPTIONAL = (

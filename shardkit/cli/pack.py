@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig
-from ..config import pack_config as make_pack_config
+from ..core.config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig
+from ..core.config import pack_config as make_pack_config
 from ..formats import available_formats
 
 if TYPE_CHECKING:
-    from ..pack import PackResult
+    from ..packing.pack import PackResult
 
 from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
 
@@ -119,7 +119,7 @@ def pack(
 
 
 def _run(config: PackConfig) -> PackResult:
-    from ..pack import pack as run_pack  # here: `shardkit --help` need not import imaging
+    from ..packing.pack import pack as run_pack
 
     with progress_bar("packing", unit="images") as bar:
         task = bar.add_task("pack", total=None, rate="")

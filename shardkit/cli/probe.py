@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..config import PROBE_OPTIONS, check_train_size, options
-from ..discover import display
-from ..errors import ConfigError, ShardkitError
+from ..core.config import PROBE_OPTIONS, check_train_size, options
+from ..core.errors import ConfigError, ShardkitError
+from ..packing.discover import display
 
 if TYPE_CHECKING:
-    from ..probe import ProbeChunk, ProbeReport
+    from ..packing.probe import ProbeChunk, ProbeReport
 
 from .common import (
     check_plot_path,
@@ -69,14 +69,14 @@ def probe(
         if json_path is not None:
             write_json_report(json_path, report.to_json())
         if plot is not None:
-            from ..plots import plot_probe
+            from ..checks.plots import plot_probe
 
             plot_probe(report, plot)
             console.print(f"plot written to {plot}")
 
 
 def _run(source: Path, settings: dict, on_chunk: Callable[[ProbeChunk], None] | None) -> ProbeReport:
-    from ..probe import probe as run_probe  # here: `shardkit --help` need not import numpy
+    from ..packing.probe import probe as run_probe
 
     with progress_bar("probing") as bar:
         task = bar.add_task("probe", total=None, rate="")

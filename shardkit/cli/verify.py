@@ -9,10 +9,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..config import DEFAULT_MAX_PIXELS
+from ..core.config import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
-    from ..verify import VerifyReport
+    from ..checks.verify import VerifyReport
 
 from .common import (
     STORAGE_OPTION_HELP,
@@ -41,7 +41,7 @@ def verify(
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Check an output folder; exit code 0 only when everything holds."""
-    from ..verify import verify as run_verify  # here: `shardkit --help` need not import it
+    from ..checks.verify import verify as run_verify
 
     with user_errors():
         check_report_path(json_path)

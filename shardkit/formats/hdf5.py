@@ -18,10 +18,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, ShardFormatError
-from ..safeio import check_regular, reason
-from . import Backend, Record, checked, json_objects, parse_meta
-from .base import ShardReaderBase, ShardWriterBase, encode_meta
+from ..core.errors import ConfigError, ShardFormatError
+from ..core.safeio import check_regular, reason
+from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
@@ -34,7 +33,7 @@ _MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seco
 VERSION = 1
 
 
-class Hdf5ShardWriter(ShardWriterBase):
+class Hdf5ShardWriter(ShardWriter):
     """Writes through HDF5, but never lets HDF5 meet a full disk: a failed write inside HDF5 leaves
     its file state broken, and closing it then crashes the process. So the space every write needs
     is reserved first (posix_fallocate, a clean OSError when the disk is full), and the file is cut
@@ -146,7 +145,7 @@ def _refuse_links_outside(h5: Any, path: str) -> None:
             raise ShardFormatError(f"{path}: {name} is not a plain dataset in this file; refusing it")
 
 
-class Hdf5ShardReader(ShardReaderBase):
+class Hdf5ShardReader(ShardReader):
     TRANSIENT = ("_file", "_fd")
 
     def __init__(self, path: str) -> None:

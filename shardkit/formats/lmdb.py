@@ -15,10 +15,9 @@ import struct
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
-from ..errors import ShardFormatError
-from ..safeio import loads, open_regular, reason
-from . import Backend, Record, checked, json_objects
-from .base import ShardReaderBase, ShardWriterBase
+from ..core.errors import ShardFormatError
+from ..core.safeio import loads, open_regular, reason
+from .base import Backend, Record, ShardReader, ShardWriter, checked, json_objects
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
@@ -69,7 +68,7 @@ class _Where(NamedTuple):
         return f"{self.path} record {self.index}"
 
 
-class LmdbShardWriter(ShardWriterBase):
+class LmdbShardWriter(ShardWriter):
     OPTIONS: ClassVar[dict[str, Any]] = {"batch": _BATCH}  # records per write transaction
 
     def __init__(self, path: str, **options: object) -> None:
@@ -299,7 +298,7 @@ def _release(path: str) -> None:
                 env.close()
 
 
-class LmdbShardReader(ShardReaderBase):
+class LmdbShardReader(ShardReader):
     TRANSIENT = ("_env",)
 
     def __init__(self, path: str) -> None:

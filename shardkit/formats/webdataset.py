@@ -15,13 +15,13 @@ import re
 import tarfile
 from collections.abc import Iterator
 
-from ..errors import ShardFormatError
-from ..safeio import open_regular, reason
-from . import MAX_RECORD_BYTES, Backend, Record, checked, json_objects, parse_meta
-from .base import ShardReaderBase, ShardWriterBase, encode_meta
+from ..core.config import MAX_RECORD_BYTES
+from ..core.errors import ShardFormatError
+from ..core.safeio import open_regular, reason
+from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
 
 
-class TarShardWriter(ShardWriterBase):
+class TarShardWriter(ShardWriter):
     def __init__(self, path: str, **options: object) -> None:
         super().__init__(path, **options)
         self._file = open(path, "wb")  # noqa: SIM115 - both closed in close()
@@ -197,7 +197,7 @@ def _group(members: Iterator[Member], where: str) -> Iterator[tuple[str, dict[st
         yield key, parts
 
 
-class TarShardReader(ShardReaderBase):
+class TarShardReader(ShardReader):
     """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
     through an index of member offsets built from the headers on first random access."""
 

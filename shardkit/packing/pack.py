@@ -19,15 +19,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
-from .discover import Item, SourceScan, display, scan
-from .errors import Failure, ImageError, ManifestError, OutputError
-from .executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
-from .formats import Record, ShardWriter, get_format
-from .headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
-from .imaging import STAGES, check_pixels, process_image, record_too_big
-from .manifest import (
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
+from ..core.errors import Failure, ImageError, ManifestError, OutputError
+from ..core.executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
+from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
+from ..core.manifest import (
     ERRORS_NAME,
     MANIFEST_NAME,
     Manifest,
@@ -37,6 +33,14 @@ from .manifest import (
     write_json_atomic,
     write_text_atomic,
 )
+from ..core.safeio import load_json_file, open_regular, reason
+from ..core.version import __version__
+from ..formats import get_format
+from ..formats.base import Record, ShardWriter
+from ..storage.cache import Store
+from ..storage.urls import is_remote, refuse_local_options
+from .discover import Item, SourceScan, display, scan
+from .encode import STAGES, check_pixels, process_image, record_too_big
 from .output import (
     STATE_NAME,
     claim,
@@ -50,8 +54,6 @@ from .output import (
     temp_dir,
 )
 from .plan import PlanDigest, ShardSpec, done_path, fingerprint, plan_shards, reusable, settings_hash
-from .safeio import load_json_file, open_regular, reason
-from .storage import Store, is_remote, refuse_local_options
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,7 @@ def _error(relpath: str, stage: str, reason: str) -> Failure:
     return Failure(display(relpath), stage, reason)
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # shardkit/, not packing/
 
 
 def _blame(error: BaseException) -> str:
@@ -281,7 +283,7 @@ def _jpeg_backend() -> str:
     # Different codecs may encode different bytes: a resume must not mix them.
     import PIL
 
-    from .imaging import write_codec
+    from .encode import write_codec
 
     return f"{write_codec()} (PIL {PIL.__version__})"
 

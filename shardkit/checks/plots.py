@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import missing_extra
+from ..core.errors import missing_extra
 
 if TYPE_CHECKING:
-    from .probe import ProbeReport
+    from ..packing.probe import ProbeReport
 
 
 def _pyplot() -> Any:

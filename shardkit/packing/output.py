@@ -20,9 +20,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ManifestError, OutputError
-from .manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
-from .safeio import load_json_file, reason
+from ..core.errors import ManifestError, OutputError
+from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
+from ..core.safeio import load_json_file, reason
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
@@ -39,7 +39,7 @@ def shard_name(index: int, suffix: str) -> str:
 def is_shard_name(name: str) -> bool:
     """A name shardkit gives shards (shard-NNNNNN and a format's suffix): the only names a record
     of the output may make --overwrite delete, besides manifest.json and errors.jsonl."""
-    from .formats import FORMATS
+    from ..formats import FORMATS
 
     match = re.fullmatch(r"shard-\d{6,}(\.[a-z0-9]+)", name)
     return match is not None and any(match.group(1) == backend.suffix for backend in FORMATS.values())

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .backends import crop_kernel
-from .errors import ConfigError, ImageError, ShardReadError
-from .formats import Record
-from .headers import jpeg_size
+from ..core.codecs import crop_kernel
+from ..core.errors import ConfigError, ImageError, ShardReadError, require
+from ..core.headers import jpeg_size
+from ..formats.base import Record
+from .split import rank_and_world
 
 CROPS = ("random", "center", None)
 OUTPUTS = ("torch", "numpy")
@@ -125,7 +126,7 @@ def crop_with_pillow(data: bytes, ext: str, box: Sequence[float], flip: bool, si
     record type: JPEG of any colour space, PNG, raw pixels)."""
     from PIL import Image
 
-    from .imaging import decode, open_record, pillow_errors
+    from .decode import decode, open_record, pillow_errors
 
     left, top, width, height = box
     if ext in _JPEG:
@@ -151,7 +152,7 @@ def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
         size = jpeg_size(record.data)
         if size is not None:
             return size
-    from .imaging import stored_size
+    from .decode import stored_size
 
     return stored_size(record.data, record.ext, max_pixels)
 
@@ -196,9 +197,7 @@ class BatchLoader:
         self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
         self.output, self.drop_last = output, drop_last
         if output == "torch":
-            from .readers import _torch
-
-            self._torch = _torch()
+            self._torch = require("torch", "torch")
             self.pin_memory = pin_memory and self._pinning_possible()
         else:
             self._torch, self.pin_memory = None, False
@@ -242,9 +241,7 @@ class BatchLoader:
 
     def _windows(self, number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Crop boxes and flips of batch `number`: the same for the same seed, epoch and rank."""
-        from .readers import _rank_and_world
-
-        rank, _ = _rank_and_world(self.dataset.rank, self.dataset.world_size)
+        rank, _ = rank_and_world(self.dataset.rank, self.dataset.world_size)
         rng = np.random.default_rng([self.dataset.seed, self.dataset.epoch, rank, number, 0x6C6F6164])
         widths, heights = sizes[:, 0], sizes[:, 1]
         if self.crop == "random":

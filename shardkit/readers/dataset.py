@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,16 +21,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .config import DEFAULT_MAX_PIXELS
-from .errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError
-from .formats import Record, ShardReader, get_format
-from .imaging import decode as decode_bytes
-from .imaging import decode_pil
-from .manifest import MANIFEST_NAME, Manifest, read_manifest
-from .safeio import check_regular, reason
+from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError, require
+from ..core.manifest import MANIFEST_NAME, Manifest, read_manifest
+from ..core.safeio import check_regular, reason
+from ..formats import get_format
+from ..formats.base import Record, ShardReader
+from .decode import decode as decode_bytes
+from .decode import decode_pil
+from .split import buffer_shuffle, rank_and_world, record_ranges, worker_slot
 
 if TYPE_CHECKING:
-    from .storage import Remote
+    from ..storage.remote import Remote
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
@@ -73,7 +74,7 @@ class ShardDataset:
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
         if decode == "torch":
-            _torch()
+            require("torch", "torch")
         self.folder = folder
         self.manifest = manifest
         self.classes = list(manifest.classes)
@@ -99,7 +100,7 @@ class ShardDataset:
         if remote is None:
             self._readers = [self._backend.reader(os.path.join(folder, s.name)) for s in manifest.shards]
         else:  # whole shards through the local cache, fetched on first use in each process
-            from .storage import CachedShardReader
+            from .cached import CachedShardReader
 
             self._readers = [
                 CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
@@ -201,14 +202,14 @@ class ShardDataset:
             return decode_pil(record.data, self.scale, self.max_pixels)
         pixels = decode_bytes(record.data, record.ext, self.scale, self.max_pixels)
         if self.decode == "torch":
-            return _torch().from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
+            return require("torch", "torch").from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
         return pixels
 
     # --- iterable -----------------------------------------------------------------------------
 
     def samples_per_rank(self) -> int:
         """How many samples each rank's iteration yields per epoch (the same on every rank)."""
-        _, world = _rank_and_world(self.rank, self.world_size)
+        _, world = rank_and_world(self.rank, self.world_size)
         if world == 1:
             return len(self)
         return len(self) // world if self.drop_last else -(-len(self) // world)
@@ -227,8 +228,8 @@ class ShardDataset:
         if self.shuffle:
             np.random.default_rng((self.seed, self.epoch)).shuffle(order)
         counts = [self.manifest.shards[shard].count for shard in order]
-        rank, _ = _rank_and_world(self.rank, self.world_size)
-        worker, workers = _worker()
+        rank, _ = rank_and_world(self.rank, self.world_size)
+        worker, workers = worker_slot()
         per_rank = self.samples_per_rank()
         begin = rank * per_rank
         return record_ranges(
@@ -251,8 +252,8 @@ class ShardDataset:
         plan = self.epoch_plan()
         records = ((shard, record) for at, (shard, start, stop) in enumerate(plan) for record in self._run(plan, at))
         if self.shuffle:
-            rank, _ = _rank_and_world(self.rank, self.world_size)
-            records = _buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, _worker()[0]))
+            rank, _ = rank_and_world(self.rank, self.world_size)
+            records = buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, worker_slot()[0]))
         return records
 
     def _run(self, plan: list[tuple[int, int, int]], at: int) -> Iterator[Record]:
@@ -332,7 +333,7 @@ class ShardDataset:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
         Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
-        with only what the crop needs decoded (see shardkit.loader): crop="random" is torchvision's
+        with only what the crop needs decoded (see shardkit.readers.loader): crop="random" is torchvision's
         RandomResizedCrop(size, scale, ratio); "center" is Resize(resize) then CenterCrop(size)
         (resize defaults to size / 0.875: 224 -> 256); None resizes whole images (records packed at
         the size pass through unchanged). flip: a random horizontal flip. Batches hold uint8 images
@@ -351,7 +352,7 @@ class ShardDataset:
 
     def iterable(self) -> Any:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode)."""
-        _torch()
+        require("torch", "torch")
         from .torch_data import ShardIterableDataset
 
         return ShardIterableDataset(self)
@@ -403,10 +404,13 @@ def open_shards(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
-    from .storage import is_remote, local_path, refuse_local_options
+    from ..storage.urls import is_remote, local_path, refuse_local_options
 
     if is_remote(path):
-        from .storage import Remote, ShardCache, Store, read_remote_manifest, split_manifest_url
+        from ..storage.cache import ShardCache, Store
+        from ..storage.remote import Remote
+        from ..storage.store import read_remote_manifest
+        from ..storage.urls import split_manifest_url
 
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(Store(split_manifest_url(os.fspath(path)), dict(storage_options or {})), cache)
@@ -429,64 +433,3 @@ def open_shards(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
     return ShardDataset(folder, manifest, **common)
-
-
-def record_ranges(order: list[int], counts: list[int], begin: int, end: int) -> list[tuple[int, int, int]]:
-    """Positions [begin, end) of the sequence of shards `order` (with record `counts`), as (shard,
-    start, stop) ranges; positions past the total wrap around to the start."""
-    total = sum(counts)
-    starts = np.cumsum([0, *counts]).tolist()
-    ranges = []
-    position = begin
-    while total and position < end:
-        at = position % total
-        i = bisect.bisect_right(starts, at) - 1  # the last shard starting at or before `at`: never empty
-        take = min(end - position, starts[i + 1] - at)
-        ranges.append((order[i], at - starts[i], at - starts[i] + take))
-        position += take
-    return ranges
-
-
-def _buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> Iterator[Any]:
-    """A bounded shuffle: memory holds `size` samples, the order repeats for the same seed."""
-    rng = np.random.default_rng(seed)
-    buffer: list[Any] = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        slot = int(rng.integers(size))
-        yield buffer[slot]
-        buffer[slot] = sample
-    order = rng.permutation(len(buffer))
-    for slot in order:
-        yield buffer[slot]
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None or world_size is not None:
-        rank, world_size = rank or 0, world_size or 1
-    else:
-        rank, world_size = 0, 1
-        dist = sys.modules.get("torch.distributed")  # only if torch is already in use
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-    if not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} is not within world size {world_size}")
-    return rank, world_size
-
-
-def _worker() -> tuple[int, int]:
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return (info.id, info.num_workers) if info is not None else (0, 1)
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        from .errors import missing_extra
-
-        raise missing_extra("torch", "torch") from None
-    return torch

@@ -1,4 +1,4 @@
-"""One image in, one encoded record out, and the read-side decoders.
+"""One source image in, one encoded record out.
 
 Write side: header check (bombs refused before any allocation) -> decode (libjpeg-turbo, through
 Pillow or PyTurboJPEG, with a DCT-domain 1/2, 1/4 or 1/8 reduction when the target allows) -> EXIF orientation
@@ -7,27 +7,23 @@ Pillow or PyTurboJPEG, with a DCT-domain 1/2, 1/4 or 1/8 reduction when the targ
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import os
-import re
 import time
 import warnings
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from .backends import pil_build, turbojpeg
-from .config import DEFAULT_MAX_PIXELS, MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
-from .errors import ImageError
-from .headers import HeaderError, ImageHeader, jpeg_size, parse_bytes
+from ..core.codecs import DCT_FACTORS, pil_build, turbojpeg
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
+from ..core.errors import ImageError
+from ..core.headers import HeaderError, ImageHeader, parse_bytes
 
-# libjpeg-turbo 2.1 reduces fastest at these factors; other M/8 factors measured slower than full decode.
-DCT_FACTORS = ((1, 8), (1, 4), (1, 2))
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
@@ -43,7 +39,6 @@ _RESAMPLE = {
     "lanczos": Image.Resampling.LANCZOS,
 }
 STAGES = ("read", "decode", "resize", "encode", "write")
-_TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,134 +273,3 @@ def encode_jpeg(image: Image.Image, quality: int) -> bytes:
 
 
 # --- read side --------------------------------------------------------------------------------
-
-
-def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Stored bytes to an HxWx3 uint8 array; `scale` 1/2, 1/4 or 1/8 decodes JPEG in the DCT domain.
-    Records come from strangers: an image over `max_pixels` is refused from its header, unallocated."""
-    if ext == "npy":
-        return decode_npy(data, max_pixels)
-    factor = _scale_factor(scale)
-    tj = turbojpeg()
-    if tj is not None and ext == "jpg":
-        size = jpeg_size(data)
-        if size is None:
-            try:
-                header = parse_bytes(data)
-            except HeaderError as error:
-                raise ImageError("decode", f"corrupt JPEG: {error}") from None
-            size = header.width, header.height
-        _refuse_over(size, max_pixels)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
-                return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
-        except (OSError, Warning) as error:
-            raise ImageError("decode", f"corrupt JPEG: {error}") from None
-    return np.asarray(decode_pil(data, scale, max_pixels))
-
-
-def stored_size(data: bytes, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
-    """(width, height) of a record's image as stored, from its header (nothing decoded), checked
-    against `max_pixels`."""
-    if ext == "npy":
-        match = _NPY_HEADER.search(data[:512])
-        if data[:6] != b"\x93NUMPY" or match is None:
-            raise ImageError("decode", "bad raw pixels: not a uint8 HxWx3 .npy record")
-        size = int(match.group(3)), int(match.group(2))
-    else:
-        try:
-            header = parse_bytes(data)
-        except HeaderError as error:
-            raise ImageError("decode", str(error)) from None
-        size = header.width, header.height
-    _refuse_over(size, max_pixels)
-    return size
-
-
-def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
-    if size[0] * size[1] > max_pixels:
-        raise ImageError(
-            "decode", f"{size[0]}x{size[1]} is over the limit of {max_pixels:,} pixels (raise max_pixels to allow it)"
-        )
-
-
-# Records are decoded only as the formats shardkit handles: Pillow's other plugins (EPS runs
-# Ghostscript, DDS raises NotImplementedError) are not an attack surface readers need.
-RECORD_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
-
-
-def open_record(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """A record's image, opened lazily (header read, nothing decoded) and checked against
-    `max_pixels`; callers decode it inside `pillow_errors()`."""
-    with pillow_errors():
-        image = Image.open(io.BytesIO(data), formats=RECORD_FORMATS)
-    _refuse_over(image.size, max_pixels)
-    return image
-
-
-@contextlib.contextmanager
-def pillow_errors() -> Iterator[None]:
-    """Pillow's plugins raise many exception types for a hostile file (ValueError, SyntaxError,
-    struct.error, NotImplementedError...): each is ImageError("decode") here; our own pass through."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
-        try:
-            yield
-        except ImageError:
-            raise
-        except Exception as error:
-            raise ImageError(
-                "decode", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            ) from None
-
-
-def decode_pil(data: bytes, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    image = open_record(data, max_pixels)
-    with pillow_errors():
-        factor = _scale_factor(scale)
-        if factor is not None and image.format == "JPEG":
-            num, den = factor
-            image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
-        image.load()
-        return image if image.mode == "RGB" else image.convert("RGB")
-
-
-_NPY_HEADER = re.compile(
-    rb"\{\s*'descr'\s*:\s*'\|u1'\s*,\s*'fortran_order'\s*:\s*(False|True)\s*,"
-    rb"\s*'shape'\s*:\s*\(\s*(\d{1,9})\s*,\s*(\d{1,9})\s*,\s*3\s*,?\s*\)\s*,?\s*\}\s*"
-)
-
-
-def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """A raw record: exactly an HxWx3 uint8 .npy (what numpy writes for one; no pickle, no other
-    dtype or shape), its size checked against `max_pixels` and against the bytes present before
-    anything is allocated. The header is matched here, not by numpy's parser, which raises a
-    different exception for each way a hostile header can be wrong."""
-    if data[:6] != b"\x93NUMPY" or len(data) < 10 or data[6] not in (1, 2, 3):
-        raise ImageError("decode", "bad raw pixels: not a .npy record")
-    width = 2 if data[6] == 1 else 4
-    end = 8 + width + int.from_bytes(data[8 : 8 + width], "little")
-    match = _NPY_HEADER.fullmatch(data[8 + width : end])
-    if end > len(data) or match is None:
-        raise ImageError(
-            "decode", f"bad raw pixels: the header is not uint8 HxWx3 ({data[8 + width : 8 + width + 80]!r})"
-        )
-    fortran, height, columns = match.group(1) == b"True", int(match.group(2)), int(match.group(3))
-    if not height or not columns:
-        raise ImageError("decode", f"bad raw pixels: an empty {height}x{columns} image")
-    _refuse_over((columns, height), max_pixels)
-    if len(data) - end != height * columns * 3:
-        raise ImageError("decode", f"bad raw pixels: {len(data) - end:,} bytes for {height}x{columns}x3")
-    if fortran:
-        return np.frombuffer(data, np.uint8, offset=end).reshape(3, columns, height).transpose(2, 1, 0).copy()
-    return np.frombuffer(data, np.uint8, offset=end).reshape(height, columns, 3).copy()
-
-
-def _scale_factor(scale: float | None) -> tuple[int, int] | None:
-    if scale is None or scale == 1:
-        return None
-    for num, den in DCT_FACTORS:
-        if abs(scale - num / den) < 1e-9:
-            return num, den
-    raise ValueError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")

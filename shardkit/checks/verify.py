@@ -19,23 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from .config import DEFAULT_MAX_PIXELS
-from .discover import SourceScan, display, scan
-from .errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardkitError, StorageError
-from .executors import default_workers, map_local_surviving_crashes
-from .formats import get_format
-from .imaging import decode
-from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
-from .safeio import check_regular, reason
-from .storage import (
-    Store,
-    TooLong,
-    is_remote,
-    local_path,
-    read_remote_manifest,
-    refuse_local_options,
-    split_manifest_url,
-)
+from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardkitError, StorageError
+from ..core.executors import default_workers, map_local_surviving_crashes
+from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
+from ..core.safeio import check_regular, reason
+from ..formats import get_format
+from ..packing.discover import SourceScan, display, scan
+from ..readers.decode import decode
+from ..storage.cache import Store
+from ..storage.http import TooLong
+from ..storage.store import read_remote_manifest
+from ..storage.urls import is_remote, local_path, refuse_local_options, split_manifest_url
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
 
-from .errors import Failure, SourceError
-from .headers import EXTENSION_FORMATS
+from ..core.errors import Failure, SourceError
+from ..core.headers import EXTENSION_FORMATS
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
 # Characters kept as they are in keys; everything else (and '.') is percent-escaped so keys are

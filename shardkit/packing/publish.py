@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import OutputError, ShardkitError
-from .manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, read_manifest
-from .safeio import loads
-from .storage import Store, default_cache_dir, read_remote_manifest
+from ..core.errors import OutputError, ShardkitError
+from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, read_manifest
+from ..core.safeio import loads
+from ..storage.cache import Store, default_cache_dir
+from ..storage.store import read_remote_manifest
 
 MARKERS = ".shardkit/uploaded"
 EARLIER = ".shardkit/earlier.json"  # the earlier output's shards, written before its manifest goes

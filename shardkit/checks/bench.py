@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .backends import turbojpeg
-from .discover import display
-from .errors import ImageError, ShardkitError
-from .executors import process_pool, stop_pool
-from .imaging import decode
-from .readers import open_shards, record_ranges
-from .safeio import open_regular, reason
-from .storage import ShardCache, is_remote, local_path
+from ..core.codecs import turbojpeg
+from ..core.errors import ImageError, ShardkitError
+from ..core.executors import process_pool, stop_pool
+from ..core.safeio import open_regular, reason
+from ..packing.discover import display
+from ..readers.dataset import open_shards
+from ..readers.decode import decode
+from ..readers.split import record_ranges
+from ..storage.cache import ShardCache
+from ..storage.urls import is_remote, local_path
 
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024

@@ -254,7 +254,7 @@ def preset_names() -> list[str]:
     return sorted(path.name.removesuffix(".toml") for path in _PRESETS.iterdir() if path.name.endswith(".toml"))
 
 
-_PRESETS = Path(__file__).with_name("presets")
+_PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
 
 def load_preset(path: str | Path) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import Failure
+from ..core.manifest import ShardInfo, sha256_file
+from ..core.safeio import load_json_file
 from .discover import Item
-from .errors import Failure
-from .manifest import ShardInfo, sha256_file
 from .output import shard_name, state_dir
-from .safeio import load_json_file
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ the CLI turns them into messages and exit codes."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 STAGES = ("discover", "header", "read", "decode", "resize", "encode", "internal")
 
@@ -100,3 +102,12 @@ def missing_extra(module: str, extra: str) -> MissingDependencyError:
     return MissingDependencyError(
         f"{module} is not installed: pip install 'shardkit[{extra}]' (or make install EXTRAS={extra})"
     )
+
+
+def require(module: str, extra: str) -> Any:
+    """An optional dependency, imported where it is used; MissingDependencyError naming the extra
+    to install when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise missing_extra(module.split(".")[0], extra) from None

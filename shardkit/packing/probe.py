@@ -19,12 +19,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .backends import header_scanner
-from .config import DEFAULT_MAX_PIXELS
+from ..core.codecs import header_scanner
+from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.errors import Failure, Problem
+from ..core.executors import default_workers, map_local, map_threads
+from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 from .discover import display, scan
-from .errors import Failure, Problem
-from .executors import default_workers, map_local, map_threads
-from .headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 
 CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.

@@ -1,0 +1,2 @@
+"""What every side shares: errors, safe file I/O, config, image headers, the machine's codecs and
+compiled kernels, executors and the on-disk manifest. Imports nothing else of shardkit."""

@@ -1,0 +1,151 @@
+"""Record bytes to pixels, for everything that reads shards: JPEG through libjpeg-turbo (optionally
+DCT-scaled 1/2, 1/4, 1/8), raw .npy pixels matched exactly (no pickle), other formats through
+Pillow's plugins for the formats shardkit writes. Records come from strangers: every decoder checks
+the header against `max_pixels` before anything is allocated, and raises only ImageError."""
+
+import contextlib
+import io
+import re
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+from PIL import Image
+
+from ..core.codecs import DCT_FACTORS, turbojpeg
+from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.errors import ImageError
+from ..core.headers import HeaderError, jpeg_size, parse_bytes
+
+_TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
+
+
+def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Stored bytes to an HxWx3 uint8 array; `scale` 1/2, 1/4 or 1/8 decodes JPEG in the DCT domain.
+    Records come from strangers: an image over `max_pixels` is refused from its header, unallocated."""
+    if ext == "npy":
+        return decode_npy(data, max_pixels)
+    factor = _scale_factor(scale)
+    tj = turbojpeg()
+    if tj is not None and ext == "jpg":
+        size = jpeg_size(data)
+        if size is None:
+            try:
+                header = parse_bytes(data)
+            except HeaderError as error:
+                raise ImageError("decode", f"corrupt JPEG: {error}") from None
+            size = header.width, header.height
+        _refuse_over(size, max_pixels)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
+                return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
+        except (OSError, Warning) as error:
+            raise ImageError("decode", f"corrupt JPEG: {error}") from None
+    return np.asarray(decode_pil(data, scale, max_pixels))
+
+
+def stored_size(data: bytes, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) of a record's image as stored, from its header (nothing decoded), checked
+    against `max_pixels`."""
+    if ext == "npy":
+        match = _NPY_HEADER.search(data[:512])
+        if data[:6] != b"\x93NUMPY" or match is None:
+            raise ImageError("decode", "bad raw pixels: not a uint8 HxWx3 .npy record")
+        size = int(match.group(3)), int(match.group(2))
+    else:
+        try:
+            header = parse_bytes(data)
+        except HeaderError as error:
+            raise ImageError("decode", str(error)) from None
+        size = header.width, header.height
+    _refuse_over(size, max_pixels)
+    return size
+
+
+def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
+    if size[0] * size[1] > max_pixels:
+        raise ImageError(
+            "decode", f"{size[0]}x{size[1]} is over the limit of {max_pixels:,} pixels (raise max_pixels to allow it)"
+        )
+
+
+# Records are decoded only as the formats shardkit handles: Pillow's other plugins (EPS runs
+# Ghostscript, DDS raises NotImplementedError) are not an attack surface readers need.
+RECORD_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
+
+
+def open_record(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """A record's image, opened lazily (header read, nothing decoded) and checked against
+    `max_pixels`; callers decode it inside `pillow_errors()`."""
+    with pillow_errors():
+        image = Image.open(io.BytesIO(data), formats=RECORD_FORMATS)
+    _refuse_over(image.size, max_pixels)
+    return image
+
+
+@contextlib.contextmanager
+def pillow_errors() -> Iterator[None]:
+    """Pillow's plugins raise many exception types for a hostile file (ValueError, SyntaxError,
+    struct.error, NotImplementedError...): each is ImageError("decode") here; our own pass through."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+        try:
+            yield
+        except ImageError:
+            raise
+        except Exception as error:
+            raise ImageError(
+                "decode", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            ) from None
+
+
+def decode_pil(data: bytes, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    image = open_record(data, max_pixels)
+    with pillow_errors():
+        factor = _scale_factor(scale)
+        if factor is not None and image.format == "JPEG":
+            num, den = factor
+            image.draft("RGB", (-(-image.width * num // den), -(-image.height * num // den)))
+        image.load()
+        return image if image.mode == "RGB" else image.convert("RGB")
+
+
+_NPY_HEADER = re.compile(
+    rb"\{\s*'descr'\s*:\s*'\|u1'\s*,\s*'fortran_order'\s*:\s*(False|True)\s*,"
+    rb"\s*'shape'\s*:\s*\(\s*(\d{1,9})\s*,\s*(\d{1,9})\s*,\s*3\s*,?\s*\)\s*,?\s*\}\s*"
+)
+
+
+def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """A raw record: exactly an HxWx3 uint8 .npy (what numpy writes for one; no pickle, no other
+    dtype or shape), its size checked against `max_pixels` and against the bytes present before
+    anything is allocated. The header is matched here, not by numpy's parser, which raises a
+    different exception for each way a hostile header can be wrong."""
+    if data[:6] != b"\x93NUMPY" or len(data) < 10 or data[6] not in (1, 2, 3):
+        raise ImageError("decode", "bad raw pixels: not a .npy record")
+    width = 2 if data[6] == 1 else 4
+    end = 8 + width + int.from_bytes(data[8 : 8 + width], "little")
+    match = _NPY_HEADER.fullmatch(data[8 + width : end])
+    if end > len(data) or match is None:
+        raise ImageError(
+            "decode", f"bad raw pixels: the header is not uint8 HxWx3 ({data[8 + width : 8 + width + 80]!r})"
+        )
+    fortran, height, columns = match.group(1) == b"True", int(match.group(2)), int(match.group(3))
+    if not height or not columns:
+        raise ImageError("decode", f"bad raw pixels: an empty {height}x{columns} image")
+    _refuse_over((columns, height), max_pixels)
+    if len(data) - end != height * columns * 3:
+        raise ImageError("decode", f"bad raw pixels: {len(data) - end:,} bytes for {height}x{columns}x3")
+    if fortran:
+        return np.frombuffer(data, np.uint8, offset=end).reshape(3, columns, height).transpose(2, 1, 0).copy()
+    return np.frombuffer(data, np.uint8, offset=end).reshape(height, columns, 3).copy()
+
+
+def _scale_factor(scale: float | None) -> tuple[int, int] | None:
+    if scale is None or scale == 1:
+        return None
+    for num, den in DCT_FACTORS:
+        if abs(scale - num / den) < 1e-9:
+            return num, den
+    raise ValueError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")

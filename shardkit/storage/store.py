@@ -1,0 +1,287 @@
+"""Shards in object storage (s3://, gs://, https://, any fsspec URL): the one seam that every remote
+read and write goes through. Nothing else in shardkit knows a URL from a path.
+
+- `Store`: one remote folder (a URL prefix) with retries, listing, whole-object download and upload.
+- `ShardCache` (cache.py): whole shards on local disk, content-addressed by their manifest sha256, shared by
+  every process on the machine (DataLoader workers, ranks): a shard is downloaded once, under a
+  per-shard file lock, to a temporary name, checked against the manifest's size and sha256, then
+  renamed; least recently used shards are evicted past the limit.
+- `CachedShardReader` (remote.py): any format's reader over a cached copy, opened on first use in each process,
+  its errors naming the URL, not the cache path.
+
+Formats, the manifest and verify read local files only: remote shards reach them through the cache
+(random access and memory-mapped formats need a whole file; iteration prefetches the next shards
+of the epoch plan while the current one is read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote
+
+from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
+from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .http import NotDirect, TooLong, copy_body, get_direct
+from .retry import retrying
+from .urls import PROTOCOL_EXTRAS, URL_SCHEME
+
+
+def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError(f"{url}: URLs need fsspec: pip install fsspec") from None
+    options = dict(options)
+    if protocol in ("s3", "s3a"):
+        options = _s3_defaults(options)
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError:
+        extra = PROTOCOL_EXTRAS.get(protocol)
+        hint = f"pip install 'shardkit[{extra}]'" if extra else f"install the fsspec filesystem for {protocol}://"
+        raise MissingDependencyError(f"{url}: {protocol}:// needs a package that is not installed: {hint}") from None
+    except ValueError as error:  # an unknown protocol, or fsspec refusing the URL
+        raise ConfigError(f"{url}: {error}") from None
+    except TypeError as error:  # a storage option the filesystem does not take
+        raise ConfigError(f"{url}: bad storage option ({error})") from None
+
+
+def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    """S3 the standard way (AWS_* variables, profiles), plus AWS_ENDPOINT_URL for S3-compatible
+    stores, with retries left to `retrying` (botocore's and s3fs's own would multiply its window)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and "endpoint_url" not in options and "endpoint_url" not in options.get("client_kwargs", {}):
+        options["endpoint_url"] = endpoint
+    config: dict[str, Any] = {
+        "connect_timeout": 10,
+        "read_timeout": 60,
+        "retries": {"max_attempts": 2, "mode": "standard"},
+    }
+    # botocore's CRC of every response costs CPU the decoders need; each shard's sha256 is checked anyway
+    with contextlib.suppress(ImportError):
+        from botocore.config import Config
+
+        for name in ("response_checksum_validation", "request_checksum_calculation"):
+            if name in getattr(Config, "OPTION_DEFAULTS", {}):
+                config[name] = "when_required"
+    options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+    return options
+
+
+_INHERITED: list[Any] = []  # filesystem objects a forked process inherited: kept, never used
+_PARENT_LOOP: list[Any] = []
+
+
+def _before_fork() -> None:
+    asyn = sys.modules.get("fsspec.asyn")
+    _PARENT_LOOP[:] = [asyn.loop[0]] if asyn is not None and asyn.loop[0] is not None else []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares the kernel objects behind the parent's descriptors, the epoll set of
+    fsspec's event loop included: a connection closed in the child (a finalizer, a garbage-collected
+    client) would unregister the parent's socket from it, and the parent's request on it would wait
+    out its timeout. So the child's copy of that loop gets an epoll set of its own, and every
+    filesystem object fsspec had cached is kept alive, unused (closing one over TLS would also write
+    to the parent's connection)."""
+    for loop in _PARENT_LOOP:
+        selector = getattr(getattr(loop, "_selector", None), "_selector", None)
+        if isinstance(selector, select.epoll):
+            loop._selector._selector = select.epoll()
+            selector.close()  # the child's descriptor only: the parent's set is untouched
+    _PARENT_LOOP.clear()
+    fsspec = sys.modules.get("fsspec")
+    if fsspec is None:
+        return
+    pending = [fsspec.AbstractFileSystem]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        cache = cls.__dict__.get("_cache")
+        if isinstance(cache, dict):
+            _INHERITED.extend(cache.values())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+@dataclass
+class Store:
+    """A remote folder: `url` (no trailing slash) and the fsspec options that reach it. Picklable;
+    the filesystem object is made again in each process."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        self.protocol = URL_SCHEME.match(self.url).group(1).lower()  # type: ignore[union-attr]
+        self._http = self.protocol in ("http", "https")
+        self._fs: Any = None
+        self._root = ""
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.options = state["url"], state["options"]
+        self.__post_init__()
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None or self._pid != os.getpid():
+            if self._fs is not None:
+                # Inherited through a fork: its pooled connections are the parent's sockets. Left
+                # alive, never used: closing it here would close them under the parent's requests.
+                _INHERITED.append(self._fs)
+            self._fs, self._root = _filesystem(self.url, self.protocol, self.options)
+            self._root = self._root.rstrip("/")
+            if self.protocol in ("s3", "s3a"):
+                self._fs.retries = 2  # s3fs's own retry loop; `retrying` holds the window
+            self._pid = os.getpid()
+        return self._fs
+
+    def child(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def _path(self, name: str) -> str:
+        self.fs  # noqa: B018 - sets _root
+        if self._http:
+            name = quote(name)  # a space, '?' or '#' in a shard name is part of the name, not of the URL
+        return f"{self._root}/{name}" if self._root else name
+
+    def read(self, name: str, limit: int) -> bytes:
+        """The whole object `name` of at most `limit` bytes (FileNotFoundError when there is none)."""
+        path = self._path(name)
+
+        def fetch() -> bytes:
+            parts, total = [], 0
+            with self._open_stream(path) as source:  # streamed: a body without a size, or a gzip
+                while chunk := source.read(min(1 << 20, limit + 1 - total)):  # bomb, stops at the limit
+                    parts.append(chunk)
+                    total += len(chunk)
+                    if total > limit:
+                        raise StorageError(f"{self.child(name)}: over the limit of {limit:,} bytes")
+            return b"".join(parts)
+
+        return retrying(self.child(name), "reading", fetch)
+
+    def _open_stream(self, path: str) -> Any:
+        """A file object reading `path` from its start; HTTP as one streamed GET (servers need not
+        support ranges)."""
+        if self._http:
+            return self.fs.open(path, "rb", block_size=0)
+        return self.fs.open(path, "rb")
+
+    def listing(self) -> dict[str, int | None]:
+        """name -> size of the objects directly under this folder (none when it does not exist; an
+        HTTP server lists what its index page links to, if it has one)."""
+        fs = self.fs
+
+        def ls() -> list[dict[str, Any]]:
+            with contextlib.suppress(AttributeError, NotImplementedError):
+                fs.invalidate_cache(self._root)
+            try:
+                return fs.ls(self._root, detail=True)
+            except FileNotFoundError:
+                return []
+
+        entries = retrying(self.url, "listing", ls)
+        held: dict[str, int | None] = {}
+        for entry in entries:
+            if entry.get("type") == "file":  # an HTTP index may not tell sizes: None
+                size = entry.get("size")
+                name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+                if self._http:
+                    name = unquote(name)  # links are URLs: "a%20b.tar" is the shard "a b.tar"
+                held[name] = None if size is None else int(size)
+        return held
+
+    def download(self, name: str, destination: str, size: int, sha256: str) -> None:
+        """Object `name` into the local file `destination`, checked against `size` and `sha256`
+        (ShardFormatError when the bytes differ: a damaged or replaced object, never retried)."""
+        url = self.child(name)
+        try:
+            digest = self.get(name, destination, limit=size)
+        except FileNotFoundError:
+            raise ShardFormatError(f"{url}: listed in the manifest but missing") from None
+        except TooLong:
+            raise ShardFormatError(f"{url}: more than the {size:,} bytes the manifest says (replaced?)") from None
+        held = os.path.getsize(destination)
+        if held != size:
+            raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
+        if digest != sha256:
+            raise ShardFormatError(f"{url}: sha256 differs from the manifest (damaged or replaced object)")
+
+    def get(self, name: str, destination: str, limit: int | None = None) -> str:
+        """Object `name` into the local file `destination`, as it is (FileNotFoundError if none);
+        returns its sha256, computed on the way. With `limit`, a body longer than that raises
+        TooLong as soon as it passes it (a stranger's server cannot fill the disk)."""
+        path = self._path(name)
+
+        def fetch() -> str:
+            direct = self._direct_url(path)
+            if direct is not None:
+                try:
+                    return get_direct(direct, destination, limit)
+                except NotDirect:
+                    pass
+            with self._open_stream(path) as source:
+                return copy_body(source.read, destination, limit)
+
+        return retrying(self.child(name), "downloading", fetch)
+
+    def _direct_url(self, path: str) -> str | None:
+        """A plain URL that a GET fetches this object from, where there is one: an S3 object's
+        presigned URL, an http(s) URL itself. The transfer then costs about half the CPU of the
+        async client (one readinto per MiB into a reused buffer, hashed on the way), which counts
+        on a machine whose cores decode. Options that change the request (headers, requester pays,
+        server-side keys) or a proxy in the environment keep the filesystem's own path."""
+        if any(os.environ.get(name) for name in _PROXIES):
+            return None
+        if os.environ.get("AWS_CA_BUNDLE") or "verify" in self.options.get("client_kwargs", {}):
+            return None  # a custom CA or no verification: the filesystem's own TLS settings apply
+        if self._http and not self.options:
+            return path
+        if self.protocol in ("s3", "s3a") and not _REQUEST_OPTIONS & set(self.options):
+            fs = self.fs
+            return fs.url(path, expires=3600) if hasattr(fs, "url") else None
+        return None
+
+    def upload(self, source: str, name: str) -> None:
+        path = self._path(name)
+        retrying(self.child(name), "uploading", lambda: self.fs.put_file(source, path))
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        retrying(self.child(name), "writing", lambda: self.fs.pipe_file(path, data))
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+        retrying(self.child(name), "deleting", remove)
+
+
+_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+_REQUEST_OPTIONS = {"s3_additional_kwargs", "requester_pays", "version_aware"}
+
+
+def read_remote_manifest(store: Store) -> Manifest:
+    """The manifest of a remote output folder."""
+    where = store.child(MANIFEST_NAME)
+    try:
+        text = store.read(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise ManifestError(f"{where}: no manifest (is this a shardkit output folder?)") from None
+    return parse_manifest(text, where)
