@@ -5,7 +5,7 @@ EXTRAS ?= dev,plot,ray,torch,s3,http
 PY := $(VENV)/bin/python
 DEMO ?= demo
 
-.PHONY: install system-deps venv pillow-simd test lint demo bench clean
+.PHONY: install system-deps venv pillow-simd test test-fast lint typecheck check demo bench clean
 
 install: system-deps venv pillow-simd
 	@$(VENV)/bin/shardkit doctor
@@ -28,12 +28,23 @@ venv: $(PY)
 pillow-simd: venv
 	@bash scripts/install_pillow_simd.sh $(PY)
 
+# Everything, the integration tests with Ray, the S3 server, signals and killed processes included (CI).
 test:
 	$(PY) -m pytest -q
+
+# The inner loop: the suite without the tests marked slow, on two processes (under a minute on 2 cores).
+test-fast:
+	$(PY) -m pytest -q -m "not slow" -n 2
 
 lint:
 	$(VENV)/bin/ruff check shardkit tests scripts
 	$(VENV)/bin/ruff format --check shardkit tests scripts
+
+typecheck:
+	$(VENV)/bin/mypy
+
+# What to run before a commit (and what the pre-commit hooks run).
+check: lint typecheck test-fast
 
 demo: install
 	rm -rf $(DEMO)

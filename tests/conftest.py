@@ -85,3 +85,11 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
             else:
                 os.environ[name] = value
         server.kill()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts the S3 server is an integration test wherever it is: `make test-fast`
+    (`-m "not slow"`) leaves it out, `make test` runs it."""
+    for item in items:
+        if "s3" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

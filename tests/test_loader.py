@@ -369,6 +369,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow  # kills a process
 def test_ctrl_c_stops_the_loader_cleanly(packed: Path) -> None:
     run = subprocess.run([sys.executable, "-c", CTRL_C, str(packed)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.split() == ["stopped", "1"], run.stdout + run.stderr

@@ -163,6 +163,7 @@ pack(PackConfig(sys.argv[1], sys.argv[2], resize=ResizeConfig(64), shard_size=16
 
 @pytest.mark.parametrize("target", ["errors.jsonl", "manifest.json"])
 @pytest.mark.parametrize("flag", ["resume", "overwrite"])
+@pytest.mark.slow  # kills a process
 def test_a_kill_during_the_final_writes_is_cleaned_up(sample_dataset: Path, tmp_path: Path, target, flag) -> None:
     clean, out = tmp_path / "clean", tmp_path / "out"
     pack(config(sample_dataset, clean))
@@ -204,6 +205,7 @@ def test_resume_of_a_finished_pack_says_so(python_command, sample_dataset: Path,
     assert again.returncode == 0 and "already complete" in again.stdout and "nothing to do" in again.stdout
 
 
+@pytest.mark.slow  # kills a process
 def test_a_second_pack_on_the_same_output_is_refused(python_command, sample_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)

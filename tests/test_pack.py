@@ -182,6 +182,7 @@ def run_pack_cli(python_command, source: Path, out: Path, *extra: str) -> subpro
 
 
 @pytest.mark.parametrize("kill_after_shards", [0, 3])
+@pytest.mark.slow  # kills a process
 def test_sigkill_then_resume_gives_the_same_shards(
     python_command, sample_dataset: Path, tmp_path: Path, kill_after_shards: int
 ) -> None:
@@ -224,6 +225,7 @@ def test_pixels_survive_the_jpeg_round_trip(tmp_path: Path) -> None:
     assert np.abs(original - restored).mean() < baseline * 1.1 + 0.1
 
 
+@pytest.mark.slow  # kills a process
 def test_resume_repacks_only_the_shards_whose_files_changed(
     python_command, sample_dataset: Path, tmp_path: Path
 ) -> None:

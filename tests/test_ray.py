@@ -15,6 +15,8 @@ from shardkit.packing.plan import plan_shards
 
 from .ray_helpers import restore_env, set_env
 
+pytestmark = pytest.mark.slow  # a real Ray instance or S3 server: `make test` runs these, `make test-fast` does not
+
 ray = pytest.importorskip("ray")
 
 

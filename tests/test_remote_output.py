@@ -14,6 +14,8 @@ import pytest
 from shardkit.core.manifest import read_manifest
 from shardkit.storage.store import Store
 
+pytestmark = pytest.mark.slow  # a real Ray instance or S3 server: `make test` runs these, `make test-fast` does not
+
 SHARDKIT = [sys.executable, "-m", "shardkit"]
 
 

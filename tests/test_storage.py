@@ -25,6 +25,8 @@ from shardkit.storage.store import Store
 from shardkit.storage.urls import is_remote, parse_storage_options
 from tests.servers import http_server, s3_server
 
+pytestmark = pytest.mark.slow  # a real Ray instance or S3 server: `make test` runs these, `make test-fast` does not
+
 FORMATS = ("webdataset", "lmdb", "hdf5")
 
 

@@ -25,6 +25,7 @@ from ..core.executors import default_workers, map_local_surviving_crashes
 from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
 from ..core.safeio import check_regular, reason
 from ..formats import get_format
+from ..formats.base import Record
 from ..packing.discover import SourceScan, display, scan
 from ..readers.decode import decode
 from ..storage.cache import Store
@@ -156,7 +157,7 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
     return check
 
 
-def _check_pixels(record, shard: str, check: _ShardCheck, max_pixels: int) -> None:
+def _check_pixels(record: Record, shard: str, check: _ShardCheck, max_pixels: int) -> None:
     try:
         pixels = decode(record.data, record.ext, max_pixels=max_pixels)
     except (ImageError, ValueError) as error:

@@ -44,7 +44,7 @@ def bench(
     ] = None,
 ) -> None:
     """Measure decode throughput of shards against the raw JPEG folder, on the same images."""
-    from ..checks.bench import bench as run_bench
+    from ..checks.bench import bench as run_bench  # here, not at the top: every command would pay for it
 
     with user_errors():
         check_report_path(json_path)

@@ -119,7 +119,7 @@ def pack(
 
 
 def _run(config: PackConfig) -> PackResult:
-    from ..packing.pack import pack as run_pack
+    from ..packing.pack import pack as run_pack  # here: `shardkit --help` need not import imaging
 
     with progress_bar("packing", unit="images") as bar:
         task = bar.add_task("pack", total=None, rate="")

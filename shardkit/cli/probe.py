@@ -76,7 +76,7 @@ def probe(
 
 
 def _run(source: Path, settings: dict, on_chunk: Callable[[ProbeChunk], None] | None) -> ProbeReport:
-    from ..packing.probe import probe as run_probe
+    from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
     with progress_bar("probing") as bar:
         task = bar.add_task("probe", total=None, rate="")

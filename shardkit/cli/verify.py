@@ -41,7 +41,7 @@ def verify(
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Check an output folder; exit code 0 only when everything holds."""
-    from ..checks.verify import verify as run_verify
+    from ..checks.verify import verify as run_verify  # here: `shardkit --help` need not import it
 
     with user_errors():
         check_report_path(json_path)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser from PyPI (a dependency there)
+    import tomli as tomllib
 
 from .errors import ConfigError
 from .safeio import read_regular, reason
@@ -46,6 +50,13 @@ class ResizeConfig:
     upscale: bool = False  # center-crop always fills its square, so it may upscale regardless
     max_aspect: float = 4.0  # the long side never exceeds size * max_aspect (thin strips stay sane)
     resample: str = "bicubic"  # antialiased: bilinear, bicubic or lanczos
+
+    @property
+    def pixels(self) -> int | None:
+        """The target size once "auto" is resolved (pack resolves it from probe's advice first)."""
+        if isinstance(self.size, str):
+            raise ConfigError('resize "auto" must be resolved from the source before images are sized')
+        return self.size
 
     def __post_init__(self) -> None:
         if self.size == "auto":

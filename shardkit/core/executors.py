@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .errors import ShardkitError, WorkerDiedError
 
@@ -107,7 +107,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def mp_context() -> multiprocessing.context.BaseContext:
+def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
     # Never fork a big parent: forkserver children start from a small clean process.
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -259,7 +259,7 @@ def map_local_surviving_crashes(
         for index, job in enumerate(jobs):
             if index not in done:
                 outcome, died = run_alone(function, job)
-                yield index, on_crash(index, died) if died else outcome
+                yield index, on_crash(index, died) if died else cast(Result, outcome)  # None only when it died
 
 
 def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | None, str | None]:
@@ -413,7 +413,7 @@ def map_ray(
     from ray.exceptions import RayError, RayTaskError, WorkerCrashedError
 
     started_here = connect_ray(address)
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
+    remote: Any = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
     # Jobs are drawn as tasks finish (a plan still being walked feeds them): enough in flight to
     # keep every CPU of the cluster busy, and never the whole plan in the driver.
     in_flight = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))

@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from .errors import HeaderError
 from .safeio import not_regular
@@ -231,7 +231,7 @@ def _exif_orientation(tiff: bytes) -> int | None:
         little = False
     else:
         return None
-    order = "little" if little else "big"
+    order: Literal["little", "big"] = "little" if little else "big"
     ifd = int.from_bytes(tiff[4:8], order)
     if ifd + 2 > len(tiff):
         return None

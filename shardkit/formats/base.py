@@ -56,7 +56,7 @@ def parse_meta(blob: bytes | str, where: object) -> dict[str, Any]:
     return value
 
 
-_scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, minus its Python wrappers
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner behind json.loads, minus its Python wrappers
 
 
 def json_objects(blobs: list[bytes]) -> list[dict[str, Any] | None]:

@@ -62,10 +62,10 @@ def decode_value(value: bytes | memoryview, where: object, header: Any = None, s
 
 class _Where(NamedTuple):
     path: str
-    index: int
+    position: int  # not `index`: that would hide tuple.index
 
     def __str__(self) -> str:
-        return f"{self.path} record {self.index}"
+        return f"{self.path} record {self.position}"
 
 
 class LmdbShardWriter(ShardWriter):

@@ -215,6 +215,7 @@ class TarShardReader(ShardReader):
             except OSError as error:
                 raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
             self.opened()
+        assert self._fd is not None  # opened above, or earlier in this process
         return self._fd
 
     def _bytes(self, chunk: int = 0) -> _Bytes:
@@ -333,7 +334,7 @@ class TarShardReader(ShardReader):
         return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
-        if self.in_this_process(self._fd):
+        if self._fd is not None and self.in_this_process(self._fd):
             os.close(self._fd)
         self._fd = None
 

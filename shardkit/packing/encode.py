@@ -59,22 +59,23 @@ class Geometry:
 
 def plan_geometry(width: int, height: int, resize: ResizeConfig) -> Geometry:
     """Output size (and crop) for a displayed width x height under `resize`."""
-    if resize.size is None:
+    size = resize.pixels
+    if size is None:
         return Geometry((width, height), (width, height))
     short, long = min(width, height), max(width, height)
     if resize.mode == "center-crop":
         left, top = (width - short) // 2, (height - short) // 2
-        needed = (min(width, -(-width * resize.size // short)), min(height, -(-height * resize.size // short)))
-        return Geometry((resize.size, resize.size), needed, (left, top, left + short, top + short))
-    scale = resize.size / (short if resize.mode == "short" else long)
+        needed = (min(width, -(-width * size // short)), min(height, -(-height * size // short)))
+        return Geometry((size, size), needed, (left, top, left + short, top + short))
+    scale = size / (short if resize.mode == "short" else long)
     if not resize.upscale:
         scale = min(scale, 1.0)
     # Thin strips: the long side never exceeds size * max_aspect, even if the short side ends smaller.
-    scale = min(scale, resize.size * resize.max_aspect / long)
+    scale = min(scale, size * resize.max_aspect / long)
     if scale == 1.0:
         return Geometry((width, height), (width, height))
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    return Geometry(size, (min(width, size[0]), min(height, size[1])))
+    output = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return Geometry(output, (min(width, output[0]), min(height, output[1])))
 
 
 def dct_factor(stored: tuple[int, int], needed: tuple[int, int]) -> tuple[int, int]:

@@ -277,6 +277,6 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
         (state / LOCK_NAME).unlink(missing_ok=True)
     if keep_lock:  # the folder stays in use
         return
-    for folder in (state / "done", state / "tmp", state):
+    for emptied in (state / "done", state / "tmp", state):
         with contextlib.suppress(OSError):
-            folder.rmdir()
+            emptied.rmdir()

@@ -124,7 +124,8 @@ def write_shard(job: ShardJob) -> ShardResult:
     input_bytes = 0
     with _writing(job.output, spec.name):
         temp.parent.mkdir(parents=True, exist_ok=True)
-        writer: ShardWriter | None = backend.writer(str(temp))
+        writer: ShardWriter = backend.writer(str(temp))
+    closed = False
     try:
         for item in spec.items:
             record, size = _pack_one(item, job, timings, errors)
@@ -140,7 +141,7 @@ def write_shard(job: ShardJob) -> ShardResult:
         closing = time.perf_counter()
         with _writing(job.output, spec.name):
             count = writer.close()
-            writer = None
+            closed = True
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
             worker = f"{socket.gethostname()}:{os.getpid()}"
             result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
@@ -150,7 +151,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             os.replace(temp, Path(job.output) / spec.name)
         timings["write"] += time.perf_counter() - closing
     except BaseException:
-        if writer is not None:  # the first failure is the one to report; the abort's own is not
+        if not closed:  # the first failure is the one to report; the abort's own is not
             with contextlib.suppress(Exception):
                 writer.abort()
         raise
@@ -215,16 +216,15 @@ def _read_all(fd: int) -> bytes:
 class _writing:
     """Turns an OSError while writing the output into an OutputError naming the output and cause."""
 
-    def __init__(self, output: str, what: str) -> None:
+    def __init__(self, output: str | os.PathLike[str], what: str) -> None:
         self.output, self.what = output, what
 
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> bool:
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
         if isinstance(error, OSError):
             raise output_error(self.output, self.what, error) from None
-        return False
 
 
 def output_error(output: str | os.PathLike[str], what: str, error: OSError) -> OutputError:
@@ -495,7 +495,7 @@ def _write_all(
         output_bytes=sum(r.shard.bytes for r in ordered),
         seconds=0.0,
         stage_seconds=stage_seconds,
-        resize=config.resize.size,
+        resize=config.resize.pixels,
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
     )
 
@@ -576,7 +576,7 @@ def _already_complete(manifest: Manifest, config: PackConfig, started: float) ->
         input_bytes=0,
         output_bytes=sum(shard.bytes for shard in manifest.shards),
         seconds=time.perf_counter() - started,
-        resize=config.resize.size,
+        resize=config.resize.pixels,
         already_complete=True,
     )
 
@@ -605,19 +605,7 @@ def _run_jobs(
         return planned.images if planned.walked else None
 
     if config.executor == "ray":
-        errors = 0
-        done = 0
-        if progress is not None:
-            progress(planned.reused_images, total(), planned.reused_errors)
-        nodes: dict[int, str] = {}
-        # connected by pack(), whose disconnection ends the tasks of a stopped run
-        for index, result in map_ray(write_shard, jobs, nodes=nodes, cancel=False):
-            result.worker = nodes[index]
-            done += result.shard.count + len(result.errors)
-            errors += len(result.errors)
-            if progress is not None:
-                progress(planned.reused_images + done, total(), planned.reused_errors + errors)
-            yield index, result
+        yield from _run_on_ray(jobs, planned, progress, total)
         return
 
     counter = mp_context().Value("q", 0)
@@ -646,3 +634,22 @@ def _run_jobs(
         _init_worker(None)
         if progress is not None:
             progress(planned.reused_images + done(), total(), planned.reused_errors + errors[0])
+
+
+def _run_on_ray(
+    jobs: Iterable[ShardJob], planned: Planned, progress: ProgressCallback | None, total: Callable[[], int | None]
+) -> Iterator[tuple[int, ShardResult]]:
+    """`_run_jobs` on Ray: progress as each shard's result comes back (no shared counter across nodes)."""
+    errors = 0
+    done = 0
+    if progress is not None:
+        progress(planned.reused_images, total(), planned.reused_errors)
+    nodes: dict[int, str] = {}
+    # connected by pack(), whose disconnection ends the tasks of a stopped run
+    for index, result in map_ray(write_shard, jobs, nodes=nodes, cancel=False):
+        result.worker = nodes[index]
+        done += result.shard.count + len(result.errors)
+        errors += len(result.errors)
+        if progress is not None:
+            progress(planned.reused_images + done, total(), planned.reused_errors + errors)
+        yield index, result

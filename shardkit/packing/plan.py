@@ -77,9 +77,9 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
     view = memoryview(block)
     for position in np.random.default_rng(seed).permutation(len(ends) - 1).tolist():
         text = bytes(view[ends[position] : ends[position + 1] - 1]).decode("utf-8", "surrogateescape")
-        head_id, relpath, key, label = text.split("\0")
-        head, joined = by_id[int(head_id)]
-        yield Item(head + relpath if joined else head, relpath, key, int(label) if label else None)
+        head_text, relpath, key, label_text = text.split("\0")
+        head, joined = by_id[int(head_text)]
+        yield Item(head + relpath if joined else head, relpath, key, int(label_text) if label_text else None)
 
 
 def _size(path: str) -> int:
@@ -116,8 +116,8 @@ class PlanDigest:
         lines = [spec.name.encode()]
         for item in spec.items:
             size, mtime = _size_and_mtime(item.path)  # a changed source must not reuse old shards
-            line = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
-            lines.append(line.encode("utf-8", "surrogateescape"))
+            text = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
+            lines.append(text.encode("utf-8", "surrogateescape"))
         for line in lines:
             self._whole.update(line)
             own.update(line)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
@@ -214,6 +214,7 @@ def probe(
         nonlocal walked, walk_done, chunk_count
         paths: list[str] = []
         relpaths: list[str] = []
+        runs: Iterable[tuple[str, list[str] | None, list[str]]]
         if found.runs is None:  # a list file
             listed = list(found.items)
             runs = [("", [item.path for item in listed], [item.relpath for item in listed])]

@@ -250,7 +250,9 @@ class ShardDataset:
         `epoch_plan()`, through the seeded shuffle buffer when shuffling (records, not decoded
         images, wait in it). What iteration decodes and the batch loader crop-decodes."""
         plan = self.epoch_plan()
-        records = ((shard, record) for at, (shard, start, stop) in enumerate(plan) for record in self._run(plan, at))
+        records: Iterator[tuple[int, Record]] = (
+            (shard, record) for at, (shard, start, stop) in enumerate(plan) for record in self._run(plan, at)
+        )
         if self.shuffle:
             rank, _ = rank_and_world(self.rank, self.world_size)
             records = buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, worker_slot()[0]))
@@ -400,7 +402,7 @@ def open_shards(
     evicted). Each shard is downloaded once, checked against the manifest's sha256; iteration fetches
     the next shards of the epoch in the background.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip

@@ -192,7 +192,8 @@ class BatchLoader:
         self.resize = default_resize if resize is None else _positive("resize", resize)
         if crop == "center" and self.resize < max(self.size):
             raise ConfigError(f"resize {self.resize} is smaller than the center crop {self.size}")
-        self.crop, self.flip, self.scale, self.ratio = crop, bool(flip), tuple(scale), tuple(ratio)
+        self.crop, self.flip = crop, bool(flip)
+        self.scale, self.ratio = (scale[0], scale[1]), (ratio[0], ratio[1])
         self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
         self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
         self.output, self.drop_last = output, drop_last
@@ -266,9 +267,10 @@ class BatchLoader:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(number, sizes)
         python_path = [i for i in range(len(chunk)) if i not in failures]
-        jpegs = [i for i in python_path if chunk[i][1].ext in _JPEG] if self.kernel is not None else []
-        if jpegs:
-            outcome = self.kernel.decode_batch(
+        kernel = self.kernel
+        jpegs = [i for i in python_path if chunk[i][1].ext in _JPEG] if kernel is not None else []
+        if kernel is not None and jpegs:
+            outcome = kernel.decode_batch(
                 [chunk[i][1].data for i in jpegs], np.ascontiguousarray(boxes[jpegs]), flips[jpegs].astype(np.uint8),
                 np.array(jpegs, np.int32), images, height, width, dataset.max_pixels,
             )  # fmt: skip
