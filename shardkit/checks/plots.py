@@ -5,21 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import missing_extra
+from ..core.errors import require
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeReport
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise missing_extra("matplotlib", "plot") from None
-    return plt
+    require("matplotlib", "plot").use("Agg")  # before pyplot is imported: no display needed
+    return require("matplotlib.pyplot", "plot")
 
 
 def plot_formats() -> tuple[str, ...]:

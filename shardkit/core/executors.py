@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, Thr
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
-from .errors import ShardkitError, WorkerDiedError
+from .errors import ShardkitError, WorkerDiedError, require
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")
@@ -330,12 +330,7 @@ def map_threads(function: Callable[..., Result], jobs: Iterable[Any], workers: i
 
 def check_ray() -> None:
     """Fail fast, in one line, when the ray extra is missing."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        from .errors import missing_extra
-
-        raise missing_extra("ray", "ray") from None
+    require("ray", "ray")
 
 
 def _on_ray_node(function: Callable[[Any], Result], job: Any) -> tuple[str, Result]:

@@ -1,18 +1,7 @@
-"""Shards in object storage (s3://, gs://, https://, any fsspec URL): the one seam that every remote
-read and write goes through. Nothing else in shardkit knows a URL from a path.
-
-- `Store`: one remote folder (a URL prefix) with retries, listing, whole-object download and upload.
-- `ShardCache` (cache.py): whole shards on local disk, content-addressed by their manifest sha256, shared by
-  every process on the machine (DataLoader workers, ranks): a shard is downloaded once, under a
-  per-shard file lock, to a temporary name, checked against the manifest's size and sha256, then
-  renamed; least recently used shards are evicted past the limit.
-- `CachedShardReader` (remote.py): any format's reader over a cached copy, opened on first use in each process,
-  its errors naming the URL, not the cache path.
-
-Formats, the manifest and verify read local files only: remote shards reach them through the cache
-(random access and memory-mapped formats need a whole file; iteration prefetches the next shards
-of the epoch plan while the current one is read).
-"""
+"""`Store`: one remote folder (a URL prefix) reached through fsspec, with retries, listing, bounded
+whole-object reads, checked downloads (through the direct path of `http.py` where there is one) and
+uploads; and the manifest of a remote output. Formats, the manifest and verify read local files
+only: remote shards reach them through `cache.py`."""
 
 from __future__ import annotations
 
