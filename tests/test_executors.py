@@ -37,3 +37,14 @@ def test_run_alone_returns_results_and_reraises_errors() -> None:
 def test_plain_map_local_reports_a_dead_worker() -> None:
     with pytest.raises(WorkerDiedError):
         list(map_local(square_or_die, [1, 3, 4], 2))
+
+
+def test_the_forkserver_preloads_modules_that_exist() -> None:
+    """multiprocessing skips a preload name that does not import without a word: every worker
+    would then import the job modules itself (a rename once did that)."""
+    import importlib
+
+    from shardkit.core.executors import FORKSERVER_PRELOAD
+
+    for name in FORKSERVER_PRELOAD:
+        importlib.import_module(name)

@@ -3,10 +3,14 @@ forkserver and worker processes with it, and leaves a state that --resume finish
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -129,18 +133,77 @@ def test_workers_exit_within_seconds_of_a_killed_driver(python_command, slow_sou
     assert wait_for_group(process.pid, 5) == [], "workers outlived their driver"
 
 
+@contextlib.contextmanager
+def shards_held_back(folder: Path) -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP server on loopback serving `folder` that holds every shard's download until the
+    test is done: a verify of it is surely checking (its workers waiting on a shard) when the
+    signal comes, however loaded the machine. Yields the URL and an event set once a shard is asked for."""
+    asked, release = threading.Event(), threading.Event()
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self) -> None:
+            if self.path.endswith(".tar"):
+                asked.set()
+                release.wait(60)
+            with contextlib.suppress(OSError):  # the client was killed meanwhile
+                super().do_GET()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
 def test_verify_stops_its_checkers_on_sigterm(python_command, clean_run: Path) -> None:
-    process = subprocess.Popen(
-        [*python_command, "verify", str(clean_run), "--deep", "--workers", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(group_alive(process.pid)) < 4:
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGTERM)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 143 and "Traceback" not in stderr
+    with shards_held_back(clean_run) as (url, asked):
+        process = subprocess.Popen(
+            [*python_command, "verify", url, "--deep", "--workers", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert asked.wait(60), "verify never asked for a shard"
+        assert len(group_alive(process.pid)) >= 4, "expected the driver, a forkserver and the checkers"
+        os.kill(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and stderr.strip() == "stopped by SIGTERM"
     assert wait_for_group(process.pid, 5) == []
+
+
+@pytest.mark.parametrize("how", ["done", "failed", "stopped"])
+def test_a_signal_after_the_work_exits_with_its_code(how: str) -> None:
+    """A stop signal can land after the command's work, while it prints its report or exits: it
+    still ends the process with 128 + the signal (click would have called it "Aborted!", exit 1)."""
+    work = {"done": "pass", "failed": "raise ShardkitError('bad')", "stopped": "os.kill(os.getpid(), signal.SIGINT)"}
+    script = (
+        "import os, signal, time, typer\n"
+        "from shardkit.cli.common import user_errors\n"
+        "from shardkit.core.errors import ShardkitError\n"
+        "def main():\n"
+        "    try:\n"
+        "        with user_errors():\n"
+        f"            {work[how]}\n"
+        "    finally:\n"
+        "        print('report', flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(10)\n"
+        "typer.run(main)\n"
+    )
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 143, result.stderr
+    assert "Aborted" not in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == "report\n" and "stopped" in result.stderr and "SIGTERM" in result.stderr
 
 
 @pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])

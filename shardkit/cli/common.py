@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ConfigError, ShardkitError
-from ..core.executors import Stopped, arm_stops
+from ..core.executors import Stopped, arm_stops, exit_on_stop
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -26,18 +26,23 @@ err_console = Console(stderr=True, highlight=False)
 def user_errors(on_stop: str = "") -> Iterator[None]:
     """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
     129, the same way (workers stopped, no traceback); `on_stop` says how to carry on. The stop
-    handlers stay until the process ends: a signal during the exit still exits with its code."""
+    handlers stay until the process ends: once the work is over (the block left, by any way), a
+    signal ends the process at once with its code."""
     arm_stops()
     try:
         yield
     except ShardkitError as error:
+        exit_on_stop()
         err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as stopped:
+        exit_on_stop()
         signum = stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
         raise typer.Exit(128 + signum) from None
+    finally:
+        exit_on_stop()
 
 
 def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
@@ -39,12 +40,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _deferring = 0  # > 0 while the main thread waits inside concurrent.futures (which holds locks)
 _pending: int | None = None
 _stopping = False  # a stop signal came: the next one exits at once
+_over = False  # the command's work is over: a stop signal ends the process at once
+# Modules the forkserver imports once, so that every worker forks with them loaded (a name that
+# does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
+FORKSERVER_PRELOAD = ("shardkit.packing.pack", "shardkit.packing.probe")
 
 
 def arm_stops() -> None:
     """Install `stop` for the stop signals (the CLI does, for the rest of the process)."""
-    global _pending, _stopping
-    _pending, _stopping = None, False
+    global _pending, _stopping, _over
+    _pending, _stopping, _over = None, False, False
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, stop)
 
@@ -55,14 +60,25 @@ def stop(signum: int, frame: object = None) -> None:
     as that wait returns; a second one exits at once (workers follow within a second; --resume
     clears what the stop left half done)."""
     global _pending, _stopping
-    if _stopping:
-        os.write(2, f"\nstopped again ({signal.Signals(signum).name}): exiting now\n".encode())
+    if _stopping or _over:
+        with contextlib.suppress(Exception):  # a report half printed: what was printed reaches its reader
+            sys.stdout.flush()
+        name = signal.Signals(signum).name
+        os.write(2, (f"\nstopped again ({name}): exiting now\n" if _stopping else f"stopped by {name}\n").encode())
         os._exit(128 + signum)
     _stopping = True
     if _deferring:
         _pending = signum
         return
     raise Stopped(signum)
+
+
+def exit_on_stop() -> None:
+    """The command's work is over (done, failed or stopped): from now on a stop signal ends the
+    process at once with its exit code. Raising Stopped there instead would reach click, which
+    turns a KeyboardInterrupt into "Aborted!" and exit code 1."""
+    global _over
+    _over = True
 
 
 @contextlib.contextmanager
@@ -113,7 +129,7 @@ def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.conte
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # The server imports the job modules (numpy, PIL, codecs) once; every worker forks ready to run.
-    context.set_forkserver_preload(["shardkit.pack", "shardkit.probe"])
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return context
 
 
