@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.codecs import turbojpeg
-from ..core.errors import ImageError, ShardkitError
+from ..core.errors import ImageError, ShardkitError, describe
 from ..core.executors import process_pool, stop_pool
-from ..core.safeio import open_regular, reason
+from ..core.safeio import open_regular
 from ..packing.discover import display
 from ..readers.dataset import open_shards
 from ..readers.decode import decode
@@ -134,7 +134,7 @@ def _folder_pil(paths: list[str]) -> tuple[int, int]:
                 image = Image.open(file)
                 image.convert("RGB")  # torchvision's pil_loader: decode and convert
             except Exception as error:  # Pillow's plugins raise their own types for a bad file
-                raise ShardkitError(f"{path}: cannot decode ({type(error).__name__}: {error})") from None
+                raise ShardkitError(f"{path}: cannot decode ({describe(error, with_type=True)})") from None
             size += file.tell()
         count += 1
     return count, size
@@ -159,7 +159,7 @@ def _source(path: str) -> Any:
     try:
         return open(open_regular(path), "rb")
     except OSError as error:
-        raise ShardkitError(f"{path}: cannot read ({reason(error)})") from None
+        raise ShardkitError(f"{path}: cannot read ({describe(error)})") from None
 
 
 def source_files(against: str | os.PathLike[str], sources: list[str]) -> list[str]:
@@ -274,7 +274,7 @@ def _folder_torchvision(job: tuple[list[str], int]) -> tuple[int, int]:
 
                 transform(Image.open(file).convert("RGB"))
             except Exception as error:  # Pillow's plugins raise their own types for a bad file
-                raise ShardkitError(f"{path}: cannot decode ({type(error).__name__}: {error})") from None
+                raise ShardkitError(f"{path}: cannot decode ({describe(error, with_type=True)})") from None
             size_bytes += file.tell()
         count += 1
     return count, size_bytes

@@ -20,10 +20,18 @@ from typing import Any
 import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardkitError, StorageError
+from ..core.errors import (
+    ConfigError,
+    ImageError,
+    ManifestError,
+    ShardFormatError,
+    ShardkitError,
+    StorageError,
+    describe,
+)
 from ..core.executors import default_workers, map_local_surviving_crashes
 from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
-from ..core.safeio import check_regular, reason
+from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record
 from ..packing.discover import SourceScan, display, scan
@@ -86,7 +94,7 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
     try:
         return _checked_shard(job)
     except Exception as error:
-        detail = f"internal error while checking it (a shardkit bug, please report): {type(error).__name__}: {error}"
+        detail = f"internal error while checking it (a shardkit bug, please report): {describe(error, with_type=True)}"
         return _ShardCheck([Problem("internal", detail[:500], job.shard.name)], [], [], 0)
 
 
@@ -120,7 +128,7 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
         check.problems.append(Problem("missing", "listed in the manifest but not on disk", name))
         return check
     except OSError as error:
-        check.problems.append(Problem("unreadable", reason(error), name))
+        check.problems.append(Problem("unreadable", describe(error), name))
         return check
     if size != job.shard.bytes:
         check.problems.append(Problem("size", f"{size:,} bytes, manifest says {job.shard.bytes:,}", name))
@@ -128,7 +136,7 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
     try:
         digest = sha256_file(path)
     except OSError as error:
-        check.problems.append(Problem("unreadable", f"cannot read: {error.strerror or error}", name))
+        check.problems.append(Problem("unreadable", f"cannot read: {describe(error)}", name))
         return check
     if digest != job.shard.sha256:
         check.problems.append(Problem("checksum", "sha256 differs from the manifest (bytes changed)", name))
@@ -151,7 +159,7 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
     except ShardFormatError as error:
         check.problems.append(Problem("unreadable", str(error), name))
     except OSError as error:
-        check.problems.append(Problem("unreadable", f"cannot read: {error.strerror or error}", name))
+        check.problems.append(Problem("unreadable", f"cannot read: {describe(error)}", name))
     finally:
         reader.close()
     return check

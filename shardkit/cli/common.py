@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..core.errors import ConfigError, ShardkitError
+from ..core.errors import ConfigError, ShardkitError, describe
 from ..core.executors import Stopped, arm_stops, exit_on_stop
 
 console = Console(highlight=False)
@@ -101,7 +101,7 @@ def write_json_report(path: Path, data: Any) -> None:
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as error:
-        raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None
+        raise ShardkitError(f"{path}: cannot write ({describe(error)})") from None
 
 
 def _finite(value: Any) -> Any:

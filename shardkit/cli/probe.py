@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from ..core.config import PROBE_OPTIONS, check_train_size, options
-from ..core.errors import ConfigError, ShardkitError
+from ..core.errors import ConfigError, ShardkitError, describe
 from ..packing.discover import display
 
 if TYPE_CHECKING:
@@ -231,6 +231,6 @@ def _records_writer(path: Path | None) -> Iterator[Callable[[ProbeChunk], None] 
             yield write_rows
         os.replace(temp, path)
     except OSError as error:
-        raise ShardkitError(f"{path}: cannot write ({error.strerror or error})") from None
+        raise ShardkitError(f"{path}: cannot write ({describe(error)})") from None
     finally:
         temp.unlink(missing_ok=True)

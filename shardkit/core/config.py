@@ -18,8 +18,8 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser from PyPI (a dependency there)
     import tomli as tomllib
 
-from .errors import ConfigError
-from .safeio import read_regular, reason
+from .errors import ConfigError, describe
+from .safeio import read_regular
 
 RESIZE_MODES = ("short", "long", "center-crop")
 ENCODINGS = ("jpeg", "raw", "original")
@@ -282,7 +282,7 @@ def load_preset(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such preset file") from None
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read ({reason(error)})") from None
+        raise ConfigError(f"{path}: cannot read ({describe(error)})") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: cannot read ({error})") from None
     except tomllib.TOMLDecodeError as error:

@@ -24,6 +24,20 @@ class Failure:
         return {"path": self.path, "stage": self.stage, "reason": self.reason}
 
 
+def describe(error: BaseException, *, with_type: bool = False) -> str:
+    """Why `error` happened, in one line of at most 300 characters and without the path (callers
+    name the file): an OSError's own words ("No such file or directory"), else the first line of
+    its message (h5py's carry HDF5's whole error stack), else its type's name. `with_type` puts
+    the type's name first, for messages that mean little alone (a struct.error from a plugin)."""
+    if not with_type and isinstance(error, OSError) and error.strerror:
+        return error.strerror[:300]
+    line = next((text.strip() for text in str(error).splitlines() if text.strip()), "")
+    name = type(error).__name__
+    if not line:
+        return name
+    return (f"{name}: {line}" if with_type else line)[:300]
+
+
 class ShardkitError(Exception):
     """Base class: a problem the user can act on, described in one line."""
 

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, Thr
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
-from .errors import ShardkitError, WorkerDiedError, require
+from .errors import ShardkitError, WorkerDiedError, describe, require
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")
@@ -394,7 +394,7 @@ def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as error:
-        raise ShardkitError(f"cannot connect to the Ray cluster at {address}: {error.strerror or error}") from None
+        raise ShardkitError(f"cannot connect to the Ray cluster at {address}: {describe(error)}") from None
 
 
 def disconnect_ray() -> None:

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError
-from .safeio import loads, open_regular, read_regular, reason
+from .errors import ManifestError, describe
+from .safeio import loads, open_regular, read_regular
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -162,7 +162,7 @@ def read_manifest(folder: str | Path) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest (is this a shardkit output folder?)") from None
     except OSError as error:
-        raise ManifestError(f"{path}: unreadable manifest ({reason(error)})") from None
+        raise ManifestError(f"{path}: unreadable manifest ({describe(error)})") from None
     return parse_manifest(text, str(path))
 
 
@@ -203,7 +203,7 @@ def iter_errors(folder: str | Path) -> Iterator[dict[str, str]]:
     except FileNotFoundError:
         return
     except OSError as error:
-        raise ManifestError(f"{path}: unreadable ({reason(error)})") from None
+        raise ManifestError(f"{path}: unreadable ({describe(error)})") from None
     with open(fd, "rb") as lines:
         for number, line in enumerate(iter(lambda: lines.readline(MAX_ERROR_LINE + 1), b""), 1):
             if len(line) > MAX_ERROR_LINE:

@@ -79,11 +79,6 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         os.close(fd)
 
 
-def reason(error: OSError) -> str:
-    """The cause of an OSError in a few words, without the path (callers name the file)."""
-    return error.strerror or str(error) or type(error).__name__
-
-
 def load_json_file(path: str | os.PathLike[str], limit: int = 64 << 20) -> Any:
     """A small JSON file (a state file, a marker): a regular file of at most `limit` bytes, parsed
     without recursion errors. OSError or ValueError otherwise (a FIFO planted there is refused)."""

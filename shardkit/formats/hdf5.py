@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..core.errors import ConfigError, ShardFormatError
-from ..core.safeio import check_regular, reason
+from ..core.errors import ConfigError, ShardFormatError, describe
+from ..core.safeio import check_regular
 from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
 
 CHUNK_BYTES = 1 << 20
@@ -165,7 +165,7 @@ class Hdf5ShardReader(ShardReader):
                 check_regular(self.path)  # h5py opens the path itself: never a FIFO or a device
                 self._file = h5py.File(self.path, "r")
             except (OSError, RuntimeError, ValueError) as error:
-                raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({reason_of(error)})") from None
+                raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({describe(error)})") from None
             self.opened()
         return self._file
 
@@ -175,7 +175,7 @@ class Hdf5ShardReader(ShardReader):
                 self._index = self._read_index()
             except (KeyError, OSError, ValueError, TypeError, AttributeError, RuntimeError, IndexError) as error:
                 # h5py reports a damaged B-tree or heap as any of these
-                raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({reason_of(error)})") from None
+                raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({describe(error)})") from None
         return self._index
 
     def _read_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
@@ -219,7 +219,7 @@ class Hdf5ShardReader(ShardReader):
             return self._open()["data"][start:end].tobytes()
         except (OSError, ValueError, TypeError, RuntimeError, KeyError) as error:
             where = f"{self.path}: damaged data at bytes {start:,}-{end:,}"
-            raise ShardFormatError(f"{where} ({reason_of(error)})") from None
+            raise ShardFormatError(f"{where} ({describe(error)})") from None
 
     def _record(self, index: int, data: bytes, meta: Any = None) -> Record:
         _, keys, exts, labels = self._load_index()
@@ -233,7 +233,7 @@ class Hdf5ShardReader(ShardReader):
             try:
                 self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), os.getpid()
             except OSError as error:
-                raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
+                raise ShardFormatError(f"{self.path}: cannot open ({describe(error)})") from None
         return self._fd
 
     def _direct(self, start: int, end: int, chunks: tuple[int, list[int]]) -> bytes:
@@ -256,7 +256,7 @@ class Hdf5ShardReader(ShardReader):
                     position = stop
                 data = b"".join(parts)
         except OSError as error:
-            raise ShardFormatError(f"{self.path}: cannot read ({reason(error)})") from None
+            raise ShardFormatError(f"{self.path}: cannot read ({describe(error)})") from None
         if len(data) != end - start:
             raise ShardFormatError(f"{self.path}: data at bytes {start:,}-{end:,} is cut short (truncated shard)")
         return data
@@ -369,11 +369,6 @@ def _chunk_table(data: Any, file_size: int) -> tuple[int, list[int]] | None:
     except (AttributeError, ValueError, TypeError, OSError, RuntimeError):
         return None
     return (chunk_bytes, table) if -1 not in table else None
-
-
-def reason_of(error: Exception) -> str:
-    """h5py's messages carry HDF5's whole error stack; the first line is the cause."""
-    return str(error).splitlines()[0][:300] if str(error) else type(error).__name__
 
 
 BACKEND = Backend("hdf5", ".h5", True, Hdf5ShardWriter, Hdf5ShardReader)

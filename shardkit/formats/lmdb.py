@@ -15,8 +15,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
-from ..core.errors import ShardFormatError
-from ..core.safeio import loads, open_regular, reason
+from ..core.errors import ShardFormatError, describe
+from ..core.safeio import loads, open_regular
 from .base import Backend, Record, ShardReader, ShardWriter, checked, json_objects
 
 INFO_KEY = b"__shardkit__"
@@ -131,7 +131,7 @@ def _file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError as error:
-        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+        raise ShardFormatError(f"{path}: cannot read ({describe(error)})") from None
 
 
 def _write_error(path: str, error: Exception, pending: int) -> OSError:
@@ -161,7 +161,7 @@ def check_lmdb_file(path: str) -> None:
     try:
         fd = open_regular(path)
     except OSError as error:
-        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+        raise ShardFormatError(f"{path}: cannot read ({describe(error)})") from None
     try:
         size = os.fstat(fd).st_size
         meta = _chosen_meta(fd, path)
@@ -170,7 +170,7 @@ def check_lmdb_file(path: str) -> None:
             raise ShardFormatError(f"{path}: truncated LMDB file ({size:,} bytes, its pages need {needed:,})")
         _check_tree(fd, meta, path)
     except OSError as error:
-        raise ShardFormatError(f"{path}: cannot read ({reason(error)})") from None
+        raise ShardFormatError(f"{path}: cannot read ({describe(error)})") from None
     finally:
         os.close(fd)
 

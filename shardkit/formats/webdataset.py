@@ -16,8 +16,8 @@ import tarfile
 from collections.abc import Iterator
 
 from ..core.config import MAX_RECORD_BYTES
-from ..core.errors import ShardFormatError
-from ..core.safeio import open_regular, reason
+from ..core.errors import ShardFormatError, describe
+from ..core.safeio import open_regular
 from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
 
 
@@ -213,7 +213,7 @@ class TarShardReader(ShardReader):
             try:
                 self._fd = open_regular(self.path)
             except OSError as error:
-                raise ShardFormatError(f"{self.path}: cannot open ({reason(error)})") from None
+                raise ShardFormatError(f"{self.path}: cannot open ({describe(error)})") from None
             self.opened()
         assert self._fd is not None  # opened above, or earlier in this process
         return self._fd

@@ -20,9 +20,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import ManifestError, OutputError
+from ..core.errors import ManifestError, OutputError, describe
 from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
-from ..core.safeio import load_json_file, reason
+from ..core.safeio import load_json_file
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
@@ -142,7 +142,7 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
         (state / "done").mkdir(parents=True, exist_ok=True)
         lock_fd = _lock(state / LOCK_NAME, path)
     except OSError as error:
-        raise OutputError(f"{path}: cannot write here ({reason(error)})") from None
+        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
     held = Claim(path, lock_fd, created=created, created_state=not state_existed)
     try:
         names = {entry.name for entry in os.scandir(path)}
@@ -243,7 +243,7 @@ def clear(held: Claim) -> None:
             (held.output / name).unlink(missing_ok=True)
         remove_state(held.output, keep_lock=True)
     except OSError as error:
-        raise OutputError(f"{held.output}: cannot remove the earlier output ({reason(error)})") from None
+        raise OutputError(f"{held.output}: cannot remove the earlier output ({describe(error)})") from None
     held.ours = set()
 
 

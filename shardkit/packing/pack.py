@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
-from ..core.errors import Failure, ImageError, ManifestError, OutputError
+from ..core.errors import Failure, ImageError, ManifestError, OutputError, describe
 from ..core.executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from ..core.manifest import (
@@ -33,7 +33,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
-from ..core.safeio import load_json_file, open_regular, reason
+from ..core.safeio import load_json_file, open_regular
 from ..core.version import __version__
 from ..formats import get_format
 from ..formats.base import Record, ShardWriter
@@ -170,11 +170,11 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", record_too_big(len(encoded.data)))
     except OSError as error:
-        errors.append(_error(item.relpath, "read", reason(error)))
+        errors.append(_error(item.relpath, "read", describe(error)))
     except ImageError as error:
         errors.append(_error(item.relpath, error.stage, error.reason))
     except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
-        errors.append(_error(item.relpath, _blame(error), f"{type(error).__name__}: {error}"))
+        errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
     else:
         meta = {**encoded.meta, "source": display(item.relpath)}
         return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
@@ -231,7 +231,7 @@ def output_error(output: str | os.PathLike[str], what: str, error: OSError) -> O
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         cause = "no space left on device" if error.errno == errno.ENOSPC else "disk quota exceeded"
         return OutputError(f"{output}: {cause} (writing {what}); free some space, then run again with --resume")
-    return OutputError(f"{output}: cannot write {what} ({reason(error)})")
+    return OutputError(f"{output}: cannot write {what} ({describe(error)})")
 
 
 def _error(relpath: str, stage: str, reason: str) -> Failure:
@@ -368,7 +368,7 @@ def _pack_to_remote(config: PackConfig, progress: ProgressCallback | None) -> Pa
     try:
         staging.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise OutputError(f"{staging}: cannot stage the shards here ({reason(error)})") from None
+        raise OutputError(f"{staging}: cannot stage the shards here ({describe(error)})") from None
     local = replace(
         config, output=str(staging), resume=resume, overwrite=occupied and not resume, storage_options=None,
         staging=None,

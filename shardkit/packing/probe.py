@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import Failure, Problem
+from ..core.errors import Failure, Problem, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
 from .discover import display, scan
@@ -92,7 +92,7 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
     except HeaderError as error:
         return ProbeRecord(relpath, _size_or_zero(path), None, Problem(str(error), error.kind))
     except OSError as error:
-        return ProbeRecord(relpath, 0, None, Problem(f"cannot read: {error.strerror or error}", CANNOT_READ))
+        return ProbeRecord(relpath, 0, None, Problem(f"cannot read: {describe(error)}", CANNOT_READ))
     expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
     if header.complete and expected == header.format and header.width * header.height <= max_pixels:
         return ProbeRecord(relpath, size, header)  # the common case, kept cheap

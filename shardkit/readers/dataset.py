@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError, require
+from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError, describe, require
 from ..core.manifest import MANIFEST_NAME, Manifest, read_manifest
-from ..core.safeio import check_regular, reason
+from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record, ShardReader
 from .decode import decode as decode_bytes
@@ -429,7 +429,7 @@ def open_shards(
         except FileNotFoundError:
             raise ShardFormatError(f"{folder / shard.name}: listed in the manifest but missing") from None
         except OSError as error:
-            raise ShardFormatError(f"{folder / shard.name}: {reason(error)}") from None
+            raise ShardFormatError(f"{folder / shard.name}: {describe(error)}") from None
         if size != shard.bytes:
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"

@@ -14,7 +14,7 @@ from PIL import Image
 
 from ..core.codecs import DCT_FACTORS, turbojpeg
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ImageError
+from ..core.errors import ImageError, describe
 from ..core.headers import HeaderError, jpeg_size, parse_bytes
 
 _TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
@@ -95,9 +95,7 @@ def pillow_errors() -> Iterator[None]:
         except ImageError:
             raise
         except Exception as error:
-            raise ImageError(
-                "decode", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            ) from None
+            raise ImageError("decode", describe(error, with_type=True)) from None
 
 
 def decode_pil(data: bytes, scale: float | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.config import parse_bytes
-from ..core.errors import ConfigError, ShardkitError, StorageError
+from ..core.errors import ConfigError, ShardkitError, StorageError, describe
 from .store import Store
 
 
@@ -74,7 +74,7 @@ class ShardCache:
             for part in ("shards", "tmp", "locks"):
                 (self.root / part).mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise ConfigError(f"{self.root}: cannot use as the shard cache ({error.strerror or error})") from None
+            raise ConfigError(f"{self.root}: cannot use as the shard cache ({describe(error)})") from None
 
     def path_of(self, sha256: str, name: str) -> Path:
         """Where the shard `name` with this sha256 is cached: the hash, and the name's suffix when it
@@ -126,7 +126,7 @@ class ShardCache:
         except ShardkitError:
             raise
         except OSError as error:  # the cache folder itself: full, read-only, another user's
-            raise StorageError(f"{self.root}: cannot use the shard cache ({error.strerror or error})") from None
+            raise StorageError(f"{self.root}: cannot use the shard cache ({describe(error)})") from None
 
     def _open(self, store: Store, name: str, size: int, sha256: str) -> int:
         fd = self._open_cached(sha256, name, size)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..core.errors import ConfigError, ShardkitError, StorageError
+from ..core.errors import ConfigError, ShardkitError, StorageError, describe
 
 T = TypeVar("T")
 RETRY_SECONDS = 30.0  # how long a remote that keeps failing is retried before the error is final
@@ -26,11 +26,6 @@ def retry_seconds() -> float:
 _PERMANENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ShardkitError, ImportError)
 
 
-def describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text}"[:300] if text else type(error).__name__
-
-
 def retrying(url: str, what: str, action: Callable[[], T]) -> T:
     """`action()`, retried with exponential backoff while it fails with a transient error (a
     refused connection, a timeout, a 5xx) for up to the retry window; then one StorageError naming
@@ -41,14 +36,16 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
         try:
             return action()
         except PermissionError as error:
-            raise StorageError(f"{url}: access denied ({describe(error)})") from None
+            raise StorageError(f"{url}: access denied ({describe(error, with_type=True)})") from None
         except _PERMANENT:
             raise
         except ValueError as error:  # a URL the client refuses (http.client.InvalidURL): never transient
-            raise StorageError(f"{url}: {what} failed ({describe(error)})") from None
+            raise StorageError(f"{url}: {what} failed ({describe(error, with_type=True)})") from None
         except Exception as error:
             if time.monotonic() - started + delay > window:
                 waited = time.monotonic() - started
-                raise StorageError(f"{url}: {what} failed ({describe(error)}); gave up after {waited:.0f}s") from None
+                raise StorageError(
+                    f"{url}: {what} failed ({describe(error, with_type=True)}); gave up after {waited:.0f}s"
+                ) from None
             time.sleep(delay)
             delay = min(delay * 2, 4.0)
