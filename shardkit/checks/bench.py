@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.codecs import turbojpeg
-from ..core.errors import ImageError, ShardkitError, describe
+from ..core.config import check_workers
+from ..core.errors import ConfigError, ImageError, ShardkitError, describe
 from ..core.executors import process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.discover import display
@@ -27,7 +28,7 @@ from ..readers.dataset import open_shards
 from ..readers.decode import decode
 from ..readers.split import record_ranges
 from ..storage.cache import ShardCache
-from ..storage.urls import is_remote, local_path
+from ..storage.location import locate
 
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024
@@ -328,15 +329,15 @@ def bench(
     torchvision's RandomResizedCrop on the raw folder (when torchvision is installed). `output` may
     be a URL (see open_shards): the passes then read through the local cache, which the warm-up
     fills (with `cold`, the cached copies are evicted from the page cache before each run)."""
-    if repeat < 1 or workers < 1:
-        raise ShardkitError("repeat and workers must be at least 1")
-    if workers > MAX_WORKERS:
-        raise ShardkitError(f"workers must be at most {MAX_WORKERS}, not {workers}")
+    check_workers(workers, most=MAX_WORKERS)
+    if repeat < 1:
+        raise ConfigError(f"repeat must be at least 1, not {repeat}")
     if train is not None and not 8 <= train <= 16384:
         raise ShardkitError(f"the training crop must be 8 to 16384 pixels, not {train}")
-    remote = is_remote(output)
+    location = locate(output, storage_options)
+    remote = not isinstance(location, Path)
     where = Where(
-        os.fspath(output) if remote else str(Path(local_path(output))), storage_options,
+        str(location) if isinstance(location, Path) else location.url, storage_options,
         None if cache_dir is None else os.fspath(cache_dir), cache_limit,
     )  # fmt: skip
     dataset = _open(where, decode="bytes")

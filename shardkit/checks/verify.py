@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import (
     ConfigError,
     ImageError,
@@ -36,10 +36,9 @@ from ..formats import get_format
 from ..formats.base import Record
 from ..packing.discover import SourceScan, display, scan
 from ..readers.decode import decode
-from ..storage.cache import Store
 from ..storage.http import TooLong
-from ..storage.store import read_remote_manifest
-from ..storage.urls import is_remote, local_path, refuse_local_options, split_manifest_url
+from ..storage.location import locate
+from ..storage.store import Store, read_remote_manifest
 
 
 @dataclass(frozen=True)
@@ -193,8 +192,7 @@ def verify(
     header claims more than `max_pixels`); with `source`, check that every source file is either
     packed or listed in errors.jsonl. `folder` may be a URL (s3://..., https://...; see
     open_shards): each object is downloaded to a temporary folder, checked, and deleted."""
-    if workers is not None and workers < 1:
-        raise ConfigError(f"workers must be at least 1, not {workers}")
+    check_workers(workers)
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
     found = scan(source, labels="none", keys=False) if source is not None else None  # refused before the work
@@ -220,11 +218,8 @@ class _Output:
 
 @contextlib.contextmanager
 def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Iterator[_Output]:
-    if not is_remote(folder):
-        refuse_local_options(folder, storage_options)
-        root = Path(local_path(folder))
-        if root.name == MANIFEST_NAME and root.is_file():
-            root = root.parent
+    root = locate(folder, storage_options)
+    if isinstance(root, Path):
         output = _Output(str(root), root, work=str(root))
         try:
             output.manifest = read_manifest(root)
@@ -234,7 +229,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
             output.held = {entry.name: None for entry in os.scandir(root)}  # names only: shards are stat'ed
         yield output
         return
-    store = Store(split_manifest_url(os.fspath(folder)), dict(storage_options or {}))
+    store = root
     with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as temp:
         shards = os.path.join(temp, "shards")  # apart from errors.jsonl: a shard may be named anything
         os.mkdir(shards)

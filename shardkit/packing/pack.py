@@ -37,8 +37,8 @@ from ..core.safeio import load_json_file, open_regular
 from ..core.version import __version__
 from ..formats import get_format
 from ..formats.base import Record, ShardWriter
-from ..storage.cache import Store
-from ..storage.urls import is_remote, refuse_local_options
+from ..storage.location import locate
+from ..storage.store import Store
 from .discover import Item, SourceScan, display, scan
 from .encode import STAGES, check_pixels, process_image, record_too_big
 from .output import (
@@ -299,9 +299,9 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
     Shards are planned as the walk goes and written as soon as each is planned: the driver holds
     what is in flight, not the whole list (except for --shuffle, which needs the whole list).
     """
-    if is_remote(config.output):
-        return _pack_to_remote(config, progress)
-    refuse_local_options(config.output, config.storage_options)
+    location = locate(config.output, config.storage_options, manifest=False)
+    if not isinstance(location, Path):
+        return _pack_to_remote(config, location, progress)
     started = time.perf_counter()
     backend = get_format(config.format)
     refuse_overlap(config.source, config.output)
@@ -341,14 +341,13 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
     return result
 
 
-def _pack_to_remote(config: PackConfig, progress: ProgressCallback | None) -> PackResult:
+def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback | None) -> PackResult:
     """A pack into a URL: the bucket is checked first, the shards are packed into a local staging
     folder (resumable as any output), then uploaded with the manifest last (see publish)."""
     from .publish import claim_remote, clear_staging, publish, staging_folder
 
     started = time.perf_counter()
     get_format(config.format)
-    store = Store(config.output, dict(config.storage_options or {}))
     remote = claim_remote(store, resume=config.resume, overwrite=config.overwrite)
     if config.resume and remote.manifest is not None:
         # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are

@@ -25,8 +25,8 @@ from pathlib import Path
 from ..core.errors import OutputError, ShardkitError
 from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, read_manifest
 from ..core.safeio import loads
-from ..storage.cache import Store, default_cache_dir
-from ..storage.store import read_remote_manifest
+from ..storage.cache import default_cache_dir
+from ..storage.store import Store, read_remote_manifest
 
 MARKERS = ".shardkit/uploaded"
 EARLIER = ".shardkit/earlier.json"  # the earlier output's shards, written before its manifest goes

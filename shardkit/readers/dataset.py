@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
 from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError, describe, require
-from ..core.manifest import MANIFEST_NAME, Manifest, read_manifest
+from ..core.manifest import Manifest, read_manifest
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record, ShardReader
@@ -406,21 +406,17 @@ def open_shards(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
-    from ..storage.urls import is_remote, local_path, refuse_local_options
+    from ..storage.location import locate
 
-    if is_remote(path):
-        from ..storage.cache import ShardCache, Store
+    folder = locate(path, storage_options)
+    if not isinstance(folder, Path):  # a Store: the shards are read through the local cache
+        from ..storage.cache import ShardCache
         from ..storage.remote import Remote
         from ..storage.store import read_remote_manifest
-        from ..storage.urls import split_manifest_url
 
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
-        remote = Remote(Store(split_manifest_url(os.fspath(path)), dict(storage_options or {})), cache)
-        return ShardDataset(remote.store.url, read_remote_manifest(remote.store), **common, remote=remote)
-    refuse_local_options(path, storage_options)
-    folder = Path(local_path(path))
-    if folder.name == MANIFEST_NAME and folder.is_file():
-        folder = folder.parent
+        remote = Remote(folder, cache)
+        return ShardDataset(folder.url, read_remote_manifest(folder), **common, remote=remote)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
