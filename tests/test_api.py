@@ -48,3 +48,23 @@ def test_pack_probe_and_verify_stay_functions_after_their_modules_are_imported()
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_every_entry_refuses_a_bad_worker_count_the_same_way(tmp_path) -> None:
+    """One workers check: the library entries, not only the CLI, refuse 0 before any work."""
+    import pytest
+
+    from shardkit import PackConfig
+    from shardkit.checks.bench import bench
+    from shardkit.core.errors import ConfigError
+
+    entries = {
+        "pack": lambda: PackConfig(source=tmp_path, output=tmp_path / "out", workers=0),
+        "probe": lambda: shardkit.probe(tmp_path, workers=0),
+        "verify": lambda: shardkit.verify(tmp_path, workers=0),
+        "bench": lambda: bench(tmp_path, workers=0),
+    }
+    for name, call in entries.items():
+        with pytest.raises(ConfigError, match="^workers must be at least 1, not 0$"):
+            call()
+        assert not (tmp_path / "out").exists(), name

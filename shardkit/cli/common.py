@@ -69,11 +69,6 @@ def check_plot_path(path: Path | None) -> None:
     check_report_path(path, plot_formats(), what="a plot")
 
 
-def check_workers(workers: int | None) -> None:
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be at least 1, not {workers}")
-
-
 def _escape(text: str) -> str:
     from rich.markup import escape
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..core.config import PROBE_OPTIONS, check_train_size, options
+from ..core.config import PROBE_OPTIONS, check_train_size, check_workers, options
 from ..core.errors import ConfigError, ShardkitError, describe
 from ..packing.discover import display
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 from .common import (
     check_plot_path,
     check_report_path,
-    check_workers,
     console,
     human_bytes,
     progress_bar,
@@ -59,7 +58,7 @@ def probe(
         check_train_size(settings["train_size"])
         if settings["max_pixels"] < 1:
             raise ConfigError(f"max pixels must be positive, not {settings['max_pixels']}")
-        check_workers(settings["workers"])
+        check_workers(settings["workers"])  # before the walk, as every other refusal
         check_report_path(json_path)
         check_report_path(records_path, (".jsonl", ".csv"), what="records")
         check_plot_path(plot)

@@ -32,6 +32,16 @@ DEFAULT_SHARD_SIZE = 1000  # records per shard when no shard size or shard bytes
 MAX_SIDE = 16384  # the largest resize target or training size, in pixels
 
 
+def check_workers(workers: int | None, most: int | None = None) -> None:
+    """The one workers check (pack, probe, verify, bench): None means one per core."""
+    if workers is None:
+        return
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, not {workers}")
+    if most is not None and workers > most:
+        raise ConfigError(f"workers must be at most {most}, not {workers}")
+
+
 def check_train_size(train_size: int) -> None:
     if not 8 <= train_size <= MAX_SIDE:
         raise ConfigError(f"train size must be between 8 and {MAX_SIDE} pixels, not {train_size}")
@@ -124,8 +134,7 @@ class PackConfig:
             raise ConfigError(f"shard size must be at least 1 record, not {self.shard_size}")
         if self.shard_bytes is not None and self.shard_bytes < 1024:
             raise ConfigError(f"shard bytes must be at least 1KB, not {self.shard_bytes}")
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"workers must be at least 1, not {self.workers}")
+        check_workers(self.workers)
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be between 0 and 2**63-1, not {self.seed}")
         if self.labels not in LABEL_MODES:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.codecs import header_scanner
-from ..core.config import DEFAULT_MAX_PIXELS
+from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import Failure, Problem, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
@@ -203,6 +203,7 @@ def probe(
     goes, and only the statistics (exact counts of each size and file size) and the first examples
     of each problem are kept. `on_chunk` gets every chunk of results in walk order (byte order of
     the paths) as it is done; `progress(done, total)` has total None until the walk ends."""
+    check_workers(workers)
     started = time.perf_counter()
     found = scan(source, labels="none", keys=False)
     census = Census()
