@@ -19,10 +19,9 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from benchkit import rates
 from PIL import Image
 
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
@@ -79,15 +78,6 @@ def img2dataset(binary: str, paths: list[Path], work: Path, workers: int) -> Non
     )  # fmt: skip
 
 
-def timed(run: Callable[[], None], repeat: int, images: int) -> list[float]:
-    rates = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        rates.append(images / (time.perf_counter() - started))
-    return rates
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path)
@@ -104,33 +94,33 @@ def main() -> None:
         print(f"{n:,} images ({args.copies} links to each of {n // args.copies} files), resize 256, quality 90\n")
         naive_pillow(paths[:50])  # warm-up: page cache, imports
         runs: dict[str, list[float]] = {
-            "naive Pillow loop, 1 process": timed(lambda: naive_pillow(paths), args.repeat, n),
-            "shardkit pack, 1 worker": timed(
-                lambda: shardkit_pack(work / "src", work / "out", 1, "local"), args.repeat, n
+            "naive Pillow loop, 1 process": rates(lambda: naive_pillow(paths), n, args.repeat),
+            "shardkit pack, 1 worker": rates(
+                lambda: shardkit_pack(work / "src", work / "out", 1, "local"), n, args.repeat
             ),
-            f"shardkit pack, {args.workers} workers": timed(
-                lambda: shardkit_pack(work / "src", work / "out", args.workers, "local"), args.repeat, n
+            f"shardkit pack, {args.workers} workers": rates(
+                lambda: shardkit_pack(work / "src", work / "out", args.workers, "local"), n, args.repeat
             ),
         }
         if args.executor == "ray":
             import ray
 
             ray.init(num_cpus=args.workers, log_to_driver=False, configure_logging=False)
-            runs[f"shardkit pack, ray, {args.workers} CPUs"] = timed(
-                lambda: shardkit_pack(work / "src", work / "out", args.workers, "ray"), args.repeat, n
+            runs[f"shardkit pack, ray, {args.workers} CPUs"] = rates(
+                lambda: shardkit_pack(work / "src", work / "out", args.workers, "ray"), n, args.repeat
             )
             ray.shutdown()
         if args.img2dataset and os.path.exists(args.img2dataset):
-            runs[f"img2dataset, {args.workers} processes"] = timed(
-                lambda: img2dataset(args.img2dataset, paths, work, args.workers), args.repeat, n
+            runs[f"img2dataset, {args.workers} processes"] = rates(
+                lambda: img2dataset(args.img2dataset, paths, work, args.workers), n, args.repeat
             )
         else:
             print("(img2dataset not found: pass --img2dataset PATH to include it)\n")
     print(f"{'':40} {'images/s (median)':>18} {'min':>8} {'max':>8}")
     medians = {}
-    for name, rates in runs.items():
-        medians[name] = statistics.median(rates)
-        print(f"{name:40} {medians[name]:18,.0f} {min(rates):8,.0f} {max(rates):8,.0f}")
+    for name, values in runs.items():
+        medians[name] = statistics.median(values)
+        print(f"{name:40} {medians[name]:18,.0f} {min(values):8,.0f} {max(values):8,.0f}")
     ours = medians[f"shardkit pack, {args.workers} workers"]
     single = medians["shardkit pack, 1 worker"]
     print("\nratios (medians of this run):")

@@ -15,18 +15,14 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
+
+from benchkit import rate, ratios, read_heads, span
 
 from shardkit.core.codecs import header_scanner
 from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.packing.discover import discover
 from shardkit.packing.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file, probe_records
-
-
-def floor(paths: list[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        os.read(fd, 4096)
-        os.close(fd)
 
 
 def shardkit_probe(paths: list[str]) -> None:
@@ -66,12 +62,6 @@ def pyav_size(paths: list[str]) -> None:
             stream.codec_context.width  # noqa: B018
 
 
-def timed(method: Callable[[list[str]], None], paths: list[str]) -> float:
-    started = time.perf_counter()
-    method(paths)
-    return len(paths) / (time.perf_counter() - started)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source")
@@ -83,7 +73,7 @@ def main() -> None:
     base = [item.path for item in discover(args.source, labels="none").items]
     paths = base * args.copies
     methods: dict[str, Callable[[list[str]], None]] = {
-        "open+read(4 KiB)+close (floor)": floor,
+        "open+read(4 KiB)+close (floor)": read_heads,
         "shardkit probe": shardkit_probe,
         "shardkit pure-Python parser": shardkit_python,
         "imagesize.get": imagesize_get,
@@ -106,7 +96,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(args.repeat):
         for name, method in methods.items():
-            rates[name].append(timed(method, samples[name]))
+            rates[name].append(rate(partial(method, samples[name]), len(samples[name])))
     print(f"{'method':34} {'files/s (median)':>17} {'min':>9} {'max':>9}")
     for name, values in rates.items():
         print(f"{name:34} {statistics.median(values):17,.0f} {min(values):9,.0f} {max(values):9,.0f}")
@@ -114,8 +104,8 @@ def main() -> None:
     print("\nratios (shardkit per core / other, within each round: median [min-max]):")
     for name, values in rates.items():
         if name != "shardkit probe":
-            ratios = [a / b for a, b in zip(ours, values, strict=True)]
-            print(f"  vs {name:32} {statistics.median(ratios):6.2f}x  [{min(ratios):.2f}-{max(ratios):.2f}]")
+            per_round = ratios(ours, values)
+            print(f"  vs {name:32} {statistics.median(per_round):6.2f}x  {span(per_round)}")
     relpaths = [os.path.relpath(p, args.source) for p in paths]
     started = time.perf_counter()
     probe_records(paths, relpaths, workers=args.workers, min_parallel=0)

@@ -54,10 +54,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchkit import CLOCK_TICKS, REPO, SAMPLE, cpu_of_tree, environment, jpeg_files, link_classes, ratios, span, warm
 
-DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "imagenet-sample"
+sys.path.insert(0, str(REPO))  # tests.servers, and the checkout's shardkit rather than an installed one
+
 WORKER_FLAG = "--worker"  # hidden: run as one rank, taking jobs on stdin
 BUCKET = "bench"
 PREFIX = "shards"
@@ -65,7 +65,6 @@ METHODS = ("local", "S3 cold", "S3 warm")
 TARGETS = {"S3 warm": 0.95, "S3 cold": 0.8}
 QUIET_CORES = 0.3  # before a measurement, wait until the machine uses less than this many cores
 GAP_S = 0.02  # a wait between two samples longer than this counts as a stall (a decode takes a few ms)
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,28 +193,6 @@ class Ranks:
             process.wait(10)
 
 
-def cpu_of_tree(root: int) -> float:
-    """CPU seconds (user + system) of `root` and every process below it."""
-    stats: dict[int, list[str]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as handle:
-                    stats[int(name)] = handle.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        if pid in stats:
-            total += (int(stats[pid][11]) + int(stats[pid][12])) / CLOCK_TICKS
-        stack.extend(children.get(pid, ()))
-    return total
-
-
 def machine_cpu() -> tuple[float, float]:
     """(busy, steal): CPU seconds all cores have spent running something (user, system, interrupts; not
     idle, not waiting on I/O) and waiting for the hypervisor (steal), since boot."""
@@ -236,33 +213,19 @@ def wait_quiet(limit: float, cores: float = QUIET_CORES, window: float = 0.5) ->
     return time.perf_counter() - started
 
 
-def warm(*folders: Path) -> None:
-    """This machine drops file pages untouched for ~30 s: read everything right before timing."""
-    for folder in folders:
-        for path in folder.rglob("*"):
-            if path.is_file():
-                with open(path, "rb", buffering=0) as handle:
-                    while handle.read(8 << 20):
-                        pass
-
-
 def build(source: Path, root: Path, copies: int, args: argparse.Namespace) -> tuple[Path, int]:
     """`copies` hard links of every JPEG of `source` in class folders, packed; (shards folder, images)."""
     from shardkit.core.config import pack_config
     from shardkit.packing.pack import pack
 
-    photos = sorted(p for p in source.iterdir() if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
+    photos = jpeg_files(source)
     if not photos:
         raise SystemExit(f"{source}: no JPEGs")
     base, tree = root / "base", root / "tree"
     base.mkdir()
     for path in photos:  # our own copies: linking to files of others may be refused (protected_hardlinks)
         shutil.copyfile(path, base / path.name)
-    for copy in range(copies):
-        for path in sorted(base.iterdir()):
-            target = tree / path.name.split("_")[0] / f"{copy}_{path.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(path, target)
+    link_classes(base, tree, copies)
     shards = root / "shards"
     config = pack_config(tree, shards, format=args.format, resize=args.resize, shard_size=args.shard_size)
     pack(config)
@@ -291,27 +254,9 @@ def s3_server(folder: Path) -> Iterator[Any]:
         yield server
 
 
-def environment() -> dict[str, Any]:
-    """What the numbers depend on: the code (being edited while we run) and the machine."""
-
-    def output(*command: str) -> str:
-        return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip()
-
-    import shardkit
-
-    dirty = output("git", "-C", str(REPO), "status", "--porcelain", "--", "shardkit")
-    return {
-        "shardkit": shardkit.__version__,
-        "commit": output("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
-        "shardkit_dirty_files": len(dirty.splitlines()),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-    }
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, nargs="?", default=DEFAULT_SOURCE, help="a folder of JPEGs")
+    parser.add_argument("source", type=Path, nargs="?", default=SAMPLE, help="a folder of JPEGs")
     parser.add_argument("--copies", type=int, default=40, help="links of every photo [default: 40]")
     parser.add_argument("--format", default="webdataset", choices=("webdataset", "lmdb", "hdf5"))
     parser.add_argument("--resize", default="256", help="pack's --resize (short side) [default: 256]")
@@ -483,14 +428,14 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], i
           f"{'server cpu s':>13}")  # fmt: skip
     for name in METHODS:
         rates = [run["images_per_second"] for run in results[name]]
-        pairs = list(zip(results[name], local, strict=True))
-        ratios = [run["images_per_second"] / base["images_per_second"] for run, base in pairs]
-        bound = [base["ranks_cpu_s"] / (run["ranks_cpu_s"] + run["server_cpu_s"]) for run, base in pairs]
+        per_round = ratios(rates, [base["images_per_second"] for base in local])
+        used = [run["ranks_cpu_s"] + run["server_cpu_s"] for run in results[name]]
+        bound = ratios([base["ranks_cpu_s"] for base in local], used)
         server = statistics.median(run["server_cpu_s"] for run in results[name])
-        summary[name] = {"median": statistics.median(rates), "ratio": statistics.median(ratios), "ratios": ratios,
+        summary[name] = {"median": statistics.median(rates), "ratio": statistics.median(per_round), "ratios": per_round,
                          "cpu_bound_ratio": statistics.median(bound), "server_cpu_s": server}  # fmt: skip
         print(f"{name:<9} {statistics.median(rates):>8,.0f} {min(rates):>6,.0f}-{max(rates):<6,.0f} "
-              f"{statistics.median(ratios):>8.2f}x  [{min(ratios):.2f}-{max(ratios):.2f}] "
+              f"{statistics.median(per_round):>8.2f}x  {span(per_round)} "
               f"{statistics.median(bound):>9.2f}x {server:>13.2f}")  # fmt: skip
     print("\ntargets (from the issue, medians of the per-round ratios):")
     targets = []
@@ -500,11 +445,13 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], i
         targets.append({"target": f"{name} >= {limit:g}x local", "met": met, "ratio": ratio})
         print(f"  {'PASS' if met else 'MISS'}  {name} >= {limit:g}x local: {ratio:.2f}x")
     if args.json:
+        import shardkit  # imported by build() already: free here
+
         document = {
             "images": images,
             "shards": shards,
             "arguments": {key: str(value) for key, value in vars(args).items()},
-            "environment": environment(),
+            "environment": environment(shardkit.__version__),
             "rounds": results,
             "summary": summary,
             "targets": targets,

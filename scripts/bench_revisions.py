@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+from benchkit import REPO, pythonpath_env, ratios, span, warm
+
 PACK = """
 import json, sys, time
 from shardkit import PackConfig, ResizeConfig, pack  # the public API: the same in every revision
@@ -49,18 +50,11 @@ print(json.dumps(statistics.median(seconds)))
 
 
 def run(checkout: Path, *args: str) -> str:
-    environment = {**os.environ, "PYTHONPATH": str(checkout)}
+    environment = pythonpath_env(checkout)
     done = subprocess.run([sys.executable, *args], env=environment, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(args[:3])} failed:\n{done.stderr[-2000:]}")
     return done.stdout
-
-
-def warm(folder: Path) -> None:
-    """Read every file once: this machine drops file pages untouched for ~30 s."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            path.read_bytes()
 
 
 def main() -> None:
@@ -72,7 +66,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--formats", default="webdataset,lmdb,hdf5")
     args = parser.parse_args()
-    revisions = {"this": HERE, "base": args.base.resolve()}
+    revisions = {"this": REPO, "base": args.base.resolve()}
     formats = args.formats.split(",")
     pack_seconds = {(rev, name): [] for rev in revisions for name in formats}
     reading = {(rev, name): [] for rev in revisions for name in formats}
@@ -100,15 +94,16 @@ def main() -> None:
             print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
     print(f"{args.copies} x {args.source} ({args.rounds} rounds, {args.workers} pack workers); ratio = this / base")
     for name in formats:
-        pack_ratio = [b / t for t, b in zip(pack_seconds[("this", name)], pack_seconds[("base", name)], strict=True)]
-        decode = [t[0] / b[0] for t, b in zip(reading[("this", name)], reading[("base", name)], strict=True)]
-        raw = [t[1] / b[1] for t, b in zip(reading[("this", name)], reading[("base", name)], strict=True)]
-        this_overhead = statistics.median(t[2] for t in reading[("this", name)])
-        base_overhead = statistics.median(b[2] for b in reading[("base", name)])
+        this, base = reading[("this", name)], reading[("base", name)]
+        pack_ratio = ratios(pack_seconds[("base", name)], pack_seconds[("this", name)])  # seconds: base over this
+        decode = ratios([t[0] for t in this], [b[0] for b in base])
+        raw = ratios([t[1] for t in this], [b[1] for b in base])
+        this_overhead = statistics.median(t[2] for t in this)
+        base_overhead = statistics.median(b[2] for b in base)
         print(
-            f"{name:>10}: pack {statistics.median(pack_ratio):.3f}x [{min(pack_ratio):.2f}-{max(pack_ratio):.2f}]  "
-            f"read+decode {statistics.median(decode):.3f}x [{min(decode):.2f}-{max(decode):.2f}]  "
-            f"bytes-only {statistics.median(raw):.3f}x [{min(raw):.2f}-{max(raw):.2f}]  "
+            f"{name:>10}: pack {statistics.median(pack_ratio):.3f}x {span(pack_ratio)}  "
+            f"read+decode {statistics.median(decode):.3f}x {span(decode)}  "
+            f"bytes-only {statistics.median(raw):.3f}x {span(raw)}  "
             f"reader overhead {this_overhead:+.1%} (base {base_overhead:+.1%})"
         )
 

@@ -44,20 +44,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_IMAGES = REPO.parent / "shared" / "data" / "imagenet-sample"
+from benchkit import (
+    REPO,
+    SAMPLE,
+    all_pids,
+    command_output,
+    cpu_seconds,
+    descendants,
+    environment,
+    jpeg_files,
+    read_heads,
+    stat_fields,
+)
+
 PER_CLASS = 1300  # ImageNet-1k's usual class size
 STAMP_NAME = ".bench_scale.json"
 SOURCES_NAME = ".sources"
 LAYOUT = 1  # bump when the tree's layout changes, so old trees are rebuilt rather than reused
 FLOOR_FLAG = "--floor-child"  # hidden: run the floor walk in this process and print its count
-READ_BYTES = 4096
 CHUNK_FILES = 1000
 MB = 1_000_000  # shardkit's own reports use decimal units; the targets are read the same way
 RSS_LIMIT_MB = 300
 FLOOR_RATIO_LIMIT = 1.5
 FIRST_SHARD_LIMIT_S = 5.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 KILL_GRACE_S = 60.0  # after SIGTERM, how long a pack may take to stop before it is killed
 LEFTOVER_GRACE_S = 5.0  # after the driver exits, how long its helpers may take to follow
 
@@ -83,15 +92,6 @@ def walk(tree: str) -> list[str]:
     return paths
 
 
-def read_heads(paths: list[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.read(fd, READ_BYTES)
-        finally:
-            os.close(fd)
-
-
 def walk_and_read(tree: str, workers: int) -> int:
     """The floor: walk, then read every file's head on `workers` threads (os.read drops the GIL)."""
     paths = walk(tree)
@@ -109,12 +109,6 @@ def floor_child(argv: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # The tree of hard links.
-
-
-def source_images(images: Path) -> list[Path]:
-    if not images.is_dir():
-        return []
-    return sorted(p for p in images.iterdir() if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
 
 
 def generate_sources(folder: Path, count: int = 8) -> list[Path]:
@@ -160,7 +154,7 @@ def copy_sources(tree: Path, images: Path) -> list[Path]:
     files we do not own, which fs.protected_hardlinks refuses), and the sample's link counts stay 1."""
     folder = tree / SOURCES_NAME
     folder.mkdir()
-    found = source_images(images)
+    found = jpeg_files(images)
     if not found:
         print(f"no JPEGs in {images}; generating a few with Pillow", flush=True)
         return generate_sources(folder)
@@ -223,47 +217,9 @@ def build_tree(tree: Path, n: int, images: Path) -> float:
 # Watching a process tree: /proc polling.
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields after the comm of /proc/PID/stat (comm may hold spaces and parentheses)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def descendants(root: int) -> dict[int, list[str]]:
-    """root and every process below it, with their stat fields (one pass over /proc/*/stat: this
-    kernel has no /proc/PID/task/TID/children)."""
-    stats: dict[int, list[str]] = {}
-    children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        fields = _stat_fields(pid)
-        if fields is not None:
-            stats[pid] = fields
-            children.setdefault(int(fields[1]), []).append(pid)
-    found: dict[int, list[str]] = {}
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        if pid in stats:
-            found[pid] = stats[pid]
-        stack.extend(children.get(pid, ()))
-    return found
-
-
-def cpu_seconds(fields: list[str]) -> float:
-    """utime + stime of a process from its stat fields (14th and 15th, counted with pid and comm)."""
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def group_members(pgid: int) -> list[int]:
     """Processes still in a process group (a measured command runs in its own session)."""
-    return [pid for pid in _all_pids() if (fields := _stat_fields(pid)) is not None and int(fields[2]) == pgid]
+    return [pid for pid in all_pids() if (fields := stat_fields(pid)) is not None and int(fields[2]) == pgid]
 
 
 def reap_group(pgid: int) -> int:
@@ -593,23 +549,6 @@ def print_targets(found: list[tuple[str, bool | None, str]]) -> None:
         print(f"  {'PASS' if met else 'MISS'}  {what.ljust(width)}  {numbers}")
 
 
-def environment(cli: list[str]) -> dict:
-    """What the numbers depend on: the code (being edited while we run) and the machine."""
-
-    def output(command: list[str]) -> str:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
-
-    dirty = output(["git", "-C", str(REPO), "status", "--porcelain", "--", "shardkit"])
-    return {
-        "shardkit": output([*cli, "--version"]),
-        "commit": output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
-        "shardkit_dirty_files": len(dirty.splitlines()),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-    }
-
-
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -621,7 +560,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--skip-pack", action="store_true")
     parser.add_argument("--rounds", type=int, default=1, help="floor and probes measured in turn this many times")
     parser.add_argument("--workers", type=int, default=2, help="pack workers and floor threads [default: 2]")
-    parser.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="folder of JPEGs to link to")
+    parser.add_argument("--images", type=Path, default=SAMPLE, help="folder of JPEGs to link to")
     parser.add_argument("--pack-seconds", type=float, default=30.0, help="SIGTERM pack this long after shard 1")
     parser.add_argument("--pack-limit", type=float, default=600.0, help="SIGTERM pack by then even with no shard")
     parser.add_argument("--pack-resize", default="256", help="pack's --resize (256, auto, none; '' to omit)")
@@ -691,7 +630,7 @@ def main(argv: list[str]) -> int:
             "n": args.n,
             "tree": str(args.tree),
             "build_seconds": round(build_s, 1),
-            "environment": environment(cli),
+            "environment": environment(command_output([*cli, "--version"])),
             "runs": [asdict(run) for run in runs],
             "targets": [{"target": what, "met": met, "numbers": numbers} for what, met, numbers in found],
         }

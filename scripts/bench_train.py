@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+from benchkit import jpeg_files, link_classes, pythonpath_env, ratios, span, warm
 
 EPOCH = """
 import json, sys, time
@@ -156,35 +156,17 @@ def build(source: Path, root: Path, copies: int, short: int) -> tuple[Path, Path
 
     base, folder = root / "base", root / "folder"
     base.mkdir()
-    for path in sorted(source.iterdir()):
-        if path.suffix.lower() not in (".jpg", ".jpeg"):
-            continue
+    for path in jpeg_files(source):
         with Image.open(path) as image:
             image = image.convert("RGB")
             scale = short / min(image.size)
             image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
             image.save(base / (path.stem + ".jpg"), quality=90)
-    for copy in range(copies):
-        for path in base.iterdir():
-            target = folder / path.name.split("_")[0] / f"{copy}_{path.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(path, target)
+    link_classes(base, folder, copies)
     shards = root / "shards"
     subprocess.run([sys.executable, "-m", "shardkit", "pack", str(folder), str(shards), "--encode", "original",
-                    "--shard-size", "500"], check=True, capture_output=True, env=_env())  # fmt: skip
+                    "--shard-size", "500"], check=True, capture_output=True, env=pythonpath_env())  # fmt: skip
     return folder, shards
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(HERE)}
-
-
-def warm(*folders: Path) -> None:
-    """This machine drops file pages untouched for ~30 s: read everything right before timing."""
-    for folder in folders:
-        for path in folder.rglob("*"):
-            if path.is_file():
-                path.read_bytes()
 
 
 def main() -> None:
@@ -227,7 +209,7 @@ def main() -> None:
             order = list(methods) if round_number % 2 == 0 else list(reversed(methods))
             for name in order:
                 warm(folder, shards)
-                done = subprocess.run(methods[name], capture_output=True, text=True, env=_env())
+                done = subprocess.run(methods[name], capture_output=True, text=True, env=pythonpath_env())
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
                 rate = json.loads(done.stdout.strip().splitlines()[-1])
@@ -240,11 +222,11 @@ def main() -> None:
         print(f"{'method':<42} {'images/s':>10} {'range':>15} {'vs folder':>10}")
         report = {}
         for name in methods:
-            ratio = [r / b for r, b in zip(rates[name], baseline, strict=True)]
+            ratio = ratios(rates[name], baseline)
             median = statistics.median(rates[name])
             report[name] = {"images_per_second": rates[name], "median": median, "ratio": statistics.median(ratio)}
             print(f"{name:<42} {median:>10,.0f} {min(rates[name]):>7,.0f}-{max(rates[name]):<7,.0f} "
-                  f"{statistics.median(ratio):>9.2f}x [{min(ratio):.2f}-{max(ratio):.2f}]")  # fmt: skip
+                  f"{statistics.median(ratio):>9.2f}x {span(ratio)}")  # fmt: skip
         single = report[f"kernel alone, 1 thread (x {args.workers})"]["median"]
         threaded = report[f"kernel alone, {args.workers} threads"]["median"]
         loader = report["shards: loader (crop-decode)"]["median"]
