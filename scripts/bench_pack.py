@@ -25,12 +25,12 @@ from benchkit import rates
 from PIL import Image
 
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.packing.discover import discover
+from shardkit.packing.discover import walk
 from shardkit.packing.pack import pack
 
 
 def link_copies(source: Path, copies: int, into: Path) -> list[Path]:
-    files = [Path(item.path) for item in discover(source, labels="none").items]
+    files = [Path(item.path) for item in walk(source, labels="none").items]
     for copy in range(copies):
         folder = into / f"copy{copy:03d}"
         folder.mkdir(parents=True)

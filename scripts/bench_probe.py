@@ -12,17 +12,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from functools import partial
 
-from benchkit import rate, ratios, read_heads, span
+from benchkit import REPO, rate, ratios, read_heads, span
 
 from shardkit.core.codecs import header_scanner
 from shardkit.core.config import DEFAULT_MAX_PIXELS
-from shardkit.packing.discover import discover
-from shardkit.packing.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file, probe_records
+from shardkit.packing.discover import walk
+from shardkit.packing.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file
+
+sys.path.insert(0, str(REPO))  # tests.helpers: the whole-list probe, a reference the library has no use for
+from tests.helpers import probe_records
 
 
 def shardkit_probe(paths: list[str]) -> None:
@@ -70,7 +74,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    base = [item.path for item in discover(args.source, labels="none").items]
+    base = [item.path for item in walk(args.source, labels="none").items]
     paths = base * args.copies
     methods: dict[str, Callable[[list[str]], None]] = {
         "open+read(4 KiB)+close (floor)": read_heads,

@@ -65,6 +65,6 @@ def test_every_entry_refuses_a_bad_worker_count_the_same_way(tmp_path) -> None:
         "bench": lambda: bench(tmp_path, workers=0),
     }
     for name, call in entries.items():
-        with pytest.raises(ConfigError, match="^workers must be at least 1, not 0$"):
+        with pytest.raises(ConfigError, match=r"^workers must be at least 1, not 0$"):
             call()
         assert not (tmp_path / "out").exists(), name

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from shardkit.core.errors import SourceError
-from shardkit.packing.discover import discover, image_files, make_key, scan
+from shardkit.packing.discover import make_key, walk
 from shardkit.synthetic import write_image
+from tests.helpers import discover, image_files
 
 
 def test_class_folders_get_sorted_labels(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_streamed_walk_is_in_byte_order_of_the_whole_paths(tmp_path: Path) -> No
         path.write_bytes(b"x")
         expected.append(rel)
     expected = sorted(set(expected), key=os.fsencode)
-    assert [item.relpath for item in scan(tmp_path, labels="none").items] == expected
+    assert [item.relpath for item in walk(tmp_path, labels="none").items] == expected
 
 
 def test_a_link_to_an_earlier_class_is_no_class_of_its_own(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_a_link_to_an_earlier_class_is_no_class_of_its_own(tmp_path: Path) -> No
     (tmp_path / "b").symlink_to("a")
     (tmp_path / "bb").mkdir()
     (tmp_path / "bb" / "link").symlink_to(tmp_path / "a")
-    found = scan(tmp_path)
+    found = walk(tmp_path)
     assert found.classes == ["a", "c"]
     assert [(item.relpath, item.label) for item in found.items] == [("a/1.jpg", 0), ("c/2.jpg", 1)]
 
@@ -155,7 +156,7 @@ def test_a_link_to_an_earlier_class_is_no_class_of_its_own(tmp_path: Path) -> No
 def test_a_class_folder_filled_after_the_walk_began_is_recorded_not_guessed(tmp_path: Path) -> None:
     write_image(tmp_path / "a" / "1.jpg", 8, 8)
     (tmp_path / "c").mkdir()
-    found = scan(tmp_path)
+    found = walk(tmp_path)
     write_image(tmp_path / "c" / "2.jpg", 8, 8)  # a class that did not exist when labels were settled
     assert [(item.relpath, item.label) for item in found.items] == [("a/1.jpg", 0)]
     assert [(skip.path, skip.stage) for skip in found.skipped] == [("c/2.jpg", "discover")]
@@ -167,7 +168,7 @@ def test_classes_are_folders_with_an_image_below_them_found_before_the_walk(tmp_
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "note.txt").write_text("x")
-    found = scan(tmp_path)
+    found = walk(tmp_path)
     assert found.classes == ["a-c", "b"]  # known before a single item is yielded
     assert [(item.relpath, item.label) for item in found.items] == [("a-c/1.jpg", 0), ("b/deep/er/1.jpg", 1)]
     assert [skip.path for skip in found.skipped] == ["texts/note.txt"]

@@ -19,12 +19,13 @@ import pytest
 from shardkit.checks.verify import verify
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
 from shardkit.core.errors import ManifestError, ShardFormatError, ShardReadError
-from shardkit.core.manifest import Manifest, ShardInfo, read_errors, read_manifest, sha256_file, write_json_atomic
+from shardkit.core.manifest import Manifest, ShardInfo, read_manifest, sha256_file, write_json_atomic
 from shardkit.formats import available_formats, get_format
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import encode, picture, write_image
+from tests.helpers import read_errors
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads recurses once per level
 

@@ -15,12 +15,12 @@ from PIL import Image, ImageOps
 
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
 from shardkit.core.errors import OutputError
-from shardkit.core.manifest import read_errors, read_manifest
+from shardkit.core.manifest import read_manifest
 from shardkit.formats import available_formats, get_format
-from shardkit.packing.discover import discover
 from shardkit.packing.pack import pack
 from shardkit.readers.decode import decode
 from shardkit.synthetic import write_image
+from tests.helpers import discover, read_errors
 
 
 def config(source: Path, output: Path, **overrides) -> PackConfig:

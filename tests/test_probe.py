@@ -5,7 +5,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.packing.discover import image_files
 from shardkit.packing.probe import (
     Counts,
     ProbeRecord,
@@ -13,11 +12,10 @@ from shardkit.packing.probe import (
     counted_percentiles,
     counted_quantiles,
     probe,
-    probe_records,
     recommend,
-    summarize,
 )
 from shardkit.synthetic import write_image
+from tests.helpers import image_files, probe_records, summarize
 
 
 def test_probe_counts_sizes_and_problems(sample_dataset: Path) -> None:
@@ -142,7 +140,7 @@ def test_a_problem_s_kind_is_set_by_what_found_it_and_survives_a_process_boundar
     import struct
     import zlib
 
-    from shardkit.core.errors import Problem
+    from shardkit.packing.probe import FileProblem as Problem
     from shardkit.packing.probe import probe_file
 
     (tmp_path / "empty.jpg").write_bytes(b"")

@@ -57,7 +57,7 @@ def test_ray_output_is_byte_identical_to_the_local_pool(local_ray, sample_datase
 
 def test_a_worker_that_cannot_see_the_output_fails_fast_with_the_reason(local_ray, sample_dataset: Path) -> None:
     from shardkit.core.config import EncodeConfig
-    from shardkit.packing.discover import discover
+    from tests.helpers import discover
 
     spec = next(plan_shards(discover(sample_dataset).items[:3], suffix=".tar", shard_size=3))
     job = ShardJob(spec, "/nonexistent/shared/out", "webdataset", ResizeConfig(64), EncodeConfig(), "plan")

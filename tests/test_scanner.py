@@ -18,8 +18,9 @@ from PIL import Image
 
 from shardkit.core.codecs import header_scanner
 from shardkit.core.config import DEFAULT_MAX_PIXELS
-from shardkit.packing.probe import _probe_chunk, probe_file, probe_records
+from shardkit.packing.probe import _probe_chunk, probe_file
 from shardkit.synthetic import encode, picture, rotated_jpeg
+from tests.helpers import probe_records
 
 scanner = header_scanner()
 needs_scanner = pytest.mark.skipif(scanner is None, reason="shardkit.core._scan was not compiled (no C compiler?)")

@@ -34,7 +34,7 @@ from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, ite
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record
-from ..packing.discover import SourceScan, display, scan
+from ..packing.discover import SourceWalk, display, walk
 from ..readers.decode import decode
 from ..storage.http import TooLong
 from ..storage.location import locate
@@ -195,7 +195,7 @@ def verify(
     check_workers(workers)
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
-    found = scan(source, labels="none", keys=False) if source is not None else None  # refused before the work
+    found = walk(source, labels="none", keys=False) if source is not None else None  # refused before the work
     started = time.perf_counter()
     with _opened(folder, storage_options) as output:
         report = _verify(output, deep, found, workers, max_pixels, progress)
@@ -247,7 +247,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
 def _verify(
     output: _Output,
     deep: bool,
-    found: SourceScan | None,
+    found: SourceWalk | None,
     workers: int | None,
     max_pixels: int,
     progress: Callable[[int, int], None] | None,
@@ -360,7 +360,7 @@ def _repeated(hashes: np.ndarray) -> np.ndarray:
 
 def _check_source(
     root: Path,
-    found: SourceScan,
+    found: SourceWalk,
     packed: np.ndarray,
     shallow_pass: Callable[[], Iterator[_ShardCheck]],
     report: VerifyReport,
@@ -379,7 +379,7 @@ def _check_source(
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
     if lost:  # a second walk, streamed too: only the names at fault are kept
-        again = scan(found.root, labels="none", keys=False)
+        again = walk(found.root, labels="none", keys=False)
         names = {name for name in (display(item.relpath) for item in again.items) if hash(name) in lost}
         names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
         for path in sorted(names):

@@ -93,21 +93,6 @@ class HeaderError(ValueError):
         self.kind = kind
 
 
-class Problem(str):
-    """A file's problem as probe reports it: the reason (a str, so it prints and serializes as one)
-    with its kind attached by whoever found it, never guessed from the wording."""
-
-    kind: str
-
-    def __new__(cls, reason: str, kind: str) -> Problem:
-        problem = super().__new__(cls, reason)
-        problem.kind = kind
-        return problem
-
-    def __reduce__(self) -> tuple:
-        return (Problem, (str(self), self.kind))
-
-
 class MissingDependencyError(ShardkitError):
     """An optional dependency is needed; the message names the extra to install."""
 

@@ -189,11 +189,6 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 ERROR_FIELDS = ("path", "stage", "reason")
 
 
-def read_errors(folder: str | Path) -> list[dict[str, str]]:
-    """The rows of errors.jsonl ({path, stage, reason}, all strings); none when there is no file."""
-    return list(iter_errors(folder))
-
-
 def iter_errors(folder: str | Path) -> Iterator[dict[str, str]]:
     """The rows of errors.jsonl one at a time (the file is streamed: its size is not bounded, each
     row is)."""

@@ -93,7 +93,7 @@ class _Bytes:
         return self.buffer[:n]
 
 
-def scan_members(data: _Bytes, where: str) -> Iterator[Member]:
+def tar_members(data: _Bytes, where: str) -> Iterator[Member]:
     """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted)."""
     pos = 0
     pax_path: str | None = None
@@ -224,7 +224,7 @@ class TarShardReader(ShardReader):
 
     def _index(self) -> list[tuple[str, dict[str, tuple[int, int]]]]:
         if self._entries is None:
-            entries = list(_group(scan_members(self._bytes(), self.path), self.path))
+            entries = list(_group(tar_members(self._bytes(), self.path), self.path))
             if len({key for key, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
@@ -314,7 +314,7 @@ class TarShardReader(ShardReader):
     def _stream(self, stop: int | None) -> Iterator[Record]:
         """Records from the start, walking the headers; none past `stop` is read (not even ahead)."""
         data = self._bytes(_READ_AHEAD)
-        entries = self._unique(_group(scan_members(data, self.path), self.path))
+        entries = self._unique(_group(tar_members(data, self.path), self.path))
         return self._records(data, itertools.islice(entries, stop))
 
     def _unique(

@@ -1,7 +1,7 @@
 """Walking a source: a folder of class sub-folders, a flat folder, or a list file.
 
 Every image becomes an `Item` with a stable key derived from its relative path and an
-optional integer label. Anything that is not taken is returned in `Source.skipped` with its
+optional integer label. Anything that is not taken is returned in `SourceWalk.skipped` with its
 reason, so callers can account for every file they were pointed at.
 """
 
@@ -40,7 +40,7 @@ def _skip(relpath: str, reason: str) -> Failure:
 
 
 @dataclass(frozen=True)
-class Source:
+class SourceList:
     root: str
     layout: str  # "folders", "flat" or "list"
     items: list[Item]
@@ -67,24 +67,13 @@ def _strip_extension(relpath: str) -> str:
     return f"{head}/{stem}" if head else stem
 
 
-def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], list[Failure]]:
-    """(paths, relative paths, skipped) of the images under a folder or in a list file, without
-    keys or labels. Holds the whole list: large folders go through `scan()` instead."""
-    found = scan(source, labels="none")
-    paths, relpaths = [], []
-    for item in found.items:
-        paths.append(item.path)
-        relpaths.append(item.relpath)
-    return paths, relpaths, found.skipped
-
-
 def _check_folder(root: str) -> None:
     if not os.access(root, os.R_OK | os.X_OK):
         raise SourceError(f"{display(root)}: permission denied")
 
 
 @dataclass
-class SourceScan:
+class SourceWalk:
     """A source being walked: layout and classes are known up front; `items` yields every image in
     byte order of the relative paths, as the walk finds them, and fills `skipped` as it goes.
     Only the folders on the current path are held in memory, never the whole list."""
@@ -94,11 +83,11 @@ class SourceScan:
     items: Iterable[Item]
     classes: list[str] = field(default_factory=list)
     skipped: list[Failure] = field(default_factory=list)
-    listed: Source | None = None  # a list file, read whole
+    listed: SourceList | None = None  # a list file, read whole
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
 
 
-def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = True) -> SourceScan:
+def walk(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = True) -> SourceWalk:
     """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
     source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
     items empty (probe has no use for them, and they cost more than the walk)."""
@@ -111,7 +100,7 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
         if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
             raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
         listed = _from_list(root)
-        return SourceScan(listed.root, listed.layout, listed.items, listed.classes, listed.skipped, listed)
+        return SourceWalk(listed.root, listed.layout, listed.items, listed.classes, listed.skipped, listed)
     if not os.path.isdir(root):
         raise SourceError(f"{display(root)}: not a folder or a list file")
     _check_folder(root)
@@ -131,20 +120,11 @@ def scan(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
     classes = sorted(holding, key=os.fsencode) if use_folders else []
-    found = SourceScan(root, "folders" if use_folders else "flat", [], classes, skipped)
+    found = SourceWalk(root, "folders" if use_folders else "flat", [], classes, skipped)
     class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
     found.runs = walk_runs(root, top, class_index, skipped, seen, keys)
     found.items = itertools.chain.from_iterable(run.items() for run in found.runs)
     return found
-
-
-def discover(source: str | os.PathLike[str], labels: str = "auto") -> Source:
-    """Find the images under `source` (a folder or a list file); `labels` is auto, folders or none."""
-    found = scan(source, labels)
-    if found.listed is not None:
-        return found.listed
-    items = list(found.items)
-    return Source(found.root, found.layout, items, found.classes, found.skipped)
 
 
 class Run(NamedTuple):
@@ -301,7 +281,7 @@ def _unique_keys(relpaths: list[str]) -> list[str]:
             keys[index] = make_key(relpaths[index], keep_extension=True)
 
 
-def _from_list(list_path: str) -> Source:
+def _from_list(list_path: str) -> SourceList:
     """A text file with one `path[,label]` per line; relative paths are relative to the file."""
     base = os.path.dirname(os.path.abspath(list_path))
     try:
@@ -340,7 +320,7 @@ def _from_list(list_path: str) -> Source:
     pairs = [(os.path.normpath(path).replace(os.sep, "/"), to_label(label)) for path, label in raw]
     skipped: list[Failure] = []
     items = _keyed(base, pairs, skipped)
-    return Source(list_path, "list", items, classes, skipped)
+    return SourceList(list_path, "list", items, classes, skipped)
 
 
 def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure]) -> list[Item]:

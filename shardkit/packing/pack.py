@@ -39,7 +39,7 @@ from ..formats import get_format
 from ..formats.base import Record, ShardWriter
 from ..storage.location import locate
 from ..storage.store import Store
-from .discover import Item, SourceScan, display, scan
+from .discover import Item, SourceWalk, display, walk
 from .encode import STAGES, check_pixels, process_image, record_too_big
 from .output import (
     STATE_NAME,
@@ -309,7 +309,7 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
         try:
-            found = scan(config.source, labels=config.labels)
+            found = walk(config.source, labels=config.labels)
             if found.listed is not None:
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
             config = resolve_resize(config)
@@ -353,7 +353,7 @@ def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback
         # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are
         # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
         resolved = resolve_resize(config)
-        plan = fingerprint(settings_of(resolved), _dry_plan(resolved, scan(config.source, labels=config.labels)))
+        plan = fingerprint(settings_of(resolved), _dry_plan(resolved, walk(config.source, labels=config.labels)))
         if remote.manifest.settings.get("plan") != plan:
             raise OutputError(
                 f"{store.url}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
@@ -392,10 +392,10 @@ def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[Sh
     )
 
 
-def _dry_plan(config: PackConfig, found: SourceScan) -> Iterator[ShardSpec]:
+def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
     """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
     compared with it before anything is done."""
-    items = found.listed.items if found.listed is not None else scan(config.source, labels=config.labels).items
+    items = found.listed.items if found.listed is not None else walk(config.source, labels=config.labels).items
     return _plan(config, items, get_format(config.format).suffix)
 
 
@@ -420,7 +420,7 @@ _CREATED_BY = f"shardkit {__version__}"
 
 def _write_all(
     config: PackConfig,
-    found: SourceScan,
+    found: SourceWalk,
     specs: Iterator[ShardSpec],
     settings: dict[str, Any],
     output: Path,

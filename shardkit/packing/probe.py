@@ -1,6 +1,6 @@
 """A census of an image folder from headers alone, and the pre-resize recommendation.
 
-`probe()` reads every header in parallel chunks (no per-file IPC), then `summarize()` turns the
+`probe()` reads every header in parallel chunks (no per-file IPC) into a `Census`, which turns the
 records into distributions. `recommend()` is the one function that picks a pre-resize size;
 `pack --resize auto` calls it too. Nothing here prints.
 """
@@ -21,10 +21,10 @@ import numpy as np
 
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
-from ..core.errors import Failure, Problem, describe
+from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
-from .discover import display, scan
+from .discover import display, walk
 
 CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.
@@ -49,6 +49,21 @@ class Recommendation:
     bytes_before: int
     bytes_after_estimate: int
     decode_work_saved: float  # share of decoded pixels saved per epoch (decode time ~ pixels)
+
+
+class FileProblem(str):
+    """A file's problem as probe reports it: the reason (a str, so it prints and serializes as one)
+    with its kind attached by whoever found it, never guessed from the wording."""
+
+    kind: str
+
+    def __new__(cls, reason: str, kind: str) -> FileProblem:
+        problem = super().__new__(cls, reason)
+        problem.kind = kind
+        return problem
+
+    def __reduce__(self) -> tuple:
+        return (FileProblem, (str(self), self.kind))
 
 
 @dataclass(frozen=True)
@@ -90,9 +105,9 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
     try:
         header, size = read_header(path)
     except HeaderError as error:
-        return ProbeRecord(relpath, _size_or_zero(path), None, Problem(str(error), error.kind))
+        return ProbeRecord(relpath, _size_or_zero(path), None, FileProblem(str(error), error.kind))
     except OSError as error:
-        return ProbeRecord(relpath, 0, None, Problem(f"cannot read: {describe(error)}", CANNOT_READ))
+        return ProbeRecord(relpath, 0, None, FileProblem(f"cannot read: {describe(error)}", CANNOT_READ))
     expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
     if header.complete and expected == header.format and header.width * header.height <= max_pixels:
         return ProbeRecord(relpath, size, header)  # the common case, kept cheap
@@ -165,30 +180,6 @@ def parallelism(files: int, workers: int | None = None, min_parallel: int = PARA
     return (workers if files >= min_parallel else 1), "process"
 
 
-def probe_records(
-    paths: Sequence[str],
-    relpaths: Sequence[str],
-    *,
-    workers: int | None = None,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    progress: Callable[[int], None] | None = None,
-    min_parallel: int = PARALLEL_MIN_FILES,
-) -> list[ProbeRecord]:
-    """Probe files in chunks across threads or processes; records come back in input order."""
-    workers, kind = parallelism(len(paths), workers, min_parallel)
-    chunk = max(256, min(CHUNK_FILES, math.ceil(len(paths) / (4 * workers))))
-    jobs = [
-        (list(paths[i : i + chunk]), list(relpaths[i : i + chunk]), max_pixels) for i in range(0, len(paths), chunk)
-    ]
-    parts: list[list[ProbeRecord]] = [[] for _ in jobs]
-    mapper = map_threads if kind == "thread" else map_local
-    for index, rows in mapper(_probe_chunk, jobs, workers):
-        parts[index] = _records_from_rows(jobs[index][1], rows)
-        if progress is not None:
-            progress(len(rows))
-    return [record for part in parts for record in part]
-
-
 def probe(
     source: str | os.PathLike[str],
     *,
@@ -205,7 +196,7 @@ def probe(
     the paths) as it is done; `progress(done, total)` has total None until the walk ends."""
     check_workers(workers)
     started = time.perf_counter()
-    found = scan(source, labels="none", keys=False)
+    found = walk(source, labels="none", keys=False)
     census = Census()
     walked = 0
     chunk_count = 0
@@ -267,13 +258,6 @@ def probe(
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     return report
-
-
-def summarize(records: Sequence[ProbeRecord], *, train_size: int = 224, root: str = "") -> ProbeReport:
-    """The report of records already in hand (probe() builds the same one as it streams)."""
-    census = Census()
-    census.add(records)
-    return census.report(train_size=train_size, root=root)
 
 
 class Counts:

@@ -321,10 +321,6 @@ class BatchLoader:
         return Batch(self._torch.from_numpy(images).permute(0, 3, 1, 2), self._torch.from_numpy(labels), keys)
 
 
-def _consecutive(indices: list[int]) -> bool:
-    return indices[-1] - indices[0] == len(indices) - 1
-
-
 def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, not {value!r}")

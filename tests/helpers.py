@@ -1,0 +1,77 @@
+"""Helpers the tests (and scripts/bench_probe.py) share that the library itself has no use for:
+whole-list forms of what the library streams, kept here as references the streamed results are
+compared with."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from shardkit.core.config import DEFAULT_MAX_PIXELS
+from shardkit.core.errors import Failure
+from shardkit.core.executors import map_local, map_threads
+from shardkit.core.manifest import iter_errors
+from shardkit.packing.discover import SourceList, walk
+from shardkit.packing.probe import (
+    CHUNK_FILES,
+    PARALLEL_MIN_FILES,
+    Census,
+    ProbeRecord,
+    ProbeReport,
+    _probe_chunk,
+    _records_from_rows,
+    parallelism,
+)
+
+
+def discover(source: str | os.PathLike[str], labels: str = "auto") -> SourceList:
+    """Every image under `source` (a folder or a list file) at once; `labels` is auto, folders or none."""
+    found = walk(source, labels)
+    if found.listed is not None:
+        return found.listed
+    items = list(found.items)
+    return SourceList(found.root, found.layout, items, found.classes, found.skipped)
+
+
+def image_files(source: str | os.PathLike[str]) -> tuple[list[str], list[str], list[Failure]]:
+    """(paths, relative paths, skipped) of the images under a folder or in a list file."""
+    found = discover(source, labels="none")
+    return [item.path for item in found.items], [item.relpath for item in found.items], found.skipped
+
+
+def read_errors(folder: str | Path) -> list[dict[str, str]]:
+    """The rows of errors.jsonl; none when there is no file."""
+    return list(iter_errors(folder))
+
+
+def probe_records(
+    paths: Sequence[str],
+    relpaths: Sequence[str],
+    *,
+    workers: int | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: Callable[[int], None] | None = None,
+    min_parallel: int = PARALLEL_MIN_FILES,
+) -> list[ProbeRecord]:
+    """Probe a list of files in chunks across threads or processes; records in input order."""
+    workers, kind = parallelism(len(paths), workers, min_parallel)
+    chunk = max(256, min(CHUNK_FILES, math.ceil(len(paths) / (4 * workers))))
+    jobs = [
+        (list(paths[i : i + chunk]), list(relpaths[i : i + chunk]), max_pixels) for i in range(0, len(paths), chunk)
+    ]
+    parts: list[list[ProbeRecord]] = [[] for _ in jobs]
+    mapper = map_threads if kind == "thread" else map_local
+    for index, rows in mapper(_probe_chunk, jobs, workers):
+        parts[index] = _records_from_rows(jobs[index][1], rows)
+        if progress is not None:
+            progress(len(rows))
+    return [record for part in parts for record in part]
+
+
+def summarize(records: Sequence[ProbeRecord], *, train_size: int = 224, root: str = "") -> ProbeReport:
+    """The report of records already in hand (probe() builds the same one as it streams)."""
+    census = Census()
+    census.add(records)
+    return census.report(train_size=train_size, root=root)
