@@ -51,7 +51,11 @@ print(json.dumps(statistics.median(seconds)))
 
 def run(checkout: Path, *args: str) -> str:
     environment = pythonpath_env(checkout)
-    done = subprocess.run([sys.executable, *args], env=environment, capture_output=True, text=True, check=False)
+    # cwd: `python -c` puts the working folder ahead of PYTHONPATH, so run from the repo root the
+    # "base" children would import this checkout and compare it with itself
+    done = subprocess.run(
+        [sys.executable, *args], env=environment, cwd=checkout, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(args[:3])} failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -67,6 +71,10 @@ def main() -> None:
     parser.add_argument("--formats", default="webdataset,lmdb,hdf5")
     args = parser.parse_args()
     revisions = {"this": REPO, "base": args.base.resolve()}
+    for checkout in revisions.values():  # each child must import its own revision, or the ratios mean nothing
+        where = Path(run(checkout, "-c", "import shardkit; print(shardkit.__file__)").strip()).resolve()
+        if checkout not in where.parents:
+            raise SystemExit(f"{checkout}: its children import shardkit from {where}")
     formats = args.formats.split(",")
     pack_seconds = {(rev, name): [] for rev in revisions for name in formats}
     reading = {(rev, name): [] for rev in revisions for name in formats}
