@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..core.config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig
+from ..core.config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig, TableConfig
 from ..core.config import pack_config as make_pack_config
 from ..formats import available_formats
 
@@ -43,7 +43,12 @@ D = PACK_OPTIONS  # the defaults shown in --help come from the one place they ar
 
 
 def pack(
-    source: Annotated[Path, typer.Argument(help="Image folder (class sub-folders or flat) or a list file.")],
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="Image folder (class sub-folders, flat, or with a metadata.jsonl|csv|parquet table) or a list file."
+        ),
+    ],
     output: Annotated[
         str,
         typer.Argument(help="Output folder for shards, manifest.json and errors.jsonl, or a URL (s3://bucket/prefix)."),
@@ -97,6 +102,23 @@ def pack(
     ] = None,
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
+    metadata: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="A table of samples (CSV, TSV, JSONL or parquet), one row per image. "
+            "\\[default: SOURCE/metadata.jsonl|csv|parquet when there is one]"
+        ),
+    ] = None,
+    path_column: Annotated[
+        str, typer.Option(help="The table's column holding each image's path, relative to SOURCE.")
+    ] = "file_name",
+    caption_column: Annotated[
+        Optional[str], typer.Option(help="The caption column. \\[default: caption, else text, when present]")
+    ] = None,
+    label_column: Annotated[Optional[str], typer.Option(help="A column of class names or whole numbers.")] = None,
+    columns: Annotated[
+        Optional[str], typer.Option(help="Keep only these columns (comma-separated). \\[default: all of them]")
+    ] = None,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
     staging: Annotated[
         Optional[Path],
@@ -110,9 +132,14 @@ def pack(
     with user_errors(on_stop="run the same command with --resume to finish"):
         flags = {key: value for key, value in locals().items() if key in PACK_OPTIONS}
         given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
+        table = TableConfig(
+            path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column,
+            label_column=label_column,
+            columns=None if columns is None else tuple(name.strip() for name in columns.split(",") if name.strip()),
+        )  # fmt: skip
         pack_config = make_pack_config(
             source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
-            staging=staging, **given,
+            staging=staging, table=table, **given,
         )  # fmt: skip
         result = _run(pack_config)
         render(result)

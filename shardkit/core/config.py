@@ -105,6 +105,30 @@ class EncodeConfig:
 
 
 @dataclass(frozen=True)
+class TableConfig:
+    """How a metadata table becomes samples (--metadata and the column flags). `path` None: the
+    source's own metadata.jsonl, .csv or .parquet at its root, when it has one."""
+
+    path: str | None = None
+    path_column: str = "file_name"
+    caption_column: str | None = None  # None: "caption", else "text", when the table has one
+    label_column: str | None = None
+    columns: tuple[str, ...] | None = None  # None: every column but the path, caption and label ones
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            object.__setattr__(self, "columns", tuple(self.columns))
+        for what, name in (
+            ("path column", self.path_column), ("caption column", self.caption_column),
+            ("label column", self.label_column), *(("column", name) for name in self.columns or ()),
+        ):  # fmt: skip
+            if name is not None and (not isinstance(name, str) or not name.strip()):
+                raise ConfigError(f"the {what} must be a name, not {name!r}")
+        if self.columns is not None and len(set(self.columns)) != len(self.columns):
+            raise ConfigError("--columns names a column twice")
+
+
+@dataclass(frozen=True)
 class PackConfig:
     source: str
     output: str
@@ -126,6 +150,7 @@ class PackConfig:
     # written to before they are uploaded (default: under the shard cache)
     storage_options: dict[str, Any] | None = None
     staging: str | None = None
+    table: TableConfig = field(default_factory=TableConfig)  # a metadata table's columns
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.shard_bytes is None:
@@ -213,6 +238,7 @@ def pack_config(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     staging: str | Path | None = None,
+    table: TableConfig | None = None,
     **given: Any,
 ) -> PackConfig:
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
@@ -257,6 +283,7 @@ def pack_config(
         train_size=values["train_size"],
         storage_options=storage_options,
         staging=None if staging is None else str(staging),
+        table=table or TableConfig(),
     )
 
 

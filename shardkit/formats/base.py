@@ -28,7 +28,9 @@ class Record(NamedTuple):
     data: bytes  # encoded image (ext "jpg") or .npy pixels (ext "npy")
     ext: str
     label: int | None
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # shardkit's own: source path, sizes (never the user's columns)
+    text: str | list[str] | None = None  # the caption, or several
+    columns: dict[str, Any] | None = None  # the user's columns (JSON values), apart from `meta`
 
 
 def checked(record: Record, where: object) -> Record:
@@ -37,12 +39,25 @@ def checked(record: Record, where: object) -> Record:
         raise ShardFormatError(f"{where}: record {str(record.key)[:200]!r} has fields of the wrong type")
     if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
         raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
+    if record.text is not None and not _is_text(record.text):
+        raise ShardFormatError(f"{where}: record {record.key} has a caption that is not text or a list of texts")
+    if record.columns is not None and not isinstance(record.columns, dict):
+        raise ShardFormatError(f"{where}: record {record.key} has columns that are not a JSON object")
     if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8
         try:
             record.key.encode("utf-8")
         except UnicodeEncodeError:
             raise ShardFormatError(f"{where}: record key {record.key!r} is not UTF-8") from None
     return record
+
+
+def _is_text(text: object) -> bool:
+    return isinstance(text, str) or (isinstance(text, list) and all(isinstance(item, str) for item in text))
+
+
+def encode_json(value: Any) -> bytes:
+    """A caption list or the user's columns as stored: canonical JSON, UTF-8 kept as it is."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def parse_meta(blob: bytes | str, where: object) -> dict[str, Any]:

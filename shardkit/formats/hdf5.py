@@ -20,7 +20,17 @@ import numpy as np
 
 from ..core.errors import ConfigError, ShardFormatError, describe
 from ..core.safeio import check_regular
-from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
+from .base import (
+    Backend,
+    Record,
+    ShardReader,
+    ShardWriter,
+    checked,
+    encode_json,
+    encode_meta,
+    json_objects,
+    parse_meta,
+)
 
 CHUNK_BYTES = 1 << 20
 _FLUSH_BYTES = 8 << 20
@@ -64,6 +74,7 @@ class Hdf5ShardWriter(ShardWriter):
         self._exts: list[str] = []
         self._labels: list[int] = []
         self._meta: list[str] = []
+        self._extras: list[str] = []  # per record: its caption and columns as JSON, "" when none
         self._index_bytes = 0  # what the index datasets will take, roughly
 
     def add(self, record: Record) -> None:
@@ -74,7 +85,9 @@ class Hdf5ShardWriter(ShardWriter):
         self._exts.append(record.ext)
         self._labels.append(-1 if record.label is None else record.label)
         self._meta.append(meta)
-        self._index_bytes += 3 * 40 + 16 + len(record.key) + len(record.ext) + len(meta)
+        extras = _encode_extras(record)
+        self._extras.append(extras)
+        self._index_bytes += 4 * 40 + 16 + len(record.key) + len(record.ext) + len(meta) + len(extras)
         if len(self._buffer) >= _FLUSH_BYTES:
             self._flush()
 
@@ -105,6 +118,8 @@ class Hdf5ShardWriter(ShardWriter):
             ("keys", self._keys, strings),
             ("exts", self._exts, strings),
             ("meta", self._meta, strings),
+            # only when a record has a caption or columns: an image-only shard keeps its bytes
+            *([("extras", self._extras, strings)] if any(self._extras) else []),
         ):
             self._file.create_dataset(name, data=np.array(values, dtype=dtype), track_times=False)
         self._file.attrs["shardkit_version"] = VERSION
@@ -118,6 +133,15 @@ class Hdf5ShardWriter(ShardWriter):
             os.ftruncate(self._file.id.get_vfd_handle(), 0)
         finally:
             self._file.close()
+
+
+def _encode_extras(record: Record) -> str:
+    extras: dict[str, Any] = {}
+    if record.text is not None:
+        extras["text"] = record.text
+    if record.columns is not None:
+        extras["columns"] = record.columns
+    return encode_json(extras).decode() if extras else ""
 
 
 def _end_of_file(path: str) -> int:
@@ -153,6 +177,7 @@ class Hdf5ShardReader(ShardReader):
         self._file: Any = None
         self._index: tuple[list[int], list[str], list[str], list[int]] | None = None
         self._meta: list[Any] = []
+        self._extras: list[Any] | None = None
         self._chunks: tuple[int, list[int]] | None = None  # (chunk bytes, file offset of each chunk)
         self._fd: int | None = None
         self._fd_pid = 0
@@ -196,6 +221,9 @@ class Hdf5ShardReader(ShardReader):
         labels = h5["labels"][:n]
         # Metadata is small: one read here beats one h5py call (~100 us) per record later.
         self._meta = list(h5["meta"][:n])
+        self._extras = list(h5["extras"][:n]) if "extras" in h5 else None
+        if self._extras is not None and len(self._extras) != n:
+            raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
         sizes = np.diff(offsets)
         if offsets[0] != 0 or (sizes < 0).any() or offsets[-1] > data.shape[0] or len(keys) != n or len(labels) != n:
             raise ShardFormatError(f"{self.path}: inconsistent offsets or index")
@@ -226,7 +254,12 @@ class Hdf5ShardReader(ShardReader):
         if meta is None:
             meta = parse_meta(self._meta[index], f"{self.path}: record {keys[index]}")
         label = labels[index]
-        return checked(Record(keys[index], data, exts[index], None if label < 0 else label, meta), self.path)
+        text, columns = None, None
+        if self._extras is not None and self._extras[index]:
+            extras = parse_meta(self._extras[index], f"{self.path}: record {keys[index]} caption and columns")
+            text, columns = extras.get("text"), extras.get("columns")
+        record = Record(keys[index], data, exts[index], None if label < 0 else label, meta, text, columns)
+        return checked(record, self.path)
 
     def _descriptor(self) -> int:
         if self._fd is None or self._fd_pid != os.getpid():  # after fork, get our own descriptor
@@ -319,7 +352,9 @@ def _check_index_datasets(h5: Any, path: str) -> None:
     width of 1 MiB per row would be a bomb), numbers plain 1-D integers."""
     import h5py
 
-    for name in ("offsets", "labels", "keys", "exts", "meta"):
+    for name in ("offsets", "labels", "keys", "exts", "meta", "extras"):
+        if name == "extras" and name not in h5:  # written only when a record has a caption or columns
+            continue
         dataset = h5[name]
         if dataset.ndim != 1 or dataset.id.get_create_plist().get_nfilters() != 0:
             raise ShardFormatError(f"{path}: index dataset {name} is not a plain 1-D array")

@@ -31,9 +31,12 @@ def _index_key(index: int) -> bytes:
 
 
 def encode_value(record: Record) -> bytes:
-    header = json.dumps(
-        {"key": record.key, "ext": record.ext, "label": record.label, "meta": record.meta}, sort_keys=True
-    ).encode()
+    fields: dict[str, Any] = {"key": record.key, "ext": record.ext, "label": record.label, "meta": record.meta}
+    if record.text is not None:  # only when there is one: an image-only record keeps its bytes
+        fields["text"] = record.text
+    if record.columns is not None:
+        fields["columns"] = record.columns
+    header = json.dumps(fields, sort_keys=True).encode()
     return len(header).to_bytes(4, "big") + header + record.data
 
 
@@ -54,7 +57,10 @@ def decode_value(value: bytes | memoryview, where: object, header: Any = None, s
     try:
         if header is None:
             header = loads(bytes(value[4 : 4 + size]))
-        record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
+        record = Record(
+            header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"],
+            header.get("text"), header.get("columns"),
+        )  # fmt: skip
     except (ValueError, KeyError, TypeError, IndexError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
     return checked(record, where)

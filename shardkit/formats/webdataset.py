@@ -1,4 +1,6 @@
-"""WebDataset shards: plain tars of `<key>.jpg|npy`, `<key>.cls`, `<key>.json` that stock webdataset reads.
+"""WebDataset shards: plain tars of `<key>.jpg|npy`, `<key>.cls`, `<key>.json` (shardkit's metadata),
+`<key>.txt` (the caption; several are one per line, with the exact list in `<key>.captions.json`)
+and `<key>.columns.json` (the user's columns), which stock webdataset and `datasets` read.
 
 The reader parses tar headers itself (ustar, pax, GNU long names) instead of going through
 `tarfile`, which costs ~10 us per member in Python: iteration reads headers and small members with a
@@ -14,11 +16,22 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator
+from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES
 from ..core.errors import ShardFormatError, describe
-from ..core.safeio import open_regular
-from .base import Backend, Record, ShardReader, ShardWriter, checked, encode_meta, json_objects, parse_meta
+from ..core.safeio import loads, open_regular
+from .base import (
+    Backend,
+    Record,
+    ShardReader,
+    ShardWriter,
+    checked,
+    encode_json,
+    encode_meta,
+    json_objects,
+    parse_meta,
+)
 
 
 class TarShardWriter(ShardWriter):
@@ -33,6 +46,13 @@ class TarShardWriter(ShardWriter):
         if record.label is not None:
             members.append((f"{record.key}.cls", str(record.label).encode()))
         members.append((f"{record.key}.json", encode_meta(record.meta).encode()))
+        if isinstance(record.text, str):
+            members.append((f"{record.key}.txt", record.text.encode()))
+        elif record.text is not None:  # several: one per line for stock readers, the exact list beside
+            members.append((f"{record.key}.txt", "\n".join(record.text).encode()))
+            members.append((f"{record.key}.captions.json", encode_json(record.text)))
+        if record.columns is not None:
+            members.append((f"{record.key}.columns.json", encode_json(record.columns)))
         for name, payload in members:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
@@ -62,6 +82,11 @@ _BATCH = 64  # records read together (see _records)
 _BATCH_BYTES = 8 << 20  # ... or fewer, when their images add up to this
 _MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
 Member = tuple[str, int, int]  # name, offset of its data, size
+_NOT_IMAGE = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
+
+
+# (image extension, label, metadata JSON, bytes of all members, caption, columns)
+_Small = tuple[str, "int | None", bytes, int, "str | list[str] | None", "dict[str, Any] | None"]
 
 
 def _octal(field: bytes, where: str) -> int:
@@ -251,7 +276,7 @@ class TarShardReader(ShardReader):
         decodes, the same Python work per record runs with cold caches and costs about twice as
         much. A damaged record ends the stream only after every good record before it."""
         while True:
-            batch: list[tuple[str, dict[str, tuple[int, int]], tuple[str, int | None, bytes, int]]] = []
+            batch: list[tuple[str, dict[str, tuple[int, int]], _Small]] = []
             batch_bytes, damage = 0, None
             try:
                 for key, members in entries:
@@ -264,13 +289,13 @@ class TarShardReader(ShardReader):
                 damage = error  # raised after the good records collected before it
             ready: list[Record] = []
             try:
-                for (key, members, (image_ext, label, blob, _)), meta in zip(
+                for (key, members, (image_ext, label, blob, _, text, columns)), meta in zip(
                     batch, json_objects([small[2] for _, _, small in batch]), strict=True
                 ):
                     if meta is None:
                         meta = parse_meta(blob, f"{self.path}: record {key}")
                     image = self._member(data, key, members, image_ext)
-                    ready.append(checked(Record(key, image, image_ext, label, meta), self.path))
+                    ready.append(checked(Record(key, image, image_ext, label, meta, text, columns), self.path))
             except ShardFormatError:
                 yield from ready
                 raise
@@ -280,16 +305,14 @@ class TarShardReader(ShardReader):
             if not batch:
                 return
 
-    def _small_members(
-        self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]
-    ) -> tuple[str, int | None, bytes, int]:
-        """(image extension, label, metadata JSON, bytes of all members) of one record; checks sizes
-        before any read."""
+    def _small_members(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]) -> _Small:
+        """(image extension, label, metadata JSON, bytes of all members, caption, columns) of one
+        record; checks sizes before any read."""
         image_ext = None
         total = 0
         for ext, (_, size) in members.items():
             total += size
-            if image_ext is None and ext != "cls" and ext != "json":
+            if image_ext is None and ext not in _NOT_IMAGE:
                 image_ext = ext
         if image_ext is None:
             raise ShardFormatError(f"{self.path}: record {key} has no image member")
@@ -302,7 +325,24 @@ class TarShardReader(ShardReader):
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
         blob = self._member(data, key, members, "json") if "json" in members else b"{}"
-        return image_ext, label, blob, total
+        if len(members) <= 3 and "txt" not in members:  # an image, its label and metadata: the common case
+            return image_ext, label, blob, total, None, None
+        text: str | list[str] | None = None
+        where = f"{self.path}: record {key}"
+        if "captions.json" in members:
+            try:
+                text = loads(self._member(data, key, members, "captions.json"))
+            except ValueError as error:
+                raise ShardFormatError(f"{where} has unreadable captions ({error})") from None
+        elif "txt" in members:
+            try:
+                text = self._member(data, key, members, "txt").decode("utf-8")
+            except UnicodeDecodeError:
+                raise ShardFormatError(f"{where} has a caption that is not UTF-8") from None
+        columns = None
+        if "columns.json" in members:
+            columns = parse_meta(self._member(data, key, members, "columns.json"), f"{where}: columns")
+        return image_ext, label, blob, total, text, columns
 
     def read(self, index: int) -> Record:
         key, members = self._index()[index]

@@ -8,16 +8,22 @@ reason, so callers can account for every file they were pointed at.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
+import numpy as np
+
+from ..core.config import TableConfig
 from ..core.errors import Failure, SourceError
 from ..core.headers import EXTENSION_FORMATS
+from .tables import MAX_EXTRA_BYTES, Table, clean_relpath, find_table, read_rows
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
 # Characters kept as they are in keys; everything else (and '.') is percent-escaped so keys are
@@ -32,6 +38,7 @@ class Item(NamedTuple):
     relpath: str  # relative to the source root, '/'-separated: what the user sees and metadata keeps
     key: str
     label: int | None = None
+    extra: str = ""  # a table row's caption and columns, as canonical JSON ("" when none)
 
 
 def _skip(relpath: str, reason: str) -> Failure:
@@ -87,10 +94,13 @@ class SourceWalk:
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
 
 
-def walk(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = True) -> SourceWalk:
+def walk(
+    source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = True, table: TableConfig | None = None
+) -> SourceWalk:
     """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
     source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
-    items empty (probe has no use for them, and they cost more than the walk)."""
+    items empty (probe has no use for them, and they cost more than the walk). A folder with a
+    metadata table (`table.path`, or metadata.jsonl|csv|parquet at its root) has one sample per row."""
     if labels not in ("auto", "folders", "none"):
         raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
     root = os.fspath(source)
@@ -99,11 +109,16 @@ def walk(source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = T
     if os.path.isfile(root):
         if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
             raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
+        if table is not None and table.path is not None:
+            raise SourceError(f"{display(root)}: --metadata needs a source folder (the rows' paths are relative to it)")
         listed = _from_list(root)
         return SourceWalk(listed.root, listed.layout, listed.items, listed.classes, listed.skipped, listed)
     if not os.path.isdir(root):
         raise SourceError(f"{display(root)}: not a folder or a list file")
     _check_folder(root)
+    metadata = find_table(root, table or TableConfig())
+    if metadata is not None:
+        return _from_table(root, metadata, labels, keys)
     skipped: list[Failure] = []
     seen: set[tuple[int, int]] = set()  # folders the walk has entered
     top = _listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
@@ -339,3 +354,176 @@ def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure
         path = rel if os.path.isabs(rel) else os.path.join(root, rel)
         items.append(Item(path, shown, key, label))
     return items
+
+
+def _from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
+    """A source folder whose samples are the rows of a metadata table (tables.py): read twice,
+    streamed, then the folder walked for images that no row names."""
+    if labels == "folders":
+        raise SourceError(f"{display(root)}: samples come from {table.name}; labels come from a column, not folders")
+    config = table.config
+    label_column = config.label_column if labels != "none" else None
+    before = _stamp(table.path)
+    path_hashes, key_hashes = array("q"), array("q")
+    names: set[str] = set()
+    numbers = False
+    for row in read_rows(table):
+        rel = None if row.values is None else clean_relpath(row.values.get(config.path_column))
+        if rel is None or row.values is None:
+            continue
+        path_hashes.append(hash(rel))
+        key_hashes.append(hash(make_key(rel)))
+        if label_column is not None:
+            value = row.values.get(label_column)
+            if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
+                names.add(value)
+            elif value is not None and value != "":
+                numbers = True
+    if not table.rows:
+        raise SourceError(f"{table.path}: the table has no rows")
+    _check_columns(table)
+    if names and numbers:
+        raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
+    classes = sorted(names, key=os.fsencode)
+    paths = np.frombuffer(path_hashes, dtype=np.int64)
+    distinct, first, counts = np.unique(paths, return_index=True, return_counts=True)
+    repeated = set(distinct[counts > 1].tolist())  # paths (by hash) that two rows name
+    stems, stem_counts = np.unique(np.frombuffer(key_hashes, dtype=np.int64)[first], return_counts=True)
+    clashing = set(stems[stem_counts > 1].tolist())  # distinct files whose keys clash keep their extension
+    del key_hashes, first, stems, stem_counts, counts
+    found = SourceWalk(root, "table", [], classes, [])
+    rows = _Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, clashing, keys, before)
+    found.items = _table_items(root, rows, found.skipped, distinct)
+    return found
+
+
+@dataclass
+class _Rows:
+    """What the first read of a table settled, for the second."""
+
+    table: Table
+    label_column: str | None
+    class_index: dict[str, int]
+    repeated: set[int]
+    clashing: set[int]
+    keys: bool
+    stamp: tuple[int, int]
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns
+
+
+def _check_columns(table: Table) -> None:
+    """The columns the flags name exist; the caption column is resolved ("caption", else "text")."""
+    config, found = table.config, table.found
+    shown = ", ".join(found[:20]) + (", ..." if len(found) > 20 else "") if found else "no columns"
+    if config.path_column not in found:
+        raise SourceError(f"{table.path}: no {config.path_column!r} column ({shown}); name it with --path-column")
+    for what, name in (("label", config.label_column), ("caption", config.caption_column)):
+        if name is not None and name not in found:
+            raise SourceError(f"{table.path}: no {what} column {name!r} ({shown})")
+    table.caption = config.caption_column or next((name for name in ("caption", "text") if name in found), None)
+    taken = {config.path_column, config.label_column, table.caption}
+    if config.columns is not None:
+        missing = [name for name in config.columns if name not in found]
+        if missing:
+            raise SourceError(f"{table.path}: no column {missing[0]!r} ({shown})")
+        table.columns = [name for name in config.columns if name not in taken]
+    else:
+        table.columns = [name for name in found if name not in taken]
+
+
+def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
+    table = rows.table
+    path_column = table.config.path_column
+    taken: dict[int, list[str]] = {}  # path hash -> the paths taken, for the few hashes seen twice
+    unit = "row" if table.kind == "parquet" else "line"
+    for row in read_rows(table):
+        where = f"{table.name} {unit} {row.line}"
+        if row.values is None:
+            skipped.append(Failure(where, "discover", f"{table.name} {row.problem}"))
+            continue
+        raw = row.values.get(path_column)
+        rel = clean_relpath(raw)
+        if rel is None:
+            shown = display(raw) if isinstance(raw, str) and raw else where
+            why = "no path" if raw is None or raw == "" else "not a path inside the source folder"
+            skipped.append(Failure(shown, "discover", f"{where}: {why} in column {path_column!r}"))
+            continue
+        hashed = hash(rel)
+        if hashed in rows.repeated:
+            if rel in taken.setdefault(hashed, []):
+                skipped.append(_skip(rel, f"{where}: the file is named by an earlier row too"))
+                continue
+            taken[hashed].append(rel)
+        label, problem = _table_label(row.values, rows)
+        extra = ""
+        if not problem:
+            extra, problem = _extra(row.values, table)
+        if problem:
+            skipped.append(_skip(rel, f"{where}: {problem}"))
+            continue
+        key = make_key(rel, keep_extension=hash(make_key(rel)) in rows.clashing) if rows.keys else ""
+        yield Item(os.path.join(root, rel), rel, key, label, extra)
+    if _stamp(table.path) != rows.stamp:
+        raise SourceError(f"{table.path}: changed while it was being read; pack again (--resume keeps what was done)")
+    _unrowed(root, table.name, rowed, skipped)
+
+
+def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
+    column = rows.label_column
+    if column is None:
+        return None, ""
+    value = values.get(column)
+    if value is None or value == "":
+        return None, f"no label in column {column!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None, f"label {str(value)[:40]!r} is neither a class name nor a whole number"
+    if rows.class_index:
+        index = rows.class_index.get(value) if isinstance(value, str) else None
+        return (index, "") if index is not None else (None, f"label {str(value)[:40]!r} is not a class name")
+    number = int(value)
+    return (number, "") if number >= 0 else (None, f"label {number} is negative")
+
+
+def _extra(values: dict[str, Any], table: Table) -> tuple[str, str]:
+    """(a row's caption and columns as the canonical JSON stored with its item, "" when none;
+    the problem that keeps the row out, "" when none)."""
+    extra: dict[str, Any] = {}
+    if table.caption is not None and (text := values.get(table.caption)) is not None:
+        if not (isinstance(text, str) or (isinstance(text, list) and all(isinstance(t, str) for t in text))):
+            return "", f"the caption in column {table.caption!r} is not text or a list of texts"
+        extra["text"] = text
+    columns = {name: values[name] for name in table.columns or () if name in values}
+    if columns:
+        extra["columns"] = columns
+    if not extra:
+        return "", ""
+    try:
+        encoded = json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return "", "a column holds NaN or infinity, which JSON cannot store"
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError:  # JSON may escape a lone surrogate ("\ud800"): no UTF-8 text holds one
+        return "", "a caption or column holds a lone surrogate, which is not text"
+    if size > MAX_EXTRA_BYTES:
+        return "", f"caption and columns take {size:,} bytes, over the {MAX_EXTRA_BYTES >> 20} MiB limit"
+    return encoded, ""
+
+
+def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure]) -> None:
+    """Images under the source that no row names: each is an input not packed, with its reason.
+    (Other files, the table itself among them, are not samples of a table source.)"""
+    seen: set[tuple[int, int]] = set()
+    ignored: list[Failure] = []
+    top = _listing(root, "", ignored, seen, False)
+    for run in walk_runs(root, top, None, ignored, seen, False):
+        hashes = np.fromiter((hash(rel) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
+        at = np.minimum(np.searchsorted(rowed, hashes), max(len(rowed) - 1, 0))
+        missing = rowed[at] != hashes if len(rowed) else np.ones(len(hashes), dtype=bool)
+        skipped.extend(
+            _skip(rel, f"no row in {name}") for rel, gone in zip(run.relpaths, missing, strict=False) if gone
+        )

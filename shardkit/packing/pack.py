@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from ..core.errors import Failure, ImageError, ManifestError, OutputError, describe
 from ..core.executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
@@ -64,6 +64,7 @@ class ShardJob:
     resize: ResizeConfig
     encode: EncodeConfig
     plan: str  # fingerprint, stored with the result so a resume can trust it
+    confine: str | None = None  # a table's rows may only name files under this (real) folder
 
 
 @dataclass
@@ -164,6 +165,8 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
     """One source file to a record, or (None, 0) with the reason appended to `errors`."""
     started = time.perf_counter()
     try:
+        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
         data, header = read_source(item.path, job.encode.max_pixels)
         timings["read"] += time.perf_counter() - started
         encoded = process_image(data, job.resize, job.encode, timings, header)
@@ -177,7 +180,11 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
         errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
     else:
         meta = {**encoded.meta, "source": display(item.relpath)}
-        return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
+        if not item.extra:
+            return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
+        extra = json.loads(item.extra)  # written by the walk: canonical JSON, caption and columns
+        record = Record(item.key, encoded.data, encoded.ext, item.label, meta, extra.get("text"), extra.get("columns"))
+        return record, len(data)
     return None, 0
 
 
@@ -276,6 +283,8 @@ def settings_of(config: PackConfig) -> dict[str, Any]:
         "seed": config.seed,
         "labels": config.labels,
         "jpeg_backend": _jpeg_backend(),
+        # only when flags name a table's columns: the settings of every other pack keep their hash
+        **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
     }
 
 
@@ -309,7 +318,7 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
         try:
-            found = walk(config.source, labels=config.labels)
+            found = walk(config.source, labels=config.labels, table=config.table)
             if found.listed is not None:
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
             config = resolve_resize(config)
@@ -353,7 +362,9 @@ def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback
         # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are
         # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
         resolved = resolve_resize(config)
-        plan = fingerprint(settings_of(resolved), _dry_plan(resolved, walk(config.source, labels=config.labels)))
+        plan = fingerprint(
+            settings_of(resolved), _dry_plan(resolved, walk(config.source, labels=config.labels, table=config.table))
+        )
         if remote.manifest.settings.get("plan") != plan:
             raise OutputError(
                 f"{store.url}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
@@ -395,7 +406,11 @@ def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[Sh
 def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
     """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
     compared with it before anything is done."""
-    items = found.listed.items if found.listed is not None else walk(config.source, labels=config.labels).items
+    items = (
+        found.listed.items
+        if found.listed is not None
+        else walk(config.source, labels=config.labels, table=config.table).items
+    )
     return _plan(config, items, get_format(config.format).suffix)
 
 
@@ -434,6 +449,9 @@ def _write_all(
     job_specs: list[int] = []  # job number -> shard index
     planned = Planned()
 
+    # a table's rows name files by path: a link among them must not lead outside the source
+    confine = os.path.realpath(found.root) if found.layout == "table" else None
+
     def jobs() -> Iterator[ShardJob]:
         for spec in specs:
             shard_hash = digest.add(spec)
@@ -446,7 +464,7 @@ def _write_all(
                 planned.reused_errors += len(previous["errors"])
                 continue
             job_specs.append(spec.index)
-            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash)
+            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash, confine)
         planned.walked = True
 
     for job_number, result in _run_jobs(config, jobs(), planned, progress):

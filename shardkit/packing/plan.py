@@ -69,7 +69,8 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
         head = item.path[: len(item.path) - len(item.relpath)] if joined else item.path
         head_id = heads.setdefault((head, joined), len(heads))
         label = "" if item.label is None else str(item.label)
-        block += f"{head_id}\0{item.relpath}\0{item.key}\0{label}\0".encode("utf-8", "surrogateescape")
+        # (an item's extra is JSON: no raw NUL in it)
+        block += f"{head_id}\0{item.relpath}\0{item.key}\0{label}\0{item.extra}\0".encode("utf-8", "surrogateescape")
         offsets.append(len(block))
     ends = np.array(offsets, dtype=np.int64)
     del offsets
@@ -77,9 +78,10 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
     view = memoryview(block)
     for position in np.random.default_rng(seed).permutation(len(ends) - 1).tolist():
         text = bytes(view[ends[position] : ends[position + 1] - 1]).decode("utf-8", "surrogateescape")
-        head_text, relpath, key, label_text = text.split("\0")
+        head_text, relpath, key, label_text, extra = text.split("\0")
         head, joined = by_id[int(head_text)]
-        yield Item(head + relpath if joined else head, relpath, key, int(label_text) if label_text else None)
+        number = int(label_text) if label_text else None
+        yield Item(head + relpath if joined else head, relpath, key, number, extra)
 
 
 def _size(path: str) -> int:
@@ -117,6 +119,8 @@ class PlanDigest:
         for item in spec.items:
             size, mtime = _size_and_mtime(item.path)  # a changed source must not reuse old shards
             text = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
+            if item.extra:  # a changed caption or column rewrites the shard (and none changes nothing)
+                text += f"\0{item.extra}"
             lines.append(text.encode("utf-8", "surrogateescape"))
         for line in lines:
             self._whole.update(line)

@@ -43,7 +43,9 @@ class Sample(NamedTuple):
     key: str
     image: Any  # HWC uint8 array ("rgb"), bytes, PIL image, or CHW uint8 tensor ("torch")
     label: int | None
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # shardkit's own: source path, original and stored sizes
+    text: str | list[str] | None = None  # the caption (or several), when the source had one
+    fields: dict[str, Any] = {}  # noqa: RUF012 - the user's columns; readers give each sample its own dict
 
 
 class ShardDataset:
@@ -188,7 +190,8 @@ class ShardDataset:
             image = self._decoded(record)
         except (ImageError, ValueError) as error:
             raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode ({error})") from None
-        sample = Sample(record.key, image, record.label, record.meta)
+        fields = dict(record.columns) if record.columns is not None else {}
+        sample = Sample(record.key, image, record.label, record.meta, record.text, fields)
         return self.transform(sample) if self.transform is not None else sample
 
     def _decoded(self, record: Record) -> Any:

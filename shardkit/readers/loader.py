@@ -37,17 +37,30 @@ _FAILED, _UNSUPPORTED = 1, 2
 
 
 class Batch(tuple):
-    """(images, labels), as `for images, labels in loader` wants, with `.keys` alongside.
+    """(images, labels), as `for images, labels in loader` wants, with `.keys`, `.texts` and
+    `.fields` alongside (lists, one per image, in the order of the images).
 
     images: uint8 (N, 3, H, W), in channels_last memory (the buffer is N x H x W x 3); labels:
     int64 (N,), -1 for unlabelled records. Torch tensors, or numpy arrays with output="numpy".
+    texts: each image's caption (a string, a list of them, or None); fields: its columns (a dict).
     """
 
     keys: list[str]
+    texts: list[str | list[str] | None]
+    fields: list[dict[str, Any]]
 
-    def __new__(cls, images: Any, labels: Any, keys: list[str]) -> Batch:
+    def __new__(
+        cls,
+        images: Any,
+        labels: Any,
+        keys: list[str],
+        texts: list[str | list[str] | None] | None = None,
+        fields: list[dict[str, Any]] | None = None,
+    ) -> Batch:
         batch = super().__new__(cls, (images, labels))
         batch.keys = keys
+        batch.texts = texts if texts is not None else [None] * len(keys)
+        batch.fields = fields if fields is not None else [{} for _ in keys]
         return batch
 
     @property
@@ -294,7 +307,11 @@ class BatchLoader:
             images = images[keep]
             chunk = [chunk[i] for i in keep]
         labels = np.array([-1 if r.label is None else r.label for _, r in chunk], dtype=np.int64)
-        return self._batch(images, labels, [r.key for _, r in chunk])
+        batch = self._batch(images, labels, [r.key for _, r in chunk])
+        if any(r.text is not None or r.columns is not None for _, r in chunk):
+            batch.texts = [r.text for _, r in chunk]
+            batch.fields = [dict(r.columns) if r.columns is not None else {} for _, r in chunk]
+        return batch
 
     def _failed(self, chunk: list[tuple[int, Record]], failures: dict[int, str]) -> list[int] | None:
         """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""

@@ -1,0 +1,215 @@
+"""Metadata tables: one sample per row, its image named by a path column, with a caption, a label
+and any other columns (Hugging Face ImageFolder's `metadata.jsonl|csv|parquet` with `file_name`,
+or any CSV, TSV, JSONL or parquet table given with --metadata).
+
+A table is read twice, streamed both times: a first pass keeps 8-byte hashes of every path and key
+(duplicates, key clashes, files without a row) and the class names; the second yields the items.
+Memory grows by 16 bytes a row, never by the rows themselves (10 M rows: 160 MB). A row that
+cannot be taken becomes a Failure naming its line and the cause; the pack goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..core.config import TableConfig
+from ..core.errors import SourceError, describe
+from ..core.safeio import loads
+
+# Hugging Face ImageFolder's names, picked up at the source root with no flag.
+AUTO_TABLES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
+# A row's caption and columns as stored (canonical JSON): past this a row is refused, not truncated.
+MAX_EXTRA_BYTES = 1 << 20
+_PARQUET_BATCH = 65_536
+_LINE_LIMIT = 4 * MAX_EXTRA_BYTES  # a JSONL line or CSV field longer than this is refused unread
+
+
+class Row(NamedTuple):
+    line: int  # 1-based line of a JSONL or CSV file (the header is line 1), row number in parquet
+    values: dict[str, Any] | None  # None: the row could not be read (`problem` says why)
+    problem: str = ""
+
+
+@dataclass
+class Table:
+    """A table being read: its file, its kind, and the columns a sample takes from it."""
+
+    path: str
+    kind: str
+    config: TableConfig
+    name: str = ""  # how errors name it (its file name)
+    caption: str | None = None  # the caption column, resolved
+    columns: list[str] | None = None  # None: every column but the path, caption and label ones
+    found: list[str] = field(default_factory=list)  # the columns seen (all of a CSV or parquet header)
+    rows: int = 0  # rows read in the last pass, readable or not
+    _known: set[str] = field(default_factory=set, repr=False)
+
+
+def find_table(root: str, config: TableConfig) -> Table | None:
+    """The table of a source folder: --metadata, else metadata.jsonl|csv|parquet at its root.
+    None when there is neither."""
+    if config.path is not None:
+        path = os.fspath(config.path)
+        if not os.path.isfile(path):
+            raise SourceError(f"{path}: no such metadata table")
+    else:
+        present = [name for name in AUTO_TABLES if os.path.isfile(os.path.join(root, name))]
+        if not present:
+            return None
+        if len(present) > 1:
+            raise SourceError(f"{root}: {' and '.join(present)} both present; keep one (or pick one with --metadata)")
+        path = os.path.join(root, present[0])
+    lower = path.lower()
+    kind = next((kind for suffix, kind in TABLE_KINDS.items() if lower.endswith(suffix)), None)
+    if kind is None:
+        raise SourceError(f"{path}: a metadata table must be .jsonl, .csv, .tsv or .parquet")
+    return Table(path, kind, config, os.path.basename(path))
+
+
+def read_rows(table: Table) -> Iterator[Row]:
+    """Every row of the table, streamed; a row that cannot be read comes with its problem."""
+    table.rows = 0
+    if table.kind == "jsonl":
+        rows = _jsonl_rows(table)
+    elif table.kind == "parquet":
+        rows = _parquet_rows(table)
+    else:
+        rows = _csv_rows(table, "\t" if table.kind == "tsv" else ",")
+    for row in rows:
+        table.rows += 1
+        yield row
+
+
+def _jsonl_rows(table: Table) -> Iterator[Row]:
+    try:
+        handle = open(table.path, "rb")  # noqa: SIM115 - closed below
+    except OSError as error:
+        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
+    with handle:
+        for number, line in enumerate(iter(lambda: handle.readline(_LINE_LIMIT + 1), b""), 1):
+            if len(line) > _LINE_LIMIT:
+                raise SourceError(f"{table.path}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                yield Row(number, None, f"line {number}: not UTF-8")
+                continue
+            try:
+                value = loads(text)
+            except ValueError as error:
+                yield Row(number, None, f"line {number}: not valid JSON ({describe(error)})")
+                continue
+            if type(value) is not dict:
+                yield Row(number, None, f"line {number}: not a JSON object")
+                continue
+            if not table._known.issuperset(value):
+                table.found.extend(name for name in value if name not in table._known)
+                table._known.update(value)
+            yield Row(number, value)
+
+
+def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
+    csv.field_size_limit(_LINE_LIMIT)
+    try:
+        handle = open(table.path, encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+    except OSError as error:
+        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
+    with handle:
+        reader = csv.reader(handle, delimiter=delimiter, strict=True)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise SourceError(f"{table.path}: empty table (no header line)") from None
+        except csv.Error as error:
+            raise SourceError(f"{table.path}:1: malformed header ({error})") from None
+        if len(set(header)) != len(header):
+            raise SourceError(f"{table.path}: a column name appears twice in the header")
+        table.found = list(header)
+        while True:
+            number = reader.line_num + 1
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                yield Row(number, None, f"line {number}: malformed CSV ({error})")
+                continue
+            if not fields or fields == [""]:
+                continue
+            if len(fields) != len(header):
+                yield Row(number, None, f"line {number}: {len(fields)} fields, the header has {len(header)}")
+                continue
+            if any(_not_utf8(text) for text in fields):
+                yield Row(number, None, f"line {number}: not UTF-8")
+                continue
+            yield Row(number, dict(zip(header, fields, strict=True)))
+
+
+def _not_utf8(text: str) -> bool:
+    return not text.isascii() and re.search("[\udc80-\udcff]", text) is not None
+
+
+def _parquet_rows(table: Table) -> Iterator[Row]:
+    import pyarrow.parquet as pq  # here: a source without a parquet table never loads pyarrow
+
+    try:
+        handle = pq.ParquetFile(table.path)
+    except Exception as error:  # pyarrow's ArrowInvalid, OSError...: the file is not parquet
+        raise SourceError(f"{table.path}: not a readable parquet file ({describe(error)})") from None
+    schema = handle.schema_arrow
+    table.found = list(schema.names)
+    for column in schema:
+        if not _storable(column.type):
+            raise SourceError(
+                f"{table.path}: column {column.name!r} has type {column.type}, which shardkit cannot store "
+                "(strings, numbers, booleans, and lists and structs of them)"
+            )
+    number = 0
+    try:
+        for batch in handle.iter_batches(batch_size=_PARQUET_BATCH):
+            for values in batch.to_pylist():
+                number += 1
+                yield Row(number, values)
+    except Exception as error:
+        raise SourceError(f"{table.path}: unreadable after row {number} ({describe(error)})") from None
+
+
+def _storable(kind: Any) -> bool:
+    import pyarrow.types as pa_types
+
+    if pa_types.is_list(kind) or pa_types.is_large_list(kind) or pa_types.is_fixed_size_list(kind):
+        return _storable(kind.value_type)
+    if pa_types.is_struct(kind):
+        return all(_storable(kind.field(i).type) for i in range(kind.num_fields))
+    return bool(
+        pa_types.is_null(kind)
+        or pa_types.is_boolean(kind)
+        or pa_types.is_integer(kind)
+        or pa_types.is_floating(kind)
+        or pa_types.is_string(kind)
+        or pa_types.is_large_string(kind)
+        or (hasattr(pa_types, "is_string_view") and pa_types.is_string_view(kind))
+    )
+
+
+def clean_relpath(value: Any) -> str | None:
+    """A row's path relative to the source, normalized, or None when it is not one: not a
+    non-empty string, absolute, or climbing out with '..' (nothing outside SRC is ever read)."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        return None
+    text = value.replace("\\", "/") if os.sep == "\\" else value
+    if text.startswith("/") or re.match(r"[A-Za-z]:", text):
+        return None
+    normal = posixpath.normpath(text)
+    if normal == ".." or normal.startswith("../") or normal == ".":
+        return None
+    return normal
