@@ -10,7 +10,6 @@ built from the headers.
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import re
@@ -35,10 +34,14 @@ from .base import (
 
 
 class TarShardWriter(ShardWriter):
+    """Writes the bytes tarfile writes (PAX format, mtime 0, mode 0444, no owner), building plain
+    headers itself: tarfile takes ~25 us a member, and a record is 3 to 5 members (measured: 4% of
+    a whole pack with captions). A name too long for a plain header goes through tarfile's pax."""
+
     def __init__(self, path: str, **options: object) -> None:
         super().__init__(path, **options)
-        self._file = open(path, "wb")  # noqa: SIM115 - both closed in close()
-        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in close() or abort()
+        self._offset = 0
         self._count = 0
 
     def add(self, record: Record) -> None:
@@ -53,23 +56,41 @@ class TarShardWriter(ShardWriter):
             members.append((f"{record.key}.captions.json", encode_json(record.text)))
         if record.columns is not None:
             members.append((f"{record.key}.columns.json", encode_json(record.columns)))
+        parts: list[bytes] = []
         for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            info.mtime = 0  # reproducible bytes: no clock, no owner
-            info.mode = 0o444
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(payload))
+            parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
+        block = b"".join(parts)
+        self._file.write(block)
+        self._offset += len(block)
         self._count += 1
 
     def close(self) -> int:
-        self._tar.close()
+        # tarfile's ending: two zero blocks, then zeros up to a whole 10 KiB record
+        end = 2 * _BLOCK + -(self._offset + 2 * _BLOCK) % tarfile.RECORDSIZE
+        self._file.write(bytes(end))
         self._file.close()
         return self._count
 
     def abort(self) -> None:
-        self._file.close()  # not the tar: closing it would write the end-of-archive blocks
+        self._file.close()
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The header tarfile writes for a regular member (PAX format, mtime 0, mode 0444, no owner)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 100 or not name.isascii() or size > 0o77777777777:  # pax: tarfile's own code
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o444, 0, 0, "", ""
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    header = b"".join((raw.ljust(100, b"\0"), _HEAD_MIDDLE, b"%011o\0" % size, _HEAD_TAIL))
+    checksum = sum(header)  # the checksum field holds 8 spaces while it is summed
+    return header[:148] + b"%06o\0 " % checksum + header[156:]
+
+
+_HEAD_MIDDLE = b"0000444\0" + b"0000000\0" * 2  # mode, uid, gid
+# mtime, checksum placeholder, type (regular), link name, magic and version, user, group, device
+# numbers (tarfile writes them empty for a regular file), prefix, padding
+_HEAD_TAIL = b"00000000000\0" + b" " * 8 + b"0" + bytes(100) + b"ustar\x0000" + bytes(64 + 16 + 155 + 12)
 
 
 _BLOCK = 512
