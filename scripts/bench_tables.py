@@ -55,13 +55,19 @@ def build_huge(root: Path, rows: int, kind: str) -> Path:
 
         write_image(photos[0], 320, 240)
     source = root / "huge"
+    # a file takes at most 65,000 links (ext4): a copy of a photo for every 50,000 rows
+    seeds = []
+    for i in range(-(-rows // 50_000)):
+        seeds.append(root / "seeds" / f"{i}.jpg")
+        seeds[-1].parent.mkdir(exist_ok=True)
+        shutil.copyfile(photos[i % len(photos)], seeds[-1])
     names = []
     for i in range(rows):
         folder = source / f"{i // 10_000:05d}"
         if i % 10_000 == 0:
             folder.mkdir(parents=True)
         name = f"{i // 10_000:05d}/{i:08d}.jpg"
-        os.link(photos[i % len(photos)], source / name)
+        os.link(seeds[i // 50_000], source / name)
         names.append(name) if kind == "parquet" else None
     if kind == "parquet":
         import pyarrow as pa
