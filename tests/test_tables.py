@@ -263,7 +263,7 @@ def test_every_bad_row_is_an_error_with_its_line_and_nothing_outside_is_read(tmp
     assert "not a path inside the source folder" in reasons[str(outside)]
     assert "outside the source folder" in reasons["link.jpg"]
     assert "No such file" in reasons["missing.jpg"]
-    assert "line 7: the file is named by an earlier row too" in reasons["dup.jpg"]
+    assert "line 7: dup.jpg is named by an earlier row too" in reasons["metadata.jsonl line 7"]
     assert "line 8: not valid JSON" in reasons["metadata.jsonl line 8"]
     assert "over the 1 MiB limit" in reasons["sub/big.jpg"]
     assert "not text or a list of texts" in reasons["list.jpg"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import DEFAULT_MAX_PIXELS, check_workers
+from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import (
     ConfigError,
     ImageError,
@@ -195,12 +195,28 @@ def verify(
     check_workers(workers)
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
-    found = walk(source, labels="none", keys=False) if source is not None else None  # refused before the work
+    if source is not None:
+        walk(source, labels="none", keys=False, table=TableConfig(path=None))  # a bad source: refused before the work
     started = time.perf_counter()
     with _opened(folder, storage_options) as output:
+        found = None
+        if source is not None:  # walked as the pack walked it: a table's rows, or sidecar samples
+            found = walk(source, labels="none", keys=False, **_walked_as(output.manifest))
         report = _verify(output, deep, found, workers, max_pixels, progress)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _walked_as(manifest: Manifest | ManifestError | None) -> dict[str, Any]:
+    """How the pack walked its source, from its manifest's settings (untrusted: a setting that is
+    not what pack writes is left out, and the walk is the plain one)."""
+    settings = manifest.settings if isinstance(manifest, Manifest) else {}
+    how: dict[str, Any] = {"sidecars": settings.get("sidecars") is True}
+    table = settings.get("table")
+    if isinstance(table, dict):
+        with contextlib.suppress(TypeError, ValueError, ConfigError):
+            how["table"] = TableConfig(**table)
+    return how
 
 
 @dataclass
@@ -309,7 +325,7 @@ def _verify(
         for key in sorted(key for key, n in times.items() if n > 1):
             report.problems.append(Problem("duplicate-key", f"key stored {times[key]} times", key=key))
     if found is not None:
-        _check_source(root, found, _joined(source_hashes), shallow_pass, report)
+        _check_source(root, found, _joined(source_hashes), shallow_pass, report, _walked_as(manifest))
     return report
 
 
@@ -364,6 +380,7 @@ def _check_source(
     packed: np.ndarray,
     shallow_pass: Callable[[], Iterator[_ShardCheck]],
     report: VerifyReport,
+    how: dict[str, Any],
 ) -> None:
     """Every source file packed or in errors.jsonl, once; compared by hashes of the paths (a walk
     of the source streamed beside them), the names looked up again only for the files at fault."""
@@ -379,7 +396,7 @@ def _check_source(
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
     if lost:  # a second walk, streamed too: only the names at fault are kept
-        again = walk(found.root, labels="none", keys=False)
+        again = walk(found.root, labels="none", keys=False, **how)
         names = {name for name in (display(item.relpath) for item in again.items) if hash(name) in lost}
         names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
         for path in sorted(names):

@@ -116,6 +116,13 @@ def pack(
         Optional[str], typer.Option(help="The caption column. \\[default: caption, else text, when present]")
     ] = None,
     label_column: Annotated[Optional[str], typer.Option(help="A column of class names or whole numbers.")] = None,
+    sidecars: Annotated[
+        bool,
+        typer.Option(
+            "--sidecars",
+            help="Files sharing a name are one sample: x.jpg, x.txt (caption), x.json, x.cls, x.seg.png...",
+        ),
+    ] = False,
     columns: Annotated[
         Optional[str], typer.Option(help="Keep only these columns (comma-separated). \\[default: all of them]")
     ] = None,
@@ -139,7 +146,7 @@ def pack(
         )  # fmt: skip
         pack_config = make_pack_config(
             source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
-            staging=staging, table=table, **given,
+            staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
         result = _run(pack_config)
         render(result)

@@ -151,6 +151,7 @@ class PackConfig:
     storage_options: dict[str, Any] | None = None
     staging: str | None = None
     table: TableConfig = field(default_factory=TableConfig)  # a metadata table's columns
+    sidecars: bool = False  # files sharing a stem in one folder are one sample (x.jpg, x.txt, x.json...)
 
     def __post_init__(self) -> None:
         if self.shard_size is None and self.shard_bytes is None:
@@ -239,6 +240,7 @@ def pack_config(
     storage_options: dict[str, Any] | None = None,
     staging: str | Path | None = None,
     table: TableConfig | None = None,
+    sidecars: bool = False,
     **given: Any,
 ) -> PackConfig:
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
@@ -284,6 +286,7 @@ def pack_config(
         storage_options=storage_options,
         staging=None if staging is None else str(staging),
         table=table or TableConfig(),
+        sidecars=sidecars,
     )
 
 

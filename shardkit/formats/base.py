@@ -31,6 +31,7 @@ class Record(NamedTuple):
     meta: dict[str, Any]  # shardkit's own: source path, sizes (never the user's columns)
     text: str | list[str] | None = None  # the caption, or several
     columns: dict[str, Any] | None = None  # the user's columns (JSON values), apart from `meta`
+    files: dict[str, bytes] | None = None  # sidecar fields by suffix ("seg.png": a mask's PNG bytes)
 
 
 def checked(record: Record, where: object) -> Record:
@@ -43,6 +44,11 @@ def checked(record: Record, where: object) -> Record:
         raise ShardFormatError(f"{where}: record {record.key} has a caption that is not text or a list of texts")
     if record.columns is not None and not isinstance(record.columns, dict):
         raise ShardFormatError(f"{where}: record {record.key} has columns that are not a JSON object")
+    if record.files is not None and not (
+        isinstance(record.files, dict)
+        and all(isinstance(name, str) and isinstance(data, bytes) for name, data in record.files.items())
+    ):
+        raise ShardFormatError(f"{where}: record {record.key} has fields that are not named bytes")
     if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8
         try:
             record.key.encode("utf-8")
@@ -53,6 +59,32 @@ def checked(record: Record, where: object) -> Record:
 
 def _is_text(text: object) -> bool:
     return isinstance(text, str) or (isinstance(text, list) and all(isinstance(item, str) for item in text))
+
+
+# Member names a record's own parts take: a sidecar field may not be called one of these.
+RESERVED_FIELDS = frozenset({"cls", "json", "txt", "captions.json", "columns.json", "jpg", "npy"})
+
+
+def files_layout(files: dict[str, bytes]) -> list[list[Any]]:
+    """[[name, size], ...] in name order: how LMDB and HDF5 find fields stored after the image."""
+    return [[name, len(files[name])] for name in sorted(files)]
+
+
+def split_files(blob: bytes, layout: Any, where: object) -> tuple[bytes, dict[str, bytes]]:
+    """(image, fields) from a record's bytes whose tail holds the fields `layout` describes."""
+    if not isinstance(layout, list) or not all(
+        isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and type(entry[1]) is int
+        and entry[1] >= 0 for entry in layout
+    ):  # fmt: skip
+        raise ShardFormatError(f"{where}: unreadable field layout")
+    total = sum(size for _, size in layout)
+    if total > len(blob):
+        raise ShardFormatError(f"{where}: fields run past the record")
+    image, at, files = blob[: len(blob) - total], len(blob) - total, {}
+    for name, size in layout:
+        files[name] = blob[at : at + size]
+        at += size
+    return image, files
 
 
 def encode_json(value: Any) -> bytes:

@@ -28,8 +28,10 @@ from .base import (
     checked,
     encode_json,
     encode_meta,
+    files_layout,
     json_objects,
     parse_meta,
+    split_files,
 )
 
 CHUNK_BYTES = 1 << 20
@@ -80,7 +82,11 @@ class Hdf5ShardWriter(ShardWriter):
     def add(self, record: Record) -> None:
         meta = encode_meta(record.meta)
         self._buffer += record.data
-        self._offsets.append(self._offsets[-1] + len(record.data))
+        size = len(record.data)
+        for name in sorted(record.files or {}):  # fields follow the image; `extras` says how long each is
+            self._buffer += record.files[name]  # type: ignore[index]
+            size += len(record.files[name])  # type: ignore[index]
+        self._offsets.append(self._offsets[-1] + size)
         self._keys.append(record.key)
         self._exts.append(record.ext)
         self._labels.append(-1 if record.label is None else record.label)
@@ -141,6 +147,8 @@ def _encode_extras(record: Record) -> str:
         extras["text"] = record.text
     if record.columns is not None:
         extras["columns"] = record.columns
+    if record.files:
+        extras["files"] = files_layout(record.files)
     return encode_json(extras).decode() if extras else ""
 
 
@@ -254,11 +262,14 @@ class Hdf5ShardReader(ShardReader):
         if meta is None:
             meta = parse_meta(self._meta[index], f"{self.path}: record {keys[index]}")
         label = labels[index]
-        text, columns = None, None
+        text, columns, files = None, None, None
         if self._extras is not None and self._extras[index]:
-            extras = parse_meta(self._extras[index], f"{self.path}: record {keys[index]} caption and columns")
+            where = f"{self.path}: record {keys[index]}"
+            extras = parse_meta(self._extras[index], f"{where} caption and columns")
             text, columns = extras.get("text"), extras.get("columns")
-        record = Record(keys[index], data, exts[index], None if label < 0 else label, meta, text, columns)
+            if "files" in extras:
+                data, files = split_files(data, extras["files"], where)
+        record = Record(keys[index], data, exts[index], None if label < 0 else label, meta, text, columns, files)
         return checked(record, self.path)
 
     def _descriptor(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..core.errors import ShardFormatError, describe
 from ..core.safeio import loads, open_regular
-from .base import Backend, Record, ShardReader, ShardWriter, checked, json_objects
+from .base import Backend, Record, ShardReader, ShardWriter, checked, files_layout, json_objects, split_files
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
@@ -36,8 +36,12 @@ def encode_value(record: Record) -> bytes:
         fields["text"] = record.text
     if record.columns is not None:
         fields["columns"] = record.columns
+    tail = b""
+    if record.files:  # after the image, in name order
+        fields["files"] = files_layout(record.files)
+        tail = b"".join(record.files[name] for name, _ in fields["files"])
     header = json.dumps(fields, sort_keys=True).encode()
-    return len(header).to_bytes(4, "big") + header + record.data
+    return len(header).to_bytes(4, "big") + header + record.data + tail
 
 
 def _header_size(value: bytes | memoryview, where: object) -> int:
@@ -57,9 +61,12 @@ def decode_value(value: bytes | memoryview, where: object, header: Any = None, s
     try:
         if header is None:
             header = loads(bytes(value[4 : 4 + size]))
+        image, files = bytes(value[4 + size :]), None
+        if "files" in header:
+            image, files = split_files(image, header["files"], where)
         record = Record(
-            header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"],
-            header.get("text"), header.get("columns"),
+            header["key"], image, header["ext"], header["label"], header["meta"],
+            header.get("text"), header.get("columns"), files,
         )  # fmt: skip
     except (ValueError, KeyError, TypeError, IndexError):
         raise ShardFormatError(f"{where}: unreadable record header") from None

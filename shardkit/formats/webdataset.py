@@ -56,6 +56,8 @@ class TarShardWriter(ShardWriter):
             members.append((f"{record.key}.captions.json", encode_json(record.text)))
         if record.columns is not None:
             members.append((f"{record.key}.columns.json", encode_json(record.columns)))
+        for name, payload in sorted((record.files or {}).items()):
+            members.append((f"{record.key}.{name}", payload))
         parts: list[bytes] = []
         for name, payload in members:
             parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
@@ -106,8 +108,10 @@ Member = tuple[str, int, int]  # name, offset of its data, size
 _NOT_IMAGE = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
 
 
-# (image extension, label, metadata JSON, bytes of all members, caption, columns)
-_Small = tuple[str, "int | None", bytes, int, "str | list[str] | None", "dict[str, Any] | None"]
+# (image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
+_Small = tuple[
+    str, "int | None", bytes, int, "str | list[str] | None", "dict[str, Any] | None", "dict[str, bytes] | None"
+]
 
 
 def _octal(field: bytes, where: str) -> int:
@@ -310,13 +314,14 @@ class TarShardReader(ShardReader):
                 damage = error  # raised after the good records collected before it
             ready: list[Record] = []
             try:
-                for (key, members, (image_ext, label, blob, _, text, columns)), meta in zip(
+                for (key, members, (image_ext, label, blob, _, text, columns, files)), meta in zip(
                     batch, json_objects([small[2] for _, _, small in batch]), strict=True
                 ):
                     if meta is None:
                         meta = parse_meta(blob, f"{self.path}: record {key}")
                     image = self._member(data, key, members, image_ext)
-                    ready.append(checked(Record(key, image, image_ext, label, meta, text, columns), self.path))
+                    record = Record(key, image, image_ext, label, meta, text, columns, files)
+                    ready.append(checked(record, self.path))
             except ShardFormatError:
                 yield from ready
                 raise
@@ -327,8 +332,8 @@ class TarShardReader(ShardReader):
                 return
 
     def _small_members(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]) -> _Small:
-        """(image extension, label, metadata JSON, bytes of all members, caption, columns) of one
-        record; checks sizes before any read."""
+        """(image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
+        of one record; checks sizes before any read."""
         image_ext = None
         total = 0
         for ext, (_, size) in members.items():
@@ -346,8 +351,8 @@ class TarShardReader(ShardReader):
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
         blob = self._member(data, key, members, "json") if "json" in members else b"{}"
-        if len(members) <= 3 and "txt" not in members:  # an image, its label and metadata: the common case
-            return image_ext, label, blob, total, None, None
+        if len(members) <= 3 and members.keys() <= {image_ext, "cls", "json"}:
+            return image_ext, label, blob, total, None, None, None  # image, label, metadata: the common case
         text: str | list[str] | None = None
         where = f"{self.path}: record {key}"
         if "captions.json" in members:
@@ -363,7 +368,9 @@ class TarShardReader(ShardReader):
         columns = None
         if "columns.json" in members:
             columns = parse_meta(self._member(data, key, members, "columns.json"), f"{where}: columns")
-        return image_ext, label, blob, total, text, columns
+        others = [ext for ext in members if ext != image_ext and ext not in _NOT_IMAGE]
+        files = {ext: self._member(data, key, members, ext) for ext in others} if others else None
+        return image_ext, label, blob, total, text, columns, files
 
     def read(self, index: int) -> Record:
         key, members = self._index()[index]

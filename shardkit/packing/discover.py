@@ -23,6 +23,7 @@ import numpy as np
 from ..core.config import TableConfig
 from ..core.errors import Failure, SourceError
 from ..core.headers import EXTENSION_FORMATS
+from .sidecars import sample_of, split_name
 from .tables import MAX_EXTRA_BYTES, Table, clean_relpath, find_table, read_rows
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
@@ -95,7 +96,12 @@ class SourceWalk:
 
 
 def walk(
-    source: str | os.PathLike[str], labels: str = "auto", *, keys: bool = True, table: TableConfig | None = None
+    source: str | os.PathLike[str],
+    labels: str = "auto",
+    *,
+    keys: bool = True,
+    table: TableConfig | None = None,
+    sidecars: bool = False,
 ) -> SourceWalk:
     """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
     source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
@@ -118,7 +124,15 @@ def walk(
     _check_folder(root)
     metadata = find_table(root, table or TableConfig())
     if metadata is not None:
+        if sidecars:
+            raise SourceError(
+                f"{display(root)}: samples come from {metadata.name}; --sidecars is for folders without a table"
+            )
         return _from_table(root, metadata, labels, keys)
+    if sidecars:
+        if labels == "folders":
+            raise SourceError(f"{display(root)}: with --sidecars, labels come from x.cls files, not folders")
+        return _from_sidecars(root, keys)
     skipped: list[Failure] = []
     seen: set[tuple[int, int]] = set()  # folders the walk has entered
     top = _listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
@@ -454,8 +468,8 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
             continue
         hashed = hash(rel)
         if hashed in rows.repeated:
-            if rel in taken.setdefault(hashed, []):
-                skipped.append(_skip(rel, f"{where}: the file is named by an earlier row too"))
+            if rel in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
+                skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
             taken[hashed].append(rel)
         label, problem = _table_label(row.values, rows)
@@ -527,3 +541,69 @@ def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure]) ->
         skipped.extend(
             _skip(rel, f"no row in {name}") for rel, gone in zip(run.relpaths, missing, strict=False) if gone
         )
+
+
+def _from_sidecars(root: str, keys: bool) -> SourceWalk:
+    """A folder walked as sidecar samples (sidecars.py): one item per image, its caption, columns,
+    label and fields named in `extra` and read by the worker."""
+    found = SourceWalk(root, "sidecars", [], [], [])
+    found.items = _sidecar_items(root, "", found.skipped, set(), keys)
+    return found
+
+
+def _sidecar_items(
+    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
+) -> Iterator[Item]:
+    path = os.path.join(root, rel_dir) if rel_dir else root
+    try:
+        info = os.stat(path)
+        if (info.st_dev, info.st_ino) in seen:
+            skipped.append(_skip(rel_dir, "folder link loop (already visited)"))
+            return
+        seen.add((info.st_dev, info.st_ino))
+        with os.scandir(path) as entries_iterator:
+            entries = list(entries_iterator)
+    except OSError as error:
+        skipped.append(_skip(rel_dir or ".", f"cannot list folder: {error.strerror}"))
+        return
+    base = rel_dir + "/" if rel_dir else ""
+    names: list[str] = []
+    groups: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir():
+                names.append(name + "/")
+                continue
+            is_file = entry.is_file()
+        except OSError as error:
+            skipped.append(_skip(base + name, f"cannot stat: {error.strerror}"))
+            continue
+        if not is_file:
+            skipped.append(_skip(base + name, "broken link" if entry.is_symlink() else "not a regular file"))
+            continue
+        stem, suffix = split_name(name)
+        if not suffix:
+            skipped.append(_skip(base + name, "no suffix: not part of a sample (x.jpg, x.txt, x.json, ...)"))
+            continue
+        names.append(name)
+        groups.setdefault(stem, {})[suffix] = name
+    names.sort(key=os.fsencode)
+    done: set[str] = set()
+    for name in names:
+        if name[-1] == "/":
+            yield from _sidecar_items(root, base + name[:-1], skipped, seen, keys)
+            continue
+        stem = split_name(name)[0]
+        if stem in done:
+            continue
+        done.add(stem)
+        image, parts, problem = sample_of(groups[stem])
+        if image is None:
+            skipped.extend(_skip(base + other, problem) for other in sorted(groups[stem].values(), key=os.fsencode))
+            continue
+        extra = json.dumps({"sidecars": parts}, sort_keys=True, ensure_ascii=False) if parts else ""
+        relpath = base + image
+        yield Item(os.path.join(root, relpath), relpath, make_key(relpath) if keys else "", None, extra)

@@ -54,6 +54,7 @@ from .output import (
     temp_dir,
 )
 from .plan import PlanDigest, ShardSpec, done_path, fingerprint, plan_shards, reusable, settings_hash
+from .sidecars import Sidecars, read_sidecars
 
 
 @dataclass(frozen=True)
@@ -172,20 +173,37 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
         encoded = process_image(data, job.resize, job.encode, timings, header)
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", record_too_big(len(encoded.data)))
+        meta = {**encoded.meta, "source": display(item.relpath)}
+        if not item.extra:
+            return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
+        extra = json.loads(item.extra)  # from the walk: a table row's caption and columns, or sidecar names
+        if "sidecars" not in extra:
+            text, columns = extra.get("text"), extra.get("columns")
+            return Record(item.key, encoded.data, encoded.ext, item.label, meta, text, columns), len(data)
+        found = _sidecars(item, extra["sidecars"], encoded.meta, job, timings)
+        if encoded.ext in found.files:
+            raise ImageError("read", f"a field named .{encoded.ext} would take the image's place")
+        record = Record(
+            item.key, encoded.data, encoded.ext, found.label, meta, found.text, found.columns, found.files or None
+        )
+        return record, len(data) + sum(len(blob) for blob in found.files.values())
     except OSError as error:
         errors.append(_error(item.relpath, "read", describe(error)))
     except ImageError as error:
         errors.append(_error(item.relpath, error.stage, error.reason))
     except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
         errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
-    else:
-        meta = {**encoded.meta, "source": display(item.relpath)}
-        if not item.extra:
-            return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
-        extra = json.loads(item.extra)  # written by the walk: canonical JSON, caption and columns
-        record = Record(item.key, encoded.data, encoded.ext, item.label, meta, extra.get("text"), extra.get("columns"))
-        return record, len(data)
     return None, 0
+
+
+def _sidecars(
+    item: Item, parts: dict[str, str], meta: dict[str, Any], job: ShardJob, timings: dict[str, float]
+) -> Sidecars:
+    started = time.perf_counter()
+    try:
+        return read_sidecars(os.path.dirname(item.path), parts, meta, job.resize, job.encode.max_pixels)
+    finally:
+        timings["read"] += time.perf_counter() - started
 
 
 def max_source_bytes(max_pixels: int) -> int:
@@ -285,6 +303,7 @@ def settings_of(config: PackConfig) -> dict[str, Any]:
         "jpeg_backend": _jpeg_backend(),
         # only when flags name a table's columns: the settings of every other pack keep their hash
         **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
+        **({"sidecars": True} if config.sidecars else {}),
     }
 
 
@@ -318,7 +337,7 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
         try:
-            found = walk(config.source, labels=config.labels, table=config.table)
+            found = walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars)
             if found.listed is not None:
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
             config = resolve_resize(config)
@@ -363,7 +382,10 @@ def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback
         # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
         resolved = resolve_resize(config)
         plan = fingerprint(
-            settings_of(resolved), _dry_plan(resolved, walk(config.source, labels=config.labels, table=config.table))
+            settings_of(resolved),
+            _dry_plan(
+                resolved, walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars)
+            ),
         )
         if remote.manifest.settings.get("plan") != plan:
             raise OutputError(
@@ -409,7 +431,7 @@ def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
     items = (
         found.listed.items
         if found.listed is not None
-        else walk(config.source, labels=config.labels, table=config.table).items
+        else walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars).items
     )
     return _plan(config, items, get_format(config.format).suffix)
 

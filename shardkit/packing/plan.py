@@ -121,6 +121,10 @@ class PlanDigest:
             text = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
             if item.extra:  # a changed caption or column rewrites the shard (and none changes nothing)
                 text += f"\0{item.extra}"
+                if item.extra.startswith('{"sidecars"'):  # their files, checked as the image is
+                    folder = os.path.dirname(item.path)
+                    for name in json.loads(item.extra)["sidecars"].values():
+                        text += "\0{}\0{}".format(*_size_and_mtime(os.path.join(folder, name)))
             lines.append(text.encode("utf-8", "surrogateescape"))
         for line in lines:
             self._whole.update(line)

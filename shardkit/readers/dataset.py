@@ -28,7 +28,7 @@ from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record, ShardReader
 from .decode import decode as decode_bytes
-from .decode import decode_pil
+from .decode import decode_pil, record_fields
 from .split import buffer_shuffle, rank_and_world, record_ranges, worker_slot
 
 if TYPE_CHECKING:
@@ -190,7 +190,10 @@ class ShardDataset:
             image = self._decoded(record)
         except (ImageError, ValueError) as error:
             raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode ({error})") from None
-        fields = dict(record.columns) if record.columns is not None else {}
+        try:
+            fields = record_fields(record, self.decode, self.max_pixels) if record.columns or record.files else {}
+        except (ImageError, ValueError) as error:
+            raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode a field ({error})") from None
         sample = Sample(record.key, image, record.label, record.meta, record.text, fields)
         return self.transform(sample) if self.transform is not None else sample
 

@@ -8,6 +8,7 @@ import io
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -16,6 +17,7 @@ from ..core.codecs import DCT_FACTORS, turbojpeg
 from ..core.config import DEFAULT_MAX_PIXELS
 from ..core.errors import ImageError, describe
 from ..core.headers import HeaderError, jpeg_size, parse_bytes
+from ..formats.base import Record
 
 _TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
 
@@ -147,3 +149,30 @@ def _scale_factor(scale: float | None) -> tuple[int, int] | None:
         if abs(scale - num / den) < 1e-9:
             return num, den
     raise ValueError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
+
+
+_IMAGE_FIELD = re.compile(r"(?:^|\.)(png|jpe?g|webp|gif|bmp|tiff?)$", re.IGNORECASE)
+
+
+def record_fields(record: Record, decode: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
+    """A record's columns and sidecar fields as one dict. Fields stay bytes, unless `decode` asks
+    for pixels: then an image field is an array in its own mode (a mask stays 2-D, its values
+    untouched: never converted to RGB), or a PIL image for "pil"; an .npy field an array."""
+    fields: dict[str, Any] = dict(record.columns) if record.columns else {}
+    for name, data in (record.files or {}).items():
+        if decode == "bytes":
+            fields[name] = data
+        elif _IMAGE_FIELD.search(name):
+            image = open_record(data, max_pixels)
+            with pillow_errors():
+                image.load()
+                fields[name] = image if decode == "pil" else np.asarray(image)
+        elif name.lower().endswith("npy"):
+            # numpy's parser, never pickle: from bytes in memory it allocates what is there, not what a header claims
+            try:
+                fields[name] = np.load(io.BytesIO(data), allow_pickle=False)
+            except (ValueError, OSError, EOFError) as error:
+                raise ImageError("decode", f"{name}: not a plain .npy array ({describe(error)})") from None
+        else:
+            fields[name] = data
+    return fields

@@ -308,9 +308,9 @@ class BatchLoader:
             chunk = [chunk[i] for i in keep]
         labels = np.array([-1 if r.label is None else r.label for _, r in chunk], dtype=np.int64)
         batch = self._batch(images, labels, [r.key for _, r in chunk])
-        if any(r.text is not None or r.columns is not None for _, r in chunk):
+        if any(r.text is not None or r.columns is not None or r.files for _, r in chunk):
             batch.texts = [r.text for _, r in chunk]
-            batch.fields = [dict(r.columns) if r.columns is not None else {} for _, r in chunk]
+            batch.fields = [{**(r.columns or {}), **(r.files or {})} for _, r in chunk]  # fields as bytes
         return batch
 
     def _failed(self, chunk: list[tuple[int, Record]], failures: dict[int, str]) -> list[int] | None:
