@@ -347,3 +347,55 @@ def test_the_cli_takes_the_table_flags_and_refuses_in_one_line(captioned: Path, 
     bad = subprocess.run([*command, "--path-column", "img"], capture_output=True, text=True)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "no 'img' column" in bad.stderr
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_index_parquet_lists_every_record_and_verify_checks_it(captioned: Path, tmp_path: Path, format: str) -> None:
+    import pyarrow.parquet as pq
+
+    from shardkit.checks.verify import verify
+
+    out = tmp_path / "out"
+    _pack(captioned, out, format=format)
+    manifest = read_manifest(out)
+    assert manifest.index is not None and manifest.index.count == manifest.records == len(ROWS)
+    table = pq.read_table(out / "index.parquet").to_pylist()
+    samples = {s.key: s for s in open_shards(out, decode="bytes")}
+    assert sorted(row["key"] for row in table) == sorted(samples)
+    for row in table:
+        sample = samples[row["key"]]
+        assert (row["text"], row["texts"]) == (
+            (sample.text, None) if not isinstance(sample.text, list) else (None, sample.text)
+        )
+        assert (json.loads(row["columns"]) if row["columns"] else {}) == sample.fields
+        assert (row["label"], row["source"], row["stored_width"]) == (
+            sample.label,
+            sample.meta["source"],
+            sample.meta["stored_width"],
+        )
+        reader_shard = [s.name for s in manifest.shards].index(row["shard"])
+        assert (
+            open_shards(out, decode="bytes")
+            .shard_samples(reader_shard, row["position"], row["position"] + 1)
+            .__next__()
+            .key
+            == row["key"]
+        )
+    assert verify(out).ok
+    data = bytearray((out / "index.parquet").read_bytes())
+    data[len(data) // 2] ^= 1
+    (out / "index.parquet").write_bytes(bytes(data))
+    assert {problem.kind for problem in verify(out).problems} == {"index"}
+
+
+def test_an_output_from_before_the_index_still_verifies(captioned: Path, tmp_path: Path) -> None:
+    from shardkit.checks.verify import verify
+    from shardkit.core.manifest import write_json_atomic
+
+    out = tmp_path / "out"
+    _pack(captioned, out)
+    old = read_manifest(out).__class__(**{**read_manifest(out).__dict__, "index": None, "checksum": ""}).sealed()
+    assert "index" not in old.to_json()
+    write_json_atomic(out / "manifest.json", old.to_json())
+    (out / "index.parquet").unlink()
+    assert verify(out).ok

@@ -130,7 +130,9 @@ def test_a_key_stored_in_two_shards_is_named(copy: Path) -> None:
     shards = [first, replace(first, name=second.name), *manifest.shards[2:]]
     records = sum(s.count for s in shards)
     totals = {**manifest.totals, "records": records, "inputs": records + manifest.totals["errors"]}
-    write_json_atomic(copy / "manifest.json", replace(manifest, shards=shards, totals=totals).sealed().to_json())
+    # (index=None: as an output from before index.parquet; the stale index is a problem of its own)
+    crafted = replace(manifest, shards=shards, totals=totals, index=None)
+    write_json_atomic(copy / "manifest.json", crafted.sealed().to_json())
     report = verify(copy)
     duplicates = [p for p in report.problems if p.kind == "duplicate-key"]
     assert [p.kind for p in report.problems] == ["duplicate-key"] * first.count

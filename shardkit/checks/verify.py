@@ -30,7 +30,16 @@ from ..core.errors import (
     describe,
 )
 from ..core.executors import default_workers, map_local_surviving_crashes
-from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ShardInfo, iter_errors, read_manifest, sha256_file
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    iter_errors,
+    read_manifest,
+    sha256_file,
+)
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record
@@ -255,6 +264,9 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
             output.held = store.listing()
             with contextlib.suppress(FileNotFoundError):  # no errors.jsonl: nothing was skipped
                 store.get(ERRORS_NAME, os.path.join(temp, ERRORS_NAME))
+            if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
+                with contextlib.suppress(FileNotFoundError):  # a missing index is reported by _check_index
+                    store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME))
         except ShardkitError as error:
             output.manifest = ManifestError(str(error))
         yield output
@@ -304,12 +316,15 @@ def _verify(
         reason = f"reading it crashed the checking process ({how}): the shard is damaged or hostile"
         return _ShardCheck([Problem("crashed", reason, jobs[index].shard.name)], [], [], 0)
 
+    by_shard: dict[int, np.ndarray] = {}  # each shard's key hashes in stored order, for the index
     checks = map_local_surviving_crashes(_check_shard, jobs, workers or default_workers(), crashed)
-    for done, (_, check) in enumerate(checks, 1):
+    for done, (index, check) in enumerate(checks, 1):
         report.problems.extend(check.problems)
         report.records += len(check.keys)
         report.decoded += check.decoded
         key_hashes.append(_hashes(check.keys))
+        if not check.problems:  # a damaged shard is reported as such, not as an index that disagrees
+            by_shard[index] = key_hashes[-1]
         source_hashes.append(_hashes(check.sources))
         if progress is not None:
             progress(done, len(jobs))
@@ -319,6 +334,8 @@ def _verify(
         for _, check in map_local_surviving_crashes(_check_shard, shallow, workers or default_workers(), crashed):
             yield check
 
+    if manifest.index is not None and manifest.checksum == manifest.computed_checksum():
+        _check_index(root, manifest, by_shard, report)  # (an edited manifest's claims are reported already)
     repeated = set(_repeated(_joined(key_hashes)).tolist())
     if repeated:
         times = Counter(key for check in shallow_pass() for key in check.keys if hash(key) in repeated)
@@ -327,6 +344,48 @@ def _verify(
     if found is not None:
         _check_source(root, found, _joined(source_hashes), shallow_pass, report, _walked_as(manifest))
     return report
+
+
+def _check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray], report: VerifyReport) -> None:
+    """index.parquet is the manifest's (bytes, sha256) and says what the shards hold: a row per
+    record, each shard's keys in their stored order. Its own claims are checked before it is read
+    (a stranger's parquet file could claim any size)."""
+    entry, path = manifest.index, root / INDEX_NAME
+    assert entry is not None
+    try:
+        size = check_regular(path).st_size
+        digest = sha256_file(path) if size == entry.bytes else ""
+    except OSError as error:
+        report.problems.append(Problem("index", f"{INDEX_NAME}: {describe(error)}"))
+        return
+    if size != entry.bytes or digest != entry.sha256:
+        report.problems.append(Problem("index", f"{INDEX_NAME} differs from the manifest (bytes changed)"))
+        return
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(path)
+        rows = handle.metadata.num_rows
+        claimed = sum(handle.metadata.row_group(i).total_byte_size for i in range(handle.metadata.num_row_groups))
+        if rows != manifest.records or rows != entry.count or claimed > 64 * size + (1 << 20):
+            report.problems.append(
+                Problem("index", f"{INDEX_NAME} has {rows:,} rows, the shards {manifest.records:,} records")
+            )
+            return
+        table = handle.read(columns=["key", "shard", "position"])
+    except Exception as error:  # pyarrow's own errors for a damaged file
+        report.problems.append(Problem("index", f"{INDEX_NAME}: unreadable ({describe(error)})"))
+        return
+    keys, shards, positions = (table.column(name).to_pylist() for name in ("key", "shard", "position"))
+    rows_of: dict[str, list[tuple[int, str]]] = {}
+    for key, shard, position in zip(keys, shards, positions, strict=True):
+        rows_of.setdefault(str(shard), []).append((position, str(key)))
+    for number, shard in enumerate(manifest.shards):
+        listed = [key for _, key in sorted(rows_of.get(shard.name, []))]
+        if number in by_shard and not np.array_equal(_hashes(listed), by_shard[number]):
+            report.problems.append(
+                Problem("index", f"{INDEX_NAME} does not list this shard's keys in order", shard.name)
+            )
 
 
 def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report: VerifyReport) -> None:
@@ -346,7 +405,7 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
         )
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
-    listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME}
+    listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
     for name in sorted(held):
         if name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))

@@ -20,6 +20,7 @@ from .safeio import loads, open_regular, read_regular
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ERRORS_NAME = "errors.jsonl"
+INDEX_NAME = "index.parquet"  # a row per record: key, shard, position, label, caption, columns, sizes
 STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
 
 
@@ -41,16 +42,20 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     created_by: str = ""
     checksum: str = ""  # sha256 of everything else: verify uses it to catch hand edits
+    index: ShardInfo | None = None  # index.parquet (count: its rows); absent from outputs before it
 
     @property
     def records(self) -> int:
         return sum(shard.count for shard in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.index is None:  # an output without an index keeps the manifest (and checksum) it had
+            del data["index"]
+        return data
 
     def computed_checksum(self) -> str:
-        content = {key: value for key, value in asdict(self).items() if key != "checksum"}
+        content = {key: value for key, value in self.to_json().items() if key != "checksum"}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     def sealed(self) -> Manifest:
@@ -77,6 +82,7 @@ class Manifest:
                 schema_version=version,
                 created_by=_typed(data, "created_by", str, ""),
                 checksum=_typed(data, "checksum", str, ""),
+                index=None if data.get("index") is None else _shard(data["index"], where),
             )
         except ValueError as error:
             raise ManifestError(f"{where}: not a valid shardkit manifest ({error})") from None
@@ -85,6 +91,8 @@ class Manifest:
         for key, value in manifest.totals.items():
             if not _is_int(value) or value < 0:
                 raise ManifestError(f"{where}: total {key} is not a count ({str(value)[:20]})")
+        if manifest.index is not None and manifest.index.name != INDEX_NAME:
+            raise ManifestError(f"{where}: the index must be {INDEX_NAME}")
         return manifest
 
 

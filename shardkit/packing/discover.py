@@ -399,15 +399,18 @@ def _from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     if names and numbers:
         raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
     classes = sorted(names, key=os.fsencode)
+    # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
+    # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
     paths = np.frombuffer(path_hashes, dtype=np.int64)
-    distinct, first, counts = np.unique(paths, return_index=True, return_counts=True)
-    repeated = set(distinct[counts > 1].tolist())  # paths (by hash) that two rows name
-    stems, stem_counts = np.unique(np.frombuffer(key_hashes, dtype=np.int64)[first], return_counts=True)
-    clashing = set(stems[stem_counts > 1].tolist())  # distinct files whose keys clash keep their extension
-    del key_hashes, first, stems, stem_counts, counts
+    paths.sort()
+    repeated = set(paths[1:][paths[1:] == paths[:-1]].tolist())  # paths (by hash) that two rows name
+    stems = np.frombuffer(key_hashes, dtype=np.int64)
+    stems.sort()
+    clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
+    del stems, key_hashes
     found = SourceWalk(root, "table", [], classes, [])
     rows = _Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, clashing, keys, before)
-    found.items = _table_items(root, rows, found.skipped, distinct)
+    found.items = _table_items(root, rows, found.skipped, paths)
     return found
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import ManifestError, OutputError, describe
-from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
 from ..core.safeio import load_json_file
 
 LOCK_NAME = "lock"
@@ -30,6 +30,7 @@ CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
+OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)  # what a pack writes beside its shards
 
 
 def shard_name(index: int, suffix: str) -> str:
@@ -100,7 +101,7 @@ def precheck(output: str | os.PathLike[str]) -> None:
         raise OutputError(f"{path}: cannot write here (read-only file system)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"{path}: cannot write here (permission denied)")
-    for name in (MANIFEST_NAME, ERRORS_NAME):
+    for name in OWN_FILES:
         target = path / name
         if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
             raise OutputError(f"{target}: is not a regular file; shardkit did not write it, and would write there")
@@ -135,7 +136,7 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
     created = not path.exists()
     state = state_dir(path)
     state_existed = os.path.lexists(state)
-    for folder in (state, state / "done", state / "tmp"):  # a planted link must not redirect deletions
+    for folder in (state, state / "done", state / "index", state / "tmp"):  # a planted link must not redirect deletions
         if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
             raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
     try:
@@ -207,10 +208,10 @@ def _holder(path: Path) -> str:
 def ledger(output: Path) -> set[str]:
     """Names of the entries of `output` that its own records say shardkit wrote: the shards of a
     manifest whose checksum holds, those named by done markers or by an --overwrite that was
-    interrupted, manifest.json and errors.jsonl. Every name must be a shard's name: a crafted record
+    interrupted, manifest.json, errors.jsonl and index.parquet. Every name must be a shard's name: a crafted record
     cannot make anything else deletable."""
     ours: set[str] = set()
-    for name in (MANIFEST_NAME, ERRORS_NAME):
+    for name in OWN_FILES:
         if (output / name).is_file():
             ours.add(name)  # a pack writes these names anyway
     if (output / MANIFEST_NAME).is_file():
@@ -225,8 +226,7 @@ def ledger(output: Path) -> set[str]:
                 ours.add(name)
     with contextlib.suppress(OSError, ValueError, TypeError):
         clearing = load_json_file(state_dir(output) / CLEARING_NAME)
-        ours.update(name for name in clearing if isinstance(name, str) and (is_shard_name(name) or name in (
-            MANIFEST_NAME, ERRORS_NAME)))  # fmt: skip
+        ours.update(name for name in clearing if isinstance(name, str) and (is_shard_name(name) or name in OWN_FILES))
     ours.update(entry.name for entry in os.scandir(output) if _old_temp_file(entry.name))
     # Only regular files are what shardkit writes: a folder or link under a shard's name is not ours.
     return {name for name in ours if os.path.lexists(output / name) and stat.S_ISREG(os.lstat(output / name).st_mode)}
@@ -267,7 +267,10 @@ def remove_temp_shards(output: Path) -> None:
 def remove_state(output: Path, keep_lock: bool = False) -> None:
     """Remove the working folder's own files (and the folders, once empty); nothing else."""
     state = state_dir(output)
-    for folder, pattern in (("done", "*.json"), ("done", ".*.tmp"), ("tmp", "*.tmp"), (".", ".*.tmp")):
+    for folder, pattern in (
+        ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.parquet"), ("index", ".*.tmp"), ("tmp", "*.tmp"),
+        (".", ".*.tmp"),
+    ):  # fmt: skip
         for path in (state / folder).glob(pattern):
             if path.is_file() and not path.is_symlink():
                 path.unlink(missing_ok=True)
@@ -277,6 +280,6 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
         (state / LOCK_NAME).unlink(missing_ok=True)
     if keep_lock:  # the folder stays in use
         return
-    for emptied in (state / "done", state / "tmp", state):
+    for emptied in (state / "done", state / "index", state / "tmp", state):
         with contextlib.suppress(OSError):
             emptied.rmdir()

@@ -25,6 +25,7 @@ from ..core.executors import check_ray, connect_ray, default_workers, disconnect
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from ..core.manifest import (
     ERRORS_NAME,
+    INDEX_NAME,
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
@@ -41,6 +42,9 @@ from ..storage.location import locate
 from ..storage.store import Store
 from .discover import Item, SourceWalk, display, walk
 from .encode import STAGES, check_pixels, process_image, record_too_big
+from .index import join as join_index
+from .index import part_path, write_part
+from .index import row as index_row
 from .output import (
     STATE_NAME,
     claim,
@@ -124,6 +128,7 @@ def write_shard(job: ShardJob) -> ShardResult:
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[Failure] = []
     input_bytes = 0
+    rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
     with _writing(job.output, spec.name):
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
@@ -136,6 +141,7 @@ def write_shard(job: ShardJob) -> ShardResult:
                 written = time.perf_counter()
                 with _writing(job.output, spec.name):
                     writer.add(record)
+                rows.append(index_row(record, spec.name, len(rows)))
                 timings["write"] += time.perf_counter() - written
             if _progress_counter is not None:
                 with _progress_counter.get_lock():
@@ -147,6 +153,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
             worker = f"{socket.gethostname()}:{os.getpid()}"
             result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
+            write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
             # The marker goes first: no shard is ever in the output without a record of it (what
             # --overwrite may delete); a marker whose shard is missing is simply written again.
             write_json_atomic(done_path(job.output, spec), asdict(result))
@@ -511,6 +518,9 @@ def _write_all(
         created_by=_CREATED_BY,
     ).sealed()
     state = state_dir(output)
+    with _writing(output, INDEX_NAME):
+        index = join_index((_index_part(output, config.format, r.shard) for r in ordered), output, state)
+    manifest = replace(manifest, index=index).sealed()
     with _writing(output, ERRORS_NAME):
         lines = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in error_rows)
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
@@ -548,6 +558,19 @@ class Planned:
     reused_images: int = 0
     reused_errors: int = 0
     walked: bool = False  # the walk is over: `images` is the total
+
+
+def _index_part(output: Path, format: str, shard: ShardInfo) -> Path:
+    """A shard's part of the index; rebuilt from the shard when a resumed pack kept a shard whose
+    part is missing (written by a shardkit without an index)."""
+    path = part_path(state_dir(output), shard.name)
+    if not path.exists():
+        reader = get_format(format).reader(str(output / shard.name))
+        try:
+            write_part(path, [index_row(record, shard.name, i) for i, record in enumerate(reader)])
+        finally:
+            reader.close()
+    return path
 
 
 def _remove_stale_shards(output: Path, planned: set[str]) -> None:

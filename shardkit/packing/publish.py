@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import OutputError, ShardkitError
-from ..core.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, read_manifest
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, read_manifest
 from ..core.safeio import loads
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
@@ -56,7 +56,7 @@ def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput
             if not overwrite:
                 raise OutputError(f"{error}; use --overwrite to replace it") from None
     state.uploaded, state.begun = _markers(store)
-    ours = {MANIFEST_NAME, ERRORS_NAME} | state.begun
+    ours = {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME} | state.begun
     if state.manifest is not None:
         ours |= {shard.name for shard in state.manifest.shards}
     foreign = sorted(name for name in held if name not in ours)
@@ -151,8 +151,9 @@ def publish(
             _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=True)
         if progress is not None:
             progress(done, len(manifest.shards))
-    if (staging / ERRORS_NAME).exists():
-        store.upload(str(staging / ERRORS_NAME), ERRORS_NAME)
+    for name in (ERRORS_NAME, INDEX_NAME):
+        if (staging / name).exists():
+            store.upload(str(staging / name), name)
     store.upload(str(staging / MANIFEST_NAME), MANIFEST_NAME)
     current = {shard.name for shard in manifest.shards}
     earlier = {shard.name for shard in remote.manifest.shards} if remote.manifest is not None else set()
@@ -166,7 +167,7 @@ def publish(
 
 def clear_staging(staging: Path, manifest: Manifest) -> None:
     """Removes the uploaded local copy: only what the manifest names, then the folder if empty."""
-    for name in [shard.name for shard in manifest.shards] + [ERRORS_NAME, MANIFEST_NAME]:
+    for name in [shard.name for shard in manifest.shards] + [ERRORS_NAME, INDEX_NAME, MANIFEST_NAME]:
         with contextlib.suppress(FileNotFoundError):
             (staging / name).unlink()
     with contextlib.suppress(OSError):
