@@ -359,12 +359,14 @@ CTRL_C = """
 import signal, sys, threading, time, os
 from shardkit.readers import open_shards
 loader = open_shards(sys.argv[1]).loader(8, 64, workers=2)
-threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+timer.start()
 try:
     while True:
         for batch in loader:
             time.sleep(0.01)
 except KeyboardInterrupt:
+    timer.join()  # the signal can reach this thread before the timer's own has ended: not the loader's
     print("stopped", threading.active_count(), flush=True)
 """
 
