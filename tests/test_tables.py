@@ -399,3 +399,24 @@ def test_an_output_from_before_the_index_still_verifies(captioned: Path, tmp_pat
     write_json_atomic(out / "manifest.json", old.to_json())
     (out / "index.parquet").unlink()
     assert verify(out).ok
+
+
+def test_probe_reports_the_table(captioned: Path, tmp_path: Path) -> None:
+    from shardkit.packing.probe import probe
+
+    source = tmp_path / "src"
+    shutil.copytree(captioned, source)
+    write_image(source / "norow.jpg", 40, 30)
+    rows = [*ROWS, {"file_name": "gone.jpg", "caption": "no file"}, {"file_name": "/abs.jpg"}]
+    write_table(source / "metadata.jsonl", rows)
+    report = probe(source)
+    table = report.table
+    assert table is not None and table["name"] == "metadata.jsonl"
+    assert (table["rows"], table["rows_without_file"], table["images_without_row"], table["bad_rows"]) == (10, 1, 1, 1)
+    assert table["columns"][:3] == ["file_name", "caption", "label"] and "nested" in table["columns"]
+    lengths = sorted(
+        len(c) for row in rows if "caption" in row and "/" not in row["file_name"][:1]
+        for c in ([row["caption"]] if isinstance(row["caption"], str) else row["caption"])
+    )  # fmt: skip
+    assert table["captions"] == len(lengths) and table["caption_chars"]["max"] == lengths[-1] == 20000
+    assert table["caption_chars"]["min"] == 0 and report.images == len(ROWS)

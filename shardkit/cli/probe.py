@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..core.config import PROBE_OPTIONS, check_train_size, check_workers, options
@@ -117,7 +118,9 @@ def render(report: ProbeReport) -> None:
         for kind, summary in report.problems.items():
             table.add_row(kind, f"{summary.count:,}", "\n".join(summary.examples))
         console.print(table)
-    if report.skipped:
+    if report.table is not None:
+        _render_table(report.table)
+    elif report.skipped:
         console.print(
             f"[dim]{len(report.skipped):,} other files skipped (not image extensions, links, unreadable folders)[/]"
         )
@@ -132,6 +135,22 @@ def render(report: ProbeReport) -> None:
                 f"{human_bytes(rec.bytes_before)} -> ~{human_bytes(rec.bytes_after_estimate)}; "
                 f"~{rec.decode_work_saved:.0%} less decode work per epoch."
             )
+
+
+def _render_table(table: dict) -> None:
+    """A metadata table's census: what pack will take, and what it will list in errors.jsonl."""
+    console.print(
+        f"[bold]{escape(table['name'])}[/]: {table['rows']:,} rows, {table['rows_without_file']:,} without a file, "
+        f"{table['bad_rows']:,} unusable, {table['images_without_row']:,} images without a row"
+    )
+    shown = ", ".join(escape(name) for name in table["columns"][:30])
+    console.print(f"columns: {shown}{', ...' if len(table['columns']) > 30 else ''}")
+    chars = table["caption_chars"]
+    if chars:
+        console.print(
+            f"captions: {table['captions']:,}, length in characters: min {chars['min']:.0f}, p50 {chars['p50']:.0f}, "
+            f"p95 {chars['p95']:.0f}, p99 {chars['p99']:.0f}, max {chars['max']:.0f}"
+        )
 
 
 def _render_percentiles(report: ProbeReport) -> None:

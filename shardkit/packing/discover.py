@@ -92,6 +92,7 @@ class SourceWalk:
     classes: list[str] = field(default_factory=list)
     skipped: list[Failure] = field(default_factory=list)
     listed: SourceList | None = None  # a list file, read whole
+    table: Table | None = None  # a metadata table the samples come from
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
 
 
@@ -408,7 +409,7 @@ def _from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     stems.sort()
     clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
     del stems, key_hashes
-    found = SourceWalk(root, "table", [], classes, [])
+    found = SourceWalk(root, "table", [], classes, [], table=table)
     rows = _Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, clashing, keys, before)
     found.items = _table_items(root, rows, found.skipped, paths)
     return found

@@ -8,6 +8,7 @@ records into distributions. `recommend()` is the one function that picks a pre-r
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import sys
@@ -15,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
-from .discover import display, walk
+from .discover import Item, SourceWalk, display, walk
 
 CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.
@@ -89,6 +90,9 @@ class ProbeReport:
     problems: dict[str, ProblemSummary]
     recommendation: Recommendation | None
     worker_kind: str = "process"  # "thread" with the compiled scanner
+    # a metadata table's census: rows, rows without a file, images without a row, bad rows, the
+    # columns found and caption lengths in characters (percentiles)
+    table: dict[str, Any] | None = None
     skipped: list[Failure] = field(default_factory=list, repr=False)
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
@@ -198,6 +202,8 @@ def probe(
     started = time.perf_counter()
     found = walk(source, labels="none", keys=False)
     census = Census()
+    captions: Counter[int] = Counter()  # caption length in characters -> rows
+    without_file = 0
     walked = 0
     chunk_count = 0
     walk_done = False
@@ -207,7 +213,9 @@ def probe(
         paths: list[str] = []
         relpaths: list[str] = []
         runs: Iterable[tuple[str, list[str] | None, list[str]]]
-        if found.runs is None:  # a list file
+        if found.table is not None:  # a table's rows, streamed
+            runs = _table_runs(found.items, captions)
+        elif found.runs is None:  # a list file
             listed = list(found.items)
             runs = [("", [item.path for item in listed], [item.relpath for item in listed])]
         else:
@@ -245,6 +253,8 @@ def probe(
     next_index = 0
     for index, rows in mapper(_probe_chunk, numbered(), workers):
         finished[index] = rows
+        if found.table is not None:
+            without_file += sum(1 for row in rows if row[2] is not None and row[2].startswith(_MISSING))
         while next_index in finished:  # in walk order, whatever order the chunks finish in
             chunk = ProbeChunk(jobs_by_index.pop(next_index), finished.pop(next_index))
             census.add_rows(chunk.relpaths, chunk.rows)
@@ -257,7 +267,49 @@ def probe(
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
+    if found.table is not None:
+        report.table = _table_census(found, captions, without_file)
     return report
+
+
+_MISSING = f"cannot read: {os.strerror(2)}"  # ENOENT, as probe_file words it
+
+
+def _table_runs(
+    items: Iterable[Item], captions: Counter[int], batch: int = 1024
+) -> Iterator[tuple[str, list[str] | None, list[str]]]:
+    """A table's items in batches (never the whole table), counting caption lengths on the way."""
+    paths: list[str] = []
+    relpaths: list[str] = []
+    for item in items:
+        paths.append(item.path)
+        relpaths.append(item.relpath)
+        if item.extra:
+            text = json.loads(item.extra).get("text")
+            for caption in [text] if isinstance(text, str) else text or []:
+                captions[len(caption)] += 1
+        if len(paths) >= batch:
+            yield "", paths, relpaths
+            paths, relpaths = [], []
+    if paths:
+        yield "", paths, relpaths
+
+
+def _table_census(found: SourceWalk, captions: Counter[int], without_file: int) -> dict[str, Any]:
+    assert found.table is not None
+    unrowed = sum(1 for skip in found.skipped if skip.reason.startswith("no row in "))
+    lengths = np.array(sorted(captions), dtype=np.float64)
+    counts = np.array([captions[length] for length in sorted(captions)], dtype=np.int64)
+    return {
+        "name": found.table.name,
+        "rows": found.table.rows,
+        "rows_without_file": without_file,
+        "images_without_row": unrowed,
+        "bad_rows": len(found.skipped) - unrowed,
+        "columns": list(found.table.found),
+        "captions": int(counts.sum()),
+        "caption_chars": counted_percentiles(lengths, counts) if len(counts) else {},
+    }
 
 
 class Counts:
