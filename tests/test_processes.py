@@ -223,3 +223,33 @@ def test_a_second_stop_signal_exits_at_once(python_command, slow_source: Path, c
     resumed = subprocess.run(pack_command(python_command, slow_source, out, "--resume"), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert shard_hashes(out) == shard_hashes(clean_run)
+
+
+def test_a_table_pack_killed_outright_resumes_to_the_same_bytes(
+    python_command, slow_source: Path, tmp_path: Path
+) -> None:
+    """kill -9 in the middle of a pack of a metadata table (captions, a label column): --resume
+    ends with the shards and index of an uninterrupted run."""
+    import json
+    import shutil
+
+    source = tmp_path / "src"
+    shutil.copytree(slow_source, source, copy_function=os.link)
+    names = sorted(path.relative_to(source).as_posix() for path in source.rglob("*.jpg"))
+    rows = [{"file_name": name, "caption": f"caption {i} ✓", "label": name[:3], "n": i} for i, name in enumerate(names)]
+    (source / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    clean = tmp_path / "clean"
+    subprocess.run(
+        pack_command(python_command, source, clean, "--label-column", "label"), check=True, capture_output=True
+    )
+    out = tmp_path / "out"
+    process = start_and_wait_for_a_shard(pack_command(python_command, source, out, "--label-column", "label"), out)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+    assert not (out / "manifest.json").exists()
+    resumed = subprocess.run(
+        pack_command(python_command, source, out, "--label-column", "label", "--resume"), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert shard_hashes(out) == shard_hashes(clean)
+    assert read_manifest(out).index.sha256 == read_manifest(clean).index.sha256
