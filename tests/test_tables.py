@@ -420,3 +420,16 @@ def test_probe_reports_the_table(captioned: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert table["captions"] == len(lengths) and table["caption_chars"]["max"] == lengths[-1] == 20000
     assert table["caption_chars"]["min"] == 0 and report.images == len(ROWS)
+
+
+def test_a_dataloader_batches_samples_with_and_without_captions(captioned: Path, tmp_path: Path) -> None:
+    """torch's default_collate refuses None: samples collate with their texts and fields as lists."""
+    torch = pytest.importorskip("torch")
+    resize = ResizeConfig(size=32, mode="center-crop")
+    pack(PackConfig(str(captioned), str(tmp_path / "out"), resize=resize, table=TableConfig(label_column="label")))
+    dataset = open_shards(tmp_path / "out")
+    batches = list(torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=2))
+    assert [len(batch.text) for batch in batches] == [3, 3, 2]
+    assert [text for batch in batches for text in batch.text] == [sample.text for sample in dataset]
+    assert [fields for batch in batches for fields in batch.fields] == [sample.fields for sample in dataset]
+    assert batches[0].image.shape == (3, 32, 32, 3) and batches[0].label.dtype == torch.int64

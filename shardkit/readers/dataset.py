@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +47,17 @@ class Sample(NamedTuple):
     meta: dict[str, Any]  # shardkit's own: source path, original and stored sizes
     text: str | list[str] | None = None  # the caption (or several), when the source had one
     fields: dict[str, Any] = {}  # noqa: RUF012 - the user's columns; readers give each sample its own dict
+
+
+_collate_registered = False  # torch's default_collate knows Sample (torch_data.register_sample_collate)
+
+
+def _register_collate() -> None:
+    global _collate_registered
+    from .torch_data import register_sample_collate
+
+    register_sample_collate(Sample)
+    _collate_registered = True
 
 
 class ShardDataset:
@@ -195,6 +207,8 @@ class ShardDataset:
         except (ImageError, ValueError) as error:
             raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode a field ({error})") from None
         sample = Sample(record.key, image, record.label, record.meta, record.text, fields)
+        if not _collate_registered and "torch" in sys.modules:  # DataLoader(ds, batch_size=N) collates these
+            _register_collate()
         return self.transform(sample) if self.transform is not None else sample
 
     def _decoded(self, record: Record) -> Any:

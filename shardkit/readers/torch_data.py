@@ -46,3 +46,21 @@ class ShardIterableDataset(IterableDataset):
         if isinstance(state["_epoch"], int):
             state["_epoch"] = multiprocessing.RawValue("q", state["_epoch"])
         self.__dict__.update(state)
+
+
+def register_sample_collate(sample_type: type) -> None:
+    """Teach torch's default_collate the Sample: keys, images, labels and meta collate as they did
+    before samples had captions (lists, stacked tensors, a dict of lists), and `text` and `fields`
+    become lists, one per sample, None and all (default_collate refuses None and would stack
+    nothing else). Uses torch's collate_fn_map, what its `collate` documents for custom types."""
+    try:
+        from torch.utils.data._utils.collate import collate, default_collate_fn_map
+    except ImportError:  # a torch without the map: its default_collate is left as it is
+        return
+
+    def collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        parts = list(zip(*batch, strict=True))
+        key, image, label, meta = (collate(list(part), collate_fn_map=collate_fn_map) for part in parts[:4])
+        return sample_type(key, image, label, meta, list(parts[4]), list(parts[5]))
+
+    default_collate_fn_map.setdefault(sample_type, collate_samples)
