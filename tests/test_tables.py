@@ -46,7 +46,7 @@ def _images(root: Path, names: list[str]) -> None:
         if i < len(photos):
             shutil.copyfile(photos[i], target)
         else:
-            write_image(target, 80 + i, 60 + i, seed=i)
+            write_image(target, 160 + i, 120 + i, seed=i)  # larger than the 64 the tests resize to
 
 
 def write_table(path: Path, rows: list[dict]) -> None:
