@@ -43,7 +43,7 @@ _stopping = False  # a stop signal came: the next one exits at once
 _over = False  # the command's work is over: a stop signal ends the process at once
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
-FORKSERVER_PRELOAD = ("shardkit.packing.pack", "shardkit.packing.probe", "pyarrow.parquet")  # pyarrow: index parts
+FORKSERVER_PRELOAD = ("shardkit.packing.pack", "shardkit.packing.probe")
 
 
 def arm_stops() -> None:

@@ -40,6 +40,20 @@ def checked(record: Record, where: object) -> Record:
         raise ShardFormatError(f"{where}: record {str(record.key)[:200]!r} has fields of the wrong type")
     if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
         raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
+    if record[5:] != _NOTHING_MORE:  # a caption, columns or fields (one comparison for image-only records)
+        _check_more(record, where)
+    if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8
+        try:
+            record.key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ShardFormatError(f"{where}: record key {record.key!r} is not UTF-8") from None
+    return record
+
+
+_NOTHING_MORE = (None, None, None)
+
+
+def _check_more(record: Record, where: object) -> None:
     if record.text is not None and not _is_text(record.text):
         raise ShardFormatError(f"{where}: record {record.key} has a caption that is not text or a list of texts")
     if record.columns is not None and not isinstance(record.columns, dict):
@@ -49,12 +63,6 @@ def checked(record: Record, where: object) -> Record:
         and all(isinstance(name, str) and isinstance(data, bytes) for name, data in record.files.items())
     ):
         raise ShardFormatError(f"{where}: record {record.key} has fields that are not named bytes")
-    if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8
-        try:
-            record.key.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ShardFormatError(f"{where}: record key {record.key!r} is not UTF-8") from None
-    return record
 
 
 def _is_text(text: object) -> bool:

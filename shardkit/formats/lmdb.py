@@ -61,13 +61,12 @@ def decode_value(value: bytes | memoryview, where: object, header: Any = None, s
     try:
         if header is None:
             header = loads(bytes(value[4 : 4 + size]))
-        image, files = bytes(value[4 + size :]), None
-        if "files" in header:
-            image, files = split_files(image, header["files"], where)
-        record = Record(
-            header["key"], image, header["ext"], header["label"], header["meta"],
-            header.get("text"), header.get("columns"), files,
-        )  # fmt: skip
+        record = Record(header["key"], bytes(value[4 + size :]), header["ext"], header["label"], header["meta"])
+        if len(header) > 4:  # a caption, columns or fields beside key, ext, label and meta
+            image, files = record.data, None
+            if "files" in header:
+                image, files = split_files(image, header["files"], where)
+            record = record._replace(data=image, text=header.get("text"), columns=header.get("columns"), files=files)
     except (ValueError, KeyError, TypeError, IndexError):
         raise ShardFormatError(f"{where}: unreadable record header") from None
     return checked(record, where)

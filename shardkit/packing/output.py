@@ -268,7 +268,7 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
     """Remove the working folder's own files (and the folders, once empty); nothing else."""
     state = state_dir(output)
     for folder, pattern in (
-        ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.parquet"), ("index", ".*.tmp"), ("tmp", "*.tmp"),
+        ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.jsonl"), ("index", ".*.tmp"), ("tmp", "*.tmp"),
         (".", ".*.tmp"),
     ):  # fmt: skip
         for path in (state / folder).glob(pattern):
