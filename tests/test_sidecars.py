@@ -170,3 +170,10 @@ def test_the_cli_packs_sidecars(sidecar_source: Path, tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_probe_counts_sidecar_samples_not_their_masks(sidecar_source: Path) -> None:
+    from shardkit.packing.probe import probe
+
+    assert probe(sidecar_source, sidecars=True).images == 3  # cat.jpg, sub/dog.png, plain.webp
+    assert probe(sidecar_source).images == 5  # without --sidecars the masks are images too

@@ -433,3 +433,23 @@ def test_a_dataloader_batches_samples_with_and_without_captions(captioned: Path,
     assert [text for batch in batches for text in batch.text] == [sample.text for sample in dataset]
     assert [fields for batch in batches for fields in batch.fields] == [sample.fields for sample in dataset]
     assert batches[0].image.shape == (3, 32, 32, 3) and batches[0].label.dtype == torch.int64
+
+
+def test_the_probe_cli_takes_a_table_from_elsewhere(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    _images(source, ["a.jpg", "b.jpg"])
+    table = tmp_path / "rows.csv"
+    write_table(table, [{"img": "a.jpg", "alt": "first"}, {"img": "gone.jpg", "alt": "second one"}])
+    command = [sys.executable, "-m", "shardkit", "probe", str(source), "--metadata", str(table), "--path-column", "img",
+               "--caption-column", "alt", "--json", str(tmp_path / "report.json")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    census = json.loads((tmp_path / "report.json").read_text())["table"]
+    assert (census["name"], census["rows"], census["rows_without_file"], census["images_without_row"]) == (
+        "rows.csv", 2, 1, 1,
+    )  # fmt: skip
+    assert census["columns"] == ["img", "alt"] and census["caption_chars"]["max"] == len("second one")
+    assert "rows.csv: 2 rows, 1 without a file" in done.stdout

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.config import PROBE_OPTIONS, check_train_size, check_workers, options
+from ..core.config import PROBE_OPTIONS, TableConfig, check_train_size, check_workers, options
 from ..core.errors import ConfigError, ShardkitError, describe
 from ..packing.discover import display
 
@@ -35,7 +35,10 @@ from .common import (
 
 
 def probe(
-    source: Annotated[Path, typer.Argument(help="Image folder (or a list file of paths).", show_default=False)],
+    source: Annotated[
+        Path,
+        typer.Argument(help="Image folder (with or without a metadata table), or a list file.", show_default=False),
+    ],
     train_size: Annotated[
         Optional[int],
         typer.Option(help=f"Training size the recommendation aims at. \\[default: {PROBE_OPTIONS['train_size']}]"),
@@ -52,6 +55,14 @@ def probe(
     config: Annotated[
         Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
     ] = None,
+    metadata: Annotated[
+        Optional[Path], typer.Option(help="A table of samples, as for pack. \\[default: SOURCE/metadata.*]")
+    ] = None,
+    path_column: Annotated[str, typer.Option(help="The table's column of image paths.")] = "file_name",
+    caption_column: Annotated[Optional[str], typer.Option(help="The caption column.")] = None,
+    sidecars: Annotated[
+        bool, typer.Option("--sidecars", help="Files sharing a name are one sample, as for pack.")
+    ] = False,
 ) -> None:
     """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
     with user_errors():
@@ -64,7 +75,10 @@ def probe(
         check_report_path(records_path, (".jsonl", ".csv"), what="records")
         check_plot_path(plot)
         with _records_writer(records_path) as write_rows:
-            report = _run(source, settings, write_rows)
+            table = TableConfig(
+                path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column
+            )
+            report = _run(source, settings, write_rows, table, sidecars)
         render(report)
         if json_path is not None:
             write_json_report(json_path, report.to_json())
@@ -75,7 +89,13 @@ def probe(
             console.print(f"plot written to {plot}")
 
 
-def _run(source: Path, settings: dict, on_chunk: Callable[[ProbeChunk], None] | None) -> ProbeReport:
+def _run(
+    source: Path,
+    settings: dict,
+    on_chunk: Callable[[ProbeChunk], None] | None,
+    table: TableConfig | None = None,
+    sidecars: bool = False,
+) -> ProbeReport:
     from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
     with progress_bar("probing") as bar:
@@ -93,6 +113,8 @@ def _run(source: Path, settings: dict, on_chunk: Callable[[ProbeChunk], None] | 
             max_pixels=settings["max_pixels"],
             progress=advance,
             on_chunk=on_chunk,
+            table=table,
+            sidecars=sidecars,
         )
 
 

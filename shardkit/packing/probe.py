@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.codecs import header_scanner
-from ..core.config import DEFAULT_MAX_PIXELS, check_workers
+from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
@@ -193,6 +193,8 @@ def probe(
     progress: Callable[[int, int | None], None] | None = None,
     on_chunk: Callable[[ProbeChunk], None] | None = None,
     chunk_files: int = CHUNK_FILES,
+    table: TableConfig | None = None,
+    sidecars: bool = False,
 ) -> ProbeReport:
     """Probe every image under `source`, streaming: the walk feeds the workers chunk by chunk as it
     goes, and only the statistics (exact counts of each size and file size) and the first examples
@@ -200,7 +202,7 @@ def probe(
     the paths) as it is done; `progress(done, total)` has total None until the walk ends."""
     check_workers(workers)
     started = time.perf_counter()
-    found = walk(source, labels="none", keys=False)
+    found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)  # the samples pack would take
     census = Census()
     captions: Counter[int] = Counter()  # caption length in characters -> rows
     without_file = 0
