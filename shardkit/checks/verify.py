@@ -204,12 +204,11 @@ def verify(
     check_workers(workers)
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
-    if source is not None:
-        walk(source, labels="none", keys=False, table=TableConfig(path=None))  # a bad source: refused before the work
     started = time.perf_counter()
     with _opened(folder, storage_options) as output:
         found = None
-        if source is not None:  # walked as the pack walked it: a table's rows, or sidecar samples
+        if source is not None:  # a bad source is refused here, before any shard is read
+            # walked as the pack walked it (a table's rows, sidecar samples): the manifest says how
             found = walk(source, labels="none", keys=False, **_walked_as(output.manifest))
         report = _verify(output, deep, found, workers, max_pixels, progress)
     report.seconds = time.perf_counter() - started
@@ -293,7 +292,7 @@ def _verify(
         return report
     report.format = manifest.format
     report.shards = len(manifest.shards)
-    _check_manifest(root, manifest, output.held, report)
+    sealed = _check_manifest(root, manifest, output.held, report)
     jobs = [
         _ShardJob(
             output.work,
@@ -334,7 +333,7 @@ def _verify(
         for _, check in map_local_surviving_crashes(_check_shard, shallow, workers or default_workers(), crashed):
             yield check
 
-    if manifest.index is not None and manifest.checksum == manifest.computed_checksum():
+    if manifest.index is not None and sealed:
         _check_index(root, manifest, by_shard, report)  # (an edited manifest's claims are reported already)
     repeated = set(_repeated(_joined(key_hashes)).tolist())
     if repeated:
@@ -388,8 +387,10 @@ def _check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray]
             )
 
 
-def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report: VerifyReport) -> None:
-    if manifest.checksum != manifest.computed_checksum():
+def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report: VerifyReport) -> bool:
+    """The manifest against itself, errors.jsonl and the folder; whether its checksum holds."""
+    sealed = manifest.checksum == manifest.computed_checksum()
+    if not sealed:
         report.problems.append(Problem("manifest", "checksum does not match its content (edited by hand?)"))
     if len({s.name for s in manifest.shards}) != len(manifest.shards):
         report.problems.append(Problem("manifest", "a shard is listed twice"))
@@ -409,6 +410,7 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
     for name in sorted(held):
         if name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))
+    return sealed
 
 
 def _error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, str]]:

@@ -83,9 +83,10 @@ class Hdf5ShardWriter(ShardWriter):
         meta = encode_meta(record.meta)
         self._buffer += record.data
         size = len(record.data)
-        for name in sorted(record.files or {}):  # fields follow the image; `extras` says how long each is
-            self._buffer += record.files[name]  # type: ignore[index]
-            size += len(record.files[name])  # type: ignore[index]
+        files = record.files or {}
+        for name in sorted(files):  # fields follow the image; `extras` says how long each is
+            self._buffer += files[name]
+            size += len(files[name])
         self._offsets.append(self._offsets[-1] + size)
         self._keys.append(record.key)
         self._exts.append(record.ext)

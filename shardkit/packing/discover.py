@@ -200,12 +200,9 @@ def walk_runs(
                 skipped.extend(_skip(rel, "its class folder had no image when the walk began") for rel in relpaths)
 
 
-def _listing(
-    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
-) -> list[str | tuple[list[str], list[str]]]:
-    """One folder's sub-folders (relpaths) and runs of image files between them ((relpaths, keys)),
-    in sorted order; what is not taken goes to `skipped`. Folder links are followed, but a folder
-    already visited is not entered again."""
+def _entries(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]]) -> list[os.DirEntry[str]]:
+    """A folder's entries, or none (the reason in `skipped`) when it cannot be listed or a link led
+    back into a folder already visited. Folder links are followed."""
     path = os.path.join(root, rel_dir) if rel_dir else root
     try:
         info = os.stat(path)
@@ -214,10 +211,27 @@ def _listing(
             return []
         seen.add((info.st_dev, info.st_ino))
         with os.scandir(path) as entries_iterator:
-            entries = list(entries_iterator)
+            return list(entries_iterator)
     except OSError as error:
         skipped.append(_skip(rel_dir or ".", f"cannot list folder: {error.strerror}"))
         return []
+
+
+def _sort_names(names: list[str]) -> None:
+    """In byte order of the names, the order of a walk (folders carry a '/' after their name)."""
+    if all(name.isascii() for name in names):
+        names.sort()  # code-point order is byte order here, and sorting str is 10x cheaper
+    else:
+        names.sort(key=os.fsencode)
+
+
+def _listing(
+    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
+) -> list[str | tuple[list[str], list[str]]]:
+    """One folder's sub-folders (relpaths) and runs of image files between them ((relpaths, keys)),
+    in sorted order; what is not taken goes to `skipped`. Folder links are followed, but a folder
+    already visited is not entered again."""
+    entries = _entries(root, rel_dir, skipped, seen)
     names: list[str] = []  # image files, and folders with a '/' after the name (their sort key)
     for entry in entries:
         name = entry.name
@@ -242,10 +256,7 @@ def _listing(
                 else "not a regular file"
             )
             skipped.append(_skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
-    if all(name.isascii() for name in names):
-        names.sort()  # code-point order is byte order here, and sorting str is 10x cheaper
-    else:
-        names.sort(key=os.fsencode)
+    _sort_names(names)
     base = rel_dir + "/" if rel_dir else ""
     parts: list[str | tuple[list[str], list[str]]] = []  # sub-folders, and runs of files between them
     run: list[str] = []
@@ -558,22 +569,10 @@ def _from_sidecars(root: str, keys: bool) -> SourceWalk:
 def _sidecar_items(
     root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
 ) -> Iterator[Item]:
-    path = os.path.join(root, rel_dir) if rel_dir else root
-    try:
-        info = os.stat(path)
-        if (info.st_dev, info.st_ino) in seen:
-            skipped.append(_skip(rel_dir, "folder link loop (already visited)"))
-            return
-        seen.add((info.st_dev, info.st_ino))
-        with os.scandir(path) as entries_iterator:
-            entries = list(entries_iterator)
-    except OSError as error:
-        skipped.append(_skip(rel_dir or ".", f"cannot list folder: {error.strerror}"))
-        return
     base = rel_dir + "/" if rel_dir else ""
     names: list[str] = []
     groups: dict[str, dict[str, str]] = {}
-    for entry in entries:
+    for entry in _entries(root, rel_dir, skipped, seen):
         name = entry.name
         if name.startswith("."):
             continue
@@ -594,7 +593,7 @@ def _sidecar_items(
             continue
         names.append(name)
         groups.setdefault(stem, {})[suffix] = name
-    names.sort(key=os.fsencode)
+    _sort_names(names)
     done: set[str] = set()
     for name in names:
         if name[-1] == "/":

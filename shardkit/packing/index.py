@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.manifest import INDEX_NAME, ShardInfo, sha256_file
-from ..formats.base import Record
+from ..formats.base import Record, encode_json
 
 # The columns, in order. The user's columns are one JSON text: their names and types differ from
 # row to row, a parquet schema cannot (read them with json.loads, or DuckDB's ->> operator).
@@ -43,9 +43,7 @@ def row(record: Record, shard: str, position: int) -> tuple[Any, ...]:
     """A record's row, in COLUMNS order."""
     meta = record.meta
     several = record.text is not None and not isinstance(record.text, str)
-    columns = None
-    if record.columns is not None:
-        columns = json.dumps(record.columns, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    columns = None if record.columns is None else encode_json(record.columns).decode()
     return (
         record.key, shard, position, record.label, None if several else record.text,
         record.text if several else None, columns, sorted(record.files) if record.files else None,

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from ..core.config import TableConfig
 from ..core.errors import SourceError, describe
-from ..core.safeio import loads
+from ..core.safeio import loads, open_regular
 
 # Hugging Face ImageFolder's names, picked up at the source root with no flag.
 AUTO_TABLES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
@@ -89,7 +89,7 @@ def read_rows(table: Table) -> Iterator[Row]:
 
 def _jsonl_rows(table: Table) -> Iterator[Row]:
     try:
-        handle = open(table.path, "rb")  # noqa: SIM115 - closed below
+        handle = open(open_regular(table.path), "rb")  # noqa: SIM115 - closed below; a FIFO is refused, never waited on
     except OSError as error:
         raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
     with handle:
@@ -120,7 +120,7 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
 def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
     csv.field_size_limit(_LINE_LIMIT)
     try:
-        handle = open(table.path, encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+        handle = open(open_regular(table.path), encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
     except OSError as error:
         raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
     with handle:

@@ -28,6 +28,7 @@ from ..core.codecs import crop_kernel
 from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from ..core.headers import jpeg_size
 from ..formats.base import Record
+from .decode import record_fields
 from .split import rank_and_world
 
 CROPS = ("random", "center", None)
@@ -310,7 +311,7 @@ class BatchLoader:
         batch = self._batch(images, labels, [r.key for _, r in chunk])
         if any(r.text is not None or r.columns is not None or r.files for _, r in chunk):
             batch.texts = [r.text for _, r in chunk]
-            batch.fields = [{**(r.columns or {}), **(r.files or {})} for _, r in chunk]  # fields as bytes
+            batch.fields = [record_fields(r, "bytes") for _, r in chunk]  # sidecar fields as bytes
         return batch
 
     def _failed(self, chunk: list[tuple[int, Record]], failures: dict[int, str]) -> list[int] | None:
