@@ -335,9 +335,9 @@ def test_memory_is_bounded_by_the_prefetch(packed: Path, monkeypatch: pytest.Mon
     decoded, highest = [0], [0]
     original = BatchLoader._decode
 
-    def counting(self, number, chunk):
+    def counting(self, key, number, chunk):
         decoded[0] += 1
-        return original(self, number, chunk)
+        return original(self, key, number, chunk)
 
     monkeypatch.setattr(BatchLoader, "_decode", counting)
     loader = open_shards(packed).loader(8, 32, workers=2, prefetch=3)

@@ -16,7 +16,7 @@ import bisect
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -30,7 +30,9 @@ from ..formats import get_format
 from ..formats.base import Record, ShardReader
 from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
-from .split import buffer_shuffle, rank_and_world, record_ranges, worker_slot
+from .epoch import ShardSpace
+from .iteration import EpochIteration
+from .order import Progress
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -60,7 +62,7 @@ def _register_collate() -> None:
     _collate_registered = True
 
 
-class ShardDataset:
+class ShardDataset(EpochIteration):
     def __init__(
         self,
         folder: Path | str,
@@ -134,10 +136,6 @@ class ShardDataset:
 
     def __len__(self) -> int:
         return self._starts[-1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
-        self.epoch = epoch
 
     # --- map-style ----------------------------------------------------------------------------
 
@@ -227,71 +225,13 @@ class ShardDataset:
 
     # --- iterable -----------------------------------------------------------------------------
 
-    def samples_per_rank(self) -> int:
-        """How many samples each rank's iteration yields per epoch (the same on every rank)."""
-        _, world = rank_and_world(self.rank, self.world_size)
-        if world == 1:
-            return len(self)
-        return len(self) // world if self.drop_last else -(-len(self) // world)
+    def fresh_progress(self) -> Progress:
+        """The start of this dataset's current epoch (readers/order)."""
+        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self))
 
-    def epoch_plan(self) -> list[tuple[int, int, int]]:
-        """(shard, start, stop) record ranges this rank and DataLoader worker read this epoch.
-
-        The epoch's sequence (shards in stored or seeded-shuffled order, records in stored order)
-        is cut into one contiguous run per rank, then per worker, so shards are read as streams and
-        every rank yields exactly samples_per_rank() samples: distributed training needs equal step
-        counts on all ranks. When the ranks do not divide the total, the last runs wrap around to
-        the start of the sequence (at most world_size - 1 repeats), or drop_last=True leaves the
-        remainder out. With one rank, every sample comes exactly once.
-        """
-        order = list(range(len(self._readers)))
-        if self.shuffle:
-            np.random.default_rng((self.seed, self.epoch)).shuffle(order)
-        counts = [self.manifest.shards[shard].count for shard in order]
-        rank, _ = rank_and_world(self.rank, self.world_size)
-        worker, workers = worker_slot()
-        per_rank = self.samples_per_rank()
-        begin = rank * per_rank
-        return record_ranges(
-            order, counts, begin + worker * per_rank // workers, begin + (worker + 1) * per_rank // workers
-        )
-
-    def __iter__(self) -> Iterator[Any]:
-        for shard, record in self.epoch_records():
-            try:
-                yield self._finish(record, self.manifest.shards[shard].name)
-            except ShardReadError:
-                if self.on_error == "raise":
-                    raise
-                self.skipped += 1
-
-    def epoch_records(self) -> Iterator[tuple[int, Record]]:
-        """(shard, record) for this rank and DataLoader worker this epoch, undecoded: the runs of
-        `epoch_plan()`, through the seeded shuffle buffer when shuffling (records, not decoded
-        images, wait in it). What iteration decodes and the batch loader crop-decodes."""
-        plan = self.epoch_plan()
-        records: Iterator[tuple[int, Record]] = (
-            (shard, record) for at, (shard, start, stop) in enumerate(plan) for record in self._run(plan, at)
-        )
-        if self.shuffle:
-            rank, _ = rank_and_world(self.rank, self.world_size)
-            records = buffer_shuffle(records, self.shuffle_buffer, (self.seed, self.epoch, rank, worker_slot()[0]))
-        return records
-
-    def _run(self, plan: list[tuple[int, int, int]], at: int) -> Iterator[Record]:
-        """The records of run `at` of the epoch plan. From object storage, the shards of the next
-        runs download in the background meanwhile, and the shard is closed after its run (the
-        cache may then evict it)."""
-        shard, start, stop = plan[at]
-        if self.remote is None:
-            yield from self._range(shard, start, stop)
-            return
-        upcoming = dict.fromkeys(s for s, _, _ in plan[at + 1 : at + 1 + self.remote.ahead] if s != shard)
-        self.remote.prefetch([self._shard_id(s) for s in upcoming])
-        try:
-            yield from self._range(shard, start, stop)
-        finally:
-            self._readers[shard].close()
+    def space(self, progress: Progress) -> ShardSpace:
+        """The epoch's positions as records: shards in stored order, or shuffled by (seed, epoch)."""
+        return ShardSpace(self, (progress.seed, progress.epoch), progress.shuffle)
 
     def _shard_id(self, shard: int) -> tuple[str, int, str]:
         info = self.manifest.shards[shard]
@@ -336,49 +276,6 @@ class ShardDataset:
                 raise ShardReadError(str(error)) from None
             self.skipped += 1
 
-    def loader(
-        self,
-        batch_size: int,
-        size: int | tuple[int, int],
-        *,
-        crop: str | None = "random",
-        flip: bool = False,
-        workers: int | None = None,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        resize: int | None = None,
-        output: str = "torch",
-        pin_memory: bool = False,
-        prefetch: int | None = None,
-        drop_last: bool = False,
-    ) -> Any:
-        """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
-
-        Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
-        with only what the crop needs decoded (see shardkit.readers.loader): crop="random" is torchvision's
-        RandomResizedCrop(size, scale, ratio); "center" is Resize(resize) then CenterCrop(size)
-        (resize defaults to size / 0.875: 224 -> 256); None resizes whole images (records packed at
-        the size pass through unchanged). flip: a random horizontal flip. Batches hold uint8 images
-        (N, 3, H, W) in channels_last memory and int64 labels (-1 when unlabelled), as torch tensors
-        (numpy arrays with output="numpy", pinned with pin_memory=True), with `.keys`; `workers`
-        threads decode (default: one per core) while up to `prefetch` batches wait. The epoch is this
-        rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
-        and rank, whatever `workers` is. len() is the number of batches.
-        """
-        from .loader import BatchLoader
-
-        return BatchLoader(
-            self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
-            resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
-        )  # fmt: skip
-
-    def iterable(self) -> Any:
-        """This dataset as a torch IterableDataset (for DataLoader's iterable mode)."""
-        require("torch", "torch")
-        from .torch_data import ShardIterableDataset
-
-        return ShardIterableDataset(self)
-
     def close(self) -> None:
         for reader in self._readers:
             reader.close()
@@ -387,7 +284,7 @@ class ShardDataset:
 
 
 def open_shards(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
     *,
     decode: str = "rgb",
     scale: float | None = None,
@@ -403,12 +300,15 @@ def open_shards(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: str | int | None = None,
-) -> ShardDataset:
+    weights: Sequence[float] | None = None,
+    length: int | None = None,
+    exhausted: str = "resample",
+) -> Any:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
     decode: "rgb" (HWC uint8 numpy), "bytes", "pil" or "torch" (CHW uint8 tensor). scale: 1/2, 1/4
     or 1/8 decodes JPEG in the DCT domain. rank/world_size default to torch.distributed's when it is
-    initialised; iteration gives every rank the same number of samples (see `epoch_plan`; with
+    initialised; iteration gives every rank the same number of samples (see `samples_per_rank`; with
     drop_last=True the remainder of an uneven split is left out instead of repeated).
     on_error="skip" skips unreadable records during iteration and counts them (a skipped record
     makes that rank's epoch one shorter: run `shardkit verify` first). max_pixels: a record whose
@@ -421,11 +321,42 @@ def open_shards(
     SHARDKIT_CACHE), at most `cache_limit` bytes ("50GB" by default; least recently used shards are
     evicted). Each shard is downloaded once, checked against the manifest's sha256; iteration fetches
     the next shards of the epoch in the background.
+
+    A list of outputs (local or remote, any formats) makes a weighted mix (readers/mix): each
+    sample comes from output i with probability weights[i] (equal weights by default), drawn
+    deterministically per seed and epoch. An epoch of the mix is `length` samples (default: the
+    outputs' records together); an output that runs out within it starts again in a fresh order
+    (exhausted="resample", the default), or the epoch ends before the first sample an output cannot
+    give (exhausted="stop"). Ranks, workers, the loader and checkpoints work on a mix as on one
+    output; labels are each output's own (`ds.classes` is a list per output).
     """
     common: dict[str, Any] = dict(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
+    if isinstance(path, (list, tuple)):
+        from .mix import MixedDataset
+
+        if not path:
+            raise ConfigError("open_shards needs at least one output to mix")
+        per_source = {**common, "shuffle": False, "rank": None, "world_size": None, "drop_last": False}
+        sources = [_open_one(p, per_source, storage_options, cache_dir, cache_limit) for p in path]
+        return MixedDataset(
+            sources, weights, length=length, exhausted=exhausted, shuffle=shuffle, seed=seed,
+            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, on_error=on_error,
+        )  # fmt: skip
+    if weights is not None or length is not None:
+        raise ConfigError("weights and length are for a mix: pass a list of outputs")
+    return _open_one(path, common, storage_options, cache_dir, cache_limit)
+
+
+def _open_one(
+    path: str | os.PathLike[str],
+    common: dict[str, Any],
+    storage_options: dict[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: str | int | None,
+) -> ShardDataset:
     from ..storage.location import locate
 
     folder = locate(path, storage_options)

@@ -29,7 +29,8 @@ from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from ..core.headers import jpeg_size
 from ..formats.base import Record
 from .decode import record_fields
-from .split import rank_and_world
+from .epoch import Cursor, Item, check_sizes
+from .order import Progress
 
 CROPS = ("random", "center", None)
 OUTPUTS = ("torch", "numpy")
@@ -217,6 +218,8 @@ class BatchLoader:
         else:
             self._torch, self.pin_memory = None, False
         self.kernel = crop_kernel()
+        self._progress: Progress | None = None  # where the running (or last) epoch stands
+        self._resume: Progress | None = None  # a loaded state, for the next iteration
 
     def _pinning_possible(self) -> bool:
         if self._torch.cuda.is_available():
@@ -229,35 +232,71 @@ class BatchLoader:
         samples = self.dataset.samples_per_rank()
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands in its epoch: a small JSON-able dict (readers/order). Saved after
+        batch k, `load_state_dict` in a fresh process continues at batch k+1, with the same samples,
+        crops and flips; with another world size, the rest of the epoch split anew."""
+        progress = self._progress or self._resume or self.dataset.fresh_progress()
+        return progress.to_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration resumes where `state` stood (then epochs start whole again)."""
+        progress = Progress.from_state(state)
+        check_sizes(progress, self.dataset.fresh_progress().sizes)
+        self._resume, self._progress = progress, None
+
     def __iter__(self) -> Iterator[Batch]:
+        progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
+        self._resume, self._progress = None, progress
+        position, items = self.dataset.epoch_items(progress, workers=(0, 1))  # threads do not split the epoch
+        first = position.done // self.batch_size
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shardkit-loader")
-        pending: deque[Future[Batch]] = deque()
+        pending: deque[tuple[Future[Batch] | None, int]] = deque()
         try:
-            for number, chunk in enumerate(self._chunks()):
-                pending.append(pool.submit(self._decode, number, chunk))
-                if len(pending) > self.prefetch:
-                    yield pending.popleft().result()
+            for number, (positions, chunk) in enumerate(self._chunks(items), start=first):
+                work = pool.submit(self._decode, position.stream.key, number, chunk) if chunk else None
+                pending.append((work, positions))
+                while len(pending) > self.prefetch:
+                    batch = self._next(pending, position)
+                    if batch is not None:
+                        yield batch
             while pending:
-                yield pending.popleft().result()
+                batch = self._next(pending, position)
+                if batch is not None:
+                    yield batch
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
-            for future in pending:
-                future.cancel()
+            for work, _ in pending:
+                if work is not None:
+                    work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _chunks(self) -> Iterator[list[tuple[int, Record]]]:
-        chunk: list[tuple[int, Record]] = []
-        for item in self.dataset.epoch_records():
-            chunk.append(item)
-            if len(chunk) == self.batch_size:
-                yield chunk
-                chunk = []
-        if chunk and not self.drop_last:
-            yield chunk
+    @staticmethod
+    def _next(pending: deque[tuple[Future[Batch] | None, int]], position: Cursor) -> Batch | None:
+        """The oldest batch, its positions counted as consumed when it is handed out (a batch whose
+        records were all skipped is counted and not handed out)."""
+        work, positions = pending.popleft()
+        batch = work.result() if work is not None else None
+        position.advance(positions)
+        return batch
 
-    def _windows(self, number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Crop boxes and flips of batch `number`: the same for the same seed, epoch and rank."""
-        rank, _ = rank_and_world(self.dataset.rank, self.dataset.world_size)
-        rng = np.random.default_rng([self.dataset.seed, self.dataset.epoch, rank, number, 0x6C6F6164])
+    def _chunks(self, items: Iterator[Item | None]) -> Iterator[tuple[int, list[Item]]]:
+        """(positions, the items read at them) per batch of `batch_size` positions."""
+        chunk: list[Item] = []
+        positions = 0
+        for item in items:
+            positions += 1
+            if item is not None:
+                chunk.append(item)
+            if positions == self.batch_size:
+                yield positions, chunk
+                chunk, positions = [], 0
+        if positions and not self.drop_last:
+            yield positions, chunk
+
+    def _windows(self, key: tuple[int, ...], number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Crop boxes and flips of batch `number` of the stream `key`: the same for the same seed,
+        epoch and rank, whatever `workers` is, and again after a resume."""
+        rng = np.random.default_rng([*key, number, 0x6C6F6164])
         widths, heights = sizes[:, 0], sizes[:, 1]
         if self.crop == "random":
             boxes = random_resized_boxes(widths, heights, rng, self.scale, self.ratio)
@@ -268,25 +307,25 @@ class BatchLoader:
         flips = rng.random(len(sizes)) < 0.5 if self.flip else np.zeros(len(sizes), bool)
         return boxes, flips
 
-    def _decode(self, number: int, chunk: list[tuple[int, Record]]) -> Batch:
+    def _decode(self, key: tuple[int, ...], number: int, chunk: list[Item]) -> Batch:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
         dataset, (height, width) = self.dataset, self.size
         images = self._buffer(len(chunk))
         failures: dict[int, str] = {}
         sizes = np.zeros((len(chunk), 2), np.int64)
-        for i, (_, record) in enumerate(chunk):
+        for i, (_, _, record) in enumerate(chunk):
             try:
                 sizes[i] = record_size(record, dataset.max_pixels)
             except ImageError as error:
                 failures[i], sizes[i] = error.reason, (1, 1)
-        boxes, flips = self._windows(number, sizes)
+        boxes, flips = self._windows(key, number, sizes)
         python_path = [i for i in range(len(chunk)) if i not in failures]
         kernel = self.kernel
-        jpegs = [i for i in python_path if chunk[i][1].ext in _JPEG] if kernel is not None else []
+        jpegs = [i for i in python_path if chunk[i].record.ext in _JPEG] if kernel is not None else []
         if kernel is not None and jpegs:
             outcome = kernel.decode_batch(
-                [chunk[i][1].data for i in jpegs], np.ascontiguousarray(boxes[jpegs]), flips[jpegs].astype(np.uint8),
-                np.array(jpegs, np.int32), images, height, width, dataset.max_pixels,
+                [chunk[i].record.data for i in jpegs], np.ascontiguousarray(boxes[jpegs]),
+                flips[jpegs].astype(np.uint8), np.array(jpegs, np.int32), images, height, width, dataset.max_pixels,
             )  # fmt: skip
             handed_back = set()
             for i, result in zip(jpegs, outcome, strict=True):
@@ -296,7 +335,7 @@ class BatchLoader:
                     handed_back.add(i)  # not an RGB or grey JPEG: Pillow converts it
             python_path = [i for i in python_path if i not in jpegs or i in handed_back]
         for i in python_path:
-            record = chunk[i][1]
+            record = chunk[i].record
             try:
                 images[i] = crop_with_pillow(
                     record.data, record.ext, boxes[i], bool(flips[i]), self.size, dataset.max_pixels
@@ -307,23 +346,23 @@ class BatchLoader:
         if keep is not None:
             images = images[keep]
             chunk = [chunk[i] for i in keep]
-        labels = np.array([-1 if r.label is None else r.label for _, r in chunk], dtype=np.int64)
-        batch = self._batch(images, labels, [r.key for _, r in chunk])
-        if any(r.text is not None or r.columns is not None or r.files for _, r in chunk):
-            batch.texts = [r.text for _, r in chunk]
-            batch.fields = [record_fields(r, "bytes") for _, r in chunk]  # sidecar fields as bytes
+        records = [item.record for item in chunk]
+        labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
+        batch = self._batch(images, labels, [r.key for r in records])
+        if any(r.text is not None or r.columns is not None or r.files for r in records):
+            batch.texts = [r.text for r in records]
+            batch.fields = [record_fields(r, "bytes") for r in records]  # sidecar fields as bytes
         return batch
 
-    def _failed(self, chunk: list[tuple[int, Record]], failures: dict[int, str]) -> list[int] | None:
+    def _failed(self, chunk: list[Item], failures: dict[int, str]) -> list[int] | None:
         """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""
         if not failures:
             return None
         if self.dataset.on_error == "raise":
             i = min(failures)
-            shard, record = chunk[i]
-            name = self.dataset.manifest.shards[shard].name
-            raise ShardReadError(f"{name}: record {record.key}: cannot decode ({failures[i]})")
-        self.dataset.skipped += len(failures)
+            raise ShardReadError(f"{chunk[i].shard_name}: record {chunk[i].record.key}: cannot decode ({failures[i]})")
+        for i in failures:
+            chunk[i].dataset.skipped += 1
         return [i for i in range(len(chunk)) if i not in failures]
 
     def _buffer(self, n: int) -> np.ndarray:

@@ -7,7 +7,11 @@ from collections.abc import Iterator
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .epoch import check_sizes
+from .order import Progress, round_robin_counts
+from .split import rank_and_world, worker_slot
 
 
 class ShardIterableDataset(IterableDataset):
@@ -15,24 +19,62 @@ class ShardIterableDataset(IterableDataset):
 
     The epoch lives in shared memory: with persistent_workers=True the workers keep their copy of
     the dataset between epochs, and set_epoch() in the training process must still reach them.
+
+    Checkpointing follows torchdata's Stateful protocol (`state_dict`, `load_state_dict`), so
+    `torchdata.stateful_dataloader.StatefulDataLoader` saves and restores each worker's position.
+    With a plain DataLoader, `state_from_batches` builds the state from the number of batches the
+    training loop consumed; `load_state_dict` before the DataLoader's next iteration resumes there.
     """
 
     def __init__(self, dataset: Any) -> None:
         super().__init__()
         self.dataset = dataset
         self._epoch: Any = multiprocessing.RawValue("q", dataset.epoch)
+        self._progress: Progress | None = None  # where the running (or last) iteration stands
+        self._resume: Progress | None = None  # a loaded state, for the next iteration
 
     def __iter__(self) -> Iterator[Any]:
         self.dataset.set_epoch(self._epoch.value)
-        return iter(self.dataset)
+        progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
+        self._resume, self._progress = None, progress
+        return self.dataset.iterate(progress)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (what DataLoader and training loops count steps by)."""
-        return self.dataset.samples_per_rank()
+        return int(self.dataset.samples_per_rank())
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch.value = epoch
         self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's iteration stands (in a DataLoader worker: that worker's stream)."""
+        progress = self._progress or self._resume or self.dataset.fresh_progress()
+        worker, _ = worker_slot()
+        return progress.to_state(worker if get_worker_info() is not None else None)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration resumes where `state` stood: the epoch and seed it carries, this
+        process's rank and worker layout (another world size or worker count splits the rest of the
+        epoch anew; that needs a whole state, not one worker's)."""
+        progress = Progress.from_state(state)
+        check_sizes(progress, self.dataset.fresh_progress().sizes)
+        self._resume, self._progress = progress, None
+        if get_worker_info() is None:  # in a worker, the shared epoch is the training process's
+            self.set_epoch(progress.epoch)
+
+    def state_from_batches(
+        self, batches: int, batch_size: int, num_workers: int = 0, drop_last: bool = False
+    ) -> dict[str, Any]:
+        """The state of this epoch after a plain DataLoader(self, batch_size, num_workers, drop_last)
+        handed out `batches` batches: workers take turns, one batch each, as DataLoader does."""
+        progress = self.dataset.fresh_progress()
+        rank, world = rank_and_world(self.dataset.rank, self.dataset.world_size)
+        workers = max(1, num_workers)
+        split, sequence = progress.start(world, workers, self.dataset.drop_last)
+        lengths = [progress.stream(split, sequence, rank, worker).length for worker in range(workers)]
+        progress.splits[split].done = list(round_robin_counts(lengths, batches, batch_size, drop_last))
+        return progress.to_state()
 
     def __getstate__(self) -> dict:
         # Shared memory travels only to processes being started (DataLoader workers); pickled any

@@ -1,0 +1,114 @@
+"""What a dataset and a weighted mix share: one epoch's iteration, the batch loader and the torch
+IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error`, `epoch`,
+`len()`, `fresh_progress()` and `space()` (readers/epoch, readers/order)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..core.errors import require
+from .epoch import Cursor, Item, Space, check_sizes, cursor, decoded, stream_items
+from .order import Progress
+from .split import rank_and_world
+
+
+class EpochIteration:
+    rank: int | None
+    world_size: int | None
+    drop_last: bool
+    on_error: str
+    epoch: int
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def fresh_progress(self) -> Progress:
+        raise NotImplementedError
+
+    def space(self, progress: Progress) -> Space:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
+        self.epoch = epoch
+
+    def samples_per_rank(self) -> int:
+        """How many samples each rank's iteration yields per epoch (the same on every rank).
+
+        The epoch's sequence (shards in stored or seeded-shuffled order, records in stored order; a
+        mix's weighted draws) is cut into one contiguous run per rank, then per DataLoader worker,
+        so shards are read as streams and every rank yields exactly this many samples: distributed
+        training needs equal step counts on all ranks. When the ranks do not divide the total, the
+        last runs wrap around to the start of the sequence (at most world_size - 1 repeats), or
+        drop_last=True leaves the remainder out. With one rank, every sample comes exactly once.
+        """
+        _, world = rank_and_world(self.rank, self.world_size)
+        if world == 1:
+            return len(self)
+        return len(self) // world if self.drop_last else -(-len(self) // world)
+
+    def epoch_items(
+        self, progress: Progress | None = None, workers: tuple[int, int] | None = None
+    ) -> tuple[Cursor, Iterator[Item | None]]:
+        """This rank's and DataLoader worker's stream of the epoch, from where `progress` stands
+        (the start of the epoch by default), undecoded: an Item per position, None where a damaged
+        shard was skipped. What iteration decodes and the batch loader crop-decodes; the Cursor
+        counts what the consumer took."""
+        progress = progress if progress is not None else self.fresh_progress()
+        check_sizes(progress, self.fresh_progress().sizes)
+        position = cursor(self, progress, workers)
+        return position, stream_items(self.space(progress), position.stream, position.done)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterate()
+
+    def iterate(self, progress: Progress | None = None) -> Iterator[Any]:
+        """The samples of this rank's (and DataLoader worker's) epoch, from where `progress` stands."""
+        position, items = self.epoch_items(progress)
+        return decoded(position, items, self.on_error)
+
+    def loader(
+        self,
+        batch_size: int,
+        size: int | tuple[int, int],
+        *,
+        crop: str | None = "random",
+        flip: bool = False,
+        workers: int | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        resize: int | None = None,
+        output: str = "torch",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        drop_last: bool = False,
+    ) -> Any:
+        """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
+
+        Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
+        with only what the crop needs decoded (see shardkit.readers.loader): crop="random" is torchvision's
+        RandomResizedCrop(size, scale, ratio); "center" is Resize(resize) then CenterCrop(size)
+        (resize defaults to size / 0.875: 224 -> 256); None resizes whole images (records packed at
+        the size pass through unchanged). flip: a random horizontal flip. Batches hold uint8 images
+        (N, 3, H, W) in channels_last memory and int64 labels (-1 when unlabelled), as torch tensors
+        (numpy arrays with output="numpy", pinned with pin_memory=True), with `.keys`; `workers`
+        threads decode (default: one per core) while up to `prefetch` batches wait. The epoch is this
+        rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
+        and rank, whatever `workers` is. len() is the number of batches. `state_dict()` and
+        `load_state_dict()` stop and resume it exactly (readers/order).
+        """
+        from .loader import BatchLoader
+
+        return BatchLoader(
+            self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
+            resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
+        )  # fmt: skip
+
+    def iterable(self) -> Any:
+        """This dataset as a torch IterableDataset (for DataLoader's iterable mode), checkpointable
+        (torchdata's Stateful protocol: StatefulDataLoader saves and restores it)."""
+        require("torch", "torch")
+        from .torch_data import ShardIterableDataset
+
+        return ShardIterableDataset(self)

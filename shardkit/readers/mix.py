@@ -1,0 +1,194 @@
+"""Weighted mixing: `open_shards([a, b, c], weights=[0.6, 0.3, 0.1])` draws from several outputs.
+
+Position p of a mix's epoch comes from source s with probability weights[s], drawn in chunks of
+CHUNK positions by a generator seeded by (seed, epoch, chunk): a pure function of (seed, epoch), so
+the mix splits among ranks and workers, stops and resumes (readers/order) like one output. The k-th
+draw of source s is record k of that source's own epoch order; past the source's end (k >= its
+length) the source starts again in a fresh order (exhausted="resample"), or the mix's epoch ends
+before the first draw a source cannot serve (exhausted="stop"). A source's draws stay in its order,
+so each source is read sequentially within its shards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from .epoch import Item, ShardDataset, ShardSpace
+from .iteration import EpochIteration
+from .order import Progress
+
+CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
+EXHAUSTED = ("resample", "stop")
+_MIX = 0x6D6978  # keeps the draws' generator apart from every other seeded by (seed, epoch)
+
+
+class Draws:
+    """The sources of one epoch's positions: which source each comes from and its draw number."""
+
+    def __init__(self, weights: np.ndarray, seed: tuple[int, int], positions: int) -> None:
+        self.cdf = np.cumsum(weights / weights.sum())
+        self.cdf[-1] = 1.0
+        self.seed = seed
+        self.chunks = -(-positions // CHUNK)
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        # Draws of each source before each chunk: one pass over the chunks, ~4 ms per million positions.
+        counts = np.zeros((self.chunks + 1, len(weights)), np.int64)
+        for chunk in range(self.chunks):
+            counts[chunk + 1] = counts[chunk] + np.bincount(self.chunk(chunk), minlength=len(weights))
+        self.before = counts
+
+    def chunk(self, chunk: int) -> np.ndarray:
+        cached = self._cache.get(chunk)
+        if cached is None:
+            uniform = np.random.default_rng((*self.seed, _MIX, chunk)).random(CHUNK)
+            cached = np.searchsorted(self.cdf, uniform, side="right").astype(np.int64)
+            self._cache[chunk] = cached
+            while len(self._cache) > 16:
+                self._cache.popitem(last=False)
+        return cached
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, draw number of that source) of each position."""
+        sources = np.zeros(len(positions), np.int64)
+        draws = np.zeros(len(positions), np.int64)
+        chunks = positions // CHUNK
+        for chunk in np.unique(chunks).tolist():
+            where = np.flatnonzero(chunks == chunk)
+            choices = self.chunk(chunk)
+            offsets = positions[where] - chunk * CHUNK
+            picked = choices[offsets]
+            # draws of the picked source within the chunk before each offset
+            earlier = np.zeros((len(self.cdf), CHUNK + 1), np.int64)
+            earlier[:, 1:] = np.cumsum(choices[None, :] == np.arange(len(self.cdf))[:, None], axis=1)
+            sources[where] = picked
+            draws[where] = self.before[chunk, picked] + earlier[picked, offsets]
+        return sources, draws
+
+    def first_short(self, sizes: Sequence[int]) -> int:
+        """The first position whose draw a source of `sizes` records cannot serve (or the end)."""
+        end = self.chunks * CHUNK
+        for source, size in enumerate(sizes):
+            chunk = int(np.searchsorted(self.before[:, source], size + 1, side="left")) - 1
+            if chunk >= self.chunks:
+                continue
+            counted = np.cumsum(self.chunk(chunk) == source)
+            end = min(end, chunk * CHUNK + int(np.searchsorted(counted, size - self.before[chunk, source] + 1)))
+        return end
+
+
+class MixSpace:
+    """A mix's epoch positions as records of its sources (each in its own epoch order, a fresh
+    order for each time a source starts again)."""
+
+    def __init__(self, mix: MixedDataset, progress: Progress) -> None:
+        self.mix, self.progress = mix, progress
+        self.draws = mix.draws(progress.seed, progress.epoch)
+        self._spaces: dict[tuple[int, int], ShardSpace] = {}
+
+    def _space(self, source: int, round_: int) -> ShardSpace:
+        space = self._spaces.get((source, round_))
+        if space is None:
+            seed = (self.progress.seed, self.progress.epoch, source, round_)
+            space = self._spaces[(source, round_)] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
+        return space
+
+    def _split(self, positions: np.ndarray) -> Iterator[tuple[ShardSpace, np.ndarray, np.ndarray]]:
+        """(space, where in `positions`, record positions in that space), per source and round."""
+        sources, draws = self.draws.locate(positions)
+        for source, dataset in enumerate(self.mix.sources):
+            where = np.flatnonzero(sources == source)
+            if len(where) == 0:
+                continue
+            rounds, local = np.divmod(draws[where], len(dataset))
+            for round_ in np.unique(rounds).tolist():
+                chosen = rounds == round_
+                yield self._space(source, round_), where[chosen], local[chosen]
+
+    def read(self, positions: np.ndarray) -> Iterator[Item | None]:
+        items: list[Item | None] = [None] * len(positions)
+        for space, where, local in self._split(positions):
+            for at, item in zip(where.tolist(), space.read(local), strict=True):
+                items[at] = item
+        yield from items
+
+    def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]:
+        return [pair for space, _, local in self._split(positions) for pair in space.shards(local)]
+
+
+class MixedDataset(EpochIteration):
+    """Several outputs drawn by weight (see open_shards): iterable, `loader()`, `iterable()`."""
+
+    def __init__(
+        self,
+        sources: list[Any],
+        weights: Sequence[float] | None,
+        *,
+        length: int | None = None,
+        exhausted: str = "resample",
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        on_error: str = "raise",
+    ) -> None:
+        weights = [1.0] * len(sources) if weights is None else list(weights)
+        if len(weights) != len(sources):
+            raise ConfigError(f"{len(weights)} weights for {len(sources)} sources")
+        if any(isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0 for w in weights):
+            raise ConfigError(f"weights must be finite numbers >= 0, not {weights}")
+        if sum(weights) <= 0:
+            raise ConfigError("at least one weight must be above 0")
+        if exhausted not in EXHAUSTED:
+            raise ConfigError(f"exhausted must be 'resample' or 'stop', not {exhausted!r}")
+        empty = [i for i, (source, w) in enumerate(zip(sources, weights, strict=True)) if w > 0 and len(source) == 0]
+        if empty:
+            raise ConfigError(f"source {empty[0]} ({sources[empty[0]].folder}) holds no records but has a weight")
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
+            raise ConfigError(f"length must be a whole number >= 0, not {length!r}")
+        self.sources = sources
+        self.weights = np.array(weights, np.float64)
+        self.length = sum(len(s) for s in sources) if length is None else length
+        self.exhausted = exhausted
+        self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, max(1, shuffle_buffer)
+        self.rank, self.world_size, self.drop_last, self.on_error = rank, world_size, drop_last, on_error
+        self.epoch = 0
+        self.max_pixels = min(s.max_pixels for s in sources)
+        self.classes = [list(s.classes) for s in sources]  # labels are each source's own
+        self._draws: tuple[tuple[int, int], Draws] | None = None
+
+    def draws(self, seed: int, epoch: int) -> Draws:
+        if self._draws is None or self._draws[0] != (seed, epoch):
+            self._draws = ((seed, epoch), Draws(self.weights, (seed, epoch), self.length))
+        return self._draws[1]
+
+    def _epoch_length(self, seed: int, epoch: int) -> int:
+        if self.exhausted == "stop":
+            return min(self.length, self.draws(seed, epoch).first_short([len(s) for s in self.sources]))
+        return self.length
+
+    def __len__(self) -> int:
+        """Samples in this epoch of the mix (with exhausted="stop", up to where a source ran out)."""
+        return self._epoch_length(self.seed, self.epoch)
+
+    def fresh_progress(self) -> Progress:
+        sizes = [len(s) for s in self.sources]
+        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self))
+
+    def space(self, progress: Progress) -> MixSpace:
+        return MixSpace(self, progress)
+
+    @property
+    def skipped(self) -> int:
+        return sum(s.skipped for s in self.sources)
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
