@@ -138,7 +138,7 @@ class Cursor(NamedTuple):
 
     progress: Progress
     split: int
-    worker: int
+    worker: int  # the worker stream's number (not always the DataLoader worker's id: see Split.turn)
     stream: Stream
 
     @property
@@ -158,7 +158,8 @@ def cursor(owner: Any, progress: Progress, workers: tuple[int, int] | None = Non
     rank, world = rank_and_world(owner.rank, owner.world_size)
     worker, count = workers if workers is not None else worker_slot()
     split, sequence = progress.start(world, count, owner.drop_last)
-    return Cursor(progress, split, worker, progress.stream(split, sequence, rank, worker))
+    mine = (worker + progress.splits[split].turn) % count  # the stream whose turn this worker serves
+    return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine))
 
 
 def check_sizes(progress: Progress, sizes: list[int]) -> None:

@@ -166,6 +166,7 @@ class Split:
     workers: int
     drop_last: bool
     done: list[int | None]  # positions each worker stream has yielded, the same on every rank
+    turn: int = 0  # DataLoader worker w reads stream (w + turn) % workers: whose turn it was (plain DataLoader)
 
     def per_rank(self, total: int) -> int:
         if self.world == 1:
@@ -186,14 +187,16 @@ class Progress:
     splits: list[Split] = field(default_factory=list)
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
-        """The state; with `worker`, only that worker stream's count of the last split is known (a
-        DataLoader worker knows only its own)."""
+        """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
+        split is known (a DataLoader worker knows only its own)."""
         splits = []
         for index, split in enumerate(self.splits):
             done = list(split.done)
             if worker is not None and index == len(self.splits) - 1:
-                done = [count if i == worker else None for i, count in enumerate(done)]
-            splits.append({"world": split.world, "workers": split.workers, "drop_last": split.drop_last, "done": done})
+                mine = (worker + split.turn) % split.workers
+                done = [count if i == mine else None for i, count in enumerate(done)]
+            layout = {"world": split.world, "workers": split.workers, "drop_last": split.drop_last, "done": done}
+            splits.append({**layout, "turn": split.turn} if split.turn else layout)
         return {
             "format": STATE_FORMAT, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
             "buffer": self.buffer, "sizes": list(self.sizes), "total": self.total, "splits": splits,
@@ -210,6 +213,7 @@ class Progress:
                     int(s["workers"]),
                     bool(s["drop_last"]),
                     [None if c is None else int(c) for c in s["done"]],
+                    int(s.get("turn", 0)),
                 )
                 for s in state["splits"]
             ]
@@ -277,22 +281,23 @@ class Progress:
         return len(self.splits) - 1, sequence
 
 
-def round_robin_counts(lengths: list[int], batches: int, batch_size: int, drop_last: bool = False) -> list[int]:
+def round_robin_counts(
+    lengths: list[int], batches: int, batch_size: int, drop_last: bool = False
+) -> tuple[list[int], int]:
     """Positions each worker stream (of `lengths`) has handed out after a DataLoader yielded
-    `batches` batches: workers take turns one batch each, an exhausted worker drops out of the
-    turn, each worker's last batch is short (or dropped with drop_last)."""
+    `batches` batches, and whose turn is next: workers take turns one batch each, an exhausted
+    worker drops out of the turn, each worker's last batch is short (or dropped with drop_last)."""
     if batch_size < 1 or batches < 0:
         raise ConfigError(f"batches must be >= 0 and batch_size >= 1, not {batches} and {batch_size}")
     per_worker = [n // batch_size if drop_last else -(-n // batch_size) for n in lengths]
     if batches > sum(per_worker):
         raise ConfigError(f"{batches:,} batches is more than this epoch has ({sum(per_worker):,})")
-    rounds = 0  # full turns every worker still in the turn took
-    while sum(min(m, rounds + 1) for m in per_worker) <= batches and rounds < max(per_worker, default=0):
+    rounds = 0  # turns every worker still in the turn took
+    while rounds < max(per_worker, default=0) and sum(min(m, rounds + 1) for m in per_worker) <= batches:
         rounds += 1
     left = batches - sum(min(m, rounds) for m in per_worker)
-    taken = []
-    for m in per_worker:
-        extra = 1 if left and m > rounds else 0
-        left -= extra
-        taken.append(min(m, rounds + extra))
-    return [min(n, t * batch_size) for n, t in zip(lengths, taken, strict=True)]
+    in_turn = [w for w, m in enumerate(per_worker) if m > rounds]  # serve in round `rounds`, in order
+    taken = [min(m, rounds) + (1 if w in in_turn[:left] else 0) for w, m in enumerate(per_worker)]
+    following = in_turn[left:] or [w for w, m in enumerate(per_worker) if m > rounds + 1] or [0]
+    counts = [min(n, t * batch_size) for n, t in zip(lengths, taken, strict=True)]
+    return counts, following[0]

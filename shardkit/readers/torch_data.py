@@ -73,7 +73,8 @@ class ShardIterableDataset(IterableDataset):
         workers = max(1, num_workers)
         split, sequence = progress.start(world, workers, self.dataset.drop_last)
         lengths = [progress.stream(split, sequence, rank, worker).length for worker in range(workers)]
-        progress.splits[split].done = list(round_robin_counts(lengths, batches, batch_size, drop_last))
+        counts, turn = round_robin_counts(lengths, batches, batch_size, drop_last)
+        progress.splits[split].done, progress.splits[split].turn = list(counts), turn
         return progress.to_state()
 
     def __getstate__(self) -> dict:

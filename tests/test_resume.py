@@ -1,0 +1,460 @@
+"""Stop anywhere, resume exactly: the epoch order as a pure function, states, elastic resume and
+weighted mixing, on real shards of every format (readers/order, epoch, mix)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError
+from shardkit.formats import available_formats
+from shardkit.packing.pack import pack
+from shardkit.readers import open_shards
+from shardkit.readers.order import Progress, Stream, round_robin_counts, span_positions, take
+
+SHUFFLED = dict(shuffle=True, seed=7, shuffle_buffer=16)
+
+
+@pytest.fixture(scope="module", params=available_formats())
+def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(request.param) / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(64), shard_size=7))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tar_packed(sample_dataset: Path, tmp_path_factory) -> Path:
+    """One format is enough where processes are the point."""
+    out = tmp_path_factory.mktemp("processes") / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
+    return out
+
+
+def roundtrip(state: dict) -> dict:
+    """What a checkpoint keeps: the state through JSON."""
+    return json.loads(json.dumps(state))
+
+
+# --- the order, pure ---------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 300), st.booleans(), st.integers(1, 64), st.integers(1, 5), st.integers(1, 3), st.data()
+)  # fmt: skip
+def test_a_stream_resumes_where_it_stood(
+    total: int, shuffle: bool, buffer: int, world: int, workers: int, data
+) -> None:
+    """Every stream's remainder after `done` is its uninterrupted order from `done` on, and what it
+    consumed plus what remains is its run; the streams of all ranks and workers tile the epoch."""
+    progress = Progress(0, 3, shuffle, buffer, [total], total)
+    split, sequence = progress.start(world, workers, False)
+    seen: Counter[int] = Counter()
+    for rank in range(world):
+        for worker in range(workers):
+            stream = progress.stream(split, sequence, rank, worker)
+            whole = np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(0)]).tolist()
+            assert len(whole) == stream.length
+            done = data.draw(st.integers(0, stream.length))
+            rest = np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(done)]).tolist()
+            assert rest == whole[done:]
+            assert sorted(span_positions(stream.consumed(done)).tolist()) == sorted(whole[:done])
+            seen.update(whole)
+    per_rank = total if world == 1 else -(-total // world)
+    assert set(seen) == set(range(total)) and sum(seen.values()) == per_rank * world if total else not seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 300), st.booleans(), st.integers(1, 40), st.integers(1, 5), st.integers(1, 5),
+    st.integers(1, 3), st.integers(1, 3), st.booleans(), st.data(),
+)  # fmt: skip
+def test_elastic_resume_sees_every_position(
+    total: int, shuffle: bool, buffer: int, world: int, new_world: int, workers: int, new_workers: int,
+    drop_last: bool, data,
+) -> None:  # fmt: skip
+    """W ranks x workers stop after the same count each; W' ranks x workers' finish from rank 0's
+    state: every position once, apart from the end-of-epoch repeats of both layouts."""
+    progress = Progress(1, 5, shuffle, buffer, [total], total)
+    split, sequence = progress.start(world, workers, drop_last)
+    streams = [progress.stream(split, sequence, r, w) for r in range(world) for w in range(workers)]
+    counts = [data.draw(st.integers(0, progress.stream(split, sequence, 0, w).length)) for w in range(workers)]
+    seen: Counter[int] = Counter()
+    for i, stream in enumerate(streams):
+        seen.update(span_positions(stream.consumed(counts[i % workers])).tolist())
+    progress.splits[split].done = list(counts)
+    resumed = Progress.from_state(roundtrip(progress.to_state()))
+    split, sequence = resumed.start(new_world, new_workers, drop_last)
+    for rank in range(new_world):
+        for worker in range(new_workers):
+            stream = resumed.stream(split, sequence, rank, worker)
+            done = resumed.splits[split].done[worker]  # the same layout goes on where it stood
+            assert done is not None
+            seen.update(np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(done)]).tolist())
+    if not drop_last:
+        assert set(seen) == set(range(total))
+    assert sum(seen.values()) - len(seen) <= (world - 1) + (new_world - 1)
+
+
+def test_reads_stay_sequential_within_each_lane() -> None:
+    stream = Stream([(0, 10_000)], True, 1000, (1, 2, 3))
+    blocks = [np.sort(block) for block in stream.blocks_from(0)]
+    lanes = [[b[(b >= lane * 1250) & (b < (lane + 1) * 1250)] for b in blocks] for lane in range(8)]
+    for lane in lanes:
+        joined = np.concatenate(lane)
+        assert (np.diff(joined) == 1).all()  # each block continues its lane where the last one stopped
+    assert max(len(b) for b in blocks) <= 1000  # memory: the buffer's
+
+
+def test_take_wraps_around() -> None:
+    assert take([(5, 8), (0, 2)], 3, 9) == [(0, 2), (5, 8), (0, 1)]
+
+
+def test_round_robin_counts_match_a_dataloader(packed: Path) -> None:
+    torch = pytest.importorskip("torch")
+    iterable = open_shards(packed, decode="bytes", transform=lambda s: s.key, **SHUFFLED).iterable()
+    for workers, batch_size, drop_last in [(2, 4, False), (3, 5, True), (0, 7, False)]:
+        loader = torch.utils.data.DataLoader(
+            iterable, batch_size=batch_size, num_workers=workers, drop_last=drop_last, collate_fn=list
+        )
+        batches = list(loader)
+        for stop in (0, 1, len(batches) // 2, len(batches)):
+            state = iterable.state_from_batches(stop, batch_size, workers, drop_last)
+            fresh = open_shards(packed, decode="bytes", transform=lambda s: s.key, **SHUFFLED).iterable()
+            fresh.load_state_dict(state)
+            rest = list(
+                torch.utils.data.DataLoader(
+                    fresh, batch_size=batch_size, num_workers=workers, drop_last=drop_last, collate_fn=list
+                )
+            )
+            assert rest == batches[stop:]
+
+
+def test_round_robin_counts_refuse_more_batches_than_the_epoch() -> None:
+    assert round_robin_counts([10, 10], 3, 4) == ([8, 4], 1)
+    assert round_robin_counts([10, 3], 4, 4) == ([10, 3], 0)
+    assert round_robin_counts([10, 3], 2, 4) == ([4, 3], 0)  # worker 1 has nothing left: worker 0's turn
+    with pytest.raises(ConfigError, match="more than this epoch"):
+        round_robin_counts([10, 3], 5, 4)
+
+
+# --- the batch loader and iteration on real shards ---------------------------------------------
+
+
+def batches(out: Path, state: dict | None = None, **options) -> list:
+    loader = open_shards(out, **{**SHUFFLED, **options}).loader(8, 32, flip=True, output="numpy", workers=2)
+    if state is not None:
+        loader.load_state_dict(state)
+    return [(b.keys, b.images.copy()) for b in loader]
+
+
+def test_the_loader_resumes_at_the_next_batch_with_the_same_pixels(packed: Path) -> None:
+    whole = batches(packed)
+    assert sorted(k for keys, _ in whole for k in keys) == sorted(s.key for s in open_shards(packed, decode="bytes"))
+    for stop in (0, 1, 3, len(whole) - 1, len(whole)):
+        loader = open_shards(packed, **SHUFFLED).loader(8, 32, flip=True, output="numpy", workers=2)
+        for _, _batch in zip(range(stop), loader, strict=False):
+            pass
+        state = roundtrip(loader.state_dict())
+        rest = batches(packed, state)
+        assert [keys for keys, _ in rest] == [keys for keys, _ in whole[stop:]]
+        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(rest, whole[stop:], strict=True))
+
+
+def test_the_loader_starts_whole_epochs_after_a_resumed_one(packed: Path) -> None:
+    loader = open_shards(packed, **SHUFFLED).loader(8, 32, output="numpy")
+    first = [b.keys for b in loader]
+    state = loader.state_dict()
+    state["splits"][-1]["done"] = [16]
+    loader.load_state_dict(state)
+    assert [b.keys for b in loader] == first[2:]
+    assert [b.keys for b in loader] == first  # the next pass is a whole epoch again
+    loader.dataset.set_epoch(1)
+    assert sorted(k for b in loader for k in b.keys) == sorted(k for keys in first for k in keys)
+
+
+def test_iteration_resumes_exactly(packed: Path) -> None:
+    pytest.importorskip("torch")
+    whole = [s.key for s in open_shards(packed, decode="bytes", **SHUFFLED)]
+    iterable = open_shards(packed, decode="bytes", **SHUFFLED).iterable()
+    it = iter(iterable)
+    head = [next(it).key for _ in range(23)]
+    state = roundtrip(iterable.state_dict())
+    fresh = open_shards(packed, decode="bytes", **SHUFFLED).iterable()
+    fresh.load_state_dict(state)
+    assert head + [s.key for s in fresh] == whole
+
+
+@pytest.mark.parametrize(("world", "new_world"), [(2, 3), (4, 2)])
+def test_the_loader_resumes_on_another_number_of_ranks(packed: Path, world: int, new_world: int) -> None:
+    seen: Counter[str] = Counter()
+    state = None
+    for rank in range(world):
+        loader = open_shards(packed, rank=rank, world_size=world, **SHUFFLED).loader(4, 32, output="numpy")
+        for _, batch in zip(range(2), loader, strict=False):
+            seen.update(batch.keys)
+        if rank == 0:
+            state = roundtrip(loader.state_dict())  # rank 0's state is all the others need
+    for rank in range(new_world):
+        loader = open_shards(packed, rank=rank, world_size=new_world, **SHUFFLED).loader(4, 32, output="numpy")
+        loader.load_state_dict(state)
+        seen.update(k for batch in loader for k in batch.keys)
+    assert len(seen) == 60
+    assert sum(seen.values()) - 60 <= (world - 1) + (new_world - 1)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_stateful_dataloader_resumes_exactly(packed: Path, workers: int) -> None:
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        iterable = open_shards(packed, decode="bytes", transform=lambda s: s.key, **SHUFFLED).iterable()
+        return stateful.StatefulDataLoader(iterable, batch_size=4, num_workers=workers, collate_fn=list)
+
+    whole = list(loader())
+    first = loader()
+    head = []
+    for batch in first:
+        head.append(batch)
+        if len(head) == 5:
+            state = first.state_dict()
+            break
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == whole
+    assert sorted(k for b in whole for k in b) == sorted(s.key for s in open_shards(packed, decode="bytes"))
+
+
+def test_a_state_resumes_only_its_own_data(packed: Path) -> None:
+    loader = open_shards(packed).loader(8, 32, output="numpy")
+    state = loader.state_dict()
+    with pytest.raises(ConfigError, match="this state was saved on 61 records"):
+        state["sizes"], state["total"] = [61], 61
+        open_shards(packed).loader(8, 32, output="numpy").load_state_dict(state)
+    with pytest.raises(ConfigError, match="not a shardkit iteration state"):
+        loader.load_state_dict({"epoch": 3})
+    with pytest.raises(ConfigError, match="damaged"):
+        loader.load_state_dict({**loader.state_dict(), "splits": [{"world": 1}]})
+
+
+def test_one_workers_state_resumes_only_the_same_layout(packed: Path) -> None:
+    pytest.importorskip("torch")
+    state = open_shards(packed, **SHUFFLED).iterable().state_from_batches(3, 4, num_workers=2)
+    state["splits"][-1]["done"][1] = None  # what a DataLoader worker saves: its own count only
+    loader = open_shards(packed, **SHUFFLED).loader(8, 32, output="numpy")
+    loader.load_state_dict(state)
+    with pytest.raises(ConfigError, match="one DataLoader worker's position"):
+        list(loader)
+
+
+# --- weighted mixing -----------------------------------------------------------------------------
+
+
+def test_mixing_draws_by_weight(packed: Path) -> None:
+    mix = open_shards([packed, packed, packed], weights=[0.6, 0.3, 0.1], length=6000, decode="bytes", seed=2)
+    _, items = mix.epoch_items()
+    sources = Counter(mix.sources.index(item.dataset) for item in items)
+    assert sum(sources.values()) == len(mix) == 6000
+    for source, weight in enumerate([0.6, 0.3, 0.1]):
+        sigma = (6000 * weight * (1 - weight)) ** 0.5
+        assert abs(sources[source] - 6000 * weight) < 5 * sigma
+    again = open_shards([packed, packed, packed], weights=[0.6, 0.3, 0.1], length=6000, decode="bytes", seed=2)
+    assert [s.key for s in again] == [s.key for s in mix]  # deterministic per seed
+
+
+def test_a_mix_resamples_or_stops_at_the_first_exhausted_source(packed: Path) -> None:
+    def drawn(mix) -> list[tuple[int, str]]:
+        _, items = mix.epoch_items()
+        return [(mix.sources.index(item.dataset), item.record.key) for item in items]
+
+    resampled = open_shards([packed, packed], weights=[0.9, 0.1], decode="bytes")  # positions in order
+    assert len(resampled) == 120  # the sources' records together
+    counts = Counter(source for source, _ in drawn(resampled))
+    assert counts[0] > 60  # source 0 ran out and started again in a fresh order
+    first_pass = [key for source, key in drawn(resampled) if source == 0][:60]
+    assert sorted(first_pass) == sorted(s.key for s in open_shards(packed, decode="bytes"))
+    stopped = open_shards([packed, packed], weights=[0.9, 0.1], exhausted="stop", decode="bytes")
+    keys = drawn(stopped)
+    assert len(keys) == len(stopped) and max(Counter(keys).values()) == 1 and 60 <= len(keys) < 120
+    assert Counter(source for source, _ in keys)[0] == 60  # the epoch ends where source 0 ran out
+
+
+@pytest.mark.parametrize(("world", "new_world"), [(1, 1), (2, 3)])
+def test_a_mix_resumes_exactly_and_elastically(packed: Path, world: int, new_world: int) -> None:
+    def mix(rank: int = 0, size: int = 1):
+        return open_shards(
+            [packed, packed], weights=[0.7, 0.3], rank=rank, world_size=size, shuffle=True, seed=4, shuffle_buffer=16
+        )
+
+    whole = Counter(k for b in mix().loader(8, 32, output="numpy") for k in b.keys)
+    seen: Counter[str] = Counter()
+    states = []
+    for rank in range(world):
+        loader = mix(rank, world).loader(8, 32, output="numpy")
+        for _, batch in zip(range(3), loader, strict=False):
+            seen.update(batch.keys)
+        states.append(roundtrip(loader.state_dict()))
+    state = states[0]
+    for rank in range(new_world):
+        loader = mix(rank, new_world).loader(8, 32, output="numpy")
+        loader.load_state_dict(state)
+        seen.update(k for b in loader for k in b.keys)
+    assert not whole - seen  # every draw of the mix's epoch
+    assert sum((seen - whole).values()) <= (world - 1) + (new_world - 1)
+
+
+def test_mix_arguments_are_checked(packed: Path) -> None:
+    with pytest.raises(ConfigError, match="2 weights for 3 sources"):
+        open_shards([packed, packed, packed], weights=[1, 2])
+    with pytest.raises(ConfigError, match="weights must be"):
+        open_shards([packed, packed], weights=[1, -1])
+    with pytest.raises(ConfigError, match="exhausted must be"):
+        open_shards([packed, packed], exhausted="never")
+    with pytest.raises(ConfigError, match="for a mix"):
+        open_shards(packed, weights=[1])
+
+
+# --- real processes: kill -9 anywhere, a real torch.distributed group -----------------------------
+
+TRAIN = """
+import json, os, sys, time
+from shardkit.readers import open_shards
+out, checkpoint = sys.argv[1], sys.argv[2]
+loader = open_shards(out, shuffle=True, seed=7, shuffle_buffer=16).loader(4, 32, output="numpy", workers=2)
+seen = []
+if os.path.exists(checkpoint):
+    with open(checkpoint) as file:
+        saved = json.load(file)
+    loader.load_state_dict(saved["state"])
+    seen = saved["seen"]
+for batch in loader:
+    seen += batch.keys
+    with open(checkpoint + ".tmp", "w") as file:  # the training step's checkpoint: state and model together
+        json.dump({"state": loader.state_dict(), "seen": seen}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(checkpoint + ".tmp", checkpoint)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_a_training_loop_killed_anywhere_resumes_exactly(tar_packed: Path, tmp_path: Path) -> None:
+    packed = tar_packed
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    expected = [k for b in open_shards(packed, **SHUFFLED).loader(4, 32, output="numpy") for k in b.keys]
+    script, checkpoint = tmp_path / "train.py", tmp_path / "checkpoint.json"
+    script.write_text(TRAIN)
+    chance = random.Random(18)
+    kills = 0
+    while True:
+        child = subprocess.Popen([sys.executable, str(script), str(packed), str(checkpoint)])
+        if kills < 4:  # once the loop is saving, kill it at a random instant of a step
+            before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
+            deadline = time.monotonic() + 60
+            while child.poll() is None and time.monotonic() < deadline:
+                if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
+                    time.sleep(chance.uniform(0, 0.12))
+                    child.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.005)
+        code = child.wait(timeout=120)
+        if code == 0:
+            break
+        assert code == -signal.SIGKILL
+        kills += 1
+    assert kills == 4
+    assert json.loads(checkpoint.read_text())["seen"] == expected
+
+
+DISTRIBUTED = """
+import json, sys
+import torch.distributed as dist
+from shardkit.readers import open_shards
+out, rank, world, rendezvous, state_in, prefix, steps = sys.argv[1:]
+dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=int(rank), world_size=int(world))
+loader = open_shards(out, shuffle=True, seed=7, shuffle_buffer=16).loader(4, 32, output="numpy")  # ranks from dist
+if state_in != "-":
+    with open(state_in) as file:
+        loader.load_state_dict(json.load(file))
+keys, state = [], loader.state_dict()
+for step, batch in enumerate(loader, 1):
+    keys += batch.keys
+    dist.barrier()  # lock step, as gradients all-reduce
+    state = loader.state_dict()  # saved after the step, with the model
+    if step == int(steps):
+        break
+with open(f"{prefix}-{rank}.json", "w") as file:
+    json.dump({"keys": keys, "state": state}, file)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_torch_distributed_group_resumes_on_fewer_ranks(tar_packed: Path, tmp_path: Path) -> None:
+    packed = tar_packed
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "distributed.py"
+    script.write_text(DISTRIBUTED)
+
+    def run(world: int, state_in: str, prefix: str, steps: int) -> list[dict]:
+        rendezvous = tmp_path / f"rendezvous-{prefix}"
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    str(packed),
+                    str(rank),
+                    str(world),
+                    str(rendezvous),
+                    state_in,
+                    str(tmp_path / prefix),
+                    str(steps),
+                ]
+            )
+            for rank in range(world)
+        ]
+        assert [child.wait(timeout=240) for child in children] == [0] * world
+        return [json.loads((tmp_path / f"{prefix}-{rank}.json").read_text()) for rank in range(world)]
+
+    first = run(4, "-", "four", 2)
+    (tmp_path / "rank0.json").write_text(json.dumps(first[0]["state"]))  # rank 0's state only
+    second = run(2, str(tmp_path / "rank0.json"), "two", -1)
+    seen = Counter(k for part in first + second for k in part["keys"])
+    assert len(seen) == 60
+    assert sum(seen.values()) - 60 <= (4 - 1) + (2 - 1)
+    assert all(len(part["keys"]) == 8 for part in first)
+
+
+def test_stateful_dataloader_resumes_a_mix(packed: Path) -> None:
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        mix = open_shards([packed, packed], weights=[2, 1], decode="bytes", transform=lambda s: s.key, **SHUFFLED)
+        return stateful.StatefulDataLoader(mix.iterable(), batch_size=4, num_workers=2, collate_fn=list)
+
+    whole = list(loader())
+    first = loader()
+    head = [batch for _, batch in zip(range(7), first, strict=False)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == whole
