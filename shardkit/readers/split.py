@@ -1,13 +1,11 @@
-"""Who reads what: the epoch's sequence of records cut into runs per rank and DataLoader worker,
-and the seeded, bounded shuffle buffer. Plain functions over counts and seeds, shared by iteration
-and the batch loader."""
+"""Who reads what: this process's rank and DataLoader worker, and a sequence of shards' positions as
+record ranges. Plain functions over counts, shared by iteration, the batch loader and bench (the
+epoch's order and resumable progress are readers/order)."""
 
 from __future__ import annotations
 
 import bisect
 import sys
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -28,22 +26,6 @@ def record_ranges(order: list[int], counts: list[int], begin: int, end: int) -> 
         ranges.append((order[i], at - starts[i], at - starts[i] + take))
         position += take
     return ranges
-
-
-def buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> Iterator[Any]:
-    """A bounded shuffle: memory holds `size` samples, the order repeats for the same seed."""
-    rng = np.random.default_rng(seed)
-    buffer: list[Any] = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        slot = int(rng.integers(size))
-        yield buffer[slot]
-        buffer[slot] = sample
-    order = rng.permutation(len(buffer))
-    for slot in order:
-        yield buffer[slot]
 
 
 def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
