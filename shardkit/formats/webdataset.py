@@ -251,12 +251,17 @@ class TarShardReader(ShardReader):
     """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
     through an index of member offsets built from the headers on first random access."""
 
-    TRANSIENT = ("_fd",)
+    TRANSIENT = ("_fd", "_walk")
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._entries: list[tuple[str, dict[str, tuple[int, int]]]] | None = None
         self._fd: int | None = None
+        # A header walk a range stopped at: (next record, its entries, its bytes, the process), so
+        # the next range from there streams on without an index (shuffled reading takes a shard in
+        # several consecutive pieces; indexing it would cost a header read per member and ~1 KB per
+        # record held until close, measured 1.35x slower and 3x the memory).
+        self._walk: tuple[int, Iterator[tuple[str, dict[str, tuple[int, int]]]], _Bytes, int] | None = None
 
     def _descriptor(self) -> int:
         if not self.in_this_process(self._fd):  # after fork, get our own descriptor
@@ -377,13 +382,23 @@ class TarShardReader(ShardReader):
         return next(self._records(self._bytes(), iter([(key, members)])))
 
     def __iter__(self) -> Iterator[Record]:
-        return self._stream(None)  # no index needed from the first record
+        return self._stream(0, None)  # no index needed from the first record
 
-    def _stream(self, stop: int | None) -> Iterator[Record]:
-        """Records from the start, walking the headers; none past `stop` is read (not even ahead)."""
-        data = self._bytes(_READ_AHEAD)
-        entries = self._unique(_group(tar_members(data, self.path), self.path))
-        return self._records(data, itertools.islice(entries, stop))
+    def _stream(self, start: int, stop: int | None) -> Iterator[Record]:
+        """Records from `start` (0, or where the last walk stopped), walking the headers; none past
+        `stop` is read (not even ahead)."""
+        walk, self._walk = self._walk, None
+        if start == 0 or walk is None:
+            data = self._bytes(_READ_AHEAD)
+            walk = (0, self._unique(_group(tar_members(data, self.path), self.path)), data, os.getpid())
+        _, entries, data, pid = walk
+        wanted = None if stop is None else stop - start
+        read = 0
+        for record in self._records(data, itertools.islice(entries, wanted)):
+            read += 1
+            yield record
+        if wanted is not None and read == wanted:  # a whole range: the next one may go on from here
+            self._walk = (stop, entries, data, pid) if stop is not None else None
 
     def _unique(
         self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
@@ -397,14 +412,15 @@ class TarShardReader(ShardReader):
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop) with read-ahead; from the first record no index is needed."""
-        if start == 0 and self._entries is None:
-            return self._stream(stop)
+        walk = self._walk
+        if self._entries is None and (start == 0 or (walk and walk[0] == start and walk[3] == os.getpid())):
+            return self._stream(start, stop)
         return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
 
     def close(self) -> None:
         if self._fd is not None and self.in_this_process(self._fd):
             os.close(self._fd)
-        self._fd = None
+        self._fd, self._walk = None, None
 
 
 BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader)

@@ -32,7 +32,7 @@ from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
 from .iteration import EpochIteration
-from .order import Progress
+from .order import Progress, lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -227,7 +227,9 @@ class ShardDataset(EpochIteration):
 
     def fresh_progress(self) -> Progress:
         """The start of this dataset's current epoch (readers/order)."""
-        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self))
+        per_shard = len(self) / max(1, len(self.manifest.shards))
+        lanes = lanes_for(self.shuffle_buffer, per_shard)
+        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self), lanes=lanes)
 
     def space(self, progress: Progress) -> ShardSpace:
         """The epoch's positions as records: shards in stored order, or shuffled by (seed, epoch)."""

@@ -21,7 +21,7 @@ import numpy as np
 from ..core.errors import ConfigError
 from .epoch import Item, ShardDataset, ShardSpace
 from .iteration import EpochIteration
-from .order import Progress
+from .order import Progress, lanes_for
 
 CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
 EXHAUSTED = ("resample", "stop")
@@ -180,7 +180,13 @@ class MixedDataset(EpochIteration):
 
     def fresh_progress(self) -> Progress:
         sizes = [len(s) for s in self.sources]
-        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self))
+        share = self.weights / self.weights.sum()
+        # a mix's positions per shard: a source's shard lasts its records / its share of the draws
+        per_shard = min(
+            len(s) / max(1, len(s.manifest.shards)) / w for s, w in zip(self.sources, share, strict=True) if w > 0
+        )
+        lanes = lanes_for(self.shuffle_buffer, per_shard)
+        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self), lanes=lanes)
 
     def space(self, progress: Progress) -> MixSpace:
         return MixSpace(self, progress)

@@ -22,6 +22,7 @@ remaining positions anew (a new split). All of it is JSON: ints, bools and lists
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,18 @@ import numpy as np
 
 from ..core.errors import ConfigError
 
-LANES = 8  # places of a run one shuffled block draws from: more mixes better, but each is an open shard
+LANES = 8  # the fewest places of a run one shuffled block draws from
+MAX_LANES = 256  # the most: each lane is a shard open at once (a descriptor, a cached remote shard)
+
+
+def lanes_for(buffer: int, positions_per_shard: float) -> int:
+    """Lanes for a buffer: pieces of about a quarter shard, so a block of `buffer` records spans
+    ~4 * buffer / shard-size shards, twice the ~2 * buffer / shard-size the old shuffle buffer's
+    exponential window did (measured by scripts/bench_resume.py --only quality)."""
+    wanted = math.ceil(4 * buffer / max(1.0, positions_per_shard))
+    return max(LANES, min(MAX_LANES, wanted))
+
+
 STATE_FORMAT = "shardkit.progress/1"
 
 Span = tuple[int, int]  # positions [begin, end)
@@ -110,10 +122,10 @@ def as_spans(positions: np.ndarray) -> list[Span]:
 class Stream:
     """One worker's run of one rank in one split, as the blocks it is read and emitted in."""
 
-    def __init__(self, run: list[Span], shuffle: bool, buffer: int, key: tuple[int, ...]) -> None:
+    def __init__(self, run: list[Span], shuffle: bool, buffer: int, key: tuple[int, ...], lanes: int = LANES) -> None:
         self.run, self.shuffle, self.key = run, shuffle, key
         self.length = n = span_length(run)
-        lanes = max(1, min(LANES, n)) if shuffle else 1
+        lanes = max(1, min(lanes, n)) if shuffle else 1
         self.quota = max(1, buffer // lanes)
         self.lane_starts = [i * n // lanes for i in range(lanes + 1)]
         lengths = np.diff(self.lane_starts)
@@ -185,6 +197,7 @@ class Progress:
     sizes: list[int]  # records per source (one for a dataset, one per source for a mix): a fingerprint
     total: int  # positions in the epoch
     splits: list[Split] = field(default_factory=list)
+    lanes: int = LANES  # of a shuffled stream (lanes_for)
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
         """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
@@ -199,7 +212,8 @@ class Progress:
             splits.append({**layout, "turn": split.turn} if split.turn else layout)
         return {
             "format": STATE_FORMAT, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
-            "buffer": self.buffer, "sizes": list(self.sizes), "total": self.total, "splits": splits,
+            "buffer": self.buffer, "lanes": self.lanes, "sizes": list(self.sizes), "total": self.total,
+            "splits": splits,
         }  # fmt: skip
 
     @classmethod
@@ -219,7 +233,7 @@ class Progress:
             ]
             progress = cls(
                 int(state["epoch"]), int(state["seed"]), bool(state["shuffle"]), int(state["buffer"]),
-                [int(n) for n in state["sizes"]], int(state["total"]), splits,
+                [int(n) for n in state["sizes"]], int(state["total"]), splits, int(state["lanes"]),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as error:
             raise ConfigError(f"a damaged shardkit iteration state ({type(error).__name__}: {error})") from None
@@ -265,7 +279,7 @@ class Progress:
         run = take(sequence, rank * per_rank, (rank + 1) * per_rank)
         length = span_length(run)
         lo, hi = worker * length // layout.workers, (worker + 1) * length // layout.workers
-        return Stream(take(run, lo, hi), self.shuffle, self.buffer, self.stream_key(split, rank, worker))
+        return Stream(take(run, lo, hi), self.shuffle, self.buffer, self.stream_key(split, rank, worker), self.lanes)
 
     def start(self, world: int, workers: int, drop_last: bool) -> tuple[int, list[Span]]:
         """The split an iteration with this layout goes on with, and the positions it cuts: the last
