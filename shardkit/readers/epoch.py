@@ -47,6 +47,8 @@ class Item(NamedTuple):
 
 
 class Space(Protocol):
+    remote: bool  # whether any of its shards comes through the cache from object storage
+
     def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
 
     def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]: ...
@@ -68,6 +70,7 @@ class ShardSpace:
 
     def __init__(self, dataset: ShardDataset, seed: Any, shuffle: bool) -> None:
         self.dataset = dataset
+        self.remote = dataset.remote is not None
         self.order = list(range(len(dataset.manifest.shards)))
         if shuffle:
             np.random.default_rng(seed).shuffle(self.order)
@@ -109,18 +112,22 @@ def stream_items(space: Space, stream: Stream, done: int) -> Iterator[Item | Non
     download in the background meanwhile, and a shard the next block does not read is closed (the
     cache may then evict it)."""
     blocks = stream.blocks_from(done)
+    if not space.remote:  # local files: nothing to fetch ahead or to let go of
+        for positions in blocks:
+            yield from read_block(space, positions, not stream.shuffle)
+        return
     upcoming = next(blocks, None)
+    needed = space.shards(upcoming) if upcoming is not None else []
     while upcoming is not None:
-        positions, upcoming = upcoming, next(blocks, None)
-        remote_shards = [(d, s) for d, s in space.shards(positions) if d.remote is not None]
-        if remote_shards and upcoming is not None:
-            _prefetch(space.shards(upcoming))
+        positions, shards = upcoming, needed
+        upcoming = next(blocks, None)
+        needed = space.shards(upcoming) if upcoming is not None else []
+        _prefetch(needed)
         yield from read_block(space, positions, not stream.shuffle)
-        if remote_shards:
-            keep = set() if upcoming is None else {(id(d), s) for d, s in space.shards(upcoming)}
-            for dataset, shard in remote_shards:
-                if (id(dataset), shard) not in keep:
-                    dataset._readers[shard].close()
+        keep = {(id(dataset), shard) for dataset, shard in needed}
+        for dataset, shard in shards:
+            if dataset.remote is not None and (id(dataset), shard) not in keep:
+                dataset._readers[shard].close()
 
 
 def _prefetch(shards: list[tuple[ShardDataset, int]]) -> None:

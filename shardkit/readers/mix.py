@@ -36,19 +36,26 @@ class Draws:
         self.cdf[-1] = 1.0
         self.seed = seed
         self.chunks = -(-positions // CHUNK)
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         # Draws of each source before each chunk: one pass over the chunks, ~4 ms per million positions.
         counts = np.zeros((self.chunks + 1, len(weights)), np.int64)
         for chunk in range(self.chunks):
-            counts[chunk + 1] = counts[chunk] + np.bincount(self.chunk(chunk), minlength=len(weights))
+            counts[chunk + 1] = counts[chunk] + np.bincount(self._choices(chunk), minlength=len(weights))
         self.before = counts
 
-    def chunk(self, chunk: int) -> np.ndarray:
+    def _choices(self, chunk: int) -> np.ndarray:
+        """The source of each of the chunk's positions."""
+        uniform = np.random.default_rng((*self.seed, _MIX, chunk)).random(CHUNK)
+        return np.searchsorted(self.cdf, uniform, side="right").astype(np.int64)
+
+    def _drawn(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's sources, and per source its draws within the chunk before each offset."""
         cached = self._cache.get(chunk)
         if cached is None:
-            uniform = np.random.default_rng((*self.seed, _MIX, chunk)).random(CHUNK)
-            cached = np.searchsorted(self.cdf, uniform, side="right").astype(np.int64)
-            self._cache[chunk] = cached
+            choices = self._choices(chunk)
+            earlier = np.zeros((len(self.cdf), CHUNK + 1), np.int64)
+            earlier[:, 1:] = np.cumsum(choices[None, :] == np.arange(len(self.cdf))[:, None], axis=1)
+            cached = self._cache[chunk] = (choices, earlier)
             while len(self._cache) > 16:
                 self._cache.popitem(last=False)
         return cached
@@ -60,12 +67,9 @@ class Draws:
         chunks = positions // CHUNK
         for chunk in np.unique(chunks).tolist():
             where = np.flatnonzero(chunks == chunk)
-            choices = self.chunk(chunk)
+            choices, earlier = self._drawn(chunk)
             offsets = positions[where] - chunk * CHUNK
             picked = choices[offsets]
-            # draws of the picked source within the chunk before each offset
-            earlier = np.zeros((len(self.cdf), CHUNK + 1), np.int64)
-            earlier[:, 1:] = np.cumsum(choices[None, :] == np.arange(len(self.cdf))[:, None], axis=1)
             sources[where] = picked
             draws[where] = self.before[chunk, picked] + earlier[picked, offsets]
         return sources, draws
@@ -77,7 +81,7 @@ class Draws:
             chunk = int(np.searchsorted(self.before[:, source], size + 1, side="left")) - 1
             if chunk >= self.chunks:
                 continue
-            counted = np.cumsum(self.chunk(chunk) == source)
+            counted = self._drawn(chunk)[1][source, 1:]  # draws of the source up to each offset
             end = min(end, chunk * CHUNK + int(np.searchsorted(counted, size - self.before[chunk, source] + 1)))
         return end
 
@@ -88,6 +92,7 @@ class MixSpace:
 
     def __init__(self, mix: MixedDataset, progress: Progress) -> None:
         self.mix, self.progress = mix, progress
+        self.remote = any(source.remote is not None for source in mix.sources)
         self.draws = mix.draws(progress.seed, progress.epoch)
         self._spaces: dict[tuple[int, int], ShardSpace] = {}
 

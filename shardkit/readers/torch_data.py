@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .epoch import check_sizes
 from .order import Progress, round_robin_counts
-from .split import rank_and_world, worker_slot
+from .split import rank_and_world
 
 
 class ShardIterableDataset(IterableDataset):
@@ -50,8 +50,8 @@ class ShardIterableDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where this process's iteration stands (in a DataLoader worker: that worker's stream)."""
         progress = self._progress or self._resume or self.dataset.fresh_progress()
-        worker, _ = worker_slot()
-        return progress.to_state(worker if get_worker_info() is not None else None)
+        info = get_worker_info()
+        return progress.to_state(info.id if info is not None else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration resumes where `state` stood: the epoch and seed it carries, this
