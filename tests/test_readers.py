@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from collections import Counter
@@ -118,6 +119,36 @@ def test_read_range_streams_any_slice(packed: Path) -> None:
         indexed = backend.reader(path)
         len(indexed)
         assert [r.key for r in indexed.read_range(start, stop)] == stored[start:stop]
+
+
+@pytest.fixture(scope="module")
+def tar_packed(sample_dataset: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tar") / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
+    return out
+
+
+def test_tar_ranges_in_any_order_walk_on_from_marks(tar_packed: Path) -> None:
+    """A tar read in pieces, in any order, by ranges that start inside it: each range walks the
+    headers on from where an earlier one stopped, never building the index; marks travel in a
+    pickle (plain offsets) and a range past the end says where the shard ended."""
+    packed = tar_packed
+    manifest = read_manifest(packed)
+    backend = get_format("webdataset")
+    path = str(packed / manifest.shards[0].name)
+    stored = [r.key for r in backend.reader(path)]
+    n = len(stored)
+    assert n >= 6
+    reader = backend.reader(path)
+    for start, stop in [(3, 5), (0, 2), (5, n), (2, 3), (1, 4), (4, n), (n - 1, n)]:
+        assert [r.key for r in reader.read_range(start, stop)] == stored[start:stop]
+    assert reader._entries is None  # no index was built
+    assert set(reader._marks) >= {0, 2, 3, 5, n}
+    moved = pickle.loads(pickle.dumps(reader))
+    assert moved._marks == reader._marks
+    assert [r.key for r in moved.read_range(5, n)] == stored[5:n]
+    with pytest.raises(ShardFormatError, match=f"ends after {len(stored)} records"):
+        list(backend.reader(path).read_range(len(stored) + 2, len(stored) + 3))
 
 
 def test_map_style_with_distributed_sampler(packed: Path) -> None:

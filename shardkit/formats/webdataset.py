@@ -4,8 +4,9 @@ and `<key>.columns.json` (the user's columns), which stock webdataset and `datas
 
 The reader parses tar headers itself (ustar, pax, GNU long names) instead of going through
 `tarfile`, which costs ~10 us per member in Python: iteration reads headers and small members with a
-small read-ahead and each image exactly once, and random access uses an index of member offsets
-built from the headers.
+small read-ahead and each image exactly once; a range that starts inside a shard walks on from the
+nearest record offset an earlier range left (`marks`), and random access uses an index of member
+offsets built from the headers.
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ _READ_AHEAD = 4096
 _BATCH = 64  # records read together (see _records)
 _BATCH_BYTES = 8 << 20  # ... or fewer, when their images add up to this
 _MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
-Member = tuple[str, int, int]  # name, offset of its data, size
+Member = tuple[str, int, int, int]  # name, offset of its data, size, offset of its first header
+Entry = tuple[
+    str, dict[str, tuple[int, int]], int
+]  # key, (data offset, size) by extension, where the next record starts
+_MAX_MARKS = 4096  # record offsets a reader remembers (a few per range read; forgotten all at once past this)
 _NOT_IMAGE = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
 
 
@@ -143,11 +148,12 @@ class _Bytes:
         return self.buffer[:n]
 
 
-def tar_members(data: _Bytes, where: str) -> Iterator[Member]:
-    """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted)."""
-    pos = 0
+def tar_members(data: _Bytes, where: str, pos: int = 0) -> Iterator[Member]:
+    """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted),
+    from the header at byte `pos` on (the start, or where a member's headers begin)."""
     pax_path: str | None = None
     pax_size: int | None = None
+    first = pos  # where the current member's headers (pax or GNU long name, then its own) begin
     while pos + _BLOCK <= data.size:
         header = data.get(pos, _BLOCK)
         if len(header) < _BLOCK:
@@ -176,6 +182,7 @@ def tar_members(data: _Bytes, where: str) -> Iterator[Member]:
             continue
         if kind not in (b"0", b"\0", b"7"):
             pax_path = pax_size = None
+            first = pos
             continue
         name = pax_path
         if name is None:
@@ -188,7 +195,8 @@ def tar_members(data: _Bytes, where: str) -> Iterator[Member]:
         pax_path = pax_size = None
         if start + size > data.size:
             raise ShardFormatError(f"{where}: member {name} runs past the end of the file (truncated shard)")
-        yield name, start, size
+        yield name, start, size, first
+        first = pos
     # Every tar writer ends with zero blocks; without them the file was cut (possibly between
     # members, where the walk above alone would take a shorter shard for a whole one).
     raise ShardFormatError(f"{where}: no end-of-archive marker (truncated shard)")
@@ -227,41 +235,45 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return (f"{head}/{stem}" if head else stem), ext
 
 
-def _group(members: Iterator[Member], where: str) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
     """Consecutive members with the same key form one record; a member repeated within a record is
-    damage (which of the two would a reader take?)."""
+    damage (which of the two would a reader take?). Each record comes with the offset the next one
+    starts at (its first header, or the end-of-archive marker after the last)."""
     key: str | None = None
     parts: dict[str, tuple[int, int]] = {}
-    for name, offset, size in members:
+    end = 0
+    for name, offset, size, first in members:
         split = _split_name(name)
         if split is None:
             continue
         if split[0] != key:
             if key is not None:
-                yield key, parts
+                yield key, parts, first
             key, parts = split[0], {}
         if split[1] in parts:
             raise ShardFormatError(f"{where}: record {key} has two {split[1]} members")
         parts[split[1]] = (offset, size)
+        end = offset + -(-size // _BLOCK) * _BLOCK
     if key is not None:
-        yield key, parts
+        yield key, parts, end
 
 
 class TarShardReader(ShardReader):
     """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
     through an index of member offsets built from the headers on first random access."""
 
-    TRANSIENT = ("_fd", "_walk")
+    TRANSIENT = ("_fd",)
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._entries: list[tuple[str, dict[str, tuple[int, int]]]] | None = None
+        self._entries: list[Entry] | None = None
         self._fd: int | None = None
-        # A header walk a range stopped at: (next record, its entries, its bytes, the process), so
-        # the next range from there streams on without an index (shuffled reading takes a shard in
-        # several consecutive pieces; indexing it would cost a header read per member and ~1 KB per
-        # record held until close, measured 1.35x slower and 3x the memory).
-        self._walk: tuple[int, Iterator[tuple[str, dict[str, tuple[int, int]]]], _Bytes, int] | None = None
+        # Record number -> offset of its first header, where ranges stopped and started: a range
+        # walks the headers on from the nearest mark before it, so a shard read in pieces (a
+        # shuffled epoch reads it in a few per lane) needs no index. An index costs a header walk
+        # of the whole shard and ~1 KB per record held until close, which also made the garbage
+        # collector run ~10x as often (measured 1.35x slower, 3x the memory); a mark is two ints.
+        self._marks: dict[int, int] = {0: 0}
 
     def _descriptor(self) -> int:
         if not self.in_this_process(self._fd):  # after fork, get our own descriptor
@@ -277,10 +289,10 @@ class TarShardReader(ShardReader):
         fd = self._descriptor()
         return _Bytes(fd, os.fstat(fd).st_size, chunk)
 
-    def _index(self) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    def _index(self) -> list[Entry]:
         if self._entries is None:
-            entries = list(_group(tar_members(self._bytes(), self.path), self.path))
-            if len({key for key, _ in entries}) != len(entries):
+            entries = list(_group(tar_members(self._bytes(_READ_AHEAD), self.path), self.path))
+            if len({key for key, _, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
         return self._entries
@@ -289,7 +301,7 @@ class TarShardReader(ShardReader):
         return len(self._index())
 
     def keys(self) -> list[str]:
-        return [key for key, _ in self._index()]
+        return [key for key, _, _ in self._index()]
 
     def _member(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
         offset, size = members[ext]
@@ -298,7 +310,7 @@ class TarShardReader(ShardReader):
             raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
         return payload
 
-    def _records(self, data: _Bytes, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]) -> Iterator[Record]:
+    def _records(self, data: _Bytes, entries: Iterator[Entry]) -> Iterator[Record]:
         """Records from (key, members) entries, a batch at a time (up to 64 records or 8 MiB):
         small members are read as the entries come (straight after their headers, so from the
         read-ahead buffer that just read those), the batch's metadata is parsed together, each
@@ -309,7 +321,7 @@ class TarShardReader(ShardReader):
             batch: list[tuple[str, dict[str, tuple[int, int]], _Small]] = []
             batch_bytes, damage = 0, None
             try:
-                for key, members in entries:
+                for key, members, _ in entries:
                     small = self._small_members(data, key, members)
                     batch.append((key, members, small))
                     batch_bytes += small[3]
@@ -378,49 +390,59 @@ class TarShardReader(ShardReader):
         return image_ext, label, blob, total, text, columns, files
 
     def read(self, index: int) -> Record:
-        key, members = self._index()[index]
-        return next(self._records(self._bytes(), iter([(key, members)])))
+        return next(self._records(self._bytes(), iter([self._index()[index]])))
 
     def __iter__(self) -> Iterator[Record]:
         return self._stream(0, None)  # no index needed from the first record
 
     def _stream(self, start: int, stop: int | None) -> Iterator[Record]:
-        """Records from `start` (0, or where the last walk stopped), walking the headers; none past
-        `stop` is read (not even ahead)."""
-        walk, self._walk = self._walk, None
-        if start == 0 or walk is None:
-            data = self._bytes(_READ_AHEAD)
-            walk = (0, self._unique(_group(tar_members(data, self.path), self.path)), data, os.getpid())
-        _, entries, data, pid = walk
+        """Records [start, stop), walking the headers on from the nearest mark at or before `start`
+        (the records in between: headers only); none past `stop` is read, not even ahead. Where the
+        walk stops is marked, so the next range from there goes straight on. Keys are checked unique
+        within each walk (a walk of the whole shard, as verify's, checks them all)."""
+        marks = dict(self._marks)  # a copy: another thread's range may add marks meanwhile
+        mark = max(record for record in marks if record <= start)
+        data = self._bytes(_READ_AHEAD)
+        reached = [mark, marks[mark]]  # records walked past, and the offset where the next one starts
+        entries = self._walked(_group(tar_members(data, self.path, marks[mark]), self.path), reached)
+        if start > mark:
+            for _ in itertools.islice(entries, start - mark):
+                pass
+            if reached[0] < start:
+                raise ShardFormatError(f"{self.path}: ends after {reached[0]:,} records")
+            self._mark(start, reached[1])
         wanted = None if stop is None else stop - start
-        read = 0
-        for record in self._records(data, itertools.islice(entries, wanted)):
-            read += 1
-            yield record
-        if wanted is not None and read == wanted:  # a whole range: the next one may go on from here
-            self._walk = (stop, entries, data, pid) if stop is not None else None
+        yield from self._records(data, itertools.islice(entries, wanted))
+        if stop is not None and reached[0] == stop:
+            self._mark(stop, reached[1])
 
-    def _unique(
-        self, entries: Iterator[tuple[str, dict[str, tuple[int, int]]]]
-    ) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    def _walked(self, entries: Iterator[Entry], reached: list[int]) -> Iterator[Entry]:
+        """`entries` with their keys checked unique, counting into `reached` as they go."""
         seen: set[str] = set()
-        for key, members in entries:
-            if key in seen:
+        for entry in entries:
+            if entry[0] in seen:
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
-            seen.add(key)
-            yield key, members
+            seen.add(entry[0])
+            reached[0] += 1
+            reached[1] = entry[2]
+            yield entry
+
+    def _mark(self, record: int, offset: int) -> None:
+        if len(self._marks) >= _MAX_MARKS:
+            self._marks = {0: 0}  # a new dict: a range reading from a copy of the old is unaffected
+        self._marks[record] = offset
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
-        """Records [start, stop) with read-ahead; from the first record no index is needed."""
-        walk = self._walk
-        if self._entries is None and (start == 0 or (walk and walk[0] == start and walk[3] == os.getpid())):
-            return self._stream(start, stop)
-        return self._records(self._bytes(_READ_AHEAD), iter(self._index()[start:stop]))
+        """Records [start, stop) with read-ahead: through the index once random access built one,
+        else by a walk from the nearest mark (no index needed)."""
+        if self._entries is not None:
+            return self._records(self._bytes(_READ_AHEAD), iter(self._entries[start:stop]))
+        return self._stream(start, stop)
 
     def close(self) -> None:
         if self._fd is not None and self.in_this_process(self._fd):
             os.close(self._fd)
-        self._fd, self._walk = None, None
+        self._fd = None
 
 
 BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader)
