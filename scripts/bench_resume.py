@@ -5,30 +5,30 @@ usage: python scripts/bench_resume.py [--only resume|throughput|quality] [--repe
            [--rounds 5] [--base-rev 2d000c8] [--base /tmp/bench_resume_base] [--keep-base]
 
 resume: 1,000 generated images packed at 64 px into one shard of 1,000 records, then an output whose
-manifest lists that shard --copies times under new names (1,001,000 records by default: with 1,000
-copies the 8 lanes of the epoch start exactly at shard starts, which a fresh epoch of real data
-seldom does, and a tar is indexed on its first read that does not start at record 0), every name
-a link to the one file (hard links for webdataset; symbolic links for LMDB, whose py-lmdb refuses a
-second name of an open file: --lmdb-links hard shows it). For the batch loader (256 images of 64 px,
-2 threads), the torch IterableDataset in this process, and that dataset in a DataLoader with 2
-workers: seconds from creating the reader to the first batch (or sample) of a fresh shuffled epoch,
-and after load_state_dict(a state at 90% of the epoch); prints the medians of --repeat runs and the
-median of the per-run ratios resume / fresh with their range. Counts the records the format reader
-handed out before that first batch (in this process) and how many of them the state had consumed.
+manifest lists that shard --copies times under new names (1,001,000 records by default; a state at
+90% stands inside a shard in each of the 8 lanes, and a tar read from inside has its headers walked
+from its start first), every name a link to the one file (hard links for webdataset; symbolic links
+for LMDB, whose py-lmdb refuses a second name of an open file: --lmdb-links hard shows it). For the
+batch loader (256 images of 64 px, 2 threads), the torch IterableDataset in this process, and that
+dataset in a DataLoader with 2 workers: seconds from creating the reader to the first batch (or
+sample) of a fresh shuffled epoch, and after load_state_dict(a state at 90% of the epoch); prints
+the medians of --repeat runs and the median of the per-run ratios resume / fresh with their range.
+Counts the records the format reader handed out before that first batch (in this process) and how
+many of them the state had consumed.
 throughput: images/s of `for s in ds.iterable()` (decoded RGB, and bytes only) and of ds.loader(256,
 64, workers=2, output="numpy") over 3,000 images at 128 px, shuffled, each pass on a dataset opened
 anew (as each epoch's new DataLoader workers start with nothing cached), with this checkout and with
 --base-rev (a git worktree made and removed here unless --base exists; its children import that
 revision), alternating, --rounds rounds; ratio = new / base, the median of per-round ratios.
-quality: the old order (seeded shard order, then 2d000c8's shuffle buffer) against the new one
-(8 lanes, blocks emitted in a seeded permutation; computed with shardkit.readers.order and epoch, no
-images) on a class-sorted output (--classes x --per-class records, shards of 100 or 1,000), for
-buffers of 1,000 and 10,000, one stream (one rank, no DataLoader workers), averaged over --epochs
-epochs: the share of consecutive samples from one shard, of one label (lag 1), and of one label
-averaged over lags 1..100 (lower is better; a full permutation gives ~1/classes); and how each
-reads: read calls per shard, seeks (a read not starting where that shard's last one ended) and
-backward seeks per shard. A full permutation is printed as the floor; the computed new order is
-checked against real iteration on a small output first.
+quality: the old order (seeded shard order, then 2d000c8's shuffle buffer) against the new one (8 or
+more lanes starting at shard starts, blocks emitted in a seeded permutation; computed with
+shardkit.readers.order and epoch, no images) on a class-sorted output (--classes x --per-class
+records, shards of 100 or 1,000), for buffers of 1,000 and 10,000, one stream (one rank, no
+DataLoader workers), averaged over --epochs epochs: the share of consecutive samples from one shard,
+of one label (lag 1), and of one label averaged over lags 1..100 (lower is better; a full
+permutation gives ~1/classes); and how each reads: read calls per shard, seeks (a read not starting
+where that shard's last one ended) and backward seeks per shard. A full permutation is printed as
+the floor; the computed new order is checked against real iteration on a small output first.
 """
 
 from __future__ import annotations
@@ -145,11 +145,11 @@ class ReadLog:
     def consumed(self, dataset: Any, state: dict[str, Any]) -> int:
         """How many of the records read were at positions `state` had already consumed."""
         progress = Progress.from_state(state)
-        split, sequence = progress.start(1, 1, False)
-        stream = progress.stream(split, sequence, 0, 0)
+        space = dataset.space(progress)
+        split, sequence = progress.start(1, 1, False, space.cuts)
+        stream = progress.stream(split, sequence, 0, 0, space.cuts)
         done = progress.splits[split].done[0]
         spans = np.array(merged(stream.consumed(done)), np.int64).reshape(-1, 2)
-        space = dataset.space(progress)
         where = {dataset.manifest.shards[shard].name: at for at, shard in enumerate(space.order)}
         hits = 0
         for name, start, count in self.reads:
@@ -418,7 +418,7 @@ def buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> 
 
 def counts_space(counts: list[int], seed: int, epoch: int) -> ShardSpace:
     """The epoch's shard sequence as ShardDataset.space() builds it, from record counts alone."""
-    fake = SimpleNamespace(manifest=SimpleNamespace(shards=[SimpleNamespace(count=c) for c in counts]))
+    fake = SimpleNamespace(manifest=SimpleNamespace(shards=[SimpleNamespace(count=c) for c in counts]), remote=None)
     return ShardSpace(fake, (seed, epoch), True)  # type: ignore[arg-type]
 
 
@@ -434,14 +434,15 @@ def old_epoch(counts: list[int], seed: int, epoch: int, buffer: int) -> tuple[np
 
 
 def new_epoch(counts: list[int], seed: int, epoch: int, buffer: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    """The same from readers/order and readers/epoch: the stream's blocks, each read in ascending
-    positions as read_block does, emitted in the block's order."""
+    """The same from readers/order and readers/epoch: the stream's blocks (lanes starting at shard
+    starts, as ShardSpace's cuts make them), each read in ascending positions as readers.epoch's
+    `emitted` does, emitted in the block's order."""
     total = sum(counts)
     lanes = lanes_for(buffer, total / len(counts))  # as ShardDataset.fresh_progress chooses them
     progress = Progress(epoch, seed, True, buffer, [total], total, lanes=lanes)
-    split, sequence = progress.start(1, 1, False)
-    stream = progress.stream(split, sequence, 0, 0)
     space = counts_space(counts, seed, epoch)
+    split, sequence = progress.start(1, 1, False, space.cuts)
+    stream = progress.stream(split, sequence, 0, 0, space.cuts)
     blocks = list(stream.blocks_from(0))
     reads: list[tuple[int, int, int]] = []
     for block in blocks:

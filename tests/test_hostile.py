@@ -164,6 +164,8 @@ def test_manifest_counts_that_disagree_with_the_shard(tmp_path: Path, name: str,
         dataset[claimed - 1]
     with pytest.raises(ShardReadError, match="manifest says"):
         list(open_shards(folder))  # never a silently short epoch
+    with pytest.raises(ShardReadError, match=r"manifest says|ends after 6 records"):
+        list(open_shards(folder, shuffle=True, shuffle_buffer=2))  # nor one read in shuffled blocks
     assert "count" in only_shardkit_errors(folder)
 
 

@@ -4,6 +4,7 @@ weighted mixing, on real shards of every format (readers/order, epoch, mix)."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkit.core.config import PackConfig, ResizeConfig
-from shardkit.core.errors import ConfigError
+from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
@@ -45,6 +46,14 @@ def roundtrip(state: dict) -> dict:
 # --- the order, pure ---------------------------------------------------------------------------
 
 
+def shard_starts(data, total: int) -> np.ndarray | None:
+    """Where shards start in an epoch of `total` positions (None: cut evenly, as a mix is)."""
+    if data.draw(st.booleans()):
+        return None
+    sizes = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=30))
+    return np.unique(np.cumsum([0, *sizes]))[: total + 1].clip(0, total)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(0, 300), st.booleans(), st.integers(1, 64), st.integers(1, 5), st.integers(1, 3), st.data()
@@ -55,11 +64,12 @@ def test_a_stream_resumes_where_it_stood(
     """Every stream's remainder after `done` is its uninterrupted order from `done` on, and what it
     consumed plus what remains is its run; the streams of all ranks and workers tile the epoch."""
     progress = Progress(0, 3, shuffle, buffer, [total], total)
-    split, sequence = progress.start(world, workers, False)
+    cuts = shard_starts(data, total)
+    split, sequence = progress.start(world, workers, False, cuts)
     seen: Counter[int] = Counter()
     for rank in range(world):
         for worker in range(workers):
-            stream = progress.stream(split, sequence, rank, worker)
+            stream = progress.stream(split, sequence, rank, worker, cuts)
             whole = np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(0)]).tolist()
             assert len(whole) == stream.length
             done = data.draw(st.integers(0, stream.length))
@@ -83,18 +93,19 @@ def test_elastic_resume_sees_every_position(
     """W ranks x workers stop after the same count each; W' ranks x workers' finish from rank 0's
     state: every position once, apart from the end-of-epoch repeats of both layouts."""
     progress = Progress(1, 5, shuffle, buffer, [total], total)
-    split, sequence = progress.start(world, workers, drop_last)
-    streams = [progress.stream(split, sequence, r, w) for r in range(world) for w in range(workers)]
-    counts = [data.draw(st.integers(0, progress.stream(split, sequence, 0, w).length)) for w in range(workers)]
+    cuts = shard_starts(data, total)
+    split, sequence = progress.start(world, workers, drop_last, cuts)
+    streams = [progress.stream(split, sequence, r, w, cuts) for r in range(world) for w in range(workers)]
+    counts = [data.draw(st.integers(0, streams[w].length)) for w in range(workers)]
     seen: Counter[int] = Counter()
     for i, stream in enumerate(streams):
         seen.update(span_positions(stream.consumed(counts[i % workers])).tolist())
     progress.splits[split].done = list(counts)
     resumed = Progress.from_state(roundtrip(progress.to_state()))
-    split, sequence = resumed.start(new_world, new_workers, drop_last)
+    split, sequence = resumed.start(new_world, new_workers, drop_last, cuts)
     for rank in range(new_world):
         for worker in range(new_workers):
-            stream = resumed.stream(split, sequence, rank, worker)
+            stream = resumed.stream(split, sequence, rank, worker, cuts)
             done = resumed.splits[split].done[worker]  # the same layout goes on where it stood
             assert done is not None
             seen.update(np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(done)]).tolist())
@@ -111,6 +122,25 @@ def test_reads_stay_sequential_within_each_lane() -> None:
         joined = np.concatenate(lane)
         assert (np.diff(joined) == 1).all()  # each block continues its lane where the last one stopped
     assert max(len(b) for b in blocks) <= 1000  # memory: the buffer's
+
+
+@pytest.mark.parametrize("shard", [100, 1000, 1003])
+def test_lanes_start_at_shard_starts(shard: int) -> None:
+    """Lanes longer than a shard each start at a shard's first record (a tar is then never walked
+    from its start to reach a lane), at most half a shard from the even cut; every lane ends in the
+    last block, and a block holds the buffer and at most one more record per lane."""
+    total, buffer = 40_000, 1000
+    cuts = np.arange(0, total, shard)
+    stream = Stream([(0, total)], True, buffer, (1, 2, 3), 8, cuts)
+    starts = stream.lane_starts
+    assert set(starts[:-1]) <= set(cuts.tolist())
+    assert all(abs(start - i * total // 8) <= shard / 2 for i, start in enumerate(starts))
+    blocks = list(stream.blocks_from(0))
+    assert max(len(b) for b in blocks) <= buffer + 8
+    last = np.sort(blocks[-1])
+    for lane in range(8):  # each lane's last record is in the last block
+        assert starts[lane + 1] - 1 in last
+    assert np.array_equal(np.sort(np.concatenate(blocks)), np.arange(total))
 
 
 def test_take_wraps_around() -> None:
@@ -190,6 +220,33 @@ def test_iteration_resumes_exactly(packed: Path) -> None:
     fresh = open_shards(packed, decode="bytes", **SHUFFLED).iterable()
     fresh.load_state_dict(state)
     assert head + [s.key for s in fresh] == whole
+
+
+def test_a_damaged_shard_stops_the_epoch_at_its_own_block(tar_packed: Path, tmp_path: Path) -> None:
+    """Blocks are read while the one before is handed out; a shard that cannot be read stops the
+    epoch (on_error="raise") only once every earlier block is out, and with "skip" the rest comes
+    with its positions still counted, as when blocks were read one after the other."""
+    out = tmp_path / "out"
+    shutil.copytree(tar_packed, out)
+    whole = [s.key for s in open_shards(out, decode="bytes", **SHUFFLED)]
+    damaged = sorted(out.glob("*.tar"))[3]
+    data = damaged.read_bytes()
+    damaged.write_bytes(b"\xff" * 512 + data[512:])  # its first header: the same size, not a tar
+    dataset = open_shards(out, decode="bytes", **SHUFFLED)
+    position, items = dataset.epoch_items()
+    handed: list[str] = []
+    with pytest.raises(ShardReadError, match=damaged.name):
+        for item in items:
+            position.advance()
+            assert item is not None
+            handed.append(item.record.key)
+    assert handed == whole[: len(handed)]
+    assert len(handed) in [0, *position.stream.ends]  # whole blocks, then the error
+    skipping = open_shards(out, decode="bytes", on_error="skip", **SHUFFLED)
+    position, items = skipping.epoch_items()
+    kept = [item.record.key for item in items if item is not None]
+    assert len(kept) < len(whole) and kept == [key for key in whole if key in set(kept)]
+    assert skipping.skipped >= 1
 
 
 @pytest.mark.parametrize(("world", "new_world"), [(2, 3), (4, 2)])

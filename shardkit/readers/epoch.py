@@ -9,6 +9,7 @@ damaged shard, skipped) comes out as None, so positions are still counted.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -48,6 +49,7 @@ class Item(NamedTuple):
 
 class Space(Protocol):
     remote: bool  # whether any of its shards comes through the cache from object storage
+    cuts: np.ndarray | None  # positions where a shard starts, sorted (readers.order.lane_starts)
 
     def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
 
@@ -76,6 +78,7 @@ class ShardSpace:
             np.random.default_rng(seed).shuffle(self.order)
         self.counts = [dataset.manifest.shards[shard].count for shard in self.order]
         self.starts = np.cumsum([0, *self.counts])
+        self.cuts: np.ndarray | None = self.starts[:-1]
 
     def read(self, positions: np.ndarray) -> Iterator[Item | None]:
         """An item per position, in the order given; runs of consecutive positions are read as
@@ -94,40 +97,103 @@ class ShardSpace:
         return [(self.dataset, self.order[i]) for i in dict.fromkeys(at.tolist())]
 
 
-def read_block(space: Space, positions: np.ndarray, ordered: bool) -> Iterator[Item | None]:
-    """The items of one block in its order. A shuffled block is read in ascending positions (each
-    shard sequentially) and held, then emitted in the block's order: the memory the old shuffle
-    buffer took."""
-    if ordered or len(positions) < 2:
-        yield from space.read(positions)
+# Records a shuffled block hands out between reads of the next block's: small enough that a block
+# frees about as many records as it makes meanwhile, large enough that the bookkeeping is amortized.
+_STEP = 16
+
+
+class _Reading:
+    """A block's items being read in ascending positions (each shard sequentially), to be emitted in
+    the block's order; a read error is kept until the block's turn comes."""
+
+    def __init__(self, space: Space, positions: np.ndarray) -> None:
+        ascending = np.unique(positions)
+        self.emit = np.searchsorted(ascending, positions).tolist()  # the block's order, as indexes into items
+        self.size = len(ascending)
+        self.source = space.read(ascending)
+        self.items: list[Item | None] = []
+        self.error: Exception | None = None
+
+    def fill(self, count: int) -> None:
+        """Reads until `count` items are held (or an error)."""
+        if self.error is None and len(self.items) < count:
+            try:
+                self.items.extend(itertools.islice(self.source, count - len(self.items)))
+                if len(self.items) == self.size:
+                    # run the reads to their end: what follows a shard's last record (the check
+                    # that it holds no more, the mark where a tar walk stopped) runs only then
+                    for _ in self.source:
+                        raise ShardReadError("a block read more items than it has positions (a shardkit bug)")
+            except Exception as error:
+                self.error = error
+
+    def ready(self) -> list[Item | None]:
+        self.fill(self.size)
+        if self.error is not None:
+            raise self.error
+        return self.items
+
+
+def emitted(space: Space, blocks: Iterator[np.ndarray], shuffle: bool) -> Iterator[Item | None]:
+    """The items of consecutive blocks in their order. A shuffled block is read in ascending
+    positions and held, then emitted in its order, and the next block is read meanwhile, one record
+    for each handed out (each handed-out record is let go): the reader holds about one block, the
+    memory the old shuffle buffer took. Reading a whole block and then freeing it made the garbage
+    collector run ~10x as often and move blocks to its oldest generation, whose collections cost
+    ~16 ms a pass of 3,000 records in a process that imported torch (scripts/bench_resume.py
+    --only throughput)."""
+    if not shuffle:
+        for positions in blocks:
+            yield from space.read(positions)
         return
-    ascending = np.unique(positions)
-    items = list(space.read(ascending))
-    for at in np.searchsorted(ascending, positions).tolist():
-        yield items[at]
+    first = next(blocks, None)
+    if first is None:
+        return
+    reading = _Reading(space, first)
+    while True:
+        items = reading.ready()
+        following = next(blocks, None)
+        ahead = _Reading(space, following) if following is not None else None
+        emit = reading.emit
+        for begin in range(0, len(emit), _STEP):
+            for at in emit[begin : begin + _STEP]:
+                item, items[at] = items[at], None
+                yield item
+            if ahead is not None:
+                ahead.fill((begin + _STEP) * ahead.size // len(emit))
+        if ahead is None:
+            return
+        reading = ahead
 
 
 def stream_items(space: Space, stream: Stream, done: int) -> Iterator[Item | None]:
-    """What a stream still yields after `done`. From object storage, the shards of the next block
-    download in the background meanwhile, and a shard the next block does not read is closed (the
-    cache may then evict it)."""
+    """What a stream still yields after `done`."""
     blocks = stream.blocks_from(done)
-    if not space.remote:  # local files: nothing to fetch ahead or to let go of
-        for positions in blocks:
-            yield from read_block(space, positions, not stream.shuffle)
-        return
-    upcoming = next(blocks, None)
-    needed = space.shards(upcoming) if upcoming is not None else []
-    while upcoming is not None:
-        positions, shards = upcoming, needed
-        upcoming = next(blocks, None)
-        needed = space.shards(upcoming) if upcoming is not None else []
-        _prefetch(needed)
-        yield from read_block(space, positions, not stream.shuffle)
-        keep = {(id(dataset), shard) for dataset, shard in needed}
-        for dataset, shard in shards:
-            if dataset.remote is not None and (id(dataset), shard) not in keep:
-                dataset._readers[shard].close()
+    return emitted(space, _fetched(space, blocks) if space.remote else blocks, stream.shuffle)
+
+
+def _fetched(space: Space, blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    """Blocks from object storage: as block k is asked for, the shards of block k + 1 start to
+    download, and a shard that blocks k and k + 1 do not read is closed (the cache may then evict
+    it). A consumer asks for block k once it has read every record of block k - 1 (`emitted`)."""
+    current = next(blocks, None)
+    needed = space.shards(current) if current is not None else []
+    earlier: list[tuple[ShardDataset, int]] = []
+    while current is not None:
+        following = next(blocks, None)
+        upcoming = space.shards(following) if following is not None else []
+        _prefetch(upcoming)
+        _close_unneeded(earlier, needed + upcoming)
+        yield current
+        earlier, current, needed = needed, following, upcoming
+    _close_unneeded(earlier, [])
+
+
+def _close_unneeded(shards: list[tuple[ShardDataset, int]], needed: list[tuple[ShardDataset, int]]) -> None:
+    keep = {(id(dataset), shard) for dataset, shard in needed}
+    for dataset, shard in shards:
+        if dataset.remote is not None and (id(dataset), shard) not in keep:
+            dataset._readers[shard].close()
 
 
 def _prefetch(shards: list[tuple[ShardDataset, int]]) -> None:
@@ -159,14 +225,14 @@ class Cursor(NamedTuple):
         layout.done[self.worker] = self.done + count
 
 
-def cursor(owner: Any, progress: Progress, workers: tuple[int, int] | None = None) -> Cursor:
+def cursor(owner: Any, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
     """This rank's and worker's stream of `progress`, the split started or continued (`owner` is a
     ShardDataset or a MixedDataset: its rank, world_size and drop_last)."""
     rank, world = rank_and_world(owner.rank, owner.world_size)
     worker, count = workers if workers is not None else worker_slot()
-    split, sequence = progress.start(world, count, owner.drop_last)
+    split, sequence = progress.start(world, count, owner.drop_last, space.cuts)
     mine = (worker + progress.splits[split].turn) % count  # the stream whose turn this worker serves
-    return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine))
+    return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
 
 
 def check_sizes(progress: Progress, sizes: list[int]) -> None:

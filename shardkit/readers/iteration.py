@@ -57,8 +57,9 @@ class EpochIteration:
         counts what the consumer took."""
         progress = progress if progress is not None else self.fresh_progress()
         check_sizes(progress, self.fresh_progress().sizes)
-        position = cursor(self, progress, workers)
-        return position, stream_items(self.space(progress), position.stream, position.done)
+        space = self.space(progress)
+        position = cursor(self, progress, space, workers)
+        return position, stream_items(space, position.stream, position.done)
 
     def __iter__(self) -> Iterator[Any]:
         return self.iterate()

@@ -93,6 +93,7 @@ class MixSpace:
     def __init__(self, mix: MixedDataset, progress: Progress) -> None:
         self.mix, self.progress = mix, progress
         self.remote = any(source.remote is not None for source in mix.sources)
+        self.cuts: np.ndarray | None = None  # a source's shards start at scattered draws: lanes are cut evenly
         self.draws = mix.draws(progress.seed, progress.epoch)
         self._spaces: dict[tuple[int, int], ShardSpace] = {}
 

@@ -4,8 +4,9 @@ counts, so a run can stop anywhere and resume exactly, or on another number of r
 An epoch is a sequence of positions 0..total-1 (a position is a record: shards in stored or seeded
 order, records in stored order; for a mix, a weighted draw from its sources). A *split* cuts what
 is left of the epoch into one contiguous run per rank and per DataLoader worker. Each run is read
-as a *stream* of blocks: with shuffling, a run is cut into LANES equal lanes and block j takes the
-next `buffer // LANES` positions of every lane, emitted in a permutation seeded by (seed, epoch,
+as a *stream* of blocks: with shuffling, a run is cut into lanes (LANES or more, lanes_for; each
+starting at a shard's first record where one is near, lane_starts) and block j takes the same share
+of every lane, about `buffer` positions in all, emitted in a permutation seeded by (seed, epoch,
 split, rank, worker, j). Reads stay sequential within each lane (so within each shard), a block
 holds what the old shuffle buffer held, and consecutive samples come from LANES far-apart places of
 the run (the old buffer drew from the last ~buffer records of one place). Where a stream stands
@@ -119,26 +120,76 @@ def as_spans(positions: np.ndarray) -> list[Span]:
     return [(int(a), int(b) + 1) for a, b in zip(firsts, lasts, strict=True)]
 
 
-class Stream:
-    """One worker's run of one rank in one split, as the blocks it is read and emitted in."""
+def run_offsets(run: list[Span], cuts: np.ndarray) -> np.ndarray:
+    """Where in `run` (spans laid end to end) the sorted positions `cuts` fall, ascending."""
+    if not run or not len(cuts):
+        return np.zeros(0, np.int64)
+    spans = np.asarray(run, np.int64).reshape(-1, 2)
+    begins, lengths = spans[:, 0], spans[:, 1] - spans[:, 0]
+    at = np.cumsum(lengths) - lengths  # each span's offset in the run
+    first, counts = np.searchsorted(cuts, begins), np.searchsorted(cuts, spans[:, 1]) - np.searchsorted(cuts, begins)
+    owner = np.repeat(np.arange(len(spans)), counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return cuts[np.repeat(first, counts) + within] - begins[owner] + at[owner]
 
-    def __init__(self, run: list[Span], shuffle: bool, buffer: int, key: tuple[int, ...], lanes: int = LANES) -> None:
+
+def lane_starts(run: list[Span], lanes: int, cuts: np.ndarray | None) -> list[int]:
+    """Where each lane of `run` starts (and the run's end): equal lanes, each boundary moved to the
+    nearest of `cuts` (positions where a shard starts) within a lane's length, so a lane starts at
+    a shard's first record (two boundaries may meet: a lane fewer). A tar read from inside has its
+    headers walked from the start (or from where an earlier range stopped) first; at 8 equal lanes
+    over 6 shards that walk took half the records of an epoch, twice (scripts/bench_resume.py
+    --only throughput). With lanes longer than a shard, as in any large epoch, every boundary moves
+    by at most half a shard."""
+    n = span_length(run)
+    ideal = [i * n // lanes for i in range(lanes + 1)]
+    offsets = run_offsets(run, cuts) if cuts is not None and lanes > 1 else np.zeros(0, np.int64)
+    if not len(offsets):
+        return ideal
+    reach = n / lanes
+    starts = [0]
+    for want in ideal[1:-1]:
+        k = int(np.searchsorted(offsets, want))
+        near = [int(offsets[i]) for i in (k - 1, k) if 0 <= i < len(offsets)]
+        best = min(near, key=lambda offset: abs(offset - want))  # the lower of two as near
+        starts.append(max(starts[-1], best if abs(best - want) <= reach else want))
+    return [*starts, n]
+
+
+class Stream:
+    """One worker's run of one rank in one split, as the blocks it is read and emitted in: with
+    shuffling, `lanes` lanes (lane_starts), block j taking the same share of each lane, so all
+    lanes end in the last block."""
+
+    def __init__(
+        self,
+        run: list[Span],
+        shuffle: bool,
+        buffer: int,
+        key: tuple[int, ...],
+        lanes: int = LANES,
+        cuts: np.ndarray | None = None,
+    ) -> None:
         self.run, self.shuffle, self.key = run, shuffle, key
         self.length = n = span_length(run)
         lanes = max(1, min(lanes, n)) if shuffle else 1
-        self.quota = max(1, buffer // lanes)
-        self.lane_starts = [i * n // lanes for i in range(lanes + 1)]
-        lengths = np.diff(self.lane_starts)
-        blocks = -(-int(lengths.max(initial=0)) // self.quota)
-        sizes = np.clip(lengths[None, :] - np.arange(blocks)[:, None] * self.quota, 0, self.quota).sum(axis=1)
-        self.ends = np.cumsum(sizes).tolist()  # positions the stream has yielded after each block
+        quota = max(1, buffer // lanes)
+        self.lane_starts = lane_starts(run, lanes, cuts)
+        self.lengths = np.diff(self.lane_starts).astype(np.int64)
+        self.blocks = blocks = -(-int(self.lengths.max(initial=0)) // quota)
+        # lane i hands out its items [i_j, i_{j+1}) in block j, i_j = j * length_i // blocks
+        done = (np.arange(blocks + 1, dtype=np.int64)[:, None] * self.lengths[None, :]) // max(1, blocks)
+        self.ends = done.sum(axis=1)[1:].tolist()  # positions the stream has yielded after each block
+
+    def _taken(self, lane: int, j: int) -> int:
+        """Items of `lane` handed out in blocks before j."""
+        return j * int(self.lengths[lane]) // self.blocks
 
     def block(self, j: int) -> np.ndarray:
         """Block j's positions in the order they are emitted."""
-        q, parts = self.quota, []
-        for lane in range(len(self.lane_starts) - 1):
-            lane_start, lane_end = self.lane_starts[lane], self.lane_starts[lane + 1]
-            first, stop = lane_start + j * q, min(lane_start + (j + 1) * q, lane_end)
+        parts = []
+        for lane, lane_start in enumerate(self.lane_starts[:-1]):
+            first, stop = lane_start + self._taken(lane, j), lane_start + self._taken(lane, j + 1)
             if first < stop:
                 parts.append(span_positions(take(self.run, first, stop)))
         positions = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -164,9 +215,9 @@ class Stream:
         """The positions of the first `done` items (unsorted spans)."""
         j, offset = self.locate(done)
         out: list[Span] = []
-        for lane in range(len(self.lane_starts) - 1):
-            first = self.lane_starts[lane]
-            out += take(self.run, first, min(first + j * self.quota, self.lane_starts[lane + 1]))
+        for lane, first in enumerate(self.lane_starts[:-1]):
+            if j:
+                out += take(self.run, first, first + self._taken(lane, j))
         if offset:
             out += as_spans(self.block(j)[:offset])
         return out
@@ -248,15 +299,19 @@ class Progress:
     def stream_key(self, split: int, rank: int, worker: int) -> tuple[int, ...]:
         return (self.seed, self.epoch, split, rank, worker)
 
-    def sequence(self, split: int) -> list[Span]:
+    # `cuts` below: the positions where a shard starts (sorted; None for none), which lanes start at
+    # where they can (lane_starts). They follow from the data and (seed, epoch), so the state does
+    # not carry them; the same cuts must come with every call on one epoch.
+
+    def sequence(self, split: int, cuts: np.ndarray | None = None) -> list[Span]:
         """The positions split number `split` cut among ranks: the whole epoch for the first, what
         the earlier splits left for each later one."""
         spans = [(0, self.total)]
         for index in range(split):
-            spans = subtract(spans, self.consumed(index, spans))
+            spans = subtract(spans, self.consumed(index, spans, cuts))
         return spans
 
-    def consumed(self, split: int, sequence: list[Span]) -> list[Span]:
+    def consumed(self, split: int, sequence: list[Span], cuts: np.ndarray | None = None) -> list[Span]:
         """Every position the streams of split `split` yielded, on every rank."""
         layout = self.splits[split]
         if any(count is None for count in layout.done):
@@ -270,25 +325,30 @@ class Progress:
             for worker in range(layout.workers):
                 count = layout.done[worker]
                 assert count is not None
-                out += self.stream(split, sequence, rank, worker).consumed(count)
+                out += self.stream(split, sequence, rank, worker, cuts).consumed(count)
         return out
 
-    def stream(self, split: int, sequence: list[Span], rank: int, worker: int) -> Stream:
+    def stream(
+        self, split: int, sequence: list[Span], rank: int, worker: int, cuts: np.ndarray | None = None
+    ) -> Stream:
         layout = self.splits[split]
         per_rank = layout.per_rank(span_length(sequence))
         run = take(sequence, rank * per_rank, (rank + 1) * per_rank)
         length = span_length(run)
         lo, hi = worker * length // layout.workers, (worker + 1) * length // layout.workers
-        return Stream(take(run, lo, hi), self.shuffle, self.buffer, self.stream_key(split, rank, worker), self.lanes)
+        key = self.stream_key(split, rank, worker)
+        return Stream(take(run, lo, hi), self.shuffle, self.buffer, key, self.lanes, cuts)
 
-    def start(self, world: int, workers: int, drop_last: bool) -> tuple[int, list[Span]]:
+    def start(
+        self, world: int, workers: int, drop_last: bool, cuts: np.ndarray | None = None
+    ) -> tuple[int, list[Span]]:
         """The split an iteration with this layout goes on with, and the positions it cuts: the last
         split when the layout is unchanged, else a new split of what is left."""
         if self.splits:
             last = self.splits[-1]
             if (last.world, last.workers, last.drop_last) == (world, workers, drop_last):
-                return len(self.splits) - 1, self.sequence(len(self.splits) - 1)
-            sequence = self.sequence(len(self.splits))  # needs every stream's count of the last split
+                return len(self.splits) - 1, self.sequence(len(self.splits) - 1, cuts)
+            sequence = self.sequence(len(self.splits), cuts)  # needs every stream's count of the last split
         else:
             sequence = [(0, self.total)]
         self.splits.append(Split(world, workers, drop_last, [0] * workers))

@@ -71,8 +71,9 @@ class ShardIterableDataset(IterableDataset):
         progress = self.dataset.fresh_progress()
         rank, world = rank_and_world(self.dataset.rank, self.dataset.world_size)
         workers = max(1, num_workers)
-        split, sequence = progress.start(world, workers, self.dataset.drop_last)
-        lengths = [progress.stream(split, sequence, rank, worker).length for worker in range(workers)]
+        cuts = self.dataset.space(progress).cuts
+        split, sequence = progress.start(world, workers, self.dataset.drop_last, cuts)
+        lengths = [progress.stream(split, sequence, rank, worker, cuts).length for worker in range(workers)]
         counts, turn = round_robin_counts(lengths, batches, batch_size, drop_last)
         progress.splits[split].done, progress.splits[split].turn = list(counts), turn
         return progress.to_state()
