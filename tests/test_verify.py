@@ -65,6 +65,27 @@ def test_stray_shard_is_caught(copy: Path) -> None:
     assert kinds(copy) == {"stray"}
 
 
+def test_a_plain_lmdb_reader_s_lock_file_is_not_a_problem(copy: Path) -> None:
+    """lmdb.open(shard, subdir=False) locks by default and leaves `<shard>-lock`: verify notes it
+    and passes; the same name beside another format's shard is stray."""
+    lmdb = pytest.importorskip("lmdb")
+    path = shard(copy)
+    if read_manifest(copy).format == "lmdb":
+        env = lmdb.open(str(path), subdir=False, readonly=True)  # the library's defaults: lock=True
+        with env.begin() as txn:
+            assert txn.stat()["entries"] > 0
+        env.close()
+        assert (copy / f"{path.name}-lock").is_file()
+        report = verify(copy)
+        assert report.ok, report.problems
+        assert report.notes == [
+            f"{path.name}-lock: LMDB's lock file, left by a reader that opened the shard with lock=True; ignored"
+        ]
+    else:
+        (copy / f"{path.name}-lock").write_bytes(b"")
+        assert kinds(copy) == {"stray"}
+
+
 def test_hand_edited_manifest_is_caught(copy: Path) -> None:
     data = json.loads((copy / "manifest.json").read_text())
     data["settings"]["resize"]["size"] = 512  # a lie that no shard byte contradicts

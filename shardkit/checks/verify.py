@@ -67,6 +67,7 @@ class VerifyReport:
     decoded: int = 0
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was seen and is fine (e.g. LMDB lock files)
 
     @property
     def ok(self) -> bool:
@@ -407,8 +408,15 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
     listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
+    # py-lmdb's lmdb.open(shard, subdir=False) locks by default, leaving `<shard>-lock` beside it:
+    # a reader's trace, not a change to the output
+    locks = {f"{s.name}-lock" for s in manifest.shards} if manifest.format == "lmdb" else set()
     for name in sorted(held):
-        if name not in listed and not name.startswith("."):
+        if name in locks:
+            report.notes.append(
+                f"{name}: LMDB's lock file, left by a reader that opened the shard with lock=True; ignored"
+            )
+        elif name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))
     return sealed
 

@@ -65,6 +65,8 @@ def render(report: VerifyReport, deep: bool) -> None:
         f"{escape(report.folder)}: {report.format or '?'}, {report.shards:,} shards, "
         f"{report.records:,} records{decoded} in {report.seconds:.2f}s"
     )
+    for note in report.notes[:MAX_LINES]:
+        console.print(f"note: {escape(note)}", highlight=False)
     if report.ok:
         console.print(f"[bold green]OK[/] {summary}")
         return
