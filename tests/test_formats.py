@@ -6,6 +6,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardkit.core.errors import ConfigError, ShardFormatError
@@ -250,15 +251,40 @@ def test_writers_take_validated_options(tmp_path: Path) -> None:
         get_format("lmdb").writer(str(tmp_path / "a.lmdb"), batch="many")
     with pytest.raises(ConfigError, match="chunk_bytes must be between"):
         get_format("hdf5").writer(str(tmp_path / "a.h5"), chunk_bytes=10)
+    import h5py
+
     small = get_format("hdf5").writer(str(tmp_path / "b.h5"), chunk_bytes=4096)
     for record in RECORDS[:5]:
         small.add(record)
     assert small.close() == 5
-    import h5py
-
     with h5py.File(tmp_path / "b.h5") as h5:
-        assert h5["data"].chunks == (4096,)
+        assert h5["data"].chunks is None  # all of it fits before the first flush: contiguous, exact
+        assert h5["data"].shape == (sum(len(r.data) for r in RECORDS[:5]),)
     assert [r.key for r in get_format("hdf5").reader(str(tmp_path / "b.h5"))] == [r.key for r in RECORDS[:5]]
+    big = get_format("hdf5").writer(str(tmp_path / "c.h5"), chunk_bytes=4096)
+    blob = np.random.default_rng(0).integers(0, 256, 11 << 20, dtype=np.uint8).tobytes()
+    records = [Record(f"k{i}", blob, "npy", None, {}) for i in range(3)]  # 33 MiB: past the first flush
+    for record in records:
+        big.add(record)
+    assert big.close() == 3
+    with h5py.File(tmp_path / "c.h5") as h5:
+        assert h5["data"].chunks == (4096,)
+    data_bytes = 3 * len(blob)
+    # at most one chunk of padding; the rest is HDF5's chunk index (~40 bytes a chunk) and ours
+    assert data_bytes < (tmp_path / "c.h5").stat().st_size < 1.01 * data_bytes + 4096 + 64 * 1024
+    assert [r.data == blob for r in get_format("hdf5").reader(str(tmp_path / "c.h5"))] == [True] * 3
+
+
+def test_hdf5_shards_are_not_padded_to_whole_chunks(tmp_path: Path) -> None:
+    """A 100-record shard takes its data's bytes and a small index, not whole 1 MiB chunks."""
+    rng = np.random.default_rng(1)
+    records = [Record(f"k{i:03d}", rng.integers(0, 256, 27_000, dtype=np.uint8).tobytes(), "jpg", i % 3, {"i": i})
+               for i in range(100)]  # fmt: skip
+    data_bytes = sum(len(r.data) for r in records)
+    h5 = write(tmp_path / "s.h5", "hdf5", records)
+    tar = write(tmp_path / "s.tar", "webdataset", records)
+    assert Path(h5).stat().st_size < 1.02 * data_bytes + 64 * 1024
+    assert Path(h5).stat().st_size < 1.05 * Path(tar).stat().st_size
 
 
 def test_hdf5_data_must_be_bytes(tmp_path: Path) -> None:
