@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -69,3 +70,6 @@ def test_version_and_doctor(python_command) -> None:
     doctor = run(python_command, "doctor")
     assert doctor.returncode == 0
     assert "libturbojpeg" in doctor.stdout and "PIL" in doctor.stdout
+    missing = [extra for name, extra in (("gcsfs", "gcs"), ("ray", "ray")) if importlib.util.find_spec(name) is None]
+    if missing:  # the advice is a pip command a pip user can run, not `make install`
+        assert f"pip install 'shardkit[{','.join(sorted(missing))}" in doctor.stdout.replace("\n", "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 
+from rich.markup import escape
 from rich.table import Table
 
 from ..core.codecs import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
@@ -15,6 +16,15 @@ OPTIONAL = (
     "numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "torchvision", "matplotlib", "fsspec", "s3fs",
     "gcsfs", "aiohttp",
 )  # fmt: skip
+# the pip extra that brings each optional package (pyproject.toml)
+EXTRAS = {"ray": "ray", "torch": "torch", "torchvision": "torch", "matplotlib": "plot", "s3fs": "s3", "gcsfs": "gcs",
+          "aiohttp": "http"}  # fmt: skip
+# Pillow-SIMD replaces Pillow (the same PIL package); it builds from source against libjpeg's headers.
+PILLOW_SIMD = (
+    "pip uninstall -y pillow && CC='cc -mavx2' pip install --no-cache-dir --no-binary pillow-simd pillow-simd "
+    "(needs libjpeg-dev and zlib1g-dev; drop -mavx2 on a CPU without AVX2)"
+)
+REBUILD = "pip install --force-reinstall --no-deps --no-binary shardkit shardkit (from a checkout: pip install -e .)"
 
 
 def doctor() -> None:
@@ -39,12 +49,26 @@ def doctor() -> None:
     )
     table.add_row("loader crop-decode kernel", kernel)
     table.add_row("CPU SIMD flags", " ".join(cpu_flags()) or "none found")
+    extras: set[str] = set()
     for name in OPTIONAL:
         try:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = "[dim]not installed[/]"
+            if name in EXTRAS:
+                extras.add(EXTRAS[name])
         table.add_row(name, version)
     console.print(table)
+    advice = []
     if not pil["simd"]:
-        console.print("[dim]Pillow-SIMD is not installed: resizing uses stock Pillow (slower); see make install.[/]")
+        advice.append(f"Pillow-SIMD (faster resizing; stock Pillow is used now): {PILLOW_SIMD}")
+    if turbo is not None:
+        advice.append(
+            "libturbojpeg (fast JPEG decode and encode): apt-get install libturbojpeg0, or your system's package"
+        )
+    if not header_scanner() or not crop_kernel():
+        advice.append(f"the compiled scanner and crop kernel: apt-get install gcc libjpeg-dev, then {REBUILD}")
+    if extras:
+        advice.append(f"optional parts not installed: pip install 'shardkit[{','.join(sorted(extras))}]'")
+    for line in advice:
+        console.print(f"[dim]to add {escape(line)}[/]", highlight=False)
