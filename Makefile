@@ -18,9 +18,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 
-# torch from PyPI can be a multi-GB CUDA build; TORCH_SPEC lets a machine pick its wheels (the
-# loader's benchmarks and tests compare with torchvision, whose release must match torch's).
-TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+# The torch versions are the [torch] extra's range (pyproject.toml), the one pin pip users get too.
+# torch from PyPI can be a multi-GB CUDA build: TORCH_SPEC lets a machine pick its wheels, e.g.
+# TORCH_SPEC="torch==2.14.1+cpu --extra-index-url https://download.pytorch.org/whl/cpu".
+TORCH_SPEC ?=
 venv: $(PY)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(if $(findstring torch,$(EXTRAS)),$(TORCH_SPEC))
 
