@@ -105,3 +105,15 @@ def test_sigterm_stops_a_ray_pack_like_a_local_one(python_command, tmp_path) -> 
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 143, stderr[-2000:]
     assert "stopped by SIGTERM" in stderr and "--resume" in stderr and "Traceback" not in stderr
+
+
+def test_ray_data_reads_our_tars(local_ray, sample_dataset: Path, tmp_path: Path) -> None:
+    """Ray Data's own webdataset reader, on the tars alone (not the index files beside them)."""
+    from shardkit.core.manifest import read_manifest
+    from shardkit.readers.dataset import open_shards
+
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(48), shard_size=20))
+    tars = [str(out / shard.name) for shard in read_manifest(out).shards]
+    rows = ray.data.read_webdataset(tars).take_all()
+    assert sorted(row["__key__"] for row in rows) == sorted(s.key for s in open_shards(out, decode="bytes"))

@@ -8,6 +8,7 @@ not what was written, and a damaged memory-mapped file must not take the checker
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 import time
@@ -34,11 +35,14 @@ from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
+    WIDS_NAME,
     Manifest,
     ShardInfo,
+    idx_name,
     iter_errors,
     read_manifest,
     sha256_file,
+    wids_index,
 )
 from ..core.safeio import check_regular
 from ..formats import get_format
@@ -87,6 +91,7 @@ class _ShardJob:
     max_pixels: int = DEFAULT_MAX_PIXELS
     store: Store | None = None  # a remote output: the shard is downloaded into `folder` (a temp folder)
     held: int | None = None  # the remote object's size from the listing, when it tells one
+    companion: ShardInfo | None = None  # the shard's index for other readers, as the manifest lists it
 
 
 @dataclass
@@ -115,6 +120,11 @@ def _checked_shard(job: _ShardJob) -> _ShardCheck:
         return _ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
     try:
         job.store.get(name, path, limit=job.shard.bytes)  # size and sha256 are checked below, as for a file
+        if job.companion is not None:
+            with contextlib.suppress(FileNotFoundError, TooLong):  # reported as missing or changed below
+                job.store.get(
+                    job.companion.name, os.path.join(job.folder, job.companion.name), limit=job.companion.bytes
+                )
         return _checked_file(job)
     except TooLong:
         detail = f"more than the {job.shard.bytes:,} bytes the manifest says"
@@ -126,6 +136,9 @@ def _checked_shard(job: _ShardJob) -> _ShardCheck:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        if job.companion is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(job.folder, job.companion.name))
 
 
 def _checked_file(job: _ShardJob) -> _ShardCheck:
@@ -165,6 +178,8 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
                 _check_pixels(record, name, check, job.max_pixels)
         if count != job.shard.count:
             check.problems.append(Problem("count", f"{count:,} records, manifest says {job.shard.count:,}", name))
+        if job.companion is not None:
+            _check_companion(job, path, check)
     except ShardFormatError as error:
         check.problems.append(Problem("unreadable", str(error), name))
     except OSError as error:
@@ -172,6 +187,37 @@ def _checked_file(job: _ShardJob) -> _ShardCheck:
     finally:
         reader.close()
     return check
+
+
+def _check_companion(job: _ShardJob, shard: str, check: _ShardCheck) -> None:
+    """The shard's index for other readers is what the format derives from the shard now, and the
+    file beside it is that, byte for byte."""
+    companion = job.companion
+    index_file = get_format(job.format).index_file
+    assert companion is not None
+    expected = index_file(shard) if index_file is not None else None
+    if expected is None or hashlib.sha256(expected).hexdigest() != companion.sha256:
+        check.problems.append(Problem("companion", "does not match the shard's members", companion.name))
+        return
+    problem = _file_problem(os.path.join(job.folder, companion.name), companion)
+    if problem is not None:
+        check.problems.append(problem)
+
+
+def _file_problem(path: str, info: ShardInfo) -> Problem | None:
+    """Whether the file at `path` is what `info` says (size, then sha256), as a problem or None."""
+    try:
+        size = check_regular(path).st_size
+        digest = sha256_file(path) if size == info.bytes else ""
+    except FileNotFoundError:
+        return Problem("missing", "listed in the manifest but not there", info.name)
+    except OSError as error:
+        return Problem("unreadable", describe(error), info.name)
+    if size != info.bytes:
+        return Problem("size", f"{size:,} bytes, manifest says {info.bytes:,}", info.name)
+    if digest != info.sha256:
+        return Problem("checksum", "sha256 differs from the manifest (bytes changed)", info.name)
+    return None
 
 
 def _check_pixels(record: Record, shard: str, check: _ShardCheck, max_pixels: int) -> None:
@@ -294,6 +340,9 @@ def _verify(
     report.format = manifest.format
     report.shards = len(manifest.shards)
     sealed = _check_manifest(root, manifest, output.held, report)
+    companions = {companion.name: companion for companion in manifest.companions}
+    if WIDS_NAME in companions:
+        _check_wids_index(output, manifest, companions[WIDS_NAME], report)
     jobs = [
         _ShardJob(
             output.work,
@@ -304,6 +353,7 @@ def _verify(
             max_pixels,
             output.store,
             output.held.get(shard.name),
+            companions.get(idx_name(shard.name)),
         )
         for shard in manifest.shards
     ]
@@ -344,6 +394,32 @@ def _verify(
     if found is not None:
         _check_source(root, found, _joined(source_hashes), shallow_pass, report, _walked_as(manifest))
     return report
+
+
+def _check_wids_index(output: _Output, manifest: Manifest, listed: ShardInfo, report: VerifyReport) -> None:
+    """shardindex.json lists the manifest's shards, their counts and sizes, as wids reads them."""
+    expected = wids_index(manifest.shards)
+    if hashlib.sha256(expected).hexdigest() != listed.sha256:
+        report.problems.append(Problem("companion", "does not list the manifest's shards", WIDS_NAME))
+        return
+    path = output.meta / WIDS_NAME
+    if output.store is not None:
+        try:
+            output.store.get(WIDS_NAME, str(path), limit=listed.bytes)
+        except FileNotFoundError:
+            report.problems.append(Problem("missing", "listed in the manifest but not in the bucket", WIDS_NAME))
+            return
+        except TooLong:
+            report.problems.append(
+                Problem("size", f"more than the {listed.bytes:,} bytes the manifest says", WIDS_NAME)
+            )
+            return
+        except StorageError as error:
+            report.problems.append(Problem("unreadable", str(error), WIDS_NAME))
+            return
+    problem = _file_problem(str(path), listed)
+    if problem is not None:
+        report.problems.append(problem)
 
 
 def _check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray], report: VerifyReport) -> None:
@@ -407,7 +483,8 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
         )
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
-    listed = {s.name for s in manifest.shards} | {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
+    listed = {s.name for s in manifest.shards} | {c.name for c in manifest.companions}
+    listed |= {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
     # py-lmdb's lmdb.open(shard, subdir=False) locks by default, leaving `<shard>-lock` beside it:
     # a reader's trace, not a change to the output
     locks = {f"{s.name}-lock" for s in manifest.shards} if manifest.format == "lmdb" else set()

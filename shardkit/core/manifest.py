@@ -21,6 +21,7 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ERRORS_NAME = "errors.jsonl"
 INDEX_NAME = "index.parquet"  # a row per record: key, shard, position, label, caption, columns, sizes
+WIDS_NAME = "shardindex.json"  # wids' list of shards (formats/indexes)
 STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
 
 
@@ -43,6 +44,9 @@ class Manifest:
     created_by: str = ""
     checksum: str = ""  # sha256 of everything else: verify uses it to catch hand edits
     index: ShardInfo | None = None  # index.parquet (count: its rows); absent from outputs before it
+    # files for other readers beside the shards (formats/indexes: a tar's DALI index, wids'
+    # shardindex.json), count: the records each describes; absent when there are none
+    companions: list[ShardInfo] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -52,6 +56,8 @@ class Manifest:
         data = asdict(self)
         if self.index is None:  # an output without an index keeps the manifest (and checksum) it had
             del data["index"]
+        if not self.companions:
+            del data["companions"]
         return data
 
     def computed_checksum(self) -> str:
@@ -83,6 +89,7 @@ class Manifest:
                 created_by=_typed(data, "created_by", str, ""),
                 checksum=_typed(data, "checksum", str, ""),
                 index=None if data.get("index") is None else _shard(data["index"], where),
+                companions=[_shard(row, where) for row in _typed(data, "companions", list, [])],
             )
         except ValueError as error:
             raise ManifestError(f"{where}: not a valid shardkit manifest ({error})") from None
@@ -93,7 +100,36 @@ class Manifest:
                 raise ManifestError(f"{where}: total {key} is not a count ({str(value)[:20]})")
         if manifest.index is not None and manifest.index.name != INDEX_NAME:
             raise ManifestError(f"{where}: the index must be {INDEX_NAME}")
+        allowed = companion_names(manifest.shards)
+        for companion in manifest.companions:
+            if companion.name not in allowed:  # a crafted name must not make another file ours
+                raise ManifestError(f"{where}: {companion.name[:80]!r} is not a shard's index or {WIDS_NAME}")
         return manifest
+
+
+def idx_name(shard: str) -> str:
+    """The DALI index of `shard-000000.tar` is `shard-000000.idx` (as DALI's wds2idx names it)."""
+    stem, dot, _ = shard.rpartition(".")
+    return f"{stem if dot else shard}.idx"
+
+
+def companion_names(shards: list[ShardInfo]) -> set[str]:
+    """The names a manifest may list as companions: each tar's index, and wids' shard list."""
+    names = {idx_name(shard.name) for shard in shards if shard.name.endswith(".tar")} | {WIDS_NAME}
+    return names - {shard.name for shard in shards} - {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
+
+
+def wids_index(shards: list[ShardInfo]) -> bytes:
+    """wids' shardindex.json for these shards, so `wids.ShardListDataset(OUT/shardindex.json)`
+    opens the output. URLs are relative: wids resolves them against the index's own folder or URL,
+    so a copied or uploaded output works as it is. No name: wids then names its cache after the
+    index's URL."""
+    spec = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": shard.name, "nsamples": shard.count, "filesize": shard.bytes} for shard in shards],
+    }
+    return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _typed(data: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:

@@ -445,4 +445,56 @@ class TarShardReader(ShardReader):
         self._fd = None
 
 
-BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader)
+# --- DALI's index ---------------------------------------------------------------------------------
+# What DALI's wds2idx writes (v1.2), so DALI need not scan each tar: a first line `v1.2 <samples>`,
+# then a line per sample of its members as `<ext> <data offset> <size> <member name>` joined by
+# spaces, members grouped as consecutive ones with the same key (hidden files, a name starting
+# with '.', and names without an extension left out). DALI splits lines on whitespace, so a tar
+# with a member name holding some (a file "my photo.jpg") gets the older v1.1, which DALI also
+# reads: the same without names (they only label DALI's samples). shardkit does not read either.
+
+
+def dali_samples(data: _Bytes, where: str) -> Iterator[list[tuple[str, int, int, str]]]:
+    """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them."""
+    group: list[tuple[str, int, int, str]] = []
+    key: str | None = None
+    for name, offset, size, _ in tar_members(data, where):
+        split = _split_name(name)
+        if split is None or not split[0] or split[0].endswith("/"):  # no extension, or a hidden file
+            continue
+        if split[0] != key and group:
+            yield group
+            group = []
+        key = split[0]
+        group.append((split[1], offset, size, name))
+    if group:
+        yield group
+
+
+def dali_index(path: str) -> bytes | None:
+    """DALI's index of the tar at `path` (v1.2 byte for byte what wds2idx writes; v1.1 when a
+    member name holds whitespace), or None when an extension holds some (no version can say it)
+    or the tar has no sample. Raises ShardFormatError on a damaged tar, OSError when unreadable."""
+    fd = open_regular(path)
+    try:
+        samples = list(dali_samples(_Bytes(fd, os.fstat(fd).st_size, _READ_AHEAD), path))
+    finally:
+        os.close(fd)
+    members = [member for sample in samples for member in sample]
+    if not samples or any(_spaced(ext) for ext, _, _, _ in members):
+        return None  # (DALI refuses an index of no samples)
+    named = not any(_spaced(name) for _, _, _, name in members)
+    lines = [f"{'v1.2' if named else 'v1.1'} {len(samples)}"]
+    for sample in samples:
+        if named:
+            lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample))
+        else:
+            lines.append(" ".join(f"{ext} {offset} {size}" for ext, offset, size, _ in sample))
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _spaced(text: str) -> bool:
+    return any(c.isspace() for c in text)
+
+
+BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader, dali_index)

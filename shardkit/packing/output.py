@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import ManifestError, OutputError, describe
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR, read_manifest, write_json_atomic
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    STATE_DIR,
+    WIDS_NAME,
+    idx_name,
+    read_manifest,
+    write_json_atomic,
+)
 from ..core.safeio import load_json_file
 
 LOCK_NAME = "lock"
@@ -30,7 +39,7 @@ CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
-OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)  # what a pack writes beside its shards
+OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME, WIDS_NAME)  # what a pack writes beside its shards
 
 
 def shard_name(index: int, suffix: str) -> str:
@@ -44,6 +53,11 @@ def is_shard_name(name: str) -> bool:
 
     match = re.fullmatch(r"shard-\d{6,}(\.[a-z0-9]+)", name)
     return match is not None and any(match.group(1) == backend.suffix for backend in FORMATS.values())
+
+
+def is_index_name(name: str) -> bool:
+    """A name shardkit gives a shard's index for other readers (a tar's DALI index)."""
+    return re.fullmatch(r"shard-\d{6,}\.idx", name) is not None
 
 
 def state_dir(output: str | os.PathLike[str]) -> Path:
@@ -208,8 +222,9 @@ def _holder(path: Path) -> str:
 def ledger(output: Path) -> set[str]:
     """Names of the entries of `output` that its own records say shardkit wrote: the shards of a
     manifest whose checksum holds, those named by done markers or by an --overwrite that was
-    interrupted, manifest.json, errors.jsonl and index.parquet. Every name must be a shard's name: a crafted record
-    cannot make anything else deletable."""
+    interrupted, each tar's DALI index, manifest.json, errors.jsonl, index.parquet and
+    shardindex.json. Every name must be a name shardkit gives: a crafted record cannot make
+    anything else deletable."""
     ours: set[str] = set()
     for name in OWN_FILES:
         if (output / name).is_file():
@@ -226,7 +241,12 @@ def ledger(output: Path) -> set[str]:
                 ours.add(name)
     with contextlib.suppress(OSError, ValueError, TypeError):
         clearing = load_json_file(state_dir(output) / CLEARING_NAME)
-        ours.update(name for name in clearing if isinstance(name, str) and (is_shard_name(name) or name in OWN_FILES))
+        ours.update(
+            name
+            for name in clearing
+            if isinstance(name, str) and (is_shard_name(name) or is_index_name(name) or name in OWN_FILES)
+        )
+    ours.update([idx_name(name) for name in ours if is_shard_name(name) and name.endswith(".tar")])  # its DALI index
     ours.update(entry.name for entry in os.scandir(output) if _old_temp_file(entry.name))
     # Only regular files are what shardkit writes: a folder or link under a shard's name is not ours.
     return {name for name in ours if os.path.lexists(output / name) and stat.S_ISREG(os.lstat(output / name).st_mode)}

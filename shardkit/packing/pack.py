@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -20,24 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig, TableConfig
-from ..core.errors import Failure, ImageError, ManifestError, OutputError, describe
+from ..core.errors import Failure, ImageError, ManifestError, OutputError, ShardFormatError, describe
 from ..core.executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
+    WIDS_NAME,
     Manifest,
     ShardInfo,
+    idx_name,
     read_manifest,
     sha256_file,
+    wids_index,
     write_json_atomic,
     write_text_atomic,
 )
 from ..core.safeio import load_json_file, open_regular
 from ..core.version import __version__
 from ..formats import get_format
-from ..formats.base import Record, ShardWriter
+from ..formats.base import Backend, Record, ShardWriter
 from ..storage.location import locate
 from ..storage.store import Store
 from .discover import Item, SourceWalk, display, walk
@@ -81,6 +85,7 @@ class ShardResult:
     plan: str = ""
     reused: bool = False
     worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
+    companion: ShardInfo | None = None  # the shard's index for other readers (Backend.index_file)
 
 
 @dataclass
@@ -125,6 +130,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             "with --executor ray the output folder must be on storage that every node shares"
         )
     temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
+    index_temp = temp_dir(job.output) / f"{idx_name(spec.name)}.{os.getpid()}.tmp"
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[Failure] = []
     input_bytes = 0
@@ -151,12 +157,16 @@ def write_shard(job: ShardJob) -> ShardResult:
             count = writer.close()
             closed = True
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
+            companion = _write_index_file(backend, temp, index_temp, info)
             worker = f"{socket.gethostname()}:{os.getpid()}"
-            result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker)
+            result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion)
             write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
             # The marker goes first: no shard is ever in the output without a record of it (what
             # --overwrite may delete); a marker whose shard is missing is simply written again.
+            # The index goes before its shard: a shard in the output always has its index.
             write_json_atomic(done_path(job.output, spec), asdict(result))
+            if companion is not None:
+                os.replace(index_temp, Path(job.output) / companion.name)
             os.replace(temp, Path(job.output) / spec.name)
         timings["write"] += time.perf_counter() - closing
     except BaseException:
@@ -166,7 +176,29 @@ def write_shard(job: ShardJob) -> ShardResult:
         raise
     finally:
         temp.unlink(missing_ok=True)
+        index_temp.unlink(missing_ok=True)
     return result
+
+
+def _write_index_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
+    """The format's index of the shard just written, for other readers (a tar's DALI index)."""
+    if backend.index_file is None:
+        return None
+    try:
+        data = backend.index_file(str(shard))
+    except ShardFormatError as error:  # our own writer's tar: a bug, never the input's fault
+        raise OutputError(f"{shard}: cannot index the shard just written ({error}); a shardkit bug") from None
+    if data is None:  # a member name DALI's index cannot hold
+        return None
+    path.write_bytes(data)
+    return ShardInfo(idx_name(info.name), info.count, len(data), hashlib.sha256(data).hexdigest())
+
+
+def _write_wids_index(output: Path, shards: list[ShardInfo], state: Path) -> ShardInfo:
+    """wids' shardindex.json, so `wids.ShardListDataset(OUT/shardindex.json)` opens the output."""
+    data = wids_index(shards)
+    write_text_atomic(output / WIDS_NAME, data.decode(), temp_dir=state)
+    return ShardInfo(WIDS_NAME, sum(shard.count for shard in shards), len(data), hashlib.sha256(data).hexdigest())
 
 
 def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
@@ -520,7 +552,11 @@ def _write_all(
     state = state_dir(output)
     with _writing(output, INDEX_NAME):
         index = join_index((_index_part(output, config.format, r.shard) for r in ordered), output, state)
-    manifest = replace(manifest, index=index).sealed()
+    companions = [r.companion for r in ordered if r.companion is not None]
+    if config.format == "webdataset":
+        with _writing(output, WIDS_NAME):
+            companions.append(_write_wids_index(output, [r.shard for r in ordered], state))
+    manifest = replace(manifest, index=index, companions=companions).sealed()
     with _writing(output, ERRORS_NAME):
         lines = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in error_rows)
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
@@ -582,6 +618,7 @@ def _remove_stale_shards(output: Path, planned: set[str]) -> None:
             if marker.name.endswith(".json") and name not in planned:
                 with _writing(output, name):
                     (output / name).unlink(missing_ok=True)
+                    (output / idx_name(name)).unlink(missing_ok=True)
                 marker.unlink(missing_ok=True)
 
 
@@ -644,6 +681,7 @@ def _already_complete(manifest: Manifest, config: PackConfig, started: float) ->
 
 
 def _result_from_json(data: dict[str, Any]) -> ShardResult:
+    companion = data.get("companion")
     return ShardResult(
         shard=ShardInfo(**data["shard"]),
         errors=[Failure(**row) for row in data["errors"]],
@@ -651,6 +689,7 @@ def _result_from_json(data: dict[str, Any]) -> ShardResult:
         timings=data["timings"],
         plan=data["plan"],
         reused=True,
+        companion=None if companion is None else ShardInfo(**companion),
     )
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import OutputError, ShardkitError
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, read_manifest
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, WIDS_NAME, Manifest, idx_name, read_manifest
 from ..core.safeio import loads
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
@@ -56,9 +56,10 @@ def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput
             if not overwrite:
                 raise OutputError(f"{error}; use --overwrite to replace it") from None
     state.uploaded, state.begun = _markers(store)
-    ours = {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME} | state.begun
+    ours = {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME, WIDS_NAME} | state.begun
     if state.manifest is not None:
-        ours |= {shard.name for shard in state.manifest.shards}
+        ours |= {shard.name for shard in state.manifest.shards} | {c.name for c in state.manifest.companions}
+    ours |= {idx_name(name) for name in ours if name.endswith(".tar")}  # and each tar's DALI index
     foreign = sorted(name for name in held if name not in ours)
     if foreign and MANIFEST_NAME in held and state.manifest is None:
         raise OutputError(
@@ -151,13 +152,21 @@ def publish(
             _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=True)
         if progress is not None:
             progress(done, len(manifest.shards))
+    earlier_companions = {c.name: c for c in remote.manifest.companions} if remote.manifest is not None else {}
+    for companion in manifest.companions:  # small: uploaded unless the bucket holds the same bytes
+        if earlier_companions.get(companion.name) != companion or remote.held.get(companion.name) != companion.bytes:
+            store.upload(str(staging / companion.name), companion.name)
     for name in (ERRORS_NAME, INDEX_NAME):
         if (staging / name).exists():
             store.upload(str(staging / name), name)
     store.upload(str(staging / MANIFEST_NAME), MANIFEST_NAME)
-    current = {shard.name for shard in manifest.shards}
+    current = {shard.name for shard in manifest.shards} | {c.name for c in manifest.companions}
     earlier = {shard.name for shard in remote.manifest.shards} if remote.manifest is not None else set()
-    for name in sorted((earlier | remote.begun) - current):
+    earlier |= set(earlier_companions)
+    stale = (earlier | remote.begun) - current
+    stale |= {idx_name(name) for name in stale if name.endswith(".tar")} - current  # their DALI indexes
+    stale |= {WIDS_NAME} - current
+    for name in sorted(stale):
         store.delete(name)  # named by shardkit's own earlier records only
     for name in sorted(remote.begun | current):
         store.delete(f"{MARKERS}/{name}.json")
@@ -167,7 +176,11 @@ def publish(
 
 def clear_staging(staging: Path, manifest: Manifest) -> None:
     """Removes the uploaded local copy: only what the manifest names, then the folder if empty."""
-    for name in [shard.name for shard in manifest.shards] + [ERRORS_NAME, INDEX_NAME, MANIFEST_NAME]:
+    for name in (
+        [s.name for s in manifest.shards]
+        + [c.name for c in manifest.companions]
+        + [ERRORS_NAME, INDEX_NAME, MANIFEST_NAME]
+    ):
         with contextlib.suppress(FileNotFoundError):
             (staging / name).unlink()
     with contextlib.suppress(OSError):
