@@ -5,10 +5,18 @@ EXTRAS ?= dev,plot,ray,torch,s3,http
 PY := $(VENV)/bin/python
 DEMO ?= demo
 
-.PHONY: install system-deps venv pillow-simd test test-fast lint typecheck check demo bench clean
+.PHONY: install system-deps venv pillow-simd img2dataset test test-fast lint typecheck check demo bench clean
 
-install: system-deps venv pillow-simd
+install: system-deps venv pillow-simd img2dataset
 	@$(VENV)/bin/shardkit doctor
+
+# img2dataset in a venv of its own (it pins webdataset < 0.3 and pandas < 3): the tests adopt its
+# real output with `shardkit index` (they say so and skip where it is missing).
+I2D_VENV ?= .venv-img2dataset
+img2dataset: $(I2D_VENV)/bin/img2dataset
+$(I2D_VENV)/bin/img2dataset:
+	$(PYTHON) -m venv $(I2D_VENV)
+	$(I2D_VENV)/bin/python -m pip install -q img2dataset
 
 # libturbojpeg (fast JPEG decode/encode) and the headers Pillow-SIMD builds against.
 system-deps:

@@ -228,6 +228,8 @@ def _check_pixels(record: Record, shard: str, check: _ShardCheck, max_pixels: in
         return
     check.decoded += 1
     expected = (record.meta.get("stored_height"), record.meta.get("stored_width"))
+    if expected == (None, None):  # a tar someone else wrote (`shardkit index`): no stored sizes to hold to
+        expected = tuple(pixels.shape[:2])
     if pixels.ndim != 3 or pixels.shape[2] != 3 or tuple(pixels.shape[:2]) != expected:
         check.problems.append(
             Problem("shape", f"decoded {pixels.shape}, metadata says {expected[0]}x{expected[1]}x3", shard, record.key)
@@ -389,7 +391,8 @@ def _verify(
     repeated = set(_repeated(_joined(key_hashes)).tolist())
     if repeated:
         times = Counter(key for check in shallow_pass() for key in check.keys if hash(key) in repeated)
-        for key in sorted(key for key, n in times.items() if n > 1):
+        listed = _listed_duplicates(root) if isinstance(manifest.settings.get("adopted"), dict) else set()
+        for key in sorted(key for key, n in times.items() if n > 1 and key not in listed):
             report.problems.append(Problem("duplicate-key", f"key stored {times[key]} times", key=key))
     if found is not None:
         _check_source(root, found, _joined(source_hashes), shallow_pass, report, _walked_as(manifest))
@@ -472,7 +475,12 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
     if len({s.name for s in manifest.shards}) != len(manifest.shards):
         report.problems.append(Problem("manifest", "a shard is listed twice"))
     totals = manifest.totals
-    errors = sum(1 for _ in _error_rows(root, report))
+    adopted = isinstance(manifest.settings.get("adopted"), dict)  # tars `shardkit index` adopted
+    errors, left_out = 0, set()
+    for row in _error_rows(root, report):
+        errors += 1
+        if adopted and row.get("stage") == "read":
+            left_out.add(row.get("path"))  # a tar the readers cannot read, listed with its reason
     if totals.get("records") != manifest.records:
         report.problems.append(
             Problem("manifest", f"totals say {totals.get('records')} records, shards hold {manifest.records}")
@@ -488,14 +496,30 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
     # py-lmdb's lmdb.open(shard, subdir=False) locks by default, leaving `<shard>-lock` beside it:
     # a reader's trace, not a change to the output
     locks = {f"{s.name}-lock" for s in manifest.shards} if manifest.format == "lmdb" else set()
+    others = 0
     for name in sorted(held):
-        if name in locks:
+        if adopted and (name in left_out or not name.endswith((".tar", ".idx"))):
+            others += name not in listed and not name.startswith(".")
+        elif name in locks:
             report.notes.append(
                 f"{name}: LMDB's lock file, left by a reader that opened the shard with lock=True; ignored"
             )
         elif name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))
+    if others:
+        report.notes.append(
+            f"{others:,} other files beside the adopted tars (theirs, or tars listed in {ERRORS_NAME}): not checked"
+        )
     return sealed
+
+
+def _listed_duplicates(root: Path) -> set[str]:
+    """Keys an adopted output's errors.jsonl lists as held by two tars (`shardkit index` keeps both)."""
+    return {
+        row["path"].split("/", 1)[1]
+        for row in _error_rows(root, None)
+        if row.get("stage") == "duplicate" and "/" in str(row.get("path"))
+    }
 
 
 def _error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, str]]:

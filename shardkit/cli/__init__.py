@@ -10,13 +10,14 @@ from ..core.version import __version__
 from .bench import bench
 from .common import console
 from .doctor import doctor
+from .index import index
 from .pack import pack
 from .probe import probe
 from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
-    help="Pack image folders into fast training shards: probe, pack, verify, bench.",
+    help="Pack image folders into fast training shards: probe, pack, verify, index, bench.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -41,5 +42,6 @@ def main(
 app.command()(probe)
 app.command()(pack)
 app.command()(verify)
+app.command()(index)
 app.command()(bench)
 app.command()(doctor)

@@ -148,9 +148,12 @@ class _Bytes:
         return self.buffer[:n]
 
 
-def tar_members(data: _Bytes, where: str, pos: int = 0) -> Iterator[Member]:
+def tar_members(
+    data: _Bytes, where: str, pos: int = 0, skipped: list[tuple[str, str]] | None = None
+) -> Iterator[Member]:
     """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted),
-    from the header at byte `pos` on (the start, or where a member's headers begin)."""
+    from the header at byte `pos` on (the start, or where a member's headers begin); the others
+    (folders, links, devices) are left out, and listed in `skipped` as (name, kind) when given."""
     pax_path: str | None = None
     pax_size: int | None = None
     first = pos  # where the current member's headers (pax or GNU long name, then its own) begin
@@ -181,6 +184,9 @@ def tar_members(data: _Bytes, where: str, pos: int = 0) -> Iterator[Member]:
                     pax_size = int(fields["size"])
             continue
         if kind not in (b"0", b"\0", b"7"):
+            if skipped is not None:
+                other = pax_path or _name(header[:100].split(b"\0", 1)[0], where)
+                skipped.append((other, _KINDS.get(kind, f"type {kind.decode('latin-1')!r}")))
             pax_path = pax_size = None
             first = pos
             continue
@@ -200,6 +206,10 @@ def tar_members(data: _Bytes, where: str, pos: int = 0) -> Iterator[Member]:
     # Every tar writer ends with zero blocks; without them the file was cut (possibly between
     # members, where the walk above alone would take a shorter shard for a whole one).
     raise ShardFormatError(f"{where}: no end-of-archive marker (truncated shard)")
+
+
+_KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
+          b"5": "a folder", b"6": "a FIFO"}  # fmt: skip
 
 
 def _name(raw: bytes, where: str) -> str:
@@ -238,23 +248,25 @@ def _split_name(name: str) -> tuple[str, str] | None:
 def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
     """Consecutive members with the same key form one record; a member repeated within a record is
     damage (which of the two would a reader take?). Each record comes with the offset the next one
-    starts at (its first header, or the end-of-archive marker after the last)."""
+    starts at (its first header, or the end-of-archive marker after the last). A sample with no
+    image member (only a caption, say, in a tar someone else wrote) is not a record: left out, as
+    `shardkit index` lists it."""
     key: str | None = None
     parts: dict[str, tuple[int, int]] = {}
     end = 0
     for name, offset, size, first in members:
         split = _split_name(name)
-        if split is None:
+        if split is None or not split[0] or split[0].endswith("/"):  # no extension, or a hidden file
             continue
         if split[0] != key:
-            if key is not None:
+            if key is not None and not parts.keys() <= _NOT_IMAGE:
                 yield key, parts, first
             key, parts = split[0], {}
         if split[1] in parts:
             raise ShardFormatError(f"{where}: record {key} has two {split[1]} members")
         parts[split[1]] = (offset, size)
         end = offset + -(-size // _BLOCK) * _BLOCK
-    if key is not None:
+    if key is not None and not parts.keys() <= _NOT_IMAGE:
         yield key, parts, end
 
 
@@ -357,7 +369,7 @@ class TarShardReader(ShardReader):
             total += size
             if image_ext is None and ext not in _NOT_IMAGE:
                 image_ext = ext
-        if image_ext is None:
+        if image_ext is None:  # _group leaves such samples out
             raise ShardFormatError(f"{self.path}: record {key} has no image member")
         if total > MAX_RECORD_BYTES:
             raise ShardFormatError(f"{self.path}: record {key} claims {total:,} bytes, over the limit")
@@ -454,11 +466,14 @@ class TarShardReader(ShardReader):
 # reads: the same without names (they only label DALI's samples). shardkit does not read either.
 
 
-def dali_samples(data: _Bytes, where: str) -> Iterator[list[tuple[str, int, int, str]]]:
-    """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them."""
+def dali_samples(
+    data: _Bytes, where: str, skipped: list[tuple[str, str]] | None = None
+) -> Iterator[list[tuple[str, int, int, str]]]:
+    """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them (and
+    as the reader does, which also leaves out samples with no image member)."""
     group: list[tuple[str, int, int, str]] = []
     key: str | None = None
-    for name, offset, size, _ in tar_members(data, where):
+    for name, offset, size, _ in tar_members(data, where, 0, skipped):
         split = _split_name(name)
         if split is None or not split[0] or split[0].endswith("/"):  # no extension, or a hidden file
             continue

@@ -1,0 +1,319 @@
+"""`shardkit index`: adopt WebDataset tars someone else wrote (img2dataset's output, anyone's `tar`
+of a folder), so that verify, open_shards, the loader and bench work on them as on shardkit's own.
+
+The tars are read, never modified or moved. Each is scanned once in a worker process (streamed:
+its sha256, then its headers, then its records as open_shards reads them; memory bounded by one
+record), and beside them go `manifest.json` (counts, bytes, sha256, the extensions samples hold,
+classes from `.cls` members), `errors.jsonl` (what readers leave out, and why), each tar's DALI
+index and wids' `shardindex.json`. What is listed and not fatal: a sample with no image member (the
+readers skip it), a member that is not a regular file, a key that another tar holds too. A tar the
+readers cannot read whole (damaged, a key twice in it, a label that is not a number) is left out of
+the manifest with its reason. Keys are compared as 8-byte hashes, so memory is ~8 bytes a sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.config import check_workers
+from ..core.errors import ConfigError, Failure, OutputError, ShardFormatError, ShardkitError, StorageError, describe
+from ..core.executors import default_workers, map_local_surviving_crashes
+from ..core.manifest import (
+    ERRORS_NAME,
+    MANIFEST_NAME,
+    WIDS_NAME,
+    Manifest,
+    ShardInfo,
+    idx_name,
+    sha256_file,
+    wids_index,
+    write_json_atomic,
+    write_text_atomic,
+)
+from ..core.safeio import check_regular, open_regular
+from ..core.version import __version__
+from ..formats.webdataset import _NOT_IMAGE, _READ_AHEAD, TarShardReader, _Bytes, dali_index, dali_samples
+from ..storage.location import locate
+from ..storage.store import Store
+
+ADOPTED_BY = f"shardkit {__version__} index"
+
+
+@dataclass
+class TarScan:
+    """One tar as the readers see it."""
+
+    name: str
+    size: int = 0  # bytes
+    sha256: str = ""
+    count: int = 0  # records (samples with an image member)
+    labels: int = 0  # the largest `.cls` label + 1 (0: none)
+    extensions: dict[str, int] = field(default_factory=dict)  # members by extension
+    key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    problems: list[Failure] = field(default_factory=list)  # listed, not fatal
+    index: bytes | None = None  # its DALI index
+    unreadable: str | None = None  # why the tar is left out
+
+
+@dataclass
+class IndexResult:
+    folder: str
+    manifest: Manifest
+    tars: int  # found
+    adopted: int  # in the manifest
+    records: int
+    errors: int
+    bytes: int
+    seconds: float
+    extensions: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Job:
+    folder: str  # the tars' folder, or a temporary one a remote tar is downloaded into
+    name: str
+    store: Store | None = None
+
+
+def key_hash(key: str) -> int:
+    """A stable 8-byte hash of a key (the same in every process, unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "little")
+
+
+def scan_tar(job: _Job) -> TarScan:
+    """One tar's scan (in a worker process): a problem with it is its result, never an exception."""
+    path = os.path.join(job.folder, job.name)
+    try:
+        if job.store is not None:
+            job.store.get(job.name, path)
+        return _scanned(path, job.name)
+    except (ShardkitError, OSError) as error:
+        text = str(error) if isinstance(error, ShardkitError) else describe(error)
+        return TarScan(job.name, unreadable=text)
+    finally:
+        if job.store is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _scanned(path: str, name: str) -> TarScan:
+    scan = TarScan(name, size=check_regular(path).st_size)
+    scan.sha256 = sha256_file(path)
+    extensions: Counter[str] = Counter()
+    imageless: dict[str, list[str]] = {}  # key -> its members' extensions
+    try:
+        fd = open_regular(path)
+        try:  # the samples and their members, from the headers, as DALI and webdataset group them
+            skipped: list[tuple[str, str]] = []
+            for sample in dali_samples(_Bytes(fd, scan.size, _READ_AHEAD), path, skipped):
+                extensions.update(ext for ext, _, _, _ in sample)
+                if {ext for ext, _, _, _ in sample} <= _NOT_IMAGE:
+                    key = sample[0][3][: -len(sample[0][0]) - 1]  # the member name less its extension
+                    imageless.setdefault(key, []).extend(f".{ext}" for ext, _, _, _ in sample)
+            for member, kind in skipped:
+                scan.problems.append(Failure(f"{name}/{member}", "index", f"not a regular file ({kind}): left out"))
+        finally:
+            os.close(fd)
+        reader = TarShardReader(path)  # the records, as open_shards reads them: all of it must read
+        try:
+            hashes = []
+            for record in reader:
+                hashes.append(key_hash(record.key))
+                if record.label is not None:
+                    if record.label < 0:
+                        raise ShardFormatError(f"{path}: record {record.key} has a negative label ({record.label})")
+                    scan.labels = max(scan.labels, record.label + 1)
+        finally:
+            reader.close()
+        scan.count, scan.key_hashes = len(hashes), np.array(hashes, np.uint64)
+        scan.index = dali_index(path)
+        if imageless:
+            apart = set(imageless) & set(_keys(path))
+            for key, exts in imageless.items():
+                reason = f"no image member ({', '.join(exts)}): not a record"
+                if key in apart:  # `tar cf` stores a folder's files in the order the disk lists them
+                    reason += "; the image is elsewhere in the tar: make tars with `tar --sort=name`"
+                scan.problems.append(Failure(f"{name}/{key}", "index", reason))
+    except ShardFormatError as error:
+        scan.unreadable = str(error)
+    scan.extensions = dict(extensions)
+    return scan
+
+
+def _keys(path: str) -> Iterator[str]:
+    reader = TarShardReader(path)
+    try:
+        yield from reader.keys()
+    finally:
+        reader.close()
+
+
+def index_tars(
+    folder: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> IndexResult:
+    """Adopt the tars in `folder` (a local folder or a URL; the tars at its top level) as a shardkit
+    output: see the module's docstring. Refused before any work: no tars, a manifest already there
+    (unless `overwrite`, which replaces only what index writes), a folder that cannot be written."""
+    check_workers(workers)
+    started = time.perf_counter()
+    root = locate(folder, storage_options, manifest=False)
+    if isinstance(root, Path):
+        if not root.is_dir():
+            raise ConfigError(f"{root}: not a folder")
+        names = sorted(entry.name for entry in os.scandir(root) if entry.name.endswith(".tar") and entry.is_file())
+        exists = (root / MANIFEST_NAME).exists()
+        if not os.access(root, os.W_OK):
+            raise OutputError(f"{root}: cannot write here (permission denied); index a copy you can write to")
+    else:
+        held = root.listing()
+        names = sorted(name for name in held if name.endswith(".tar"))
+        exists = MANIFEST_NAME in held
+    where = str(root) if isinstance(root, Path) else root.url
+    if not names:
+        raise ConfigError(f"{where}: no .tar files at the top of this folder")
+    if exists and not overwrite:
+        raise OutputError(f"{where}: already has a {MANIFEST_NAME}; use --overwrite to index the tars again")
+    with _work_folder(root) as work:
+        if isinstance(root, Store):
+            root.write(f"{ERRORS_NAME}.probe", b"")  # refuse an unwritable bucket before the scan
+            root.delete(f"{ERRORS_NAME}.probe")
+        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names]
+        scans: list[TarScan | None] = [None] * len(jobs)
+
+        def crashed(index: int, how: str) -> TarScan:
+            return TarScan(jobs[index].name, unreadable=f"reading it crashed the scanning process ({how})")
+
+        for done, (index, scan) in enumerate(
+            map_local_surviving_crashes(scan_tar, jobs, workers or default_workers(), crashed), 1
+        ):
+            scans[index] = scan
+            if progress is not None:
+                progress(done, len(jobs))
+    found = [scan for scan in scans if scan is not None]
+    return _write(root, where, found, started)
+
+
+@contextlib.contextmanager
+def _work_folder(root: Path | Store) -> Iterator[str]:
+    if isinstance(root, Path):
+        yield str(root)
+        return
+    with tempfile.TemporaryDirectory(prefix="shardkit-index-") as temp:
+        yield temp
+
+
+def _write(root: Path | Store, where: str, scans: list[TarScan], started: float) -> IndexResult:
+    adopted = [scan for scan in scans if scan.unreadable is None]
+    rows = [Failure(scan.name, "read", f"left out: {scan.unreadable}") for scan in scans if scan.unreadable]
+    for scan in adopted:
+        rows += scan.problems
+    rows += _duplicates(root, adopted)
+    shards = [ShardInfo(scan.name, scan.count, scan.size, scan.sha256) for scan in adopted]
+    described: list[tuple[str, int, bytes]] = [
+        (idx_name(scan.name), scan.count, scan.index) for scan in adopted if scan.index is not None
+    ]
+    described.append((WIDS_NAME, sum(shard.count for shard in shards), wids_index(shards)))
+    files = {name: data for name, _, data in described}
+    companions = [
+        ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()) for name, count, data in described
+    ]
+    extensions: Counter[str] = Counter()
+    for scan in scans:
+        extensions.update(scan.extensions)
+    records = sum(shard.count for shard in shards)
+    labels = max((scan.labels for scan in adopted), default=0)
+    manifest = Manifest(
+        format="webdataset",
+        shards=shards,
+        classes=[str(label) for label in range(labels)],  # a tar's labels are numbers: their names
+        settings={
+            "adopted": {"by": "shardkit index", "tars": len(scans), "extensions": dict(sorted(extensions.items()))},
+            "source": {"path": where, "layout": "webdataset tars"},
+        },
+        # inputs: the records and what errors.jsonl lists (a duplicated key is a record and listed)
+        totals={"inputs": records + len(rows), "records": records, "errors": len(rows)},
+        created_by=ADOPTED_BY,
+        companions=companions,
+    ).sealed()
+    errors = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
+    _put(root, files, errors, manifest)
+    return IndexResult(
+        where, manifest, len(scans), len(adopted), records, len(rows), sum(s.bytes for s in shards),
+        time.perf_counter() - started, dict(sorted(extensions.items())),
+    )  # fmt: skip
+
+
+def _duplicates(root: Path | Store, adopted: list[TarScan]) -> list[Failure]:
+    """A row per record whose key an earlier tar holds too (found by hash, then named by a second
+    read of only the tars involved)."""
+    if not adopted:
+        return []
+    hashes = np.concatenate([scan.key_hashes for scan in adopted])
+    owners = np.repeat(np.arange(len(adopted)), [len(scan.key_hashes) for scan in adopted])
+    unique, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    repeated = set(unique[counts > 1].tolist())
+    if not repeated:
+        return []
+    first_owner = dict(zip(unique[counts > 1].tolist(), owners[first[counts > 1]].tolist(), strict=True))
+    rows = []
+    for tar in sorted(set(owners[np.isin(hashes, list(repeated))].tolist())):
+        scan = adopted[tar]
+        with _local_copy(root, scan.name) as path:
+            reader = TarShardReader(path)
+            try:
+                for record in reader:
+                    value = key_hash(record.key)
+                    if value in repeated and first_owner[value] != tar:
+                        earlier = adopted[first_owner[value]].name
+                        rows.append(Failure(f"{scan.name}/{record.key}", "duplicate", f"the key is in {earlier} too"))
+            finally:
+                reader.close()
+    return rows
+
+
+@contextlib.contextmanager
+def _local_copy(root: Path | Store, name: str) -> Iterator[str]:
+    if isinstance(root, Path):
+        yield str(root / name)
+        return
+    with tempfile.TemporaryDirectory(prefix="shardkit-index-") as temp:
+        yield root.get(name, os.path.join(temp, name))
+
+
+def _put(root: Path | Store, files: dict[str, bytes], errors: str, manifest: Manifest) -> None:
+    """The files beside the tars, the manifest last (an index run stopped half way leaves no manifest)."""
+    try:
+        if isinstance(root, Path):
+            with contextlib.suppress(FileNotFoundError):
+                (root / MANIFEST_NAME).unlink()  # --overwrite: no stale manifest while the rest changes
+            for name, data in files.items():
+                write_text_atomic(root / name, data.decode("utf-8"))  # (names are UTF-8: the walk checked)
+            write_text_atomic(root / ERRORS_NAME, errors)
+            write_json_atomic(root / MANIFEST_NAME, manifest.to_json())
+            return
+        root.delete(MANIFEST_NAME)
+        for name, data in files.items():
+            root.write(name, data)
+        root.write(ERRORS_NAME, errors.encode())
+        root.write(MANIFEST_NAME, (json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    except OSError as error:
+        raise OutputError(f"{root}: cannot write the index files ({describe(error)})") from None
+    except StorageError as error:
+        raise OutputError(f"cannot write the index files ({error})") from None
