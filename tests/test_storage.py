@@ -336,8 +336,11 @@ def _resealed(folder: Path, renames: dict[str, str]) -> None:
         new = renames.get(shard.name, shard.name)
         (folder / shard.name).rename(folder / new)
         shards.append(replace(shard, name=new))
-    (folder / "index.parquet").unlink(missing_ok=True)  # as a stranger's output without an index
-    write_json_atomic(folder / "manifest.json", replace(manifest, shards=shards, index=None).sealed().to_json())
+    (folder / "index.parquet").unlink(missing_ok=True)  # as a stranger's output without indexes
+    for companion in manifest.companions:
+        (folder / companion.name).unlink()
+    stranger = replace(manifest, shards=shards, index=None, companions=[])
+    write_json_atomic(folder / "manifest.json", stranger.sealed().to_json())
 
 
 def test_odd_shard_names_and_oversized_objects_over_http(packed, tmp_path: Path) -> None:

@@ -230,8 +230,8 @@ class Store:
     def _direct_url(self, path: str) -> str | None:
         """A plain URL that a GET fetches this object from, where there is one: an S3 object's
         presigned URL, an http(s) URL itself. The transfer then costs about half the CPU of the
-        async client (one readinto per MiB into a reused buffer, hashed on the way), which counts
-        on a machine whose cores decode. Options that change the request (headers, requester pays,
+        async client (urllib3, a MiB a read, hashed on the way), which counts on a machine whose
+        cores decode. Options that change the request (headers, requester pays,
         server-side keys) or a proxy in the environment keep the filesystem's own path."""
         if any(os.environ.get(name) for name in _PROXIES):
             return None

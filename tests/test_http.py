@@ -1,0 +1,95 @@
+"""The direct download path (storage/http: urllib3) against real sockets on loopback: what a
+server says is mapped to absence, refusal or a transient failure, and a body cut short of its
+Content-Length is never taken for a whole object."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from shardkit.storage.http import NotDirect, TooLong, get_direct
+
+
+@contextmanager
+def one_reply_server(replies: list[bytes]) -> Iterator[str]:
+    """A server on loopback answering each connection's first request with the next raw reply,
+    then closing the connection (its reply says `Connection: close`, or is cut on purpose)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for reply in replies:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = connection.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                connection.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/object"
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def reply(status: str, body: bytes, length: int | None = None, extra: str = "") -> bytes:
+    size = len(body) if length is None else length
+    head = f"HTTP/1.1 {status}\r\nContent-Length: {size}\r\nConnection: close\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+def test_a_whole_body_is_written_and_hashed(tmp_path: Path) -> None:
+    body = bytes(range(256)) * 5000
+    with one_reply_server([reply("200 OK", body)]) as url:
+        digest = get_direct(url, str(tmp_path / "out"), None)
+    assert digest == hashlib.sha256(body).hexdigest() and (tmp_path / "out").read_bytes() == body
+
+
+def test_a_body_cut_short_is_a_transient_failure_not_a_short_object(tmp_path: Path) -> None:
+    with one_reply_server([reply("200 OK", b"x" * 1000, length=5000)]) as url, pytest.raises(OSError) as caught:
+        get_direct(url, str(tmp_path / "out"), None)
+    assert not isinstance(caught.value, FileNotFoundError | PermissionError)
+    assert "IncompleteRead" in str(caught.value) or "ProtocolError" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "raised"),
+    [("404 Not Found", FileNotFoundError), ("403 Forbidden", PermissionError), ("503 Slow Down", OSError),
+     ("429 Too Many Requests", OSError), ("302 Found", NotDirect)],
+)  # fmt: skip
+def test_statuses_say_absent_refused_transient_or_elsewhere(tmp_path: Path, status: str, raised: type) -> None:
+    redirect = "Location: http://127.0.0.1:9/x\r\n"
+    with one_reply_server([reply(status, b"no", extra=redirect)]) as url, pytest.raises(raised):
+        get_direct(url, str(tmp_path / "out"), None)
+
+
+def test_a_refused_connection_is_a_transient_failure(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens on it once this closes
+    with pytest.raises(OSError) as caught:
+        get_direct(f"http://127.0.0.1:{port}/x", str(tmp_path / "out"), None)
+    assert not isinstance(caught.value, FileNotFoundError)
+
+
+def test_a_body_past_the_limit_stops_at_the_limit(tmp_path: Path) -> None:
+    with one_reply_server([reply("200 OK", b"y" * (3 << 20))]) as url, pytest.raises(TooLong):
+        get_direct(url, str(tmp_path / "out"), 1 << 20)
+    assert (tmp_path / "out").stat().st_size <= 1 << 20
