@@ -5,7 +5,7 @@ EXTRAS ?= dev,plot,ray,torch,s3,http
 PY := $(VENV)/bin/python
 DEMO ?= demo
 
-.PHONY: install system-deps venv pillow-simd img2dataset test test-fast lint typecheck check demo bench clean
+.PHONY: install system-deps venv pillow-simd img2dataset pip-smoke test test-fast lint typecheck check demo bench clean
 
 install: system-deps venv pillow-simd img2dataset
 	@$(VENV)/bin/shardkit doctor
@@ -51,6 +51,11 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy
+
+# A pip user's install on another Python: `pip install .` in a fresh venv, the core tests against it.
+PIP_SMOKE_PYTHON ?= python3.12
+pip-smoke:
+	bash scripts/pip_smoke.sh $(PIP_SMOKE_PYTHON)
 
 # What to run before a commit (and what the pre-commit hooks run).
 check: lint typecheck test-fast
