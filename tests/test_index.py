@@ -88,6 +88,10 @@ def test_gnu_tars_are_adopted_and_read_as_our_own(gnu_tars: Path) -> None:
     assert all(s.label == int(s.key[1]) and s.image.shape == (48, 64 + int(s.key[-3:]), 3) for s in samples)
     batches = list(dataset.loader(5, 32, workers=2, output="numpy"))
     assert sum(len(labels) for _, labels in batches) == 12
+    from shardkit.checks.bench import bench
+
+    report = bench(gnu_tars, repeat=1)
+    assert report.images == 12 and report.rows and all(row.images_per_second > 0 for row in report.rows)
 
 
 def test_an_unsorted_tar_s_split_samples_are_named_with_the_fix(gnu_tars: Path, tmp_path: Path) -> None:
