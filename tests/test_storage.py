@@ -209,6 +209,22 @@ def test_missing_folder_and_bad_credentials_give_one_line_errors(s3, uploaded, t
         open_shards(tmp_path, storage_options={"anon": True})
 
 
+def test_no_credentials_anywhere_is_final_at_once(s3, uploaded, tmp_path: Path, monkeypatch) -> None:
+    """No key in the environment, no profile, no instance metadata: said at once, with the fix,
+    not retried for the whole retry window."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "15")
+    started = time.monotonic()
+    with pytest.raises(ShardkitError, match="no credentials") as caught:
+        open_shards(uploaded["lmdb"], storage_options={"endpoint_url": s3.endpoint}, cache_dir=tmp_path / "cache")
+    assert time.monotonic() - started < 10 and "\n" not in str(caught.value)
+    assert "AWS_ACCESS_KEY_ID" in str(caught.value)
+
+
 def test_a_missing_filesystem_package_names_the_extra(tmp_path: Path) -> None:
     script = "import sys; sys.modules['gcsfs'] = None\nfrom shardkit import open_shards\nopen_shards('gs://b/x')"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -264,7 +280,7 @@ def test_a_server_gone_for_good_gives_a_clean_error(packed, tmp_path: Path, monk
 
 @pytest.mark.slow
 def test_a_server_back_within_the_retry_window_lets_the_epoch_finish(packed, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "60")
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "15")
     samples, error = _server_stops_mid_epoch(tmp_path, packed["webdataset"], restart_after=1.0)
     assert error is None
     assert samples == [s.key for s in open_shards(packed["webdataset"], decode="bytes")]

@@ -24,6 +24,9 @@ def retry_seconds() -> float:
 
 
 _PERMANENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ShardkitError, ImportError)
+# botocore's own exceptions (named, not imported: most reads never load botocore): no credentials
+# anywhere is not a passing fault, and retrying it for the whole window only delays the one fix
+_NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
 
 
 def retrying(url: str, what: str, action: Callable[[], T]) -> T:
@@ -42,6 +45,11 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
         except ValueError as error:  # a URL the client refuses (http.client.InvalidURL): never transient
             raise StorageError(f"{url}: {what} failed ({describe(error, with_type=True)})") from None
         except Exception as error:
+            if type(error).__name__ in _NO_CREDENTIALS:
+                raise StorageError(
+                    f"{url}: no credentials ({describe(error, with_type=True)}); set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass --storage-option key=... --storage-option secret=..."
+                ) from None
             if time.monotonic() - started + delay > window:
                 waited = time.monotonic() - started
                 raise StorageError(
