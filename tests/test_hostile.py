@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from shardkit.checks.verify import verify
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
@@ -367,6 +368,26 @@ def test_a_pixel_bomb_record_is_refused_from_its_header(tmp_path: Path) -> None:
     checked = subprocess.run([sys.executable, "-c", BOMB_CHECK, str(folder)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     assert "['decode']" in checked.stdout and "over the limit" in checked.stdout
+
+
+def test_a_cmyk_jpeg_record_decodes_on_every_read_path(tmp_path: Path) -> None:
+    """Valid CMYK JPEGs (print workflows, some stock photos) in a tar someone else wrote: libjpeg-turbo
+    makes no RGB of them, so ds[i], iteration, verify --deep and the loader all go through Pillow."""
+    pixels = np.random.default_rng(3).integers(0, 255, (32, 48, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert("CMYK").save(buffer, "JPEG", quality=95)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    raw_tar(folder / "shard-000000.tar", [("cmyk.jpg", buffer.getvalue()), ("cmyk.cls", b"0")])
+    seal(folder, "webdataset", {"shard-000000.tar": 1})
+    dataset = open_shards(folder)
+    expected = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    assert np.array_equal(dataset[0].image, expected) and np.array_equal(next(iter(dataset)).image, expected)
+    images, labels = next(iter(dataset.loader(1, (32, 48), crop=None, output="numpy")))
+    assert images.shape == (1, 3, 32, 48) and labels.tolist() == [0]
+    assert np.abs(images[0].transpose(1, 2, 0).astype(int) - expected).max() <= 2  # (the kernel's own decode)
+    report = verify(folder, deep=True)
+    assert report.ok, report.problems
 
 
 def test_the_pixel_limit_is_configurable(tmp_path: Path) -> None:

@@ -43,8 +43,18 @@ def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = 
                 warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
                 return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
         except (OSError, Warning) as error:
-            raise ImageError("decode", f"corrupt JPEG: {error}") from None
+            if not _four_channel(tj, data):
+                raise ImageError("decode", f"corrupt JPEG: {error}") from None
+            # CMYK or YCCK: libjpeg-turbo will not make RGB of it, Pillow does (as the loader does)
     return np.asarray(decode_pil(data, scale, max_pixels))
+
+
+def _four_channel(tj: Any, data: bytes) -> bool:
+    """Whether a JPEG is CMYK or YCCK (TJCS_CMYK, TJCS_YCCK), which turbojpeg decodes to no RGB."""
+    try:
+        return tj.decode_header(data)[3] in (3, 4)
+    except OSError:
+        return False
 
 
 def stored_size(data: bytes, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
