@@ -3,6 +3,8 @@ real shards of every format, real processes sharing one cache. No mocks."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -386,6 +389,68 @@ def test_odd_shard_names_and_oversized_objects_over_http(packed, tmp_path: Path)
         (folder / "manifest.json").write_bytes(b" " * (17 << 20))  # over the manifest limit, never held whole
         with pytest.raises(ShardkitError, match="over the limit"):
             open_shards(f"{url}/odd", cache_dir=tmp_path / "c3")
+
+
+@contextlib.contextmanager
+def objects_server(objects: dict[str, bytes]) -> Iterator[str]:
+    """A loopback HTTP server of our own serving `objects` (name -> bytes) under /out/, with an
+    index page linking them, as a static site or a bucket's HTTP endpoint does: names need not be
+    names a file can have."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import quote, unquote
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = unquote(self.path)
+            if path.rstrip("/") == "/out":
+                links = "".join(f'<a href="{quote(name)}">{name}</a>' for name in objects)
+                body = f"<html><body>{links}</body></html>".encode()
+            elif path.startswith("/out/") and path[5:] in objects:
+                body = objects[path[5:]]
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/out"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_shard_named_longer_than_a_file_name_can_be(packed, tmp_path: Path) -> None:
+    """File names end at 255 bytes, URLs do not: verify and the reader download such a shard under
+    a name of their own and check it as any other (it was an internal error)."""
+    from dataclasses import replace
+
+    from shardkit.checks.verify import verify
+
+    folder = packed["webdataset"]
+    manifest = read_manifest(folder)
+    long = "z" * 300 + ".tar"
+    objects = {"errors.jsonl": (folder / "errors.jsonl").read_bytes()}
+    renamed = []
+    for shard in manifest.shards:
+        name = long if shard is manifest.shards[0] else shard.name
+        objects[name] = (folder / shard.name).read_bytes()
+        renamed.append(replace(shard, name=name))
+    sealed = replace(manifest, shards=renamed, index=None, companions=[]).sealed()
+    objects["manifest.json"] = json.dumps(sealed.to_json()).encode()
+    with objects_server(objects) as url:
+        report = verify(url)
+        assert report.ok, report.problems
+        dataset = open_shards(url, cache_dir=tmp_path / "cache")
+        assert _samples(dataset) == _samples(open_shards(folder))
 
 
 def test_random_access_keeps_a_few_remote_shards_open(packed, uploaded, tmp_path: Path) -> None:

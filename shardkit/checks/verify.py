@@ -115,16 +115,14 @@ def _check_shard(job: _ShardJob) -> _ShardCheck:
 def _checked_shard(job: _ShardJob) -> _ShardCheck:
     if job.store is None:
         return _checked_file(job)
-    name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
+    name, path = job.shard.name, _local(job, job.shard.name)
     if job.held is not None and job.held != job.shard.bytes:  # the listing's size, when it tells one
         return _ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
     try:
         job.store.get(name, path, limit=job.shard.bytes)  # size and sha256 are checked below, as for a file
         if job.companion is not None:
             with contextlib.suppress(FileNotFoundError, TooLong):  # reported as missing or changed below
-                job.store.get(
-                    job.companion.name, os.path.join(job.folder, job.companion.name), limit=job.companion.bytes
-                )
+                job.store.get(job.companion.name, _local(job, job.companion.name), limit=job.companion.bytes)
         return _checked_file(job)
     except TooLong:
         detail = f"more than the {job.shard.bytes:,} bytes the manifest says"
@@ -138,11 +136,20 @@ def _checked_shard(job: _ShardJob) -> _ShardCheck:
             os.unlink(path)
         if job.companion is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(job.folder, job.companion.name))
+                os.unlink(_local(job, job.companion.name))
+
+
+def _local(job: _ShardJob, name: str) -> str:
+    """Where `name` is read from: in the output folder itself, or for a remote output under a name
+    of our own in the temporary folder (a bucket's object names need not be names a file can have:
+    over 255 bytes, say)."""
+    if job.store is None:
+        return os.path.join(job.folder, name)
+    return os.path.join(job.folder, hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32])
 
 
 def _checked_file(job: _ShardJob) -> _ShardCheck:
-    name, path = job.shard.name, os.path.join(job.folder, job.shard.name)
+    name, path = job.shard.name, _local(job, job.shard.name)
     check = _ShardCheck([], [], [], 0)
     try:
         size = check_regular(path).st_size
@@ -199,7 +206,7 @@ def _check_companion(job: _ShardJob, shard: str, check: _ShardCheck) -> None:
     if expected is None or hashlib.sha256(expected).hexdigest() != companion.sha256:
         check.problems.append(Problem("companion", "does not match the shard's members", companion.name))
         return
-    problem = _file_problem(os.path.join(job.folder, companion.name), companion)
+    problem = _file_problem(_local(job, companion.name), companion)
     if problem is not None:
         check.problems.append(problem)
 
