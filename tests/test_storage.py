@@ -461,3 +461,46 @@ def test_random_access_keeps_a_few_remote_shards_open(packed, uploaded, tmp_path
     for index in range(0, len(dataset), 3):
         dataset[index]
     assert len(os.listdir("/proc/self/fd")) - before <= 2 * OPEN_REMOTE_SHARDS + 4
+
+
+SHARED_CACHE_READER = """
+import hashlib, json, sys
+from shardkit import open_shards
+url, cache, epochs, seed = sys.argv[1], sys.argv[2], int(sys.argv[4]), int(sys.argv[5])
+expected = json.load(open(sys.argv[3]))
+wrong = 0
+for epoch in range(epochs):
+    dataset = open_shards(url, decode="bytes", shuffle=True, seed=seed, shuffle_buffer=8, cache_dir=cache,
+                          cache_limit="110KB")  # about two of its ~51 KB shards
+    dataset.set_epoch(epoch)
+    seen = {}
+    for sample in dataset:
+        seen[sample.key] = hashlib.sha256(sample.image).hexdigest()
+    dataset.close()
+    wrong += seen != expected
+print(json.dumps({"wrong_epochs": wrong}))
+"""
+
+
+@pytest.mark.slow
+def test_processes_sharing_one_small_cache_read_every_sample_right(packed, tmp_path: Path) -> None:
+    """Four readers (each with its prefetch threads) sharing one cache far smaller than the data,
+    so shards are evicted and fetched again all the time: every epoch of every reader has every
+    sample with its exact bytes (POSIX record locks made this fail with "Resource deadlock
+    avoided": they belong to the process, not the thread)."""
+    import hashlib
+
+    folder = packed["webdataset"]
+    expected = {s.key: hashlib.sha256(s.image).hexdigest() for s in open_shards(folder, decode="bytes")}
+    (tmp_path / "expected.json").write_text(json.dumps(expected))
+    with http_server(folder.parent) as url:
+        command = [sys.executable, "-c", SHARED_CACHE_READER, f"{url}/{folder.name}", str(tmp_path / "cache"),
+                   str(tmp_path / "expected.json"), "6"]  # fmt: skip
+        readers = [
+            subprocess.Popen([*command, str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for seed in range(4)
+        ]
+        results = [reader.communicate(timeout=240) for reader in readers]
+    for reader, (out, err) in zip(readers, results, strict=True):
+        assert reader.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"wrong_epochs": 0}

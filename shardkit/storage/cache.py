@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import re
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -36,14 +37,31 @@ _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    """A lock a parent's thread held at the fork would never be released in the child."""
+    """A lock a parent's thread held at the fork would never be released in the child; and the
+    child's copies of the parent's held lock descriptors must not keep those locks alive (an OFD
+    lock lasts while any descriptor of it is open)."""
     _THREAD_LOCKS.clear()
     global _THREAD_LOCKS_GUARD
     _THREAD_LOCKS_GUARD = threading.Lock()
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_HELD: set[int] = set()  # descriptors of the cache locks this process holds now
+# struct flock for a whole-file write lock (l_type, l_whence, l_start, l_len, l_pid; pid 0 for OFD)
+_WHOLE_FILE = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(32, b"\0")
+
+
+def _lock_exclusive(fd: int) -> None:
+    if hasattr(fcntl, "F_OFD_SETLKW"):  # Linux
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _WHOLE_FILE)
+    else:  # a system without OFD locks: the process-wide record lock (threads are excluded above)
+        fcntl.lockf(fd, fcntl.LOCK_EX)
 
 
 def _thread_lock(root: Path, name: str) -> threading.Lock:
@@ -106,16 +124,21 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
-        """Excludes the other threads of this process, then the other processes: a POSIX record
-        lock, released by the kernel when a process dies and, unlike flock, never inherited by a
-        forked child (a DataLoader worker forked while a prefetch held one would wait on itself)."""
+        """Excludes the other threads of this process, then the other processes: an open file
+        description lock (F_OFD_SETLKW), released by the kernel when its holder dies. Not a POSIX
+        record lock: those belong to the process, so a thread downloading one shard while another
+        waits for a second, in two processes, looked like a deadlock to the kernel ("Resource
+        deadlock avoided"). A child forked while one is held closes its copy (_after_fork_in_child),
+        so it cannot keep the lock alive."""
         with _thread_lock(self.root, name):
             fd = os.open(self.root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            _HELD.add(fd)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
+                _lock_exclusive(fd)
                 yield
             finally:
-                os.close(fd)  # releases the record lock
+                _HELD.discard(fd)
+                os.close(fd)  # releases the lock
 
     def open(self, store: Store, name: str, size: int, sha256: str) -> int:
         """A read-only descriptor of shard `name` of `store`, downloaded and checked unless already
