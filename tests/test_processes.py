@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -204,6 +205,28 @@ def test_a_signal_after_the_work_exits_with_its_code(how: str) -> None:
     assert result.returncode == 143, result.stderr
     assert "Aborted" not in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == "report\n" and "stopped" in result.stderr and "SIGTERM" in result.stderr
+
+
+LATE_SIGNAL = """
+import atexit, os, signal, sys
+def last():  # registered first, so it runs last of the exit handlers: as late as Python code can
+    print(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+atexit.register(last)
+from shardkit.cli.common import user_errors
+with user_errors():
+    pass
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_stop_signal_while_python_finalizes_leaves_the_exit_code(code: int) -> None:
+    """Finalization gives every signal with a Python handler its default action back, so a stop
+    signal then killed the process (-15) whatever it had decided: from the exit handlers on, stop
+    signals are ignored."""
+    done = subprocess.run([sys.executable, "-c", LATE_SIGNAL, str(code)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "True\n", "")
 
 
 @pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])

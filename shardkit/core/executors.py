@@ -6,6 +6,7 @@ with the index of its job, so callers can report progress and keep their own ord
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import multiprocessing
@@ -41,6 +42,7 @@ _deferring = 0  # > 0 while the main thread waits inside concurrent.futures (whi
 _pending: int | None = None
 _stopping = False  # a stop signal came: the next one exits at once
 _over = False  # the command's work is over: a stop signal ends the process at once
+_ignoring_at_exit = False  # the exit handler that ignores stop signals is registered
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
 FORKSERVER_PRELOAD = ("shardkit.packing.pack", "shardkit.packing.probe")
@@ -76,9 +78,21 @@ def stop(signum: int, frame: object = None) -> None:
 def exit_on_stop() -> None:
     """The command's work is over (done, failed or stopped): from now on a stop signal ends the
     process at once with its exit code. Raising Stopped there instead would reach click, which
-    turns a KeyboardInterrupt into "Aborted!" and exit code 1."""
-    global _over
+    turns a KeyboardInterrupt into "Aborted!" and exit code 1. From the exit handlers on, stop
+    signals are ignored: Python's finalization puts back the default action of every signal that
+    has a Python handler, and a signal landing then killed the process (exit -2 or -15, not the
+    130 or 143 already decided; seen 2 runs in 5 under load)."""
+    global _over, _ignoring_at_exit
     _over = True
+    if not _ignoring_at_exit:
+        _ignoring_at_exit = True
+        atexit.register(_ignore_stops)  # runs before multiprocessing's exit handler (registered earlier)
+
+
+def _ignore_stops() -> None:
+    with contextlib.suppress(ValueError):  # (not the main thread: nothing to do)
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
