@@ -492,9 +492,13 @@ def dali_index(path: str) -> bytes | None:
     or the tar has no sample. Raises ShardFormatError on a damaged tar, OSError when unreadable."""
     fd = open_regular(path)
     try:
-        samples = list(dali_samples(_Bytes(fd, os.fstat(fd).st_size, _READ_AHEAD), path))
+        return dali_index_of(list(dali_samples(_Bytes(fd, os.fstat(fd).st_size, _READ_AHEAD), path)))
     finally:
         os.close(fd)
+
+
+def dali_index_of(samples: list[list[tuple[str, int, int, str]]]) -> bytes | None:
+    """dali_index from a tar's samples as dali_samples gave them."""
     members = [member for sample in samples for member in sample]
     if not samples or any(_spaced(ext) for ext, _, _, _ in members):
         return None  # (DALI refuses an index of no samples)

@@ -44,7 +44,7 @@ from ..core.manifest import (
 )
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
-from ..formats.webdataset import _NOT_IMAGE, _READ_AHEAD, TarShardReader, _Bytes, dali_index, dali_samples
+from ..formats.webdataset import _NOT_IMAGE, _READ_AHEAD, TarShardReader, _Bytes, dali_index_of, dali_samples
 from ..storage.location import locate
 from ..storage.store import Store
 
@@ -117,7 +117,8 @@ def _scanned(path: str, name: str) -> TarScan:
         fd = open_regular(path)
         try:  # the samples and their members, from the headers, as DALI and webdataset group them
             skipped: list[tuple[str, str]] = []
-            for sample in dali_samples(_Bytes(fd, scan.size, _READ_AHEAD), path, skipped):
+            samples = list(dali_samples(_Bytes(fd, scan.size, _READ_AHEAD), path, skipped))  # (~100 B a member)
+            for sample in samples:
                 extensions.update(ext for ext, _, _, _ in sample)
                 if {ext for ext, _, _, _ in sample} <= _NOT_IMAGE:
                     key = sample[0][3][: -len(sample[0][0]) - 1]  # the member name less its extension
@@ -138,7 +139,7 @@ def _scanned(path: str, name: str) -> TarScan:
         finally:
             reader.close()
         scan.count, scan.key_hashes = len(hashes), np.array(hashes, np.uint64)
-        scan.index = dali_index(path)
+        scan.index = dali_index_of(samples)  # from the same walk
         if imageless:
             apart = set(imageless) & set(_keys(path))
             for key, exts in imageless.items():
