@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,3 +95,68 @@ def test_a_body_past_the_limit_stops_at_the_limit(tmp_path: Path) -> None:
     with one_reply_server([reply("200 OK", b"y" * (3 << 20))]) as url, pytest.raises(TooLong):
         get_direct(url, str(tmp_path / "out"), 1 << 20)
     assert (tmp_path / "out").stat().st_size <= 1 << 20
+
+
+# --- manifests and index pages over http(s): our own bounded GET (storage.http.fetch_bytes) -------
+
+
+def gzipped(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, compresslevel=9)
+
+
+def test_a_503_then_200_is_retried_a_404_is_absence(tmp_path: Path, monkeypatch) -> None:
+    from shardkit.storage.store import Store
+
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "10")
+    with one_reply_server([reply("503 Slow Down", b"busy"), reply("200 OK", b'{"x": 1}')]) as url:
+        assert Store(url.rsplit("/", 1)[0]).read("object", 1 << 20) == b'{"x": 1}'
+    with one_reply_server([reply("404 Not Found", b"no")]) as url, pytest.raises(FileNotFoundError):
+        Store(url.rsplit("/", 1)[0]).read("object", 1 << 20)
+
+
+def test_a_server_that_refuses_is_a_failure_not_a_missing_output(tmp_path: Path, monkeypatch) -> None:
+    from shardkit.core.errors import StorageError
+    from shardkit.readers import open_shards
+
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(StorageError) as caught:
+        open_shards(f"http://127.0.0.1:{port}/out", cache_dir=tmp_path / "cache")
+    assert "no manifest" not in str(caught.value) and "failed" in str(caught.value)
+
+
+def test_a_gzipped_manifest_is_read_and_a_gzip_bomb_stops_at_the_limit(tmp_path: Path) -> None:
+    from shardkit.storage.store import Store
+
+    data = b'{"a": "' + b"b" * 5000 + b'"}'
+    encoded = "Content-Encoding: gzip\r\n"
+    with one_reply_server([reply("200 OK", gzipped(data), extra=encoded)]) as url:
+        assert Store(url.rsplit("/", 1)[0]).read("object", 1 << 20) == data
+    bomb = gzipped(bytes(300 << 20))  # 300 MB of zeros in ~300 KB
+    script = (
+        "import sys\nfrom shardkit.storage.store import Store\n"
+        "try:\n    Store(sys.argv[1]).read('object', 16 << 20)\nexcept Exception as error:\n    print(error)\n"
+        # VmHWM, this program's peak: ru_maxrss would count the forked copy of the caller before exec
+        "print(next(int(line.split()[1]) // 1024 for line in open('/proc/self/status') if line.startswith('VmHWM')))"
+    )
+    with one_reply_server([reply("200 OK", bomb, extra=encoded)]) as url:
+        done = subprocess.run([sys.executable, "-c", script, url.rsplit("/", 1)[0]], capture_output=True, text=True)
+    message, peak_mb = done.stdout.strip().splitlines()
+    assert "over the limit of 16,777,216 bytes" in message, done.stderr
+    assert int(peak_mb) < 250  # inflated a bounded piece at a time, never the 300 MB
+
+
+def test_an_index_page_lists_the_names_under_its_folder(tmp_path: Path) -> None:
+    from shardkit.storage.store import Store
+
+    page = (
+        b'<html><a href="shard-000000.tar">a</a> <A HREF="a%20b.tar">b</A> <a href="../up.tar">x</a>'
+        b'<a href="sub/">d</a><a href="http://elsewhere/x.tar">e</a><a href="manifest.json?v=1">m</a></html>'
+    )
+    with one_reply_server([reply("200 OK", page)]) as url:
+        held = Store(url.rsplit("/", 1)[0] + "/out").listing()  # (the page of .../out/)
+    assert held == {"shard-000000.tar": None, "a b.tar": None, "manifest.json": None}

@@ -53,6 +53,8 @@ from ..storage.http import TooLong
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
 
+MAX_ERRORS_BYTES = 1 << 30  # a remote errors.jsonl verify fetches (~7 M rows)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -294,6 +296,7 @@ class _Output:
     work: str = ""
     manifest: Manifest | ManifestError | None = None
     held: dict[str, int | None] = field(default_factory=dict)
+    troubles: list[Problem] = field(default_factory=list)  # found while fetching what verify reads
 
 
 @contextlib.contextmanager
@@ -318,10 +321,15 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
             output.manifest = read_remote_manifest(store)
             output.held = store.listing()
             with contextlib.suppress(FileNotFoundError):  # no errors.jsonl: nothing was skipped
-                store.get(ERRORS_NAME, os.path.join(temp, ERRORS_NAME))
+                try:
+                    store.get(ERRORS_NAME, os.path.join(temp, ERRORS_NAME), limit=MAX_ERRORS_BYTES)
+                except TooLong:  # a log that never ends is not written to disk without end
+                    os.unlink(os.path.join(temp, ERRORS_NAME))
+                    detail = f"{ERRORS_NAME}: more than {MAX_ERRORS_BYTES:,} bytes, not read"
+                    output.troubles.append(Problem("errors-log", detail))
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
-                with contextlib.suppress(FileNotFoundError):  # a missing index is reported by _check_index
-                    store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME))
+                with contextlib.suppress(FileNotFoundError, TooLong):  # reported by _check_index
+                    store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME), limit=output.manifest.index.bytes)
         except ShardkitError as error:
             output.manifest = ManifestError(str(error))
         yield output
@@ -336,6 +344,7 @@ def _verify(
     progress: Callable[[int, int], None] | None,
 ) -> VerifyReport:
     report = VerifyReport(output.name, None)
+    report.problems.extend(output.troubles)
     manifest = output.manifest
     if not isinstance(manifest, Manifest):
         report.problems.append(Problem("manifest", str(manifest)))

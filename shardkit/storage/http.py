@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urljoin
 
 from ..core.errors import ShardFormatError
 
@@ -87,3 +90,71 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
     finally:
         response.release_conn()
     return digest
+
+
+# Our own small GET for manifests and index pages over http(s), in place of fsspec's: fsspec turns
+# a refused connection, a timeout or a 503 into FileNotFoundError (final: "no manifest"), and reads
+# an index page whole after inflating it (a 0.5 MB gzip bomb took 1.1 GB). Here absence (404) is
+# told from failure, and a compressed body is inflated a bounded piece at a time up to the limit.
+_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def fetch_bytes(url: str, limit: int) -> bytes:
+    """The body of `url` (redirects followed), inflated when gzip or deflate encoded, of at most
+    `limit` bytes (TooLong past it). FileNotFoundError on 404, PermissionError on 401/403, OSError
+    (retried) on 5xx, 429 and any connection trouble."""
+    import urllib3
+
+    redirects = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5)
+    try:
+        response = _pool().request("GET", url, preload_content=False, decode_content=False, retries=redirects)
+    except urllib3.exceptions.MaxRetryError as error:
+        raise OSError(f"{type(error.reason).__name__}: {error.reason}") from None
+    except urllib3.exceptions.HTTPError as error:
+        raise OSError(f"{type(error).__name__}: {error}") from None
+    try:
+        status = response.status
+        if status == 404:
+            raise FileNotFoundError(status, "not found")
+        if status in (401, 403):
+            raise PermissionError(status, f"HTTP {status} {response.reason}")
+        if status != 200:
+            raise OSError(status, f"HTTP {status} {response.reason}")
+        encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        inflate = zlib.decompressobj(_ENCODINGS[encoding]) if encoding in _ENCODINGS else None
+        parts, total = [], 0
+        try:
+            while chunk := response.read(1 << 16):
+                while chunk:  # at most the room left (+1 to tell "over") comes out of each step
+                    piece = inflate.decompress(chunk, limit + 1 - total) if inflate else chunk
+                    chunk = inflate.unconsumed_tail if inflate else b""
+                    parts.append(piece)
+                    total += len(piece)
+                    if total > limit:
+                        raise TooLong("")
+        except (urllib3.exceptions.HTTPError, zlib.error) as error:
+            raise OSError(f"{type(error).__name__}: {error}") from None
+        return b"".join(parts)
+    except BaseException:
+        response.close()
+        raise
+    finally:
+        response.release_conn()
+
+
+_LINK = re.compile(r"""<a\s+(?:[^>]*?\s+)?href=["']([^"']+)""", re.IGNORECASE)
+
+
+def list_links(url: str, limit: int) -> list[str]:
+    """The names an HTTP folder's index page links to directly under it (folders and links
+    elsewhere left out), as fsspec's HTTP listing reads them; the page is read up to `limit`."""
+    base = url.rstrip("/") + "/"
+    page = fetch_bytes(base, limit).decode("utf-8", "replace")
+    names = []
+    for link in _LINK.findall(page):
+        target = urljoin(base, link)
+        if target.startswith(base) and target != base:
+            name = target[len(base) :].split("?", 1)[0].split("#", 1)[0]
+            if name and "/" not in name:
+                names.append(unquote(name))
+    return list(dict.fromkeys(names))

@@ -15,9 +15,11 @@ from urllib.parse import quote, unquote
 
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
 from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .http import NotDirect, TooLong, copy_body, get_direct
+from .http import NotDirect, TooLong, copy_body, fetch_bytes, get_direct, list_links
 from .retry import retrying
 from .urls import PROTOCOL_EXTRAS, URL_SCHEME
+
+LISTING_LIMIT = 64 << 20  # an HTTP folder's index page, inflated (~100 bytes a link: 600,000 links)
 
 
 def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -149,6 +151,16 @@ class Store:
     def read(self, name: str, limit: int) -> bytes:
         """The whole object `name` of at most `limit` bytes (FileNotFoundError when there is none)."""
         path = self._path(name)
+        direct = self._direct_url(path) if self._http else None
+        if direct is not None:  # our own GET: absence told from failure, bombs inflated within the limit
+
+            def fetch_direct() -> bytes:
+                try:
+                    return fetch_bytes(direct, limit)
+                except TooLong:
+                    raise StorageError(f"{self.child(name)}: over the limit of {limit:,} bytes") from None
+
+            return retrying(self.child(name), "reading", fetch_direct)
 
         def fetch() -> bytes:
             parts, total = [], 0
@@ -171,8 +183,20 @@ class Store:
 
     def listing(self) -> dict[str, int | None]:
         """name -> size of the objects directly under this folder (none when it does not exist; an
-        HTTP server lists what its index page links to, if it has one)."""
+        HTTP server lists what its index page links to, if it has one, sizes unknown)."""
         fs = self.fs
+        direct = self._direct_url(self._root) if self._http else None
+        if direct is not None:
+
+            def links() -> list[str]:
+                try:
+                    return list_links(direct, LISTING_LIMIT)
+                except FileNotFoundError:
+                    return []
+                except TooLong:
+                    raise StorageError(f"{self.url}: an index page over the limit of {LISTING_LIMIT:,} bytes") from None
+
+            return dict.fromkeys(retrying(self.url, "listing", links))
 
         def ls() -> list[dict[str, Any]]:
             with contextlib.suppress(AttributeError, NotImplementedError):
@@ -233,16 +257,17 @@ class Store:
         async client (urllib3, a MiB a read, hashed on the way), which counts on a machine whose
         cores decode. Options that change the request (headers, requester pays,
         server-side keys) or a proxy in the environment keep the filesystem's own path."""
-        if any(os.environ.get(name) for name in _PROXIES):
+        if any(os.environ.get(name) for name in _PROXIES) or "verify" in self.options.get("client_kwargs", {}):
             return None
-        if os.environ.get("AWS_CA_BUNDLE") or "verify" in self.options.get("client_kwargs", {}):
-            return None  # a custom CA or no verification: the filesystem's own TLS settings apply
+        url = None
         if self._http and not self.options:
-            return path
-        if self.protocol in ("s3", "s3a") and not _REQUEST_OPTIONS & set(self.options):
+            url = path
+        elif self.protocol in ("s3", "s3a") and not _REQUEST_OPTIONS & set(self.options):
             fs = self.fs
-            return fs.url(path, expires=3600) if hasattr(fs, "url") else None
-        return None
+            url = fs.url(path, expires=3600) if hasattr(fs, "url") else None
+        if url is not None and url.startswith("https:") and any(os.environ.get(name) for name in _CA_BUNDLES):
+            return None  # a custom CA: the filesystem's own TLS settings apply (plain http has none)
+        return url
 
     def upload(self, source: str, name: str) -> None:
         path = self._path(name)
@@ -264,6 +289,7 @@ class Store:
 
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 _REQUEST_OPTIONS = {"s3_additional_kwargs", "requester_pays", "version_aware"}
+_CA_BUNDLES = ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
 
 
 def read_remote_manifest(store: Store) -> Manifest:
