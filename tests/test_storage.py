@@ -202,12 +202,19 @@ def test_a_damaged_object_is_refused_and_never_cached(s3, packed, tmp_path: Path
         list(open_shards(url, cache_dir=tmp_path / "cache2"))
 
 
-def test_missing_folder_and_bad_credentials_give_one_line_errors(s3, uploaded, tmp_path: Path) -> None:
+def test_missing_folder_and_bad_credentials_give_one_line_errors(s3, uploaded, tmp_path: Path, monkeypatch) -> None:
+    """Absence and refusal are final at once: a missing folder or bucket, a denied request (with a
+    retry window of 15 s, each must be said in well under it)."""
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "15")
+    started = time.monotonic()
     with pytest.raises(ShardkitError, match=re.escape("s3://data/nothing-here/manifest.json: no manifest")):
         open_shards("s3://data/nothing-here", cache_dir=tmp_path)
+    with pytest.raises(ShardkitError, match=re.escape("s3://no-such-bucket/x/manifest.json: no manifest")):
+        open_shards("s3://no-such-bucket/x", cache_dir=tmp_path)
     with pytest.raises(ShardkitError, match=r"s3://data/read/lmdb/manifest\.json: (access denied|.*failed)") as caught:
         open_shards(uploaded["lmdb"], storage_options={"key": "nobody", "secret": "wrong"}, cache_dir=tmp_path)
     assert "\n" not in str(caught.value)
+    assert time.monotonic() - started < 10
     with pytest.raises(ConfigError, match="storage_options are for URLs"):
         open_shards(tmp_path, storage_options={"anon": True})
 
