@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,3 +161,62 @@ def test_an_index_page_lists_the_names_under_its_folder(tmp_path: Path) -> None:
     with one_reply_server([reply("200 OK", page)]) as url:
         held = Store(url.rsplit("/", 1)[0] + "/out").listing()  # (the page of .../out/)
     assert held == {"shard-000000.tar": None, "a b.tar": None, "manifest.json": None}
+
+
+@contextmanager
+def slow_server(mode: str) -> Iterator[str]:
+    """A server on loopback that takes each request and then never answers ("silent"), or sends
+    headers promising 100 kB and then one byte every 20 ms ("trickle"), until the client leaves."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def serve(connection: socket.socket) -> None:
+        with connection:
+            connection.recv(65536)
+            if mode == "trickle":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.wait(0.02):
+                if mode == "trickle":
+                    try:
+                        connection.sendall(b"x")
+                    except OSError:
+                        return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+def test_a_server_that_never_answers_or_trickles_ends_with_the_url(tmp_path: Path, monkeypatch, mode: str) -> None:
+    """A socket timeout alone is reset by every byte: each request has a total deadline and, after
+    a grace period, a minimum throughput; then the retry window, then one error naming the URL."""
+    from shardkit.core.errors import StorageError
+    from shardkit.storage.store import Store
+
+    monkeypatch.setenv("SHARDKIT_REQUEST_SECONDS", "1.5")
+    monkeypatch.setenv("SHARDKIT_RATE_GRACE_SECONDS", "0.5")
+    monkeypatch.setenv("SHARDKIT_MIN_BYTES_PER_SECOND", "1000")
+    monkeypatch.setenv("SHARDKIT_RETRY_SECONDS", "1")
+    with slow_server(mode) as url:
+        store = Store(url)
+        started = time.monotonic()
+        with pytest.raises(StorageError) as caught:
+            store.get("shard.tar", str(tmp_path / "out"), limit=100000)
+        assert time.monotonic() - started < 15
+        assert f"{url}/shard.tar" in str(caught.value)
+        reason = "under the minimum" if mode == "trickle" else "Timeout"
+        assert reason in str(caught.value)

@@ -8,12 +8,13 @@ import hashlib
 import os
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urljoin
 
-from ..core.errors import ShardFormatError
+from ..core.errors import ConfigError, ShardFormatError
 
 _DIRECT_BUFFER = 1 << 20
 
@@ -22,18 +23,71 @@ class TooLong(ShardFormatError):
     """The body runs past the size the manifest gives (the caller names the URL)."""
 
 
-def copy_body(read: Callable[[int], bytes], destination: str, limit: int | None) -> str:
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, not {text!r}")
+    return value
+
+
+class Pace:
+    """Each request's total deadline (SHARDKIT_REQUEST_SECONDS, 1800 s) and, after its first
+    SHARDKIT_RATE_GRACE_SECONDS (30 s), a minimum throughput (SHARDKIT_MIN_BYTES_PER_SECOND,
+    64 KiB/s): a socket timeout alone is reset by every byte, so a server trickling one byte a
+    second never ended. Either raises OSError (retried by the retry window, then said with the URL)."""
+
+    def __init__(self) -> None:
+        self.deadline = _seconds("SHARDKIT_REQUEST_SECONDS", 1800.0)
+        self.grace = min(self.deadline, _seconds("SHARDKIT_RATE_GRACE_SECONDS", 30.0))
+        self.rate = _seconds("SHARDKIT_MIN_BYTES_PER_SECOND", 65536.0)
+        self.started = time.monotonic()
+
+    @property
+    def socket_timeout(self) -> float:
+        """What one blocking read may wait: never past the deadline (nor a minute)."""
+        return min(60.0, self.deadline)
+
+    def check(self, total: int) -> None:
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.deadline:
+            raise OSError(f"took more than {self.deadline:g} s (SHARDKIT_REQUEST_SECONDS)")
+        if elapsed > self.grace and total < self.rate * elapsed:
+            raise OSError(
+                f"{total:,} bytes in {elapsed:.0f} s, under the minimum of {self.rate:,.0f} bytes/s "
+                "(SHARDKIT_MIN_BYTES_PER_SECOND)"
+            )
+
+
+def copy_body(read: Callable[[int], bytes], destination: str, limit: int | None, pace: Pace | None = None) -> str:
     """Copies a body into `destination` a MiB at a time, hashing on the way; stops with TooLong
-    as soon as it passes `limit`."""
+    as soon as it passes `limit`, and with OSError when `pace` says it is too slow."""
     digest = hashlib.sha256()
     total = 0
+    pending = bytearray()  # what `read` returned since the last write: written and hashed a MiB at a time
     with open(destination, "wb", buffering=0) as out:
         while chunk := read(_DIRECT_BUFFER):
             total += len(chunk)
             if limit is not None and total > limit:
                 raise TooLong("")
+            if pace is not None:
+                pace.check(total)
+            if pending or len(chunk) < _DIRECT_BUFFER // 4:  # small pieces (what arrived): gathered
+                pending += chunk
+                if len(pending) < _DIRECT_BUFFER:
+                    continue
+                out.write(pending)
+                digest.update(pending)
+                pending = bytearray()
+                continue
             out.write(chunk)
             digest.update(chunk)
+        if pending:
+            out.write(pending)
+            digest.update(pending)
     return digest.hexdigest()
 
 
@@ -65,8 +119,10 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
     redirects."""
     import urllib3
 
+    pace = Pace()
+    timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
     try:
-        response = _pool().request("GET", url, preload_content=False, redirect=False, retries=False)
+        response = _pool().request("GET", url, preload_content=False, redirect=False, retries=False, timeout=timeout)
     except urllib3.exceptions.HTTPError as error:
         raise OSError(f"{type(error).__name__}: {error}") from None
     try:
@@ -81,7 +137,7 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
                 raise OSError(status, f"HTTP {status} {response.reason}")
             raise NotDirect(status)
         try:
-            digest = copy_body(response.read, destination, limit)
+            digest = copy_body(response.read1, destination, limit, pace)  # what arrived: pace checks between
         except urllib3.exceptions.HTTPError as error:  # cut short, or stalled: retried, never taken as whole
             raise OSError(f"{type(error).__name__}: {error}") from None
     except BaseException:
@@ -106,8 +162,12 @@ def fetch_bytes(url: str, limit: int) -> bytes:
     import urllib3
 
     redirects = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5)
+    pace = Pace()
+    timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
     try:
-        response = _pool().request("GET", url, preload_content=False, decode_content=False, retries=redirects)
+        response = _pool().request(
+            "GET", url, preload_content=False, decode_content=False, retries=redirects, timeout=timeout
+        )
     except urllib3.exceptions.MaxRetryError as error:
         raise OSError(f"{type(error.reason).__name__}: {error.reason}") from None
     except urllib3.exceptions.HTTPError as error:
@@ -124,7 +184,7 @@ def fetch_bytes(url: str, limit: int) -> bytes:
         inflate = zlib.decompressobj(_ENCODINGS[encoding]) if encoding in _ENCODINGS else None
         parts, total = [], 0
         try:
-            while chunk := response.read(1 << 16):
+            while chunk := response.read1(1 << 16):
                 while chunk:  # at most the room left (+1 to tell "over") comes out of each step
                     piece = inflate.decompress(chunk, limit + 1 - total) if inflate else chunk
                     chunk = inflate.unconsumed_tail if inflate else b""
@@ -132,6 +192,7 @@ def fetch_bytes(url: str, limit: int) -> bytes:
                     total += len(piece)
                     if total > limit:
                         raise TooLong("")
+                pace.check(total)
         except (urllib3.exceptions.HTTPError, zlib.error) as error:
             raise OSError(f"{type(error).__name__}: {error}") from None
         return b"".join(parts)

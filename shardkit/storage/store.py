@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote
 
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
 from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .http import NotDirect, TooLong, copy_body, fetch_bytes, get_direct, list_links
+from .http import NotDirect, Pace, TooLong, copy_body, fetch_bytes, get_direct, list_links
 from .retry import retrying
 from .urls import PROTOCOL_EXTRAS, URL_SCHEME
 
@@ -247,7 +247,7 @@ class Store:
                 except NotDirect:
                     pass
             with self._open_stream(path) as source:
-                return copy_body(source.read, destination, limit)
+                return copy_body(source.read, destination, limit, Pace())
 
         return retrying(self.child(name), "downloading", fetch)
 
