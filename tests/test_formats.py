@@ -362,3 +362,19 @@ def test_the_tar_writer_writes_the_bytes_tarfile_writes(tmp_path: Path) -> None:
                 )
                 tar.addfile(info, io.BytesIO(payload))
     assert (tmp_path / "ours.tar").read_bytes() == (tmp_path / "theirs.tar").read_bytes()
+
+
+def test_an_hdf5_shard_read_through_its_descriptor_outlives_its_name(tmp_path: Path) -> None:
+    """A cached remote shard is read through this process's descriptor (/dev/fd/N) while another
+    process's eviction may unlink it: HDF5 opened paths by their real name and could not ("can't
+    retrieve real path"); the shard a reader holds stays readable."""
+    path = write(tmp_path / "s.h5", "hdf5", RECORDS[:4])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.unlink(path)  # evicted between the descriptor's open and the reader's
+        reader = get_format("hdf5").reader(f"/dev/fd/{fd}")
+        assert [(r.key, r.data) for r in reader] == [(r.key, r.data) for r in RECORDS[:4]]
+        assert reader.read(2).key == RECORDS[2].key
+        reader.close()
+    finally:
+        os.close(fd)

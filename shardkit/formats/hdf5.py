@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core.errors import ConfigError, ShardFormatError, describe
-from ..core.safeio import check_regular
+from ..core.safeio import check_regular, open_regular
 from .base import (
     Backend,
     Record,
@@ -191,7 +191,7 @@ def _refuse_links_outside(h5: Any, path: str) -> None:
 
 
 class Hdf5ShardReader(ShardReader):
-    TRANSIENT = ("_file", "_fd")
+    TRANSIENT = ("_file", "_fd", "_handle")
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -202,6 +202,7 @@ class Hdf5ShardReader(ShardReader):
         self._chunks: tuple[int, list[int]] | None = None  # (chunk bytes, file offset of each chunk)
         self._fd: int | None = None
         self._fd_pid = 0
+        self._handle: Any = None  # the file object h5py reads a /dev/fd/N shard through
 
     def _open(self) -> Any:
         if not self.in_this_process(self._file):  # h5py handles must not cross a fork
@@ -209,7 +210,14 @@ class Hdf5ShardReader(ShardReader):
 
             try:
                 check_regular(self.path)  # h5py opens the path itself: never a FIFO or a device
-                self._file = h5py.File(self.path, "r")
+                if self.path.startswith("/dev/fd/"):
+                    # a cached remote shard through this process's descriptor (readers.cached): HDF5
+                    # opens a path by its real name, which another process's eviction may have
+                    # unlinked meanwhile ("can't retrieve real path"); a file object stays readable
+                    self._handle = os.fdopen(open_regular(self.path), "rb")  # (h5py leaves it open)
+                    self._file = h5py.File(self._handle, "r")
+                else:
+                    self._file = h5py.File(self.path, "r")
             except (OSError, RuntimeError, ValueError) as error:
                 raise ShardFormatError(f"{self.path}: not a readable HDF5 file ({describe(error)})") from None
             self.opened()
@@ -355,9 +363,11 @@ class Hdf5ShardReader(ShardReader):
     def close(self) -> None:
         if self.in_this_process(self._file):
             self._file.close()
+            if self._handle is not None:
+                self._handle.close()
         if self._fd is not None and self._fd_pid == os.getpid():
             os.close(self._fd)
-        self._file = self._fd = None
+        self._file = self._fd = self._handle = None
 
 
 def _check_stored(data: Any, used: int, path: str) -> None:
