@@ -39,6 +39,18 @@ def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tar_packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample dataset packed as webdataset at 64 px, 7 records a shard: where one format is
+    enough (tar reading, processes). Read only: a test that damages it copies it first."""
+    from shardkit.core.config import PackConfig, ResizeConfig
+    from shardkit.packing.pack import pack
+
+    out = tmp_path_factory.mktemp("tar") / "out"
+    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
+    return out
+
+
+@pytest.fixture(scope="session")
 def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One file per format and mode the parsers handle, named by size."""
     root = tmp_path_factory.mktemp("odd")

@@ -121,13 +121,6 @@ def test_read_range_streams_any_slice(packed: Path) -> None:
         assert [r.key for r in indexed.read_range(start, stop)] == stored[start:stop]
 
 
-@pytest.fixture(scope="module")
-def tar_packed(sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tar") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
-    return out
-
-
 def test_tar_ranges_in_any_order_walk_on_from_marks(tar_packed: Path) -> None:
     """A tar read in pieces, in any order, by ranges that start inside it: each range walks the
     headers on from where an earlier one stopped, never building the index; marks travel in a

@@ -30,14 +30,6 @@ def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def tar_packed(sample_dataset: Path, tmp_path_factory) -> Path:
-    """One format is enough where processes are the point."""
-    out = tmp_path_factory.mktemp("processes") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
-    return out
-
-
 def roundtrip(state: dict) -> dict:
     """What a checkpoint keeps: the state through JSON."""
     return json.loads(json.dumps(state))
