@@ -237,10 +237,12 @@ def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
-    """webdataset's rule: the key is the path up to the first '.' of the last component."""
+    """webdataset's rule: the key is the path up to the first '.' of the last component. None for
+    a name with no extension, and for a hidden file (one starting with '.'), which DALI and
+    webdataset leave out too."""
     head, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
-    if not dot:
+    if not dot or not stem:
         return None
     return (f"{head}/{stem}" if head else stem), ext
 
@@ -256,7 +258,7 @@ def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
     end = 0
     for name, offset, size, first in members:
         split = _split_name(name)
-        if split is None or not split[0] or split[0].endswith("/"):  # no extension, or a hidden file
+        if split is None:
             continue
         if split[0] != key:
             if key is not None and not parts.keys() <= _NOT_IMAGE:
@@ -475,7 +477,7 @@ def dali_samples(
     key: str | None = None
     for name, offset, size, _ in tar_members(data, where, 0, skipped):
         split = _split_name(name)
-        if split is None or not split[0] or split[0].endswith("/"):  # no extension, or a hidden file
+        if split is None:
             continue
         if split[0] != key and group:
             yield group

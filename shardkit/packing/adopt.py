@@ -128,10 +128,13 @@ def _scanned(path: str, name: str) -> TarScan:
         finally:
             os.close(fd)
         reader = TarShardReader(path)  # the records, as open_shards reads them: all of it must read
+        apart: set[str] = set()  # keys of imageless samples whose image is another sample of the tar
         try:
             hashes = []
             for record in reader:
                 hashes.append(key_hash(record.key))
+                if record.key in imageless:
+                    apart.add(record.key)
                 if record.label is not None:
                     if record.label < 0:
                         raise ShardFormatError(f"{path}: record {record.key} has a negative label ({record.label})")
@@ -140,25 +143,15 @@ def _scanned(path: str, name: str) -> TarScan:
             reader.close()
         scan.count, scan.key_hashes = len(hashes), np.array(hashes, np.uint64)
         scan.index = dali_index_of(samples)  # from the same walk
-        if imageless:
-            apart = set(imageless) & set(_keys(path))
-            for key, exts in imageless.items():
-                reason = f"no image member ({', '.join(exts)}): not a record"
-                if key in apart:  # `tar cf` stores a folder's files in the order the disk lists them
-                    reason += "; the image is elsewhere in the tar: make tars with `tar --sort=name`"
-                scan.problems.append(Failure(f"{name}/{key}", "index", reason))
+        for key, exts in imageless.items():
+            reason = f"no image member ({', '.join(exts)}): not a record"
+            if key in apart:  # `tar cf` stores a folder's files in the order the disk lists them
+                reason += "; the image is elsewhere in the tar: make tars with `tar --sort=name`"
+            scan.problems.append(Failure(f"{name}/{key}", "index", reason))
     except ShardFormatError as error:
         scan.unreadable = str(error)
     scan.extensions = dict(extensions)
     return scan
-
-
-def _keys(path: str) -> Iterator[str]:
-    reader = TarShardReader(path)
-    try:
-        yield from reader.keys()
-    finally:
-        reader.close()
 
 
 def index_tars(
