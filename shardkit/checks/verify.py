@@ -153,24 +153,9 @@ def _local(job: _ShardJob, name: str) -> str:
 def _checked_file(job: _ShardJob) -> _ShardCheck:
     name, path = job.shard.name, _local(job, job.shard.name)
     check = _ShardCheck([], [], [], 0)
-    try:
-        size = check_regular(path).st_size
-    except FileNotFoundError:
-        check.problems.append(Problem("missing", "listed in the manifest but not on disk", name))
-        return check
-    except OSError as error:
-        check.problems.append(Problem("unreadable", describe(error), name))
-        return check
-    if size != job.shard.bytes:
-        check.problems.append(Problem("size", f"{size:,} bytes, manifest says {job.shard.bytes:,}", name))
-        return check
-    try:
-        digest = sha256_file(path)
-    except OSError as error:
-        check.problems.append(Problem("unreadable", f"cannot read: {describe(error)}", name))
-        return check
-    if digest != job.shard.sha256:
-        check.problems.append(Problem("checksum", "sha256 differs from the manifest (bytes changed)", name))
+    problem = _file_problem(path, job.shard, missing="listed in the manifest but not on disk")
+    if problem is not None:
+        check.problems.append(problem)
         return check
     reader = get_format(job.format).reader(path)
     try:
@@ -213,17 +198,21 @@ def _check_companion(job: _ShardJob, shard: str, check: _ShardCheck) -> None:
         check.problems.append(problem)
 
 
-def _file_problem(path: str, info: ShardInfo) -> Problem | None:
-    """Whether the file at `path` is what `info` says (size, then sha256), as a problem or None."""
+def _file_problem(path: str, info: ShardInfo, missing: str = "listed in the manifest but not there") -> Problem | None:
+    """Whether the file at `path` (a shard or an index file) is what `info` says: there, a regular
+    file, its size, then its sha256; the first thing wrong as a problem, or None."""
     try:
         size = check_regular(path).st_size
-        digest = sha256_file(path) if size == info.bytes else ""
     except FileNotFoundError:
-        return Problem("missing", "listed in the manifest but not there", info.name)
+        return Problem("missing", missing, info.name)
     except OSError as error:
         return Problem("unreadable", describe(error), info.name)
     if size != info.bytes:
         return Problem("size", f"{size:,} bytes, manifest says {info.bytes:,}", info.name)
+    try:
+        digest = sha256_file(path)
+    except OSError as error:
+        return Problem("unreadable", f"cannot read: {describe(error)}", info.name)
     if digest != info.sha256:
         return Problem("checksum", "sha256 differs from the manifest (bytes changed)", info.name)
     return None

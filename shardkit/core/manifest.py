@@ -219,6 +219,11 @@ def parse_manifest(text: bytes, where: str) -> Manifest:
     return Manifest.from_json(data, where)
 
 
+def info_of(name: str, count: int, data: bytes) -> ShardInfo:
+    """The manifest entry of a file written from `data` (an index file, describing `count` records)."""
+    return ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest())
+
+
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     fd = open_regular(path)

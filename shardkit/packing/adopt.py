@@ -37,6 +37,7 @@ from ..core.manifest import (
     Manifest,
     ShardInfo,
     idx_name,
+    info_of,
     sha256_file,
     wids_index,
     write_json_atomic,
@@ -225,9 +226,7 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
     ]
     described.append((WIDS_NAME, sum(shard.count for shard in shards), wids_index(shards)))
     files = {name: data for name, _, data in described}
-    companions = [
-        ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()) for name, count, data in described
-    ]
+    companions = [info_of(name, count, data) for name, count, data in described]
     extensions: Counter[str] = Counter()
     for scan in scans:
         extensions.update(scan.extensions)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import socket
@@ -32,6 +31,7 @@ from ..core.manifest import (
     Manifest,
     ShardInfo,
     idx_name,
+    info_of,
     read_manifest,
     sha256_file,
     wids_index,
@@ -188,17 +188,17 @@ def _write_index_file(backend: Backend, shard: Path, path: Path, info: ShardInfo
         data = backend.index_file(str(shard))
     except ShardFormatError as error:  # our own writer's tar: a bug, never the input's fault
         raise OutputError(f"{shard}: cannot index the shard just written ({error}); a shardkit bug") from None
-    if data is None:  # a member name DALI's index cannot hold
+    if data is None:  # a tar DALI's index cannot describe (an extension with a space, no sample)
         return None
     path.write_bytes(data)
-    return ShardInfo(idx_name(info.name), info.count, len(data), hashlib.sha256(data).hexdigest())
+    return info_of(idx_name(info.name), info.count, data)
 
 
 def _write_wids_index(output: Path, shards: list[ShardInfo], state: Path) -> ShardInfo:
     """wids' shardindex.json, so `wids.ShardListDataset(OUT/shardindex.json)` opens the output."""
     data = wids_index(shards)
     write_text_atomic(output / WIDS_NAME, data.decode(), temp_dir=state)
-    return ShardInfo(WIDS_NAME, sum(shard.count for shard in shards), len(data), hashlib.sha256(data).hexdigest())
+    return info_of(WIDS_NAME, sum(shard.count for shard in shards), data)
 
 
 def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
