@@ -105,11 +105,40 @@ def _pool() -> Any:
         import urllib3
 
         with _POOLS_LOCK:
-            # no retries or redirects of its own: the retry window (storage/retry) decides, and a
-            # redirect goes to the filesystem's path (NotDirect); a read that stalls 60 s is an error
-            timeout = urllib3.Timeout(connect=60, read=60)
-            pool = _POOLS.setdefault(os.getpid(), urllib3.PoolManager(maxsize=16, retries=False, timeout=timeout))
+            # no retries of its own: the retry window (storage/retry) decides; each request says
+            # its own timeouts (Pace) and whether it follows redirects
+            pool = _POOLS.setdefault(os.getpid(), urllib3.PoolManager(maxsize=16, retries=False))
     return pool
+
+
+def _get(url: str, retries: Any, decode_content: bool) -> tuple[Any, Pace]:
+    """A streamed GET of `url` and the pace it is held to; any trouble reaching it as OSError."""
+    import urllib3
+
+    pace = Pace()
+    timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
+    try:
+        response = _pool().request(
+            "GET", url, preload_content=False, decode_content=decode_content, retries=retries, timeout=timeout
+        )
+    except urllib3.exceptions.MaxRetryError as error:  # (redirects followed, then a failure)
+        raise OSError(f"{type(error.reason).__name__}: {error.reason}") from None
+    except urllib3.exceptions.HTTPError as error:
+        raise OSError(f"{type(error).__name__}: {error}") from None
+    return response, pace
+
+
+def _refusal(response: Any) -> OSError | None:
+    """What a status other than 200 means: absence (404), refusal (401, 403), a passing failure
+    (5xx, 429); None for the rest (the caller says)."""
+    status = response.status
+    if status == 404:
+        return FileNotFoundError(status, "not found")
+    if status in (401, 403):
+        return PermissionError(status, f"HTTP {status} {response.reason}")
+    if status >= 500 or status == 429:
+        return OSError(status, f"HTTP {status} {response.reason}")
+    return None
 
 
 def get_direct(url: str, destination: str, limit: int | None) -> str:
@@ -119,23 +148,11 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
     redirects."""
     import urllib3
 
-    pace = Pace()
-    timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
+    response, pace = _get(url, retries=False, decode_content=True)  # (redirects: the filesystem's path)
     try:
-        response = _pool().request("GET", url, preload_content=False, redirect=False, retries=False, timeout=timeout)
-    except urllib3.exceptions.HTTPError as error:
-        raise OSError(f"{type(error).__name__}: {error}") from None
-    try:
-        status = response.status
-        if status != 200:
+        if response.status != 200:
             response.read(1 << 16)
-            if status == 404:
-                raise FileNotFoundError(status, "not found")
-            if status in (401, 403):
-                raise PermissionError(status, f"HTTP {status} {response.reason}")
-            if status >= 500 or status == 429:
-                raise OSError(status, f"HTTP {status} {response.reason}")
-            raise NotDirect(status)
+            raise _refusal(response) or NotDirect(response.status)
         try:
             digest = copy_body(response.read1, destination, limit, pace)  # what arrived: pace checks between
         except urllib3.exceptions.HTTPError as error:  # cut short, or stalled: retried, never taken as whole
@@ -162,24 +179,10 @@ def fetch_bytes(url: str, limit: int) -> bytes:
     import urllib3
 
     redirects = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5)
-    pace = Pace()
-    timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
+    response, pace = _get(url, retries=redirects, decode_content=False)  # (inflated below, bounded)
     try:
-        response = _pool().request(
-            "GET", url, preload_content=False, decode_content=False, retries=redirects, timeout=timeout
-        )
-    except urllib3.exceptions.MaxRetryError as error:
-        raise OSError(f"{type(error.reason).__name__}: {error.reason}") from None
-    except urllib3.exceptions.HTTPError as error:
-        raise OSError(f"{type(error).__name__}: {error}") from None
-    try:
-        status = response.status
-        if status == 404:
-            raise FileNotFoundError(status, "not found")
-        if status in (401, 403):
-            raise PermissionError(status, f"HTTP {status} {response.reason}")
-        if status != 200:
-            raise OSError(status, f"HTTP {status} {response.reason}")
+        if response.status != 200:
+            raise _refusal(response) or OSError(response.status, f"HTTP {response.status} {response.reason}")
         encoding = response.headers.get("Content-Encoding", "").strip().lower()
         inflate = zlib.decompressobj(_ENCODINGS[encoding]) if encoding in _ENCODINGS else None
         parts, total = [], 0
