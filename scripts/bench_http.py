@@ -21,13 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from benchkit import REPO, environment, pythonpath_env, ratios, span
+from benchkit import REPO, base_worktree, environment, pythonpath_env, ratios, remove_worktree, span
 
+sys.path.insert(0, str(REPO))  # tests.servers, and the checkout's shardkit
 from shardkit.core.version import __version__
+from tests.servers import http_server
 
 CHILD = """
 import json, os, sys, time
@@ -42,20 +42,24 @@ print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() 
 """
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def base_worktree(path: Path, revision: str) -> bool:
-    if path.exists():
-        return False
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), revision], check=True,
-                   capture_output=True)  # fmt: skip
-    return True
+def measure(args: argparse.Namespace, url: str, shm: Path) -> dict[str, list[dict]]:
+    """Each revision's downloads of `url`, --rounds alternating rounds, each in a child process."""
+    revisions = {"base": args.base.resolve(), "new": REPO}
+    found: dict[str, list[dict]] = {name: [] for name in revisions}
+    for round_number in range(args.rounds):
+        for name in list(revisions) if round_number % 2 == 0 else list(reversed(revisions)):
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, url, str(args.gets), str(shm / name)],
+                env=pythonpath_env(revisions[name]), cwd=revisions[name], capture_output=True, text=True,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise SystemExit(f"{name}: {done.stderr[-2000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            if Path(result["file"]).resolve().parents[2] != revisions[name]:
+                raise SystemExit(f"{name} imported {result['file']}")
+            found[name].append(result)
+        print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
+    return found
 
 
 def main() -> None:
@@ -70,52 +74,27 @@ def main() -> None:
     made = base_worktree(args.base, args.base_rev)
     temp = Path(tempfile.mkdtemp(prefix="bench-http-"))
     shm = Path(tempfile.mkdtemp(prefix="bench-http-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    (temp / "blob").write_bytes(os.urandom(args.mb << 20))
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(temp)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/blob"
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
-        revisions = {"base": args.base.resolve(), "new": REPO}
-        found: dict[str, list[dict]] = {name: [] for name in revisions}
-        for round_number in range(args.rounds):
-            for name in list(revisions) if round_number % 2 == 0 else list(reversed(revisions)):
-                done = subprocess.run(
-                    [sys.executable, "-c", CHILD, url, str(args.gets), str(shm / name)],
-                    env=pythonpath_env(revisions[name]), cwd=revisions[name], capture_output=True, text=True,
-                )  # fmt: skip
-                if done.returncode != 0:
-                    raise SystemExit(f"{name}: {done.stderr[-2000:]}")
-                result = json.loads(done.stdout.strip().splitlines()[-1])
-                if Path(result["file"]).resolve().parents[2] != revisions[name]:
-                    raise SystemExit(f"{name} imported {result['file']}")
-                found[name].append(result)
-            print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
-        if len({r["digest"] for rows in found.values() for r in rows}) != 1:
-            raise SystemExit("the revisions downloaded different bytes")
-        gigabytes = args.gets * args.mb / 1024
-        print(f"{args.mb} MB x {args.gets} GETs a round over loopback, {args.rounds} alternating rounds; "
-              f"base = {args.base_rev} (http.client), new = this checkout (urllib3)")  # fmt: skip
-        for name in revisions:
-            cpu = statistics.median(r["cpu"] for r in found[name]) / gigabytes
-            wall = gigabytes / statistics.median(r["wall"] for r in found[name])
-            print(f"{name:<5} CPU {cpu:6.3f} s/GB   {wall:6.2f} GB/s")
-        per_round = ratios([r["cpu"] for r in found["new"]], [r["cpu"] for r in found["base"]])
-        print(f"CPU new / base: {statistics.median(per_round):.3f}x {span(per_round)}")
+        (temp / "files").mkdir()
+        (temp / "files" / "blob").write_bytes(os.urandom(args.mb << 20))
+        with http_server(temp / "files") as base_url:
+            found = measure(args, f"{base_url}/blob", shm)
     finally:
-        server.kill()
         shutil.rmtree(temp, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
         if made:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(args.base)], check=False)
+            remove_worktree(args.base)
+    if len({r["digest"] for rows in found.values() for r in rows}) != 1:
+        raise SystemExit("the revisions downloaded different bytes")
+    gigabytes = args.gets * args.mb / 1024
+    print(f"{args.mb} MB x {args.gets} GETs a round over loopback, {args.rounds} alternating rounds; "
+          f"base = {args.base_rev} (http.client), new = this checkout (urllib3)")  # fmt: skip
+    for name, rows in found.items():
+        cpu = statistics.median(r["cpu"] for r in rows) / gigabytes
+        wall = gigabytes / statistics.median(r["wall"] for r in rows)
+        print(f"{name:<5} CPU {cpu:6.3f} s/GB   {wall:6.2f} GB/s")
+    per_round = ratios([r["cpu"] for r in found["new"]], [r["cpu"] for r in found["base"]])
+    print(f"CPU new / base: {statistics.median(per_round):.3f}x {span(per_round)}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from benchkit import REPO, environment, pythonpath_env, ratios, span, warm
+from benchkit import REPO, base_worktree, environment, pythonpath_env, ratios, remove_worktree, span, warm
 
 from shardkit import PackConfig, ResizeConfig, open_shards, pack
 from shardkit.core.manifest import ERRORS_NAME, MANIFEST_NAME, read_manifest, write_json_atomic
@@ -334,23 +333,6 @@ def run_child(checkout: Path, *args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def base_worktree(path: Path, revision: str) -> bool:
-    """A worktree of `revision` at `path` with this checkout's compiled extensions; whether it was
-    made here (and is removed at the end)."""
-    made = False
-    if not path.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), revision],
-                       check=True, capture_output=True)  # fmt: skip
-        made = True
-    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-    want = subprocess.run(["git", "-C", str(REPO), "rev-parse", revision], capture_output=True, text=True, check=True)
-    if head.stdout != want.stdout:
-        raise SystemExit(f"{path} is at {head.stdout.strip()[:10]}, not {revision}")
-    for extension in (REPO / "shardkit" / "core").glob("*.so"):
-        shutil.copy2(extension, path / "shardkit" / "core" / extension.name)
-    return made
-
-
 def throughput(args: argparse.Namespace, temp: Path) -> None:
     source = make_images(temp / "throughput-src", args.images, 10, 171, 128)
     out = pack_folder(source, temp / "throughput-out", args.format, 128, 500)
@@ -381,7 +363,7 @@ def throughput(args: argparse.Namespace, temp: Path) -> None:
             print(f"throughput: round {round_number + 1}/{args.rounds} done", file=sys.stderr)
     finally:
         if made and not args.keep_base:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(args.base)], check=False)
+            remove_worktree(args.base)
     shards = len(read_manifest(out).shards)
     print(
         f"throughput: {args.images:,} images at 128 px ({args.format}, {shards} shards), shuffle=True seed=0; "

@@ -9,6 +9,7 @@ than reading this one file. Hence no shardkit (its version is passed in), no typ
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -169,3 +170,28 @@ def ratios(values: Sequence[float], bases: Sequence[float]) -> list[float]:
 def span(values: Sequence[float]) -> str:
     """The range of a set of ratios, as the tables print it next to their median."""
     return f"[{min(values):.2f}-{max(values):.2f}]"
+
+
+# ---------------------------------------------------------------------------------------------------
+# A base revision to measure against, in the same run.
+
+
+def base_worktree(path: Path, revision: str) -> bool:
+    """A worktree of `revision` at `path` with this checkout's compiled extensions; whether it was
+    made here (and is to be removed with remove_worktree at the end)."""
+    made = False
+    if not path.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), revision],
+                       check=True, capture_output=True)  # fmt: skip
+        made = True
+    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    want = subprocess.run(["git", "-C", str(REPO), "rev-parse", revision], capture_output=True, text=True, check=True)
+    if head.stdout != want.stdout:
+        raise SystemExit(f"{path} is at {head.stdout.strip()[:10]}, not {revision}")
+    for extension in (REPO / "shardkit" / "core").glob("*.so"):
+        shutil.copy2(extension, path / "shardkit" / "core" / extension.name)
+    return made
+
+
+def remove_worktree(path: Path) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
