@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ShardReadError
 from ..formats.base import Record
-from .order import Progress, Stream
+from .order import Progress, Stream, runs
 from .split import rank_and_world, record_ranges, worker_slot
 
 
@@ -54,16 +54,6 @@ class Space(Protocol):
     def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
 
     def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]: ...
-
-
-def runs(positions: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive ascending positions, in the given order, as [begin, end)."""
-    if len(positions) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    firsts = np.concatenate([[0], breaks])
-    lasts = np.concatenate([breaks, [len(positions)]])
-    return [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(firsts, lasts, strict=True)]
 
 
 class ShardSpace:

@@ -109,15 +109,19 @@ def subtract(spans: list[Span], removed: list[Span]) -> list[Span]:
     return out
 
 
-def as_spans(positions: np.ndarray) -> list[Span]:
-    """Spans of sorted positions (consecutive runs joined)."""
+def runs(positions: np.ndarray) -> list[Span]:
+    """Maximal runs of consecutive ascending positions, in the given order."""
     if len(positions) == 0:
         return []
-    positions = np.unique(positions)
     breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    firsts = positions[np.concatenate([[0], breaks])]
-    lasts = positions[np.concatenate([breaks - 1, [len(positions) - 1]])]
-    return [(int(a), int(b) + 1) for a, b in zip(firsts, lasts, strict=True)]
+    firsts = np.concatenate([[0], breaks])
+    lasts = np.concatenate([breaks, [len(positions)]])
+    return [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(firsts, lasts, strict=True)]
+
+
+def as_spans(positions: np.ndarray) -> list[Span]:
+    """Spans of sorted positions (consecutive runs joined)."""
+    return runs(np.unique(positions))
 
 
 def run_offsets(run: list[Span], cuts: np.ndarray) -> np.ndarray:
