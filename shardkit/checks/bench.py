@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ..core.codecs import turbojpeg
 from ..core.config import check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe
-from ..core.executors import process_pool, stop_pool
+from ..core.executors import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.discover import display
 from ..readers.dataset import open_shards
@@ -302,7 +302,7 @@ def _run_split(pool: ProcessPoolExecutor | None, function: Callable, parts: list
     started = time.perf_counter()
     if function is _train_loader:  # threads of its own, in this process
         pool = None
-    results = [function(part) for part in parts] if pool is None else list(pool.map(function, parts))
+    results = [function(part) for part in parts] if pool is None else map_pool(pool, function, parts)
     elapsed = time.perf_counter() - started
     return sum(r[0] for r in results), sum(r[1] for r in results), elapsed
 
@@ -385,7 +385,7 @@ def bench(
     finished = False
     try:
         if pool is not None:
-            list(pool.map(_folder_turbo, [[] for _ in range(workers)]))  # start the workers before timing
+            map_pool(pool, _folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
         rows = [BenchRow(name, 0, 0, [], workers) for name, *_ in passes]
         if not cold:
             for _, function, parts, _paths in passes:

@@ -9,14 +9,14 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ConfigError, ShardkitError, describe
-from ..core.executors import Stopped, arm_stops, exit_on_stop
+from ..core.executors import Stopped, arm_stops, exit_on_stop, stopped_by
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -27,22 +27,33 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
     """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
     129, the same way (workers stopped, no traceback); `on_stop` says how to carry on. The stop
     handlers stay until the process ends: once the work is over (the block left, by any way), a
-    signal ends the process at once with its code."""
-    arm_stops()
+    signal ends the process at once with its code.
+
+    A stop signal is handled at every instant, here too: one that lands while the handlers are
+    being armed, or after the work but before `exit_on_stop`, still raises Stopped, and the outer
+    handler turns it into the exit code (it reached click once: "Aborted." and exit code 1)."""
     try:
-        yield
-    except ShardkitError as error:
-        exit_on_stop()
+        try:
+            arm_stops()
+            yield
+        finally:
+            exit_on_stop()  # from here on a stop signal exits at once: the handlers below run whole
+    except Exception as error:
+        signum = stopped_by()
+        if signum is not None:  # a failure after a stop signal (a worker or pipe it killed) is the stop
+            _stopped(signum, on_stop)
+        if not isinstance(error, ShardkitError):
+            raise  # a bug: the traceback is wanted
         err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as stopped:
-        exit_on_stop()
-        signum = stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT
-        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
-        raise typer.Exit(128 + signum) from None
-    finally:
-        exit_on_stop()
+        _stopped(stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT, on_stop)
+
+
+def _stopped(signum: int, on_stop: str) -> NoReturn:
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
+    raise typer.Exit(128 + signum) from None
 
 
 def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:

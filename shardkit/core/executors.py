@@ -10,6 +10,8 @@ import atexit
 import contextlib
 import itertools
 import multiprocessing
+import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import select
 import signal
@@ -40,18 +42,20 @@ class Stopped(KeyboardInterrupt):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _deferring = 0  # > 0 while the main thread waits inside concurrent.futures (which holds locks)
 _pending: int | None = None
-_stopping = False  # a stop signal came: the next one exits at once
+_stopped_by: int | None = None  # the first stop signal that came: the next one exits at once
 _over = False  # the command's work is over: a stop signal ends the process at once
 _ignoring_at_exit = False  # the exit handler that ignores stop signals is registered
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
-FORKSERVER_PRELOAD = ("shardkit.packing.pack", "shardkit.packing.probe")
+# "<driver pid>:<folder>": the driver's multiprocessing temp folder, for core/forkserver_exit.py.
+FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
+FORKSERVER_PRELOAD = ("shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.probe")
 
 
 def arm_stops() -> None:
     """Install `stop` for the stop signals (the CLI does, for the rest of the process)."""
-    global _pending, _stopping, _over
-    _pending, _stopping, _over = None, False, False
+    global _pending, _stopped_by, _over
+    _pending, _stopped_by, _over = None, None, False
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, stop)
 
@@ -61,14 +65,19 @@ def stop(signum: int, frame: object = None) -> None:
     wait that must not be cut short (concurrent.futures holds its futures' locks there), as soon
     as that wait returns; a second one exits at once (workers follow within a second; --resume
     clears what the stop left half done)."""
-    global _pending, _stopping
-    if _stopping or _over:
+    global _pending, _stopped_by
+    if _stopped_by is not None or _over:
         with contextlib.suppress(Exception):  # a report half printed: what was printed reaches its reader
             sys.stdout.flush()
         name = signal.Signals(signum).name
-        os.write(2, (f"\nstopped again ({name}): exiting now\n" if _stopping else f"stopped by {name}\n").encode())
+        os.write(
+            2,
+            (
+                f"\nstopped again ({name}): exiting now\n" if _stopped_by is not None else f"stopped by {name}\n"
+            ).encode(),
+        )
         os._exit(128 + signum)
-    _stopping = True
+    _stopped_by = signum
     if _deferring:
         _pending = signum
         return
@@ -95,6 +104,12 @@ def _ignore_stops() -> None:
             signal.signal(stop_signal, signal.SIG_IGN)
 
 
+def stopped_by() -> int | None:
+    """The stop signal that came, if one did: a failure that follows it (a worker or the forkserver
+    it killed first, a pipe that broke) is the stop, not a crash."""
+    return _stopped_by
+
+
 @contextlib.contextmanager
 def _stops_deferred() -> Iterator[None]:
     global _deferring, _pending
@@ -103,9 +118,12 @@ def _stops_deferred() -> Iterator[None]:
         yield
     finally:
         _deferring -= 1
-    if not _deferring and _pending is not None:
-        signum, _pending = _pending, None
-        raise Stopped(signum)
+        if not _deferring and _pending is not None:
+            signum, _pending = _pending, None
+            # Raised in place of an exception too: a stop to the whole group kills the forkserver
+            # and the workers as well, and the wait or submit then fails with EOFError or
+            # BrokenProcessPool (which reached click as "Aborted." and exit code 1).
+            raise Stopped(signum)
 
 
 def _stop_if_stopping(grace: float = 0.2) -> None:
@@ -113,10 +131,10 @@ def _stop_if_stopping(grace: float = 0.2) -> None:
     one is a stop, not a crash."""
     global _pending
     deadline = time.monotonic() + grace
-    while not _stopping and time.monotonic() < deadline:
+    while _stopped_by is None and time.monotonic() < deadline:
         time.sleep(0.01)  # the handler raises Stopped right here when the signal arrives
-    if _stopping:
-        signum, _pending = _pending or signal.SIGTERM, None
+    if _stopped_by is not None:
+        signum, _pending = _pending or _stopped_by, None
         raise Stopped(signum)
 
 
@@ -147,11 +165,52 @@ def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.conte
     return context
 
 
+def started_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
+    """mp_context, with multiprocessing's helper processes started the way a stop signal to the
+    whole group needs. Both are started with SIGINT and SIGHUP blocked, which they keep:
+    - the resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP killed it, the
+      driver started a new one, and that one printed a KeyError traceback for every semaphore
+      the old one had been told of;
+    - the forkserver ignores SIGINT only once its preload imports are done: a Ctrl-C during them
+      printed its KeyboardInterrupt traceback.
+    Workers unblock both (start_worker). SIGTERM still ends either at once: it prints nothing."""
+    context = mp_context()
+    if context.get_start_method() != "forkserver":
+        return context
+    import multiprocessing.forkserver
+
+    # The folder the forkserver's socket goes in (created now, the one multiprocessing will use):
+    # the forkserver removes it when it exits after this process, even after a kill -9 of it.
+    os.environ[FORKSERVER_TEMP_ENV] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
+    start_resource_tracker()
+    _start_blocked(multiprocessing.forkserver.ensure_running)
+    return context
+
+
+def start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, started as `started_context` says (before anything
+    that makes a semaphore starts it the usual way)."""
+    _start_blocked(multiprocessing.resource_tracker.ensure_running)
+
+
+def _start_blocked(start: Callable[[], None]) -> None:
+    # One helper a call: the tracker's own start unblocks SIGINT and SIGTERM in this thread after it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HELPER_BLOCKED)
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+_HELPER_BLOCKED = {signal.SIGINT, signal.SIGHUP}
+
+
 def start_worker(driver: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
     """Runs first in every worker process. Ctrl-C, which a terminal sends to every process, is the
     driver's to handle (it stops the workers itself); a SIGTERM ends a worker as usual. When the
     driver dies (even by kill -9) the worker exits within a second instead of working for nobody."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELPER_BLOCKED)  # (blocked in the forkserver)
     threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()
     if initializer is not None:
         initializer(*initargs)
@@ -185,8 +244,27 @@ def process_pool(
 ) -> ProcessPoolExecutor:
     """A process pool whose workers follow the rules of `start_worker`."""
     return ProcessPoolExecutor(
-        workers, mp_context=mp_context(), initializer=start_worker, initargs=(os.getpid(), initializer, initargs)
+        workers, mp_context=started_context(), initializer=start_worker, initargs=(os.getpid(), initializer, initargs)
     )
+
+
+def submit(pool: ProcessPoolExecutor, function: Callable[..., Result], *args: Any) -> Future[Result]:
+    """pool.submit, never cut short by a stop signal: a submit can start a worker process, and a
+    Stopped raised half way (forkserver asked, the process not yet recorded, its start data half
+    sent) left a worker the pool did not know, which printed its own traceback (SemLock
+    FileNotFoundError, EOFError) once the driver was gone, or a manager thread created and never
+    started ("cannot join thread before it is started"). The stop is raised once it returns."""
+    with _stops_deferred():
+        return pool.submit(function, *args)
+
+
+def map_pool(pool: ProcessPoolExecutor, function: Callable[[Any], Result], jobs: Iterable[Any]) -> list[Result]:
+    """pool.map's results in job order, with the submits and waits of `submit` and `wait_any`."""
+    futures = [submit(pool, function, job) for job in jobs]
+    waiting = set(futures)
+    while waiting:
+        waiting -= wait_any(waiting)
+    return [future.result() for future in futures]
 
 
 def stop_pool(pool: ProcessPoolExecutor, abandon: bool) -> None:
@@ -199,6 +277,12 @@ def stop_pool(pool: ProcessPoolExecutor, abandon: bool) -> None:
         else:
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.kill()
+        # The pool's manager thread fails every queued future once it sees the workers dead; a
+        # future cancelled meanwhile made it die with InvalidStateError (a traceback on stderr,
+        # Python 3.11): the cancels wait for it to be done.
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None and manager.is_alive():
+            manager.join(10)
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -240,7 +324,7 @@ def map_local(
                 if index_job is None:
                     exhausted = True
                     break
-                pending[pool.submit(function, index_job[1])] = index_job[0]
+                pending[submit(pool, function, index_job[1])] = index_job[0]
             if not pending:
                 break
             done = wait_any(pending)
@@ -256,8 +340,6 @@ def map_local(
                     ) from None
         finished = True
     finally:
-        for future in pending:
-            future.cancel()
         stop_pool(pool, abandon=not finished)
 
 
@@ -295,10 +377,11 @@ def map_local_surviving_crashes(
 def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | None, str | None]:
     """(result, None), or (None, how the process died) when running `job` killed its process.
     An exception raised by the job is re-raised here."""
-    context = mp_context()
+    context = started_context()
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_alone, args=(os.getpid(), function, job, sender), daemon=True)
-    process.start()
+    with _stops_deferred():  # (as in `submit`: a process half started is one nobody stops)
+        process.start()
     sender.close()
     try:
         ok, value = receiver.recv()

@@ -21,7 +21,16 @@ from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from ..core.errors import Failure, ImageError, ManifestError, OutputError, ShardFormatError, describe
-from ..core.executors import check_ray, connect_ray, default_workers, disconnect_ray, map_local, map_ray, mp_context
+from ..core.executors import (
+    check_ray,
+    connect_ray,
+    default_workers,
+    disconnect_ray,
+    map_local,
+    map_ray,
+    mp_context,
+    start_resource_tracker,
+)
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from ..core.manifest import (
     ERRORS_NAME,
@@ -709,6 +718,9 @@ def _run_jobs(
         yield from _run_on_ray(jobs, planned, progress, total)
         return
 
+    workers = config.workers or default_workers()
+    if workers > 1:  # the counter's lock is a semaphore: its tracker is started as the pool needs it
+        start_resource_tracker()
     counter = mp_context().Value("q", 0)
     errors = [0]
     stop = threading.Event()
@@ -724,7 +736,6 @@ def _run_jobs(
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
-    workers = config.workers or default_workers()
     try:
         for index, result in map_local(write_shard, jobs, workers, initializer=_init_worker, initargs=(counter,)):
             errors[0] += len(result.errors)

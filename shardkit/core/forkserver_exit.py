@@ -1,0 +1,32 @@
+"""Imported by the forkserver process only, never elsewhere (a preload of `executors.mp_context`):
+it removes the driver's multiprocessing temp folder (/tmp/pymp-*, which holds the forkserver's
+socket) when the forkserver exits. The driver removes it on a normal exit; after a kill -9 of the driver nothing
+did, and every killed run left a folder behind. The forkserver outlives the driver by design: it
+exits once the driver and every worker are gone, so the socket is no longer needed by then."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+
+from .executors import FORKSERVER_TEMP_ENV
+
+
+def _register() -> None:
+    # Taken out of the environment: the workers forked from here, and whatever they start, must not
+    # see it (they are not the forkserver).
+    driver, _, folder = os.environ.pop(FORKSERVER_TEMP_ENV, "").partition(":")
+    # Only in the forkserver itself (the driver's child), and only a folder multiprocessing made.
+    if driver.isdigit() and int(driver) == os.getppid() and os.path.basename(folder).startswith("pymp-"):
+        atexit.register(_remove_if_orphaned, int(driver), folder)
+
+
+def _remove_if_orphaned(driver: int, folder: str) -> None:
+    # While the driver lives, the folder is its to remove (its exit handler would fail on a folder
+    # gone, with a traceback); once it is gone, this process has a new parent.
+    if os.getppid() != driver:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_register()
