@@ -151,6 +151,24 @@ def test_a_gzipped_manifest_is_read_and_a_gzip_bomb_stops_at_the_limit(tmp_path:
     assert int(peak_mb) < 250  # inflated a bounded piece at a time, never the 300 MB
 
 
+def test_a_gzip_bomb_on_the_direct_path_stops_at_the_shard_size(tmp_path: Path) -> None:
+    """A shard's GET inflates what the server gzip-encodes (urllib3, at most what each read asks
+    for since 2.6.3, the version the dependency asks for): a bomb stops at the manifest's size."""
+    bomb = gzipped(bytes(300 << 20))
+    script = (
+        "import sys\nfrom shardkit.storage.http import get_direct\n"
+        "try:\n    get_direct(sys.argv[1], sys.argv[2], 16 << 20)\nexcept Exception as error:\n"
+        "    print(type(error).__name__)\n"
+        "print(next(int(line.split()[1]) // 1024 for line in open('/proc/self/status') if line.startswith('VmHWM')))"
+    )
+    with one_reply_server([reply("200 OK", bomb, extra="Content-Encoding: gzip\r\n")]) as url:
+        command = [sys.executable, "-c", script, url, str(tmp_path / "out")]
+        done = subprocess.run(command, capture_output=True, text=True)
+    raised, peak_mb = done.stdout.strip().splitlines()
+    assert raised == "TooLong", done.stderr
+    assert int(peak_mb) < 250 and (tmp_path / "out").stat().st_size <= 16 << 20
+
+
 def test_an_index_page_lists_the_names_under_its_folder(tmp_path: Path) -> None:
     from shardkit.storage.store import Store
 
