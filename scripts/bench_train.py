@@ -17,6 +17,10 @@ start-up, JIT and page cache are not timed):
                                           reference scripts do)
   shards: .iterable() + torchvision v2    the same transforms on open_shards(..., decode="pil")
   shards: loader (crop-decode)            ds.loader(64, 224, crop="random", flip=True, workers=W)
+  raw shards: loader (no decode)          the same loader on the same images packed `--encode raw`
+                                          (uint8 .npy records: the crop window read from the record)
+  raw shards: memcpy of the records       every raw record copied whole into a buffer on W threads,
+                                          nothing else: memory speed for these bytes (best of 5)
   kernel alone, 1 thread (x W) / W threads  the crop-decode kernel on the same windows, no pipeline:
                                           the limit the loader is measured against
   FFCV, DALI (with --peers-python)        FFCV's Loader (RandomResizedCropRGBImageDecoder) on a .beton
@@ -72,6 +76,29 @@ def epoch():
     return count / (time.perf_counter() - started)
 epoch()  # warm-up: worker start-up, page cache
 print(json.dumps(epoch()))
+"""
+
+MEMCPY = """
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from shardkit.readers import open_shards
+shards, threads = sys.argv[1], int(sys.argv[2])
+dataset = open_shards(shards, decode="bytes")
+datas = [np.frombuffer(record.data, np.uint8) for shard in range(len(dataset.manifest.shards))
+         for record in dataset.records(shard)]
+outs = [np.empty(max(len(d) for d in datas), np.uint8) for _ in range(threads)]
+def part(worker):
+    out = outs[worker]
+    for data in datas[worker::threads]:
+        np.copyto(out[:len(data)], data)  # (numpy releases the GIL for the copy)
+def run():
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(part, range(threads)))
+    return len(datas) / (time.perf_counter() - started)
+run()
+print(json.dumps(max(run() for _ in range(5))))
 """
 
 KERNEL = """
@@ -169,6 +196,15 @@ def build(source: Path, root: Path, copies: int, short: int) -> tuple[Path, Path
     return folder, shards
 
 
+def build_raw(folder: Path, root: Path) -> Path:
+    """The same images as raw pixels (`--encode raw --resize none`: the very pixels the JPEGs decode to)."""
+    shards = root / "shards-raw"
+    subprocess.run([sys.executable, "-m", "shardkit", "pack", str(folder), str(shards), "--encode", "raw",
+                    "--resize", "none", "--shard-size", "500"], check=True, capture_output=True,
+                   env=pythonpath_env())  # fmt: skip
+    return shards
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path)
@@ -184,6 +220,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shardkit-train-") as temp:
         root = Path(temp)
         folder, shards = build(args.source, root, args.copies, args.short)
+        raw_shards = build_raw(folder, root)
         images = sum(1 for _ in folder.rglob("*.jpg"))
         common = [str(args.workers), str(args.batch), str(args.size)]
         methods = {
@@ -194,6 +231,10 @@ def main() -> None:
             "shards: .iterable() + torchvision v2": [sys.executable, "-c", EPOCH, "iterable", str(folder), str(shards),
                                                      *common],
             "shards: loader (crop-decode)": [sys.executable, "-c", EPOCH, "loader", str(folder), str(shards), *common],
+            "raw shards: loader (no decode)": [sys.executable, "-c", EPOCH, "loader", str(folder), str(raw_shards),
+                                               *common],
+            f"raw shards: memcpy of the records, {args.workers} thr.": [sys.executable, "-c", MEMCPY, str(raw_shards),
+                                                                          str(args.workers)],
             f"kernel alone, 1 thread (x {args.workers})": [sys.executable, "-c", KERNEL, str(shards), str(args.size),
                                                            "1"],
             f"kernel alone, {args.workers} threads": [sys.executable, "-c", KERNEL, str(shards), str(args.size),
@@ -208,7 +249,7 @@ def main() -> None:
         for round_number in range(args.rounds):
             order = list(methods) if round_number % 2 == 0 else list(reversed(methods))
             for name in order:
-                warm(folder, shards)
+                warm(folder, shards, raw_shards)
                 done = subprocess.run(methods[name], capture_output=True, text=True, env=pythonpath_env())
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
@@ -232,6 +273,11 @@ def main() -> None:
         loader = report["shards: loader (crop-decode)"]["median"]
         print(f"loader at {loader / threaded:.0%} of the kernel alone on {args.workers} threads, "
               f"{loader / single:.0%} of {args.workers} x its single-thread rate")  # fmt: skip
+        raw = report["raw shards: loader (no decode)"]["median"]
+        copy = report[f"raw shards: memcpy of the records, {args.workers} thr."]["median"]
+        per_round = ratios(rates["raw shards: loader (no decode)"], rates["shards: loader (crop-decode)"])
+        print(f"raw-record loader / JPEG loader: {statistics.median(per_round):.2f}x {span(per_round)}; "
+              f"raw loader at {raw / copy:.0%} of a memcpy of its records")  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
 

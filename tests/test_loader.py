@@ -425,3 +425,133 @@ def test_every_path_gives_the_same_batches(packed: Path) -> None:
     for name in ("portable", "pillow"):
         difference = np.abs(outputs["kernel"] - outputs[name])
         assert difference.mean() < 0.5 and np.percentile(difference, 99) <= 2, name
+
+
+# --- raw records: the kernel reads the window from the record's pixels, nothing decoded ----------
+
+
+def npy(array: np.ndarray, fortran: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.asfortranarray(array) if fortran else array)
+    return buffer.getvalue()
+
+
+def crop_raw(datas: list[bytes], boxes, flips, size: tuple[int, int]) -> np.ndarray:
+    from shardkit.readers.decode import npy_layout
+
+    out = np.zeros((len(datas), *size, 3), np.uint8)
+    geometry = np.array([npy_layout(data)[:3] for data in datas], np.int64)
+    results = kernel.crop_raw_batch(
+        datas, geometry, np.ascontiguousarray(boxes, np.float64), np.asarray(flips, np.uint8),
+        np.arange(len(datas), dtype=np.int32), out, size[0], size[1], 1 << 40,
+    )  # fmt: skip
+    assert results == [None] * len(datas), results
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("portable", [False, True])
+def test_raw_crops_are_pillows_filter_on_the_same_pixels(portable: bool) -> None:
+    """Any box, any scale (no DCT step: the filter alone does the whole downscale), flips: Pillow's
+    antialiased bilinear on the same pixels, within the filter's rounding (a level). The portable
+    passes (ARM) are checked in a child process, where SHARDKIT_CROP_PORTABLE takes effect."""
+    if portable:
+        script = (
+            "import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from tests.test_loader import test_raw_crops_are_pillows_filter_on_the_same_pixels as t\n"
+            "t(False)\n"
+        )
+        env = {**os.environ, "SHARDKIT_CROP_PORTABLE": "1"}
+        repo = str(Path(__file__).resolve().parent.parent)
+        subprocess.run([sys.executable, "-c", script, repo], check=True, env=env)
+        return
+    rng = np.random.default_rng(3)
+    pixels = [picture(500 - 37 * i, 375 + 29 * i, i, 3) for i in range(10)]
+    size = (96, 80)
+    boxes, flips = [], []
+    for array in pixels:
+        height, width = array.shape[:2]
+        w, h = int(rng.integers(8, width + 1)), int(rng.integers(8, height + 1))
+        boxes.append((float(rng.integers(0, width - w + 1)), float(rng.integers(0, height - h + 1)), w, h))
+        flips.append(bool(rng.integers(2)))
+    boxes[0] = (0.0, 0.0, pixels[0].shape[1], pixels[0].shape[0])  # the whole image, 5x down
+    boxes[1] = (10.25, 3.5, 40.0, 30.0)  # fractional, upscaled
+    got = crop_raw([npy(array) for array in pixels], boxes, flips, size)
+    for image, array, box, flip in zip(got, pixels, boxes, flips, strict=True):
+        left, top, w, h = box
+        want = Image.fromarray(array).resize(
+            (size[1], size[0]), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
+        )
+        want = np.asarray(want.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else want).astype(int)
+        assert np.abs(image.astype(int) - want).max() <= 1
+
+
+@needs_kernel
+def test_raw_crops_equal_the_jpeg_crops_of_the_same_stored_pixels() -> None:
+    """A JPEG and a raw record holding what that JPEG decodes to: where the JPEG path needs no DCT
+    scaling (the box under twice the output), the same crops within the filter's rounding."""
+    rng = np.random.default_rng(11)
+    datas, raws, boxes, flips = [], [], [], []
+    size = (112, 112)
+    for data in photos():
+        stored = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))  # libjpeg-turbo, as the kernel
+        height, width = stored.shape[:2]
+        w = int(rng.integers(size[1] // 2, min(width, 2 * size[1] - 1) + 1))
+        h = int(rng.integers(size[0] // 2, min(height, 2 * size[0] - 1) + 1))
+        box = (int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h)
+        assert dct_denominator(w, h, size) == 1
+        datas.append(data)
+        raws.append(npy(stored))
+        boxes.append(box)
+        flips.append(bool(rng.integers(2)))
+    from_jpeg = crop_decode(datas, boxes, flips, size).astype(int)
+    from_raw = crop_raw(raws, boxes, flips, size).astype(int)
+    # As the JPEG path against a full decode (TOLERANCE[1]): libjpeg's cropped decode upsamples
+    # chroma a little differently at the window's edges, here and there by 2 levels.
+    for jpeg_crop, raw_crop in zip(from_jpeg, from_raw, strict=True):
+        difference = np.abs(jpeg_crop - raw_crop)
+        assert difference.mean() < TOLERANCE[1][0] and np.percentile(difference, 99) <= TOLERANCE[1][1]
+
+
+def test_a_raw_shard_loads_like_the_jpeg_shard_of_its_pixels(tmp_path: Path) -> None:
+    """Through the loader: raw records (C and Fortran order) and the JPEGs they were decoded from,
+    one batch each with the same seed: the same labels, keys, crops and flips, the same pixels
+    within the DCT step's difference (random crops may take 1/2 scale on the JPEG path)."""
+    arrays = [picture(320 - 20 * i, 240 + 10 * i, i, 3) for i in range(8)]
+    jpegs = [jpeg(array, 95) for array in arrays]
+    stored = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in jpegs]
+    jpeg_out = foreign_output(tmp_path / "jpeg", [Record(f"k{i}", d, "jpg", i, {}) for i, d in enumerate(jpegs)])
+    raw_records = [Record(f"k{i}", npy(a, fortran=i == 5), "npy", i, {}) for i, a in enumerate(stored)]
+    raw_out = foreign_output(tmp_path / "raw", raw_records)
+    batches = [next(iter(open_shards(folder, shuffle=True, seed=4).loader(8, 64, flip=True, output="numpy")))
+               for folder in (jpeg_out, raw_out)]  # fmt: skip
+    (from_jpeg, from_raw) = batches
+    assert from_jpeg.keys == from_raw.keys and from_jpeg.labels.tolist() == from_raw.labels.tolist()
+    difference = np.abs(from_jpeg.images.astype(int) - from_raw.images.astype(int))
+    assert difference.mean() < 2 and np.percentile(difference, 99) <= 16
+
+
+@needs_kernel
+def test_a_raw_record_geometry_past_its_bytes_is_refused_by_the_kernel() -> None:
+    data = npy(picture(40, 30, 1, 3))
+    out = np.zeros((1, 8, 8, 3), np.uint8)
+    for geometry in ([[128, 40, 31]], [[len(data), 1, 1]], [[-1, 40, 30]], [[128, 0, 30]]):
+        with pytest.raises(ValueError, match="geometry outside its bytes"):
+            kernel.crop_raw_batch([data], np.array(geometry, np.int64), np.array([[0, 0, 8, 8]], np.float64),
+                                  np.zeros(1, np.uint8), np.zeros(1, np.int32), out, 8, 8, 1 << 40)  # fmt: skip
+
+
+def test_a_bad_raw_record_is_named_and_skipped(tmp_path: Path) -> None:
+    good = npy(picture(60, 40, 1, 3))
+    records = [
+        Record("r0", good, "npy", 0, {}),
+        Record("r1", good[:-7], "npy", 1, {}),  # truncated pixels
+        Record("r2", good.replace(b"'|u1'", b"'<f8'"), "npy", 2, {}),  # not uint8
+        Record("r3", good, "npy", 3, {}),
+    ]
+    folder = foreign_output(tmp_path / "out", records)
+    with pytest.raises(ShardReadError, match=r"record r1: cannot decode \(bad raw pixels"):
+        list(open_shards(folder).loader(4, 16))
+    dataset = open_shards(folder, on_error="skip")
+    (batch,) = dataset.loader(4, 16)
+    assert batch.keys == ["r0", "r3"] and dataset.skipped == 2

@@ -1,5 +1,6 @@
-/* Crop-decode kernel of the batch loader (shardkit.loader): JPEG bytes + a crop box in, the crop
- * resized to the output size (and maybe flipped) out, written straight into the batch buffer.
+/* Crop-decode kernel of the batch loader (shardkit.loader): JPEG bytes (or a raw record's pixels) +
+ * a crop box in, the crop resized to the output size (and maybe flipped) out, written straight into
+ * the batch buffer.
  *
  * Only what the box needs is decoded: libjpeg-turbo's DCT scaling (1/2, 1/4, 1/8) when the box is
  * at least twice the output, jpeg_crop_scanline for the columns and jpeg_skip_scanlines for the
@@ -15,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -31,7 +33,8 @@ enum { OK = 0, FAILED = 1, UNSUPPORTED = 2 };
 typedef struct {
     const unsigned char *data;
     size_t size;
-    double box[4]; /* left, top, width, height in source pixels */
+    int raw_w, raw_h; /* a raw record's size (its pixels start at data); 0 for a JPEG */
+    double box[4];    /* left, top, width, height in source pixels */
     int flip;
     unsigned char *out; /* height rows of width * 3 bytes */
     int status;
@@ -371,6 +374,61 @@ static void fail(Job *job, int status, const char *message) {
     snprintf(job->message, sizeof job->message, "%s", message);
 }
 
+/* What the filters of one crop need: their taps (xk, yk: per output pixel, in Scratch) and the
+ * columns and rows of the source they touch. */
+typedef struct {
+    int xk, yk;
+    int first_col, end_col, first_row, end_row;
+} Window;
+
+/* The filters for the box (x0, y0)-(x1, y1) of an in_w x in_h image; 0 when out of memory. */
+static int plan(Window *win, int in_w, int in_h, double x0, double y0, double x1, double y1, int out_w, int out_h,
+                Scratch *s) {
+    int (*fixed)(const double *, int, int, int32_t **, size_t *) = portable ? fixed22 : PACK_PAIRS;
+    int xk = coefficients(in_w, x0, x1, out_w, &s->xb, &s->xb_size, s);
+    xk = xk < 0 ? -1 : fixed(s->weights, out_w, xk, &s->xk, &s->xk_size);
+    int yk = coefficients(in_h, y0, y1, out_h, &s->yb, &s->yb_size, s);
+    yk = yk < 0 ? -1 : fixed(s->weights, out_h, yk, &s->yk, &s->yk_size);
+    if (xk < 0 || yk < 0) return 0;
+    win->xk = xk;
+    win->yk = yk;
+    win->first_col = s->xb[0];
+    win->end_col = 0;
+    win->first_row = s->yb[0];
+    win->end_row = 0;
+    for (int i = 0; i < out_w; i++) {
+        if (s->xb[2 * i] < win->first_col) win->first_col = s->xb[2 * i];
+        if (s->xb[2 * i] + s->xb[2 * i + 1] > win->end_col) win->end_col = s->xb[2 * i] + s->xb[2 * i + 1];
+    }
+    for (int i = 0; i < out_h; i++) {
+        if (s->yb[2 * i] < win->first_row) win->first_row = s->yb[2 * i];
+        if (s->yb[2 * i] + s->yb[2 * i + 1] > win->end_row) win->end_row = s->yb[2 * i] + s->yb[2 * i + 1];
+    }
+    return 1;
+}
+
+/* The two passes over `region` (the window's rows from first_row, `stride` bytes apart, column 0 of
+ * the region being source column `shift`) into job->out: the portable ones over RGB rows (`plain`),
+ * else the paired ones over RGBX. 0 when out of memory. */
+static int resample(Job *job, const Window *win, const unsigned char *region, size_t stride, int shift, int out_w,
+                    int out_h, int plain, Scratch *s) {
+    int rows = win->end_row - win->first_row, channels = plain ? 3 : 4;
+    if (!grow((void **)&s->temp, &s->temp_size, (size_t)out_w * channels * (size_t)rows) ||
+        !grow((void **)&s->row, &s->row_size, sizeof(int32_t) * (size_t)out_w * 4))
+        return 0;
+    if (plain) {
+        horizontal_plain(region, stride, rows, shift, s->xb, s->xk, win->xk, out_w, job->flip, s->temp);
+        vertical_plain(s->temp, out_w, win->first_row, s->yb, s->yk, win->yk, out_h, s->row, job->out);
+    }
+#if defined(__SSE2__)
+    else {
+        HORIZONTAL(region, stride, rows, shift, s->xb, s->xk, win->xk, out_w, job->flip, s->temp);
+        VERTICAL(s->temp, out_w, win->first_row, s->yb, s->yk, win->yk, out_h, (unsigned char *)s->row, job->out);
+    }
+#endif
+    return 1;
+}
+
 static void crop_decode(Job *job, int out_w, int out_h, unsigned long long max_pixels, Scratch *s) {
     struct jpeg_decompress_struct cinfo;
     Errors errors;
@@ -423,63 +481,78 @@ static void crop_decode(Job *job, int out_w, int out_h, unsigned long long max_p
     if (x1 > scaled_w) x1 = scaled_w;
     if (y1 > scaled_h) y1 = scaled_h;
 
-    int (*fixed)(const double *, int, int, int32_t **, size_t *) = portable ? fixed22 : PACK_PAIRS;
-    int xk = coefficients(scaled_w, x0, x1, out_w, &s->xb, &s->xb_size, s);
-    xk = xk < 0 ? -1 : fixed(s->weights, out_w, xk, &s->xk, &s->xk_size);
-    int yk = coefficients(scaled_h, y0, y1, out_h, &s->yb, &s->yb_size, s);
-    yk = yk < 0 ? -1 : fixed(s->weights, out_h, yk, &s->yk, &s->yk_size);
-    if (xk < 0 || yk < 0) {
+    Window win;
+    if (!plan(&win, scaled_w, scaled_h, x0, y0, x1, y1, out_w, out_h, s)) {
         fail(job, FAILED, "out of memory");
         jpeg_destroy_decompress(&cinfo);
         return;
     }
-    /* The columns and rows the filters touch: decode those and no others. */
-    int first_col = s->xb[0], end_col = 0, first_row = s->yb[0], end_row = 0;
-    for (int i = 0; i < out_w; i++) {
-        if (s->xb[2 * i] < first_col) first_col = s->xb[2 * i];
-        if (s->xb[2 * i] + s->xb[2 * i + 1] > end_col) end_col = s->xb[2 * i] + s->xb[2 * i + 1];
-    }
-    for (int i = 0; i < out_h; i++) {
-        if (s->yb[2 * i] < first_row) first_row = s->yb[2 * i];
-        if (s->yb[2 * i] + s->yb[2 * i + 1] > end_row) end_row = s->yb[2 * i] + s->yb[2 * i + 1];
-    }
-    JDIMENSION xoffset = (JDIMENSION)first_col, crop_width = (JDIMENSION)(end_col - first_col);
+    JDIMENSION xoffset = (JDIMENSION)win.first_col, crop_width = (JDIMENSION)(win.end_col - win.first_col);
     if (xoffset > 0 || crop_width < (JDIMENSION)scaled_w)
         jpeg_crop_scanline(&cinfo, &xoffset, &crop_width); /* widened to whole iMCU columns */
     size_t stride = (size_t)crop_width * channels;
-    int rows = end_row - first_row;
+    int rows = win.end_row - win.first_row;
     /* Slack: a paired horizontal pass reads weightless pixels past a row (up to a pair's worth). */
-    if (!grow((void **)&s->region, &s->region_size, stride * (size_t)rows + 64) ||
-        !grow((void **)&s->temp, &s->temp_size, (size_t)out_w * channels * (size_t)rows) ||
-        !grow((void **)&s->row, &s->row_size, sizeof(int32_t) * (size_t)out_w * 4)) {
+    if (!grow((void **)&s->region, &s->region_size, stride * (size_t)rows + 64)) {
         fail(job, FAILED, "out of memory");
         jpeg_destroy_decompress(&cinfo);
         return;
     }
-    if (first_row > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)first_row);
-    while ((int)cinfo.output_scanline < end_row) {
-        JSAMPROW line = s->region + stride * (cinfo.output_scanline - (JDIMENSION)first_row);
+    if (win.first_row > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)win.first_row);
+    while ((int)cinfo.output_scanline < win.end_row) {
+        JSAMPROW line = s->region + stride * (cinfo.output_scanline - (JDIMENSION)win.first_row);
         jpeg_read_scanlines(&cinfo, &line, 1);
     }
     jpeg_destroy_decompress(&cinfo); /* the rows below the box are never decoded */
-    if (portable) {
-        horizontal_plain(s->region, stride, rows, (int)xoffset, s->xb, s->xk, xk, out_w, job->flip, s->temp);
-        vertical_plain(s->temp, out_w, first_row, s->yb, s->yk, yk, out_h, s->row, job->out);
-    } else {
-        HORIZONTAL(s->region, stride, rows, (int)xoffset, s->xb, s->xk, xk, out_w, job->flip, s->temp);
-        VERTICAL(s->temp, out_w, first_row, s->yb, s->yk, yk, out_h, (unsigned char *)s->row, job->out);
-    }
+    if (!resample(job, &win, s->region, stride, (int)xoffset, out_w, out_h, portable, s))
+        fail(job, FAILED, "out of memory");
 }
 
-static PyObject *decode_batch(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *datas_arg;
-    Py_buffer boxes, flips, rows, out;
-    int out_h, out_w;
-    unsigned long long max_pixels;
-    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiK:decode_batch", &datas_arg, &boxes, &flips, &rows, &out, &out_h,
-                          &out_w, &max_pixels))
-        return NULL;
+/* A raw record: raw_w x raw_h RGB pixels at job->data (the caller checked that they are all there).
+ * Nothing to decode and no DCT scaling: the filter reads the box's rows where they lie (the portable
+ * passes, over RGB), or a copy of the box's window as RGBX (the paired passes; the only copy made). */
+static void crop_raw(Job *job, int out_w, int out_h, Scratch *s) {
+    job->status = OK;
+    job->message[0] = '\0';
+    double left = job->box[0], top = job->box[1], width = job->box[2], height = job->box[3];
+    if (!(width > 0 && height > 0 && left >= 0 && top >= 0 && left + width <= job->raw_w + 1e-6 &&
+          top + height <= job->raw_h + 1e-6)) {
+        fail(job, FAILED, "crop box outside the image");
+        return;
+    }
+    double x1 = left + width > job->raw_w ? job->raw_w : left + width;
+    double y1 = top + height > job->raw_h ? job->raw_h : top + height;
+    Window win;
+    if (!plan(&win, job->raw_w, job->raw_h, left, top, x1, y1, out_w, out_h, s)) {
+        fail(job, FAILED, "out of memory");
+        return;
+    }
+    size_t line = (size_t)job->raw_w * 3;
+    const unsigned char *first = job->data + line * (size_t)win.first_row;
+    int rows = win.end_row - win.first_row, ok;
+    if (portable) {
+        ok = resample(job, &win, first, line, 0, out_w, out_h, 1, s);
+    } else {
+        int cols = win.end_col - win.first_col;
+        size_t stride = (size_t)cols * 4;
+        ok = grow((void **)&s->region, &s->region_size, stride * (size_t)rows + 64);
+        for (int y = 0; ok && y < rows; y++) {
+            const unsigned char *src = first + line * (size_t)y + (size_t)win.first_col * 3;
+            unsigned char *dst = s->region + stride * (size_t)y;
+            for (int x = 0; x < cols; x++) {
+                memcpy(dst + 4 * (size_t)x, src + 3 * (size_t)x, 3);
+                dst[4 * (size_t)x + 3] = 0xFF;
+            }
+        }
+        ok = ok && resample(job, &win, s->region, stride, win.first_col, out_w, out_h, 0, s);
+    }
+    if (!ok) fail(job, FAILED, "out of memory");
+}
+
+/* decode_batch and crop_raw_batch: `geometry` (raw records only: int64 offset, width, height per
+ * record) is NULL for JPEGs. */
+static PyObject *run_batch(PyObject *datas_arg, Py_buffer *geometry, Py_buffer boxes, Py_buffer flips, Py_buffer rows,
+                           Py_buffer out, int out_h, int out_w, unsigned long long max_pixels) {
     PyObject *result = NULL, *datas = PySequence_Tuple(datas_arg);
     Py_ssize_t n = datas ? PyTuple_GET_SIZE(datas) : 0;
     Py_buffer *views = NULL;
@@ -488,14 +561,15 @@ static PyObject *decode_batch(PyObject *self, PyObject *args) {
     if (datas == NULL) goto done;
     Py_ssize_t image_bytes = (Py_ssize_t)out_h * out_w * 3;
     if (out_h < 1 || out_w < 1 || boxes.len != n * 4 * (Py_ssize_t)sizeof(double) || flips.len != n ||
-        rows.len != n * (Py_ssize_t)sizeof(int32_t) || out.len % image_bytes != 0) {
-        PyErr_SetString(PyExc_ValueError, "decode_batch: sizes of boxes, flips, rows or out do not match");
+        rows.len != n * (Py_ssize_t)sizeof(int32_t) || out.len % image_bytes != 0 ||
+        (geometry != NULL && geometry->len != n * 3 * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "crop kernel: sizes of boxes, flips, rows, geometry or out do not match");
         goto done;
     }
     const int32_t *row = rows.buf;
     for (Py_ssize_t i = 0; i < n; i++)
         if (row[i] < 0 || row[i] >= out.len / image_bytes) {
-            PyErr_SetString(PyExc_ValueError, "decode_batch: a row outside out");
+            PyErr_SetString(PyExc_ValueError, "crop kernel: a row outside out");
             goto done;
         }
     views = PyMem_Calloc((size_t)n + 1, sizeof *views);
@@ -510,13 +584,31 @@ static PyObject *decode_batch(PyObject *self, PyObject *args) {
         Job *job = &jobs[held];
         job->data = views[held].buf;
         job->size = (size_t)views[held].len;
+        if (geometry != NULL) { /* the pixels must all be in the buffer: checked here, not trusted */
+            const int64_t *g = (const int64_t *)geometry->buf + 3 * held;
+            if (g[0] < 0 || g[1] < 1 || g[2] < 1 || g[1] > INT_MAX / 3 || g[2] > INT_MAX ||
+                (unsigned long long)g[1] * (unsigned long long)g[2] > max_pixels ||
+                (unsigned long long)g[0] + (unsigned long long)g[1] * (unsigned long long)g[2] * 3 > job->size) {
+                held++;
+                PyErr_SetString(PyExc_ValueError, "crop_raw_batch: a record's geometry outside its bytes");
+                goto done;
+            }
+            job->data += g[0];
+            job->raw_w = (int)g[1];
+            job->raw_h = (int)g[2];
+        }
         memcpy(job->box, box + 4 * held, sizeof job->box);
         job->flip = ((const unsigned char *)flips.buf)[held] != 0;
         job->out = (unsigned char *)out.buf + (size_t)row[held] * (size_t)image_bytes;
     }
     Py_BEGIN_ALLOW_THREADS;
     Scratch scratch = {0};
-    for (Py_ssize_t i = 0; i < n; i++) crop_decode(&jobs[i], out_w, out_h, max_pixels, &scratch);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (geometry != NULL)
+            crop_raw(&jobs[i], out_w, out_h, &scratch);
+        else
+            crop_decode(&jobs[i], out_w, out_h, max_pixels, &scratch);
+    }
     free(scratch.region);
     free(scratch.temp);
     free(scratch.weights);
@@ -542,6 +634,37 @@ done:
     PyMem_Free(views);
     PyMem_Free(jobs);
     Py_XDECREF(datas);
+    return result;
+}
+
+static PyObject *decode_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *datas;
+    Py_buffer boxes, flips, rows, out;
+    int out_h, out_w;
+    unsigned long long max_pixels;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiK:decode_batch", &datas, &boxes, &flips, &rows, &out, &out_h, &out_w,
+                          &max_pixels))
+        return NULL;
+    PyObject *result = run_batch(datas, NULL, boxes, flips, rows, out, out_h, out_w, max_pixels);
+    PyBuffer_Release(&boxes);
+    PyBuffer_Release(&flips);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *crop_raw_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *datas;
+    Py_buffer geometry, boxes, flips, rows, out;
+    int out_h, out_w;
+    unsigned long long max_pixels;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*y*w*iiK:crop_raw_batch", &datas, &geometry, &boxes, &flips, &rows, &out,
+                          &out_h, &out_w, &max_pixels))
+        return NULL;
+    PyObject *result = run_batch(datas, &geometry, boxes, flips, rows, out, out_h, out_w, max_pixels);
+    PyBuffer_Release(&geometry);
     PyBuffer_Release(&boxes);
     PyBuffer_Release(&flips);
     PyBuffer_Release(&rows);
@@ -555,6 +678,10 @@ static PyMethodDef methods[] = {
      "left, top, width, height in boxes[4i:4i+4]) resized to height x width RGB into out[rows[i]] (int32 rows; out "
      "uint8 M x H x W x 3), mirrored when flips[i]; per image None, or (status, message): 1 failed, 2 unsupported "
      "(use the Python path)."},
+    {"crop_raw_batch", crop_raw_batch, METH_VARARGS,
+     "crop_raw_batch(datas, geometry, boxes, flips, rows, out, height, width, max_pixels) -> list: as decode_batch, "
+     "for raw records: record i's pixels are geometry[3i+1] x geometry[3i+2] RGB (uint8, rows of width * 3 bytes) "
+     "starting at byte geometry[3i] of datas[i] (int64 geometry); no DCT scaling."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -37,7 +37,7 @@ def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = 
             except HeaderError as error:
                 raise ImageError("decode", f"corrupt JPEG: {error}") from None
             size = header.width, header.height
-        _refuse_over(size, max_pixels)
+        refuse_over(size, max_pixels)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
@@ -71,11 +71,11 @@ def stored_size(data: bytes, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
         except HeaderError as error:
             raise ImageError("decode", str(error)) from None
         size = header.width, header.height
-    _refuse_over(size, max_pixels)
+    refuse_over(size, max_pixels)
     return size
 
 
-def _refuse_over(size: tuple[int, int], max_pixels: int) -> None:
+def refuse_over(size: tuple[int, int], max_pixels: int) -> None:
     if size[0] * size[1] > max_pixels:
         raise ImageError(
             "decode", f"{size[0]}x{size[1]} is over the limit of {max_pixels:,} pixels (raise max_pixels to allow it)"
@@ -92,7 +92,7 @@ def open_record(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Imag
     `max_pixels`; callers decode it inside `pillow_errors()`."""
     with pillow_errors():
         image = Image.open(io.BytesIO(data), formats=RECORD_FORMATS)
-    _refuse_over(image.size, max_pixels)
+    refuse_over(image.size, max_pixels)
     return image
 
 
@@ -127,29 +127,35 @@ _NPY_HEADER = re.compile(
 )
 
 
-def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """A raw record: exactly an HxWx3 uint8 .npy (what numpy writes for one; no pickle, no other
-    dtype or shape), its size checked against `max_pixels` and against the bytes present before
-    anything is allocated. The header is matched here, not by numpy's parser, which raises a
-    different exception for each way a hostile header can be wrong."""
-    if data[:6] != b"\x93NUMPY" or len(data) < 10 or data[6] not in (1, 2, 3):
+def npy_layout(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int, bool]:
+    """A raw record's (offset of its pixels, width, height, Fortran order), checked: exactly an
+    HxWx3 uint8 .npy (what numpy writes for one; no pickle, no other dtype or shape), its size
+    against `max_pixels` and against the bytes present. The header is matched here, not by numpy's
+    parser, which raises a different exception for each way a hostile header can be wrong."""
+    head = bytes(data[:10])
+    if head[:6] != b"\x93NUMPY" or len(head) < 10 or head[6] not in (1, 2, 3):
         raise ImageError("decode", "bad raw pixels: not a .npy record")
-    width = 2 if data[6] == 1 else 4
-    end = 8 + width + int.from_bytes(data[8 : 8 + width], "little")
-    match = _NPY_HEADER.fullmatch(data[8 + width : end])
+    width = 2 if head[6] == 1 else 4
+    end = 8 + width + int.from_bytes(bytes(data[8 : 8 + width]), "little")
+    header = bytes(data[8 + width : min(end, 8 + width + 4096)])
+    match = _NPY_HEADER.fullmatch(header)
     if end > len(data) or match is None:
-        raise ImageError(
-            "decode", f"bad raw pixels: the header is not uint8 HxWx3 ({data[8 + width : 8 + width + 80]!r})"
-        )
+        raise ImageError("decode", f"bad raw pixels: the header is not uint8 HxWx3 ({header[:80]!r})")
     fortran, height, columns = match.group(1) == b"True", int(match.group(2)), int(match.group(3))
     if not height or not columns:
         raise ImageError("decode", f"bad raw pixels: an empty {height}x{columns} image")
-    _refuse_over((columns, height), max_pixels)
+    refuse_over((columns, height), max_pixels)
     if len(data) - end != height * columns * 3:
         raise ImageError("decode", f"bad raw pixels: {len(data) - end:,} bytes for {height}x{columns}x3")
+    return end, columns, height, fortran
+
+
+def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """A raw record's pixels (see npy_layout), nothing allocated before they are checked."""
+    offset, columns, height, fortran = npy_layout(data, max_pixels)
     if fortran:
-        return np.frombuffer(data, np.uint8, offset=end).reshape(3, columns, height).transpose(2, 1, 0).copy()
-    return np.frombuffer(data, np.uint8, offset=end).reshape(height, columns, 3).copy()
+        return np.frombuffer(data, np.uint8, offset=offset).reshape(3, columns, height).transpose(2, 1, 0).copy()
+    return np.frombuffer(data, np.uint8, offset=offset).reshape(height, columns, 3).copy()
 
 
 def _scale_factor(scale: float | None) -> tuple[int, int] | None:
