@@ -4,7 +4,7 @@ IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..core.errors import require
@@ -84,6 +84,10 @@ class EpochIteration:
         pin_memory: bool = False,
         prefetch: int | None = None,
         drop_last: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> Any:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
@@ -98,12 +102,19 @@ class EpochIteration:
         rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
         and rank, whatever `workers` is. len() is the number of batches. `state_dict()` and
         `load_state_dict()` stop and resume it exactly (readers/order).
+
+        device="cuda" (or "cuda:N"; "cpu" runs the same torch code on the CPU): the threads only
+        read records and draw the same windows and flips; decoding (nvJPEG, batched), crop, resize
+        and flip run on the device for a whole batch, and batches arrive there, the next one made on
+        a side stream meanwhile (see shardkit.readers.device). dtype (torch.float16, bfloat16 or
+        float32) with mean and std (per channel, on the 0..1 scale) normalizes them on the device.
         """
         from .loader import BatchLoader
 
         return BatchLoader(
             self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
+            device=device, dtype=dtype, mean=mean, std=std,
         )  # fmt: skip
 
     def iterable(self) -> Any:

@@ -5,11 +5,13 @@ The crop window of every image is drawn from its header's size before anything i
 (torchvision's RandomResizedCrop, with its arguments and its fallback). A compiled kernel
 (`shardkit/_crop.c`) then decodes only what each window needs (libjpeg-turbo's DCT scaling, crop and
 skip), resizes it with Pillow's antialiased bilinear filter and flips it, for a whole batch per call
-with the GIL released; batches are decoded on `workers` threads while earlier ones are consumed.
-Records the kernel does not take (PNG or raw records, CMYK JPEGs), and every record when the kernel
-was not built, go through Pillow with the same window, DCT scale and filter: the same pixels within a
-level or two. Crops and flips come from a generator seeded by (seed, epoch, rank, batch number), so
-they do not depend on the number of threads. Reading never imports the pack side.
+with the GIL released; batches are decoded on `workers` threads while earlier ones are consumed. Raw
+(.npy) records go through the same kernel without decoding: the window's rows are read where they
+lie in the record's bytes (no copy of the whole image). Records the kernel does not take (PNG, CMYK
+JPEGs, Fortran-order raw records), and every record when the kernel was not built, go through Pillow
+with the same window, DCT scale and filter: the same pixels within a level or two. Crops and flips
+come from a generator seeded by (seed, epoch, rank, batch number), so they do not depend on the
+number of threads. Reading never imports the pack side.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from ..core.codecs import crop_kernel
 from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from ..core.headers import jpeg_size
 from ..formats.base import Record
-from .decode import record_fields
+from .decode import npy_layout, record_fields, refuse_over, stored_size
 from .epoch import Cursor, Item, check_sizes
 from .order import Progress
 
@@ -163,13 +165,13 @@ def crop_with_pillow(data: bytes, ext: str, box: Sequence[float], flip: bool, si
 
 def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
     """(width, height) of a record's image from its header alone."""
-    if record.ext in _JPEG:
-        size = jpeg_size(record.data)
-        if size is not None:
-            return size
-    from .decode import stored_size
-
-    return stored_size(record.data, record.ext, max_pixels)
+    size = jpeg_size(record.data) if record.ext in _JPEG else None
+    if size is None:
+        size = stored_size(record.data, record.ext, max_pixels)
+    if not (size[0] > 0 and size[1] > 0):  # (a header saying 0: no window can be drawn in it)
+        raise ImageError("decode", f"an empty {size[0]}x{size[1]} image")
+    refuse_over(size, max_pixels)  # (before any decoder allocates: the device path's has no limit of its own)
+    return size
 
 
 class BatchLoader:
@@ -191,6 +193,10 @@ class BatchLoader:
         pin_memory: bool = False,
         prefetch: int | None = None,
         drop_last: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = _positive("batch_size", batch_size)
@@ -218,6 +224,19 @@ class BatchLoader:
         else:
             self._torch, self.pin_memory = None, False
         self.kernel = crop_kernel()
+        self.device = None  # None: the CPU path; else a torch.device (readers/device.py)
+        if device is not None:
+            from .device import check_device, check_normalize
+
+            if output != "torch":
+                raise ConfigError("device= gives torch tensors on that device: leave output='torch'")
+            self.device = check_device(self._torch, device)
+            self.dtype, self.mean, self.std = check_normalize(self._torch, dtype, mean, std)
+            self.pin_memory = False
+        elif dtype is not None or mean is not None or std is not None:
+            raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
+        self._stream: Any = None  # the device path's CUDA side stream
+        self._ahead: Any = None  # the device path's batch made and not yet handed out
         self._progress: Progress | None = None  # where the running (or last) epoch stands
         self._resume: Progress | None = None  # a loaded state, for the next iteration
 
@@ -246,32 +265,92 @@ class BatchLoader:
         self._resume, self._progress = progress, None
 
     def __iter__(self) -> Iterator[Batch]:
+        self._ahead = None
         progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
         self._resume, self._progress = None, progress
         position, items = self.dataset.epoch_items(progress, workers=(0, 1))  # threads do not split the epoch
         first = position.done // self.batch_size
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shardkit-loader")
-        pending: deque[tuple[Future[Batch] | None, int]] = deque()
+        pending: deque[tuple[Future[Any] | None, int]] = deque()
         try:
+            step: Any = self._decode if self.device is None else self._gather
             for number, (positions, chunk) in enumerate(self._chunks(items), start=first):
-                work = pool.submit(self._decode, position.stream.key, number, chunk) if chunk else None
+                work = pool.submit(step, position.stream.key, number, chunk) if chunk else None
                 pending.append((work, positions))
                 while len(pending) > self.prefetch:
-                    batch = self._next(pending, position)
-                    if batch is not None:
-                        yield batch
+                    yield from self._ready(pending, position)
             while pending:
-                batch = self._next(pending, position)
-                if batch is not None:
-                    yield batch
+                yield from self._ready(pending, position)
+            if self._ahead is not None:
+                yield self._handed_out(position)
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
             for work, _ in pending:
                 if work is not None:
                     work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def _ready(self, pending: deque[tuple[Future[Any] | None, int]], position: Cursor) -> Iterator[Batch]:
+        """The next batch to hand out, if there is one. On the device path a batch is made (on a
+        CUDA side stream) when its records are ready, and handed out once the next one is made:
+        the device works on batch k+1 while batch k trains. A batch's positions count as consumed
+        when it is handed out (a state saved then resumes after it, not after the one made ahead)."""
+        if self.device is None:
+            batch = self._next(pending, position)
+            if batch is not None:
+                yield batch
+            return
+        from .device import make_batch
+
+        work, positions = pending.popleft()
+        gathered = work.result() if work is not None else None
+        torch, stream, done = self._torch, self._stream, None
+        if gathered is not None and stream is None and self.device.type == "cuda":
+            stream = self._stream = torch.cuda.Stream(self.device)
+        if gathered is None:
+            batch = None
+        elif stream is not None:
+            with torch.cuda.stream(stream):
+                batch = make_batch(torch, self, *gathered)
+                done = torch.cuda.Event()
+                done.record(stream)
+        else:
+            batch = make_batch(torch, self, *gathered)
+        if batch is None:  # every record skipped: consumed along with the batch before it
+            if self._ahead is None:
+                position.advance(positions)
+            else:
+                self._ahead[2] += positions
+            return
+        if self._ahead is not None:
+            yield self._handed_out(position)
+        self._ahead = [batch, done, positions]
+
+    def _handed_out(self, position: Cursor) -> Batch:
+        batch, done, positions = self._ahead
+        self._ahead = None
+        if done is not None:  # the consumer's stream waits for the side stream, and owns the memory after
+            current = self._torch.cuda.current_stream(self.device)
+            current.wait_event(done)
+            for tensor in (batch.images, batch.labels):
+                tensor.record_stream(current)
+        position.advance(positions)
+        return batch
+
+    def _gather(self, key: tuple[int, ...], number: int, chunk: list[Item]) -> tuple[Any, ...] | None:
+        """The device path's share of a loader thread: the records' sizes from their headers and
+        the batch's windows and flips (as `_decode` draws them); decoding is the device's."""
+        sizes = np.zeros((len(chunk), 2), np.int64)
+        failures: dict[int, str] = {}
+        for i, (_, _, record) in enumerate(chunk):
+            try:
+                sizes[i] = record_size(record, self.dataset.max_pixels)
+            except ImageError as error:
+                failures[i], sizes[i] = error.reason, (1, 1)
+        boxes, flips = self._windows(key, number, sizes)
+        return chunk, boxes, flips, failures
+
     @staticmethod
-    def _next(pending: deque[tuple[Future[Batch] | None, int]], position: Cursor) -> Batch | None:
+    def _next(pending: deque[tuple[Future[Any] | None, int]], position: Cursor) -> Batch | None:
         """The oldest batch, its positions counted as consumed when it is handed out (a batch whose
         records were all skipped is counted and not handed out)."""
         work, positions = pending.popleft()
@@ -309,7 +388,7 @@ class BatchLoader:
 
     def _decode(self, key: tuple[int, ...], number: int, chunk: list[Item]) -> Batch:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
-        dataset, (height, width) = self.dataset, self.size
+        dataset = self.dataset
         images = self._buffer(len(chunk))
         failures: dict[int, str] = {}
         sizes = np.zeros((len(chunk), 2), np.int64)
@@ -320,20 +399,8 @@ class BatchLoader:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(key, number, sizes)
         python_path = [i for i in range(len(chunk)) if i not in failures]
-        kernel = self.kernel
-        jpegs = [i for i in python_path if chunk[i].record.ext in _JPEG] if kernel is not None else []
-        if kernel is not None and jpegs:
-            outcome = kernel.decode_batch(
-                [chunk[i].record.data for i in jpegs], np.ascontiguousarray(boxes[jpegs]),
-                flips[jpegs].astype(np.uint8), np.array(jpegs, np.int32), images, height, width, dataset.max_pixels,
-            )  # fmt: skip
-            handed_back = set()
-            for i, result in zip(jpegs, outcome, strict=True):
-                if result is not None and result[0] == _FAILED:
-                    failures[i] = f"corrupt JPEG: {result[1]}"
-                elif result is not None:
-                    handed_back.add(i)  # not an RGB or grey JPEG: Pillow converts it
-            python_path = [i for i in python_path if i not in jpegs or i in handed_back]
+        if self.kernel is not None:
+            python_path = self._through_kernel(chunk, python_path, boxes, flips, images, failures)
         for i in python_path:
             record = chunk[i].record
             try:
@@ -353,6 +420,54 @@ class BatchLoader:
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]  # sidecar fields as bytes
         return batch
+
+    def _through_kernel(
+        self,
+        chunk: list[Item],
+        candidates: list[int],
+        boxes: np.ndarray,
+        flips: np.ndarray,
+        images: np.ndarray,
+        failures: dict[int, str],
+    ) -> list[int]:
+        """The crops the compiled kernel takes, into `images`: RGB and grey JPEGs (decoded at the
+        DCT scale the box allows), and raw records in C order (their pixels read where they lie,
+        nothing decoded: measured at 5-6x the JPEG crops, scripts/bench_train.py). Returns the
+        candidates left for Pillow (CMYK JPEGs, Fortran-order raw records, other formats)."""
+        kernel, (height, width), limit = cast(Any, self.kernel), self.size, self.dataset.max_pixels
+        jpegs = [i for i in candidates if chunk[i].record.ext in _JPEG]
+        raws, layouts = [], []
+        for i in candidates:
+            if chunk[i].record.ext == "npy":
+                try:
+                    offset, columns, rows, fortran = npy_layout(chunk[i].record.data, limit)
+                except ImageError as error:
+                    failures[i] = error.reason
+                    continue
+                if not fortran:
+                    raws.append(i)
+                    layouts.append((offset, columns, rows))
+
+        def windows(indices: list[int]) -> tuple[Any, ...]:
+            return (np.ascontiguousarray(boxes[indices]), flips[indices].astype(np.uint8),
+                    np.array(indices, np.int32), images, height, width, limit)  # fmt: skip
+
+        outcomes: list[tuple[int, str, Any]] = []
+        if jpegs:
+            found = kernel.decode_batch([chunk[i].record.data for i in jpegs], *windows(jpegs))
+            outcomes += [(i, "corrupt JPEG", result) for i, result in zip(jpegs, found, strict=True)]
+        if raws:
+            geometry = np.array(layouts, np.int64)
+            found = kernel.crop_raw_batch([chunk[i].record.data for i in raws], geometry, *windows(raws))
+            outcomes += [(i, "bad raw pixels", result) for i, result in zip(raws, found, strict=True)]
+        done = set()
+        for i, what, result in outcomes:
+            if result is None:
+                done.add(i)
+            elif result[0] == _FAILED:
+                failures[i] = f"{what}: {result[1]}"
+            # else handed back (not an RGB or grey JPEG): Pillow converts it
+        return [i for i in candidates if i not in done and i not in failures]
 
     def _failed(self, chunk: list[Item], failures: dict[int, str]) -> list[int] | None:
         """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""

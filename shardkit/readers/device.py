@@ -1,0 +1,218 @@
+"""The loader's device path (`ds.loader(..., device="cuda")`): the loader's threads only read
+records and draw the crop windows (the same windows and flips as the CPU path, from the same
+seeded generator); decoding, cropping, resizing and flipping happen on the device, a batch at a time.
+
+- Decode: JPEGs through torchvision.io.decode_jpeg on the whole batch's list (nvJPEG's batched
+  decode on CUDA); raw (.npy) records are their pixels, copied to the device; anything else
+  (PNG, a JPEG the batched call refuses, CMYK) is decoded on the CPU and copied.
+- Crop + resize + flip: one batched operation for the whole batch. Pillow's antialiased bilinear
+  filter is separable: for each image a matrix of its taps for the rows (out_h x window height)
+  and one for the columns (out_w x window width, its rows reversed for a flip); the windows are
+  padded to the batch's largest and the two passes are two batched matmuls, rounded to whole
+  levels after each pass as Pillow's integer passes are. The same filter as the CPU loader, not an
+  approximation of it (roi_align averages point samples; grid_sample does not antialias): the CPU
+  loader differs only where it decodes at a DCT scale (a box at least twice the output), which
+  the device path does not do (full-size decode).
+- Output: uint8 (N, 3, H, W), or normalized ((x / 255 - mean) / std) float16, bfloat16 or float32,
+  in channels_last memory, on the device. On CUDA the next batch is prepared on a side stream
+  while the current one is in use.
+
+With device="cpu" the same torch code runs on the CPU: that is how CI tests it (no GPU there).
+
+One difference from the CPU loader on bad input: a JPEG whose entropy data is damaged (its headers
+whole) decodes here with grey blocks where the damage is, as nvJPEG and torchvision decode it; the
+CPU kernel refuses it on libjpeg's warning. `shardkit verify --deep` finds such records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, ImageError
+from ..formats.base import Record
+from .decode import decode, npy_layout
+
+_JPEG = ("jpg", "jpeg")
+
+
+def check_device(torch: Any, device: Any) -> Any:
+    """A torch.device for `device`, refused in one line where it cannot run."""
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r} ({error})") from None
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={device!r}, but torch sees no CUDA device (torch {torch.__version__}, "
+                f"built for CUDA {torch.version.cuda}); use device='cpu' or leave device out for the CPU loader"
+            )
+        if where.index is not None and where.index >= torch.cuda.device_count():
+            raise ConfigError(f"device={device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    elif where.type != "cpu":
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    return where
+
+
+def check_normalize(
+    torch: Any, dtype: Any, mean: Sequence[float] | None, std: Sequence[float] | None
+) -> tuple[Any, Any, Any]:
+    """(dtype, mean, std) as the device path uses them: uint8 output when dtype is None."""
+    if dtype is None:
+        if mean is not None or std is not None:
+            raise ConfigError("mean and std need a floating dtype (torch.float16, torch.bfloat16 or torch.float32)")
+        return None, None, None
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ConfigError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, not {dtype!r}")
+    mean = (0.0, 0.0, 0.0) if mean is None else tuple(float(v) for v in mean)
+    std = (1.0, 1.0, 1.0) if std is None else tuple(float(v) for v in std)
+    if len(mean) != 3 or len(std) != 3 or not all(math.isfinite(v) for v in (*mean, *std)) or min(std) <= 0:
+        raise ConfigError(f"mean and std must be 3 finite numbers (std > 0), not {mean} and {std}")
+    return dtype, mean, std
+
+
+def filter_taps(in_size: int, in0: float, in1: float, out_size: int) -> tuple[np.ndarray, int]:
+    """Pillow's antialiased bilinear filter for the span in0..in1 of an in_size line resized to
+    out_size (precompute_coeffs, support 1, as shardkit/core/_crop.c): (out_size, taps) weights
+    as a dense (out_size, end - first) matrix over source pixels first..end, and `first`."""
+    scale = (in1 - in0) / out_size
+    filterscale = max(scale, 1.0)
+    support = filterscale
+    centers = in0 + (np.arange(out_size) + 0.5) * scale
+    lows = np.maximum((centers - support + 0.5).astype(np.int64), 0)  # (int() truncates toward 0: >= -0.5 here)
+    highs = np.minimum((centers + support + 0.5).astype(np.int64), in_size)
+    first, end = int(lows.min()), int(highs.max())
+    x = np.arange(first, end)
+    weights = np.clip(1.0 - np.abs((x[None, :] - centers[:, None] + 0.5) / filterscale), 0.0, None)
+    weights[(x[None, :] < lows[:, None]) | (x[None, :] >= highs[:, None])] = 0.0
+    totals = weights.sum(axis=1, keepdims=True)
+    weights = np.divide(weights, totals, out=np.zeros_like(weights), where=totals != 0)
+    return weights, first
+
+
+def decode_batch(
+    torch: Any, records: Sequence[Record], device: Any, max_pixels: int
+) -> tuple[list[Any], dict[int, str]]:
+    """Each record's image as a (3, H, W) uint8 tensor on `device` (None where it failed), and
+    the failures (index -> reason)."""
+    images: list[Any] = [None] * len(records)
+    failures: dict[int, str] = {}
+    jpegs = [i for i, record in enumerate(records) if record.ext in _JPEG]
+    if jpegs:
+        _decode_jpegs(torch, records, jpegs, images, device)
+    for i, record in enumerate(records):
+        if images[i] is not None:
+            continue
+        try:
+            if record.ext == "npy":
+                offset, width, height, fortran = npy_layout(record.data, max_pixels)
+                if not fortran:
+                    pixels = np.frombuffer(record.data, np.uint8, offset=offset).reshape(height, width, 3)
+                    images[i] = torch.from_numpy(pixels.copy()).to(device).permute(2, 0, 1)  # (copy: writable)
+                    continue
+            pixels = np.require(decode(record.data, record.ext, max_pixels=max_pixels), requirements="W")
+            images[i] = torch.from_numpy(pixels).to(device).permute(2, 0, 1)
+        except ImageError as error:
+            failures[i] = error.reason
+        except (ValueError, OSError) as error:  # (what Pillow raises past pillow_errors)
+            failures[i] = f"cannot decode ({type(error).__name__}: {error})"
+    return images, failures
+
+
+def _decode_jpegs(torch: Any, records: Sequence[Record], jpegs: list[int], images: list[Any], device: Any) -> None:
+    """The JPEGs at `jpegs` into `images`, in one batched call (nvJPEG's on CUDA); a JPEG the call
+    refuses stays None (the CPU decode says why, or converts it: CMYK)."""
+    # torchvision 0.29 deprecates its decoders for TorchCodec's (not measured here yet): quiet.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        datas = [torch.frombuffer(bytearray(records[i].data), dtype=torch.uint8) for i in jpegs]
+        try:
+            decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:  # one bad (or CMYK) JPEG fails the batched call: one at a time then
+            decoded = [None] * len(jpegs)
+            for n, data in enumerate(datas):
+                with contextlib.suppress(RuntimeError):  # (the CPU decode below says why)
+                    decoded[n] = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        for i, image in zip(jpegs, decoded, strict=True):
+            images[i] = image
+
+
+def resample_batch(
+    torch: Any, images: Sequence[Any], boxes: np.ndarray, flips: np.ndarray, size: tuple[int, int]
+) -> Any:
+    """Crop box i of images[i] (3, H, W) resized to `size` with Pillow's antialiased bilinear
+    filter and flipped where flips[i]: (N, 3, out_h, out_w) float32 holding whole levels 0..255."""
+    out_h, out_w = size
+    device = images[0].device
+    rows, cols, firsts = [], [], []
+    for image, (left, top, width, height), flip in zip(images, boxes, flips, strict=True):
+        in_h, in_w = int(image.shape[1]), int(image.shape[2])
+        x_weights, x_first = filter_taps(in_w, left, min(left + width, in_w), out_w)
+        y_weights, y_first = filter_taps(in_h, top, min(top + height, in_h), out_h)
+        cols.append(x_weights[::-1] if flip else x_weights)
+        rows.append(y_weights)
+        firsts.append((y_first, x_first))
+    span_h, span_w = max(r.shape[1] for r in rows), max(c.shape[1] for c in cols)
+    count = len(images)
+    x_matrix = np.zeros((count, out_w, span_w), np.float32)
+    y_matrix = np.zeros((count, out_h, span_h), np.float32)
+    windows = torch.zeros((count, 3, span_h, span_w), dtype=torch.uint8, device=device)
+    for i, (image, (y_first, x_first)) in enumerate(zip(images, firsts, strict=True)):
+        h, w = rows[i].shape[1], cols[i].shape[1]
+        x_matrix[i, :, :w] = cols[i]
+        y_matrix[i, :, :h] = rows[i]
+        windows[i, :, :h, :w] = image[:, y_first : y_first + h, x_first : x_first + w]
+    x_taps = torch.from_numpy(x_matrix).to(device, non_blocking=True)
+    y_taps = torch.from_numpy(y_matrix).to(device, non_blocking=True)
+    # Columns, then rows (the kernel's order), each pass rounded and clipped to a level as
+    # Pillow's fixed-point passes are: (N, 3, h, w) @ (N, 1, w, out_w), then (N, 1, out_h, h) @ that.
+    across = torch.matmul(windows.float(), x_taps.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
+    return torch.matmul(y_taps.unsqueeze(1), across).round_().clamp_(0, 255)
+
+
+def finish(torch: Any, pixels: Any, dtype: Any, mean: Any, std: Any) -> Any:
+    """uint8 levels, or ((x / 255) - mean) / std in `dtype`; channels_last memory either way."""
+    if dtype is None:
+        out = pixels.to(torch.uint8)
+    else:
+        shift = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+        scale = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+        out = ((pixels / 255.0 - shift) / scale).to(dtype)
+    return out.contiguous(memory_format=torch.channels_last)
+
+
+def make_batch(
+    torch: Any, loader: Any, chunk: list[Any], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]
+) -> Any:
+    """A Batch on loader.device from a loader thread's gathered records (`BatchLoader._gather`),
+    or None when every record failed and on_error skips them."""
+    from .decode import record_fields
+    from .loader import Batch
+
+    candidates = [i for i in range(len(chunk)) if i not in failures]
+    images, failed = decode_batch(
+        torch, [chunk[i].record for i in candidates], loader.device, loader.dataset.max_pixels
+    )
+    failures = {**failures, **{candidates[n]: reason for n, reason in failed.items()}}
+    keep = loader._failed(chunk, failures)  # (raises for on_error="raise")
+    rows = list(range(len(chunk))) if keep is None else keep
+    if not rows:
+        return None
+    decoded = dict(zip(candidates, images, strict=True))
+    pixels = resample_batch(torch, [decoded[i] for i in rows], boxes[rows], flips[rows], loader.size)
+    records = [chunk[i].record for i in rows]
+    labels = torch.tensor([-1 if r.label is None else r.label for r in records], dtype=torch.int64)
+    batch = Batch(finish(torch, pixels, loader.dtype, loader.mean, loader.std), labels.to(loader.device),
+                  [r.key for r in records])  # fmt: skip
+    if any(r.text is not None or r.columns is not None or r.files for r in records):
+        batch.texts = [r.text for r in records]
+        batch.fields = [record_fields(r, "bytes") for r in records]
+    return batch
