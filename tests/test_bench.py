@@ -45,3 +45,17 @@ def test_workers_share_records_not_whole_shards() -> None:
     assert sorted((s, i) for part in parts for s, a, b in part for i in range(a, b)) == sorted(
         (s, i) for s, n in enumerate([5, 0, 7, 3]) for i in range(n)
     )
+
+
+def test_bench_train_measures_the_loader_and_its_device_path(sample_dataset: Path, tmp_path: Path) -> None:
+    """--train with --device: the CPU loader and the device path each run a whole epoch (device
+    "cpu" here, the torch code a GPU runs), beside torchvision on the raw folder."""
+    import pytest
+
+    pytest.importorskip("torchvision")
+    out = tmp_path / "out"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=16))
+    report = bench(out, against=sample_dataset, repeat=1, train=48, device="cpu")
+    rows = {row.name: row for row in report.rows}
+    for name in ("train 48: folder + torchvision", "train 48: shards loader", "train 48: shards loader, cpu"):
+        assert rows[name].images == 60 and rows[name].images_per_second > 0, name

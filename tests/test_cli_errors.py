@@ -40,6 +40,8 @@ CASES = [
     ("bench {out} --against {src} --repeat 100000 --plot {tmp}/b.nope", "a plot must be"),
     ("bench {out} --repeat 100000 --json /missing/dir/b.json", "its folder does not exist"),
     ("bench {out} --workers 0", "at least 1"),
+    ("bench {out} --repeat 100000 --device cpu", "give --train SIZE too"),
+    ("bench {out} --repeat 100000 --train 64 --device tpu", "device must be 'cpu', 'cuda' or 'cuda:N'"),
     ("bench {out} --workers 99999999999", "at most 1024"),
     ("pack {src} {tmp}/o --max-aspect nan", "max aspect must be a finite number"),
     ("pack {src} {tmp}/o --max-aspect inf", "max aspect must be a finite number"),

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from ..core.codecs import turbojpeg
 from ..core.config import check_workers
-from ..core.errors import ConfigError, ImageError, ShardkitError, describe
+from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
 from ..core.executors import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.discover import display
@@ -281,11 +281,19 @@ def _folder_torchvision(job: tuple[list[str], int]) -> tuple[int, int]:
     return count, size_bytes
 
 
-def _train_loader(job: tuple[Where, int, int]) -> tuple[int, int]:
-    """The batch loader's epoch (random crops and flips, batches of 64) on `workers` threads."""
-    where, size, workers = job
+def _train_loader(job: tuple[Where, int, int, str | None]) -> tuple[int, int]:
+    """The batch loader's epoch (random crops and flips, batches of 64) on `workers` threads; with
+    a device, the device path's (readers/device.py), its last batch waited for."""
+    where, size, workers, device = job
     dataset = _open(where)
-    count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, output="numpy"))
+    if device is None:
+        count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, output="numpy"))
+    else:
+        import torch
+
+        count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, device=device))
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
     dataset.close()
     return count, sum(shard.bytes for shard in dataset.manifest.shards)
 
@@ -319,6 +327,7 @@ def bench(
     repeat: int = 3,
     cold: bool = False,
     train: int | None = None,
+    device: str | None = None,
     progress: Callable[[str], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -326,7 +335,8 @@ def bench(
 ) -> BenchReport:
     """Measure decode throughput of the shards in `output` (and of `against`, the raw folder).
     With `train` (a crop size), also the training input: the batch loader's random crops against
-    torchvision's RandomResizedCrop on the raw folder (when torchvision is installed). `output` may
+    torchvision's RandomResizedCrop on the raw folder (when torchvision is installed), and with
+    `device` ("cuda", or "cpu" for its torch code on the CPU) the loader's device path too. `output` may
     be a URL (see open_shards): the passes then read through the local cache, which the warm-up
     fills (with `cold`, the cached copies are evicted from the page cache before each run)."""
     check_workers(workers, most=MAX_WORKERS)
@@ -334,6 +344,12 @@ def bench(
         raise ConfigError(f"repeat must be at least 1, not {repeat}")
     if train is not None and not 8 <= train <= 16384:
         raise ShardkitError(f"the training crop must be 8 to 16384 pixels, not {train}")
+    if device is not None:
+        if train is None:
+            raise ConfigError("--device measures the training input's device path: give --train SIZE too")
+        from ..readers.device import check_device
+
+        check_device(require("torch", "torch"), device)  # refused before any work
     location = locate(output, storage_options)
     remote = not isinstance(location, Path)
     where = Where(
@@ -379,7 +395,16 @@ def bench(
         if files and _torchvision_available():
             parts = [(part, train) for part in _split(files, workers)]
             passes.append((f"train {train}: folder + torchvision", _folder_torchvision, parts, files))
-        passes.append((f"train {train}: shards loader", _train_loader, [(where, train, workers)], shard_paths))
+        passes.append((f"train {train}: shards loader", _train_loader, [(where, train, workers, None)], shard_paths))
+        if device is not None:
+            passes.append(
+                (
+                    f"train {train}: shards loader, {device}",
+                    _train_loader,
+                    [(where, train, workers, device)],
+                    shard_paths,
+                )
+            )
 
     pool = process_pool(workers) if workers > 1 else None
     finished = False

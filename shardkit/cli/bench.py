@@ -33,6 +33,10 @@ def bench(
         Optional[int],
         typer.Option(help="Also the training input at this crop size: the batch loader vs torchvision on --against."),
     ] = None,
+    device: Annotated[
+        Optional[str],
+        typer.Option(help="With --train: also the loader's device path on this device (cuda, cuda:N; cpu to try it)."),
+    ] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
@@ -50,7 +54,7 @@ def bench(
         check_report_path(json_path)
         check_plot_path(plot)
         report = run_bench(
-            output, against=against, workers=workers, repeat=repeat, cold=cold, train=train,
+            output, against=against, workers=workers, repeat=repeat, cold=cold, train=train, device=device,
             storage_options=storage_options(storage_option), cache_dir=cache_dir, cache_limit=cache_limit,
             progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
         )  # fmt: skip
@@ -96,10 +100,11 @@ def render(report: BenchReport) -> None:
         )
         console.print(f"shard reader overhead over decoding the same bytes from memory: {overhead:+.1%} ({how})")
     training = [row.name for row in report.rows if row.name.startswith("train ")]
-    if len(training) == 2:
-        console.print(
-            f"training input: the shards loader is {report.ratio(training[1], training[0]):.2f}x torchvision's "
-            "RandomResizedCrop on the raw folder (median of the per-round ratios)"
-        )
+    if len(training) >= 2 and "torchvision" in training[0]:
+        for loader in training[1:]:
+            console.print(
+                f"training input: {loader.split(': ', 1)[1]} is {report.ratio(loader, training[0]):.2f}x "
+                "torchvision's RandomResizedCrop on the raw folder (median of the per-round ratios)"
+            )
     if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == BASELINE for r in report.rows):
         console.print("[dim]pass --against SRC to compare with the raw folder[/]")
