@@ -187,32 +187,3 @@ def finish(torch: Any, pixels: Any, dtype: Any, mean: Any, std: Any) -> Any:
         scale = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
         out = ((pixels / 255.0 - shift) / scale).to(dtype)
     return out.contiguous(memory_format=torch.channels_last)
-
-
-def make_batch(
-    torch: Any, loader: Any, chunk: list[Any], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]
-) -> Any:
-    """A Batch on loader.device from a loader thread's gathered records (`BatchLoader._gather`),
-    or None when every record failed and on_error skips them."""
-    from .decode import record_fields
-    from .loader import Batch
-
-    candidates = [i for i in range(len(chunk)) if i not in failures]
-    images, failed = decode_batch(
-        torch, [chunk[i].record for i in candidates], loader.device, loader.dataset.max_pixels
-    )
-    failures = {**failures, **{candidates[n]: reason for n, reason in failed.items()}}
-    keep = loader._failed(chunk, failures)  # (raises for on_error="raise")
-    rows = list(range(len(chunk))) if keep is None else keep
-    if not rows:
-        return None
-    decoded = dict(zip(candidates, images, strict=True))
-    pixels = resample_batch(torch, [decoded[i] for i in rows], boxes[rows], flips[rows], loader.size)
-    records = [chunk[i].record for i in rows]
-    labels = torch.tensor([-1 if r.label is None else r.label for r in records], dtype=torch.int64)
-    batch = Batch(finish(torch, pixels, loader.dtype, loader.mean, loader.std), labels.to(loader.device),
-                  [r.key for r in records])  # fmt: skip
-    if any(r.text is not None or r.columns is not None or r.files for r in records):
-        batch.texts = [r.text for r in records]
-        batch.fields = [record_fields(r, "bytes") for r in records]
-    return batch

@@ -299,8 +299,6 @@ class BatchLoader:
             if batch is not None:
                 yield batch
             return
-        from .device import make_batch
-
         work, positions = pending.popleft()
         gathered = work.result() if work is not None else None
         torch, stream, done = self._torch, self._stream, None
@@ -310,11 +308,11 @@ class BatchLoader:
             batch = None
         elif stream is not None:
             with torch.cuda.stream(stream):
-                batch = make_batch(torch, self, *gathered)
+                batch = self._on_device(*gathered)
                 done = torch.cuda.Event()
                 done.record(stream)
         else:
-            batch = make_batch(torch, self, *gathered)
+            batch = self._on_device(*gathered)
         if batch is None:  # every record skipped: consumed along with the batch before it
             if self._ahead is None:
                 position.advance(positions)
@@ -348,6 +346,32 @@ class BatchLoader:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(key, number, sizes)
         return chunk, boxes, flips, failures
+
+    def _on_device(self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]) -> Any:
+        """A Batch on the device from what `_gather` read (readers/device.py), or None when every
+        record failed and on_error skips them."""
+        from .device import decode_batch, finish, resample_batch
+
+        torch = self._torch
+        candidates = [i for i in range(len(chunk)) if i not in failures]
+        images, failed = decode_batch(
+            torch, [chunk[i].record for i in candidates], self.device, self.dataset.max_pixels
+        )
+        failures = {**failures, **{candidates[n]: reason for n, reason in failed.items()}}
+        keep = self._failed(chunk, failures)
+        rows = list(range(len(chunk))) if keep is None else keep
+        if not rows:
+            return None
+        decoded = dict(zip(candidates, images, strict=True))
+        pixels = resample_batch(torch, [decoded[i] for i in rows], boxes[rows], flips[rows], self.size)
+        records = [chunk[i].record for i in rows]
+        labels = torch.tensor([-1 if r.label is None else r.label for r in records], dtype=torch.int64)
+        images = finish(torch, pixels, self.dtype, self.mean, self.std)
+        batch = Batch(images, labels.to(self.device), [r.key for r in records])
+        if any(r.text is not None or r.columns is not None or r.files for r in records):
+            batch.texts = [r.text for r in records]
+            batch.fields = [record_fields(r, "bytes") for r in records]
+        return batch
 
     @staticmethod
     def _next(pending: deque[tuple[Future[Any] | None, int]], position: Cursor) -> Batch | None:
