@@ -10,6 +10,7 @@ from ..core.version import __version__
 from .bench import bench
 from .common import console
 from .doctor import doctor
+from .duplicates import duplicates
 from .index import index
 from .pack import pack
 from .probe import probe
@@ -17,7 +18,7 @@ from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
-    help="Pack image folders into fast training shards: probe, pack, verify, index, bench.",
+    help="Pack image folders into fast training shards: probe, pack, verify, index, bench, duplicates.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -44,4 +45,5 @@ app.command()(pack)
 app.command()(verify)
 app.command()(index)
 app.command()(bench)
+app.command()(duplicates)
 app.command()(doctor)

@@ -1,0 +1,62 @@
+"""`shardkit duplicates`: exact and near duplicates within and across source folders (leakage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from .common import check_report_path, console, progress_bar, user_errors, write_json_report
+
+SHOWN_GROUPS = 10
+
+
+def duplicates(
+    sources: Annotated[list[Path], typer.Argument(help="Image folders (or list files): train, val, test...")],
+    near: Annotated[
+        bool, typer.Option(help="Also near duplicates: re-encoded, resized, grey, brighter, slightly cropped.")
+    ] = False,
+    threshold: Annotated[
+        Optional[int], typer.Option(help="Near: the largest Hamming distance of two DCT hashes (0-32). \\[default: 10]")
+    ] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every group as JSON.")] = None,
+) -> None:
+    """Find images that are the same (the same bytes) or, with --near, nearly the same, within and
+    across the sources; a group spanning two sources (train and val) is leakage."""
+    from ..packing.duplicates import DEFAULT_THRESHOLD, find_duplicates  # here: --help stays fast
+
+    with user_errors():
+        check_report_path(json_path)
+        if threshold is not None and not near:
+            raise typer.BadParameter("--threshold is for --near")
+        with progress_bar("hashing", unit="files") as bar:
+            task = bar.add_task("hash", total=None, rate="")
+            report = find_duplicates(
+                [str(source) for source in sources], near=near,
+                threshold=DEFAULT_THRESHOLD if threshold is None else threshold, workers=workers,
+                progress=lambda done: bar.update(task, completed=done),
+            )  # fmt: skip
+        leaks = [group for group in report.groups if group.leakage]
+        how = f"near: DCT hashes within {report.threshold} bits" if report.near else "exact only (--near for more)"
+        console.print(
+            f"{report.files:,} files in {len(report.sources)} source(s), {report.seconds:.1f}s; {how}\n"
+            f"[bold]{report.count('exact'):,}[/] exact groups (the same bytes), [bold]{report.count('near'):,}[/] near "
+            f"groups; [bold red]{len(leaks):,}[/] groups span sources (leakage)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for group in (leaks or report.groups)[:SHOWN_GROUPS]:
+            tag = " [red]leakage[/]" if group.leakage else ""
+            more = f" (+{len(group.files) - 4})" if len(group.files) > 4 else ""
+            console.print(
+                f"- {group.kind}{tag}: " + escape(", ".join(group.files[:4])) + more, highlight=False, soft_wrap=True
+            )
+        if report.failures:
+            console.print(
+                f"[yellow]{len(report.failures):,} files not hashed[/] (unreadable, undecodable or too small)"
+            )
+        if json_path is not None:
+            write_json_report(json_path, report.to_json())

@@ -1,0 +1,106 @@
+"""Perceptual hashes and the search for near ones: pure numpy, no decoding (callers hand in a
+small grey thumbnail).
+
+The hash is the DCT hash (pHash, as imagehash's `phash` computes it): a 32x32 luminance thumbnail,
+its 2-D DCT-II, the 8x8 lowest frequencies compared with their median, 64 bits. Re-encoding,
+resizing, grey and brightness changes move few of its bits; a crop of a few per cent moves more.
+
+`near_pairs` finds every pair within a Hamming distance without comparing all pairs: multi-index
+hashing (Norouzi et al., 2012). The 64 bits are cut into m bands; two hashes within distance T
+agree within floor(T / m) bits on at least one band (pigeonhole), so each hash is looked up, per
+band, under every variant of its band within that many bits, in the band's sorted values (numpy
+searchsorted), and only those candidates are compared in full. m is chosen so that a band's values
+outnumber the hashes (a bucket holds about one by chance).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+THUMBNAIL = 32
+_BITS = 64
+
+
+def _dct_matrix(size: int) -> np.ndarray:
+    """The orthonormal DCT-II matrix (rows: frequencies)."""
+    k = np.arange(size)[:, None]
+    n = np.arange(size)[None, :]
+    matrix = np.cos(np.pi * (2 * n + 1) * k / (2 * size)) * math.sqrt(2 / size)
+    matrix[0] /= math.sqrt(2)
+    return matrix
+
+
+_DCT = _dct_matrix(THUMBNAIL)
+
+
+def dct_hash(thumbnail: np.ndarray) -> int:
+    """The 64-bit DCT hash of a THUMBNAIL x THUMBNAIL grey image (any numeric dtype)."""
+    if thumbnail.shape != (THUMBNAIL, THUMBNAIL):
+        raise ValueError(f"a {THUMBNAIL}x{THUMBNAIL} thumbnail, not {thumbnail.shape}")
+    low = (_DCT @ thumbnail.astype(np.float64) @ _DCT.T)[:8, :8]
+    bits = (low > np.median(low)).ravel()
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+_BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], np.int64)
+
+
+def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamming distances between uint64 hashes, elementwise."""
+    xor = np.bitwise_xor(a, b)
+    if hasattr(np, "bitwise_count"):  # numpy 2
+        return np.bitwise_count(xor).astype(np.int64)
+    return _BYTE_BITS[np.ascontiguousarray(xor).view(np.uint8).reshape(-1, 8)].sum(axis=1)
+
+
+def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
+    """(shift, width) of each band: about log2(count) bits each (at least 8), at most threshold + 1 bands."""
+    width = max(8, math.ceil(math.log2(max(count, 2))))
+    bands = max(1, min(threshold + 1, _BITS // width))
+    edges = np.linspace(0, _BITS, bands + 1).round().astype(int)
+    return [(int(edges[i]), int(edges[i + 1] - edges[i])) for i in range(bands)]
+
+
+def _variants(width: int, radius: int) -> np.ndarray:
+    """Every mask of `width` bits with at most `radius` bits set."""
+    masks = [0]
+    for bits in range(1, radius + 1):
+        masks += [sum(1 << b for b in chosen) for chosen in itertools.combinations(range(width), bits)]
+    return np.array(masks, np.uint64)
+
+
+def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 20) -> np.ndarray:
+    """Every pair (i, j), i < j, of `hashes` (uint64) within Hamming distance `threshold`, as an
+    (n, 2) int64 array (each pair once)."""
+    hashes = np.ascontiguousarray(hashes, np.uint64)
+    count = len(hashes)
+    if count < 2:
+        return np.zeros((0, 2), np.int64)
+    found = []
+    for shift, width in (bands := _bands(count, threshold)):
+        radius = threshold // len(bands)
+        values = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+        order = np.argsort(values, kind="stable")
+        ordered = values[order]
+        for mask in _variants(width, radius):
+            targets = values ^ mask
+            low = np.searchsorted(ordered, targets, "left")
+            high = np.searchsorted(ordered, targets, "right")
+            sizes = high - low
+            have = np.flatnonzero(sizes)
+            # candidate pairs, a bounded number at a time: (item, each hash in its target's bucket)
+            for start in range(0, len(have), max(1, chunk // 64)):
+                items = have[start : start + max(1, chunk // 64)]
+                repeats = sizes[items]
+                left = np.repeat(items, repeats)
+                offsets = np.arange(len(left)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+                right = order[np.repeat(low[items], repeats) + offsets]
+                keep = (left < right) & (distances(hashes[left], hashes[right]) <= threshold)
+                if keep.any():
+                    found.append(np.stack([left[keep], right[keep]], axis=1))
+    if not found:
+        return np.zeros((0, 2), np.int64)
+    return np.unique(np.concatenate(found), axis=0)

@@ -1,0 +1,172 @@
+"""Duplicates and leakage (packing/duplicates.py, core/phash.py): planted copies of every kind are
+found, distinct photos never group, the near search finds exactly the pairs all-pairs would, and
+bad input is reported, never fatal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance
+
+from shardkit.core.errors import ConfigError
+from shardkit.core.phash import distances, near_pairs
+from shardkit.packing.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from shardkit.synthetic import picture
+
+from .conftest import IMAGENET_SAMPLE
+
+KINDS = ("exact", "q20", "half", "png", "crop3", "grey", "bright")
+
+
+def photos(count: int) -> list[Image.Image]:
+    """Real photos when ../shared is here, generated ones otherwise (those are 16+ bits apart too)."""
+    if IMAGENET_SAMPLE.is_dir():
+        paths = sorted(p for p in IMAGENET_SAMPLE.iterdir() if p.suffix.lower() == ".jpeg")[:count]
+        return [Image.open(path).convert("RGB") for path in paths]
+    return [Image.fromarray(picture(320 + 7 * i, 240 + 5 * i, i, 3)) for i in range(count)]
+
+
+def plant(image: Image.Image, kind: str, path: Path) -> Path:
+    """A copy of `image` changed the way `kind` says, written to `path` (suffix set here)."""
+    width, height = image.size
+    if kind == "png":
+        path = path.with_suffix(".png")
+        image.save(path)
+        return path
+    path = path.with_suffix(".jpg")
+    changed = {
+        "q20": image,
+        "half": image.resize((width // 2, height // 2)),
+        "crop3": image.crop(
+            (int(width * 0.03), int(height * 0.03), width - int(width * 0.03), height - int(height * 0.03))
+        ),
+        "grey": image.convert("L"),
+        "bright": ImageEnhance.Brightness(image).enhance(1.3),
+    }[kind]
+    changed.save(path, quality=20 if kind == "q20" else 90)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, list[tuple[str, str]]]]:
+    """train: 24 photos; val: 6 distinct photos and, for each kind, a copy of 3 train photos."""
+    root = tmp_path_factory.mktemp("dups")
+    train, val = root / "train", root / "val"
+    train.mkdir()
+    val.mkdir()
+    images = photos(30)
+    for i, image in enumerate(images[:24]):
+        image.save(train / f"t{i:02d}.jpg", quality=90)
+    for i, image in enumerate(images[24:]):
+        image.save(val / f"v{i:02d}.jpg", quality=90)
+    expected: dict[str, list[tuple[str, str]]] = {kind: [] for kind in KINDS}
+    for k, kind in enumerate(KINDS):
+        for n in range(3):
+            i = 3 * k + n
+            original = train / f"t{i:02d}.jpg"
+            if kind == "exact":
+                copy = val / f"copy_{kind}_{i:02d}.jpg"
+                copy.write_bytes(original.read_bytes())
+            else:
+                copy = plant(images[i], kind, val / f"copy_{kind}_{i:02d}")
+            expected[kind].append((str(original), str(copy)))
+    return train, val, expected
+
+
+def test_planted_copies_are_found_and_distinct_photos_never_group(planted) -> None:
+    train, val, expected = planted
+    report = find_duplicates([train, val], near=True)
+    together = {}
+    for number, group in enumerate(report.groups):
+        for path in group.files:
+            together[path] = number
+    recall = {}
+    for kind, pairs in expected.items():
+        recall[kind] = sum(together.get(a) is not None and together.get(a) == together.get(b) for a, b in pairs) / 3
+    # thresholds from the 300 ImageNet photos (README): every copy of these kinds is within 8 bits
+    assert all(recall[kind] == 1 for kind in ("exact", "q20", "half", "png", "grey")), recall
+    assert recall["bright"] >= 2 / 3 and recall["crop3"] >= 2 / 3, recall
+    originals = [str(p) for p in sorted(train.iterdir())] + [str(p) for p in sorted(val.glob("v*.jpg"))]
+    false_groups = [g for g in report.groups if sum(path in originals for path in g.files) > 1]
+    assert false_groups == []
+    exact = [g for g in report.groups if g.kind == "exact"]
+    assert [sorted(g.files) for g in exact] == [sorted(pair) for pair in expected["exact"]]
+    assert all(g.leakage for g in report.groups)  # every planted copy is in val, every original in train
+    exact_only = find_duplicates([train, val])
+    assert [g.kind for g in exact_only.groups] == ["exact"] * 3 and exact_only.threshold is None
+
+
+@pytest.mark.parametrize("threshold", [0, 3, 6, 10, 16])
+def test_the_near_search_finds_what_all_pairs_finds(threshold: int) -> None:
+    rng = np.random.default_rng(threshold)
+    base = rng.integers(0, 2**63, 400, dtype=np.uint64)
+    flips = [np.uint64(1) << np.uint64(b) for b in range(64)]
+    near = []
+    for value in base[:100]:  # copies a few bits away, some within the threshold and some past it
+        changed = value
+        for bit in rng.choice(64, int(rng.integers(0, threshold + 3)), replace=False):
+            changed ^= flips[bit]
+        near.append(changed)
+    hashes = np.concatenate([base, np.array(near, np.uint64)])
+    got = {tuple(pair) for pair in near_pairs(hashes, threshold).tolist()}
+    d = distances(hashes[:, None], hashes[None, :])
+    want = {(i, j) for i, j in zip(*np.nonzero(d <= threshold), strict=True) if i < j}
+    assert got == want and len(want) >= (1 if threshold else 0)
+
+
+def test_bad_files_are_reported_and_links_count_once(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    good = source / "a.jpg"
+    photos(1)[0].save(good, quality=90)
+    data = good.read_bytes()
+    (source / "b_truncated.jpg").write_bytes(data[: len(data) // 3])
+    (source / "c_garbage.jpg").write_bytes(b"\xff\xd8\xff" + os.urandom(500))
+    Image.fromarray(picture(12, 9, 1, 3)).save(source / "d_tiny.png")
+    os.symlink(good, source / "e_link.jpg")
+    os.link(good, source / "f_hardlink.jpg")
+    report = find_duplicates([source], near=True)
+    assert report.groups == [] and report.files == 4  # a, b, c, d: the links are a's file
+    reasons = {Path(f.path).name: f.reason for f in report.failures}
+    assert set(reasons) >= {"c_garbage.jpg", "d_tiny.png"}, reasons
+    assert "too small to hash" in reasons["d_tiny.png"] and "cannot decode" in reasons["c_garbage.jpg"]
+
+
+def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_path: Path) -> None:
+    train, val, expected = planted
+    out = tmp_path / "report.json"
+    relative = os.path.relpath(val)
+    done = subprocess.run([*python_command, "duplicates", str(train), relative, "--near", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "span sources (leakage)" in " ".join(done.stdout.split())
+    report = json.loads(out.read_text())
+    assert report["threshold"] == DEFAULT_THRESHOLD and report["leakage"] == len(report["groups"])
+    kinds = {group["kind"] for group in report["groups"]}
+    assert kinds == {"exact", "near"}
+    files = [path for group in report["groups"] for path in group["files"]]
+    assert all(path.startswith((str(train), relative)) for path in files)
+    assert os.path.join(relative, Path(expected["exact"][0][1]).name) in files
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        (["--threshold", "5"], "--threshold is for --near"),
+        (["--near", "--threshold", "40"], "0 to 32 bits"),
+        (["--workers", "0"], "at least 1"),
+    ],
+)
+def test_bad_flags_are_one_line(python_command, tmp_path: Path, arguments: list[str], words: str) -> None:
+    done = subprocess.run([*python_command, "duplicates", str(tmp_path), *arguments], capture_output=True, text=True)
+    assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_no_source_is_refused() -> None:
+    with pytest.raises(ConfigError, match="at least one source"):
+        find_duplicates([])
