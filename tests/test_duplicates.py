@@ -141,8 +141,9 @@ def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_
     train, val, expected = planted
     out = tmp_path / "report.json"
     relative = os.path.relpath(val)
-    done = subprocess.run([*python_command, "duplicates", str(train), relative, "--near", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    sheet = tmp_path / "sheet.png"
+    done = subprocess.run([*python_command, "duplicates", str(train), relative, "--near", "--json", str(out),
+                           "--plot", str(sheet)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "span sources (leakage)" in " ".join(done.stdout.split())
     report = json.loads(out.read_text())
@@ -152,6 +153,8 @@ def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_
     files = [path for group in report["groups"] for path in group["files"]]
     assert all(path.startswith((str(train), relative)) for path in files)
     assert os.path.join(relative, Path(expected["exact"][0][1]).name) in files
+    with Image.open(sheet) as image:  # a row per group drawn (8 at most)
+        assert image.format == "PNG" and image.height > 8 * 128
 
 
 @pytest.mark.parametrize(
@@ -160,6 +163,7 @@ def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_
         (["--threshold", "5"], "--threshold is for --near"),
         (["--near", "--threshold", "40"], "0 to 32 bits"),
         (["--workers", "0"], "at least 1"),
+        (["--plot", "sheet.gif"], "a contact sheet must be"),
     ],
 )
 def test_bad_flags_are_one_line(python_command, tmp_path: Path, arguments: list[str], words: str) -> None:

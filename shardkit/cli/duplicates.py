@@ -23,13 +23,17 @@ def duplicates(
     ] = None,
     workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every group as JSON.")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="A contact sheet (.png or .jpg) of the leakage groups, then the largest.")
+    ] = None,
 ) -> None:
     """Find images that are the same (the same bytes) or, with --near, nearly the same, within and
     across the sources; a group spanning two sources (train and val) is leakage."""
-    from ..packing.duplicates import DEFAULT_THRESHOLD, find_duplicates  # here: --help stays fast
+    from ..packing.duplicates import DEFAULT_THRESHOLD, contact_sheet, find_duplicates  # here: --help stays fast
 
     with user_errors():
         check_report_path(json_path)
+        check_report_path(plot, (".png", ".jpg", ".jpeg"), "a contact sheet")
         if threshold is not None and not near:
             raise typer.BadParameter("--threshold is for --near")
         with progress_bar("hashing", unit="files") as bar:
@@ -60,3 +64,6 @@ def duplicates(
             )
         if json_path is not None:
             write_json_report(json_path, report.to_json())
+        if plot is not None and report.groups:
+            rows = contact_sheet(report, plot)
+            console.print(f"contact sheet of {rows} groups: {escape(str(plot))}", highlight=False)

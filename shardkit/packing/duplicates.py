@@ -241,3 +241,33 @@ def _near_groups(
         distance = int(max(bin(int(first) ^ int(hashes[at])).count("1") for at in files))
         groups.append(DuplicateGroup("near", [shown[at] for at in files], [origin[at] for at in files], distance))
     return groups
+
+
+def contact_sheet(report: DuplicatesReport, path: str | os.PathLike[str], groups: int = 8, per_group: int = 6) -> int:
+    """A PNG (or JPEG, by the suffix) of the leakage groups first, then the largest: a row per
+    group, a 128 px thumbnail per file with its name under it. Returns the rows drawn."""
+    from PIL import Image, ImageDraw
+
+    chosen = sorted(report.groups, key=lambda g: (not g.leakage, -len(g.files)))[:groups]
+    cell, label = 128, 14
+    sheet = Image.new(
+        "RGB", (max(1, per_group) * (cell + 8) + 8, max(1, len(chosen)) * (cell + label + 24) + 8), "white"
+    )
+    draw = ImageDraw.Draw(sheet)
+    for row, group in enumerate(chosen):
+        top = 8 + row * (cell + label + 24)
+        title = f"{group.kind}{' (leakage)' if group.leakage else ''}: {len(group.files)} files"
+        draw.text((8, top), title, fill="red" if group.leakage else "black")
+        for column, name in enumerate(group.files[:per_group]):
+            left = 8 + column * (cell + 8)
+            try:
+                with Image.open(name) as image:
+                    image.draft("RGB", (cell, cell))
+                    thumbnail = image.convert("RGB")
+                    thumbnail.thumbnail((cell, cell))
+                sheet.paste(thumbnail, (left, top + 14))
+            except (OSError, ValueError):
+                draw.rectangle((left, top + 14, left + cell, top + 14 + cell), outline="grey")
+            draw.text((left, top + 16 + cell), os.path.basename(name)[:20], fill="black")
+    sheet.save(path)
+    return len(chosen)
