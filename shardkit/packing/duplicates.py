@@ -250,9 +250,8 @@ def contact_sheet(report: DuplicatesReport, path: str | os.PathLike[str], groups
 
     chosen = sorted(report.groups, key=lambda g: (not g.leakage, -len(g.files)))[:groups]
     cell, label = 128, 14
-    sheet = Image.new(
-        "RGB", (max(1, per_group) * (cell + 8) + 8, max(1, len(chosen)) * (cell + label + 24) + 8), "white"
-    )
+    columns = max((min(len(group.files), per_group) for group in chosen), default=1)
+    sheet = Image.new("RGB", (columns * (cell + 8) + 8, max(1, len(chosen)) * (cell + label + 24) + 8), "white")
     draw = ImageDraw.Draw(sheet)
     for row, group in enumerate(chosen):
         top = 8 + row * (cell + label + 24)
