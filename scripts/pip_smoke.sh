@@ -15,4 +15,4 @@ cd "$work"
 echo "pip install . on $("$work/venv/bin/python" --version): running the core tests against it"
 SHARDKIT_REQUIRE_EXTENSIONS=1 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
   tests/test_formats.py tests/test_readers.py tests/test_scanner.py tests/test_manifest.py tests/test_verify.py \
-  tests/test_loader.py tests/test_resume.py tests/test_cli_probe.py tests/test_hostile.py
+  tests/test_loader.py tests/test_resume.py tests/test_cli_probe.py tests/test_hostile.py tests/test_duplicates.py
