@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from PIL import Image, ImageEnhance
 
 from shardkit import __version__
-from shardkit.core.phash import distances, near_pairs
+from shardkit.core.phash import components, distances, near_pairs
 from shardkit.packing.duplicates import _hash_file
 
 KINDS = ("q20", "half", "png", "crop3", "grey", "bright")
@@ -65,21 +65,13 @@ def peak_kib() -> int:
 
 
 def grouped(hashes: np.ndarray, originals: int, copies: dict[str, list[int]], threshold: int) -> dict[str, float]:
-    pairs = {tuple(p) for p in near_pairs(hashes, threshold).tolist()}
-    parent = list(range(len(hashes)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, b in pairs:
-        parent[max(root(a), root(b))] = min(root(a), root(b))
+    pairs = near_pairs(hashes, threshold)
+    group = components(len(hashes), pairs)
     found = {
-        kind: sum(root(c) == root(i) for i, c in enumerate(members)) / len(members) for kind, members in copies.items()
+        kind: sum(group[c] == group[i] for i, c in enumerate(members)) / len(members)
+        for kind, members in copies.items()
     }
-    found["false pairs"] = sum(1 for a, b in pairs if a < originals and b < originals)
+    found["false pairs"] = sum(1 for a, b in pairs.tolist() if a < originals and b < originals)
     return found
 
 

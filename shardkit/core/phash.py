@@ -114,3 +114,21 @@ def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.n
     if not found:
         return np.zeros((0, 2), np.int64)
     return np.unique(np.concatenate(found), axis=0)
+
+
+def components(count: int, pairs: np.ndarray) -> np.ndarray:
+    """The group of each of `count` items joined through `pairs` (union-find): an int64 array
+    holding, per item, the smallest item of its group."""
+    parent = np.arange(count)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = int(parent[i])
+        return i
+
+    for a, b in pairs.tolist():
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return np.array([root(i) for i in range(count)], np.int64)

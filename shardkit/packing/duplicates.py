@@ -22,7 +22,7 @@ import numpy as np
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, Failure, describe
 from ..core.executors import default_workers, map_local
-from ..core.phash import THUMBNAIL, dct_hash, near_pairs
+from ..core.phash import THUMBNAIL, components, dct_hash, near_pairs
 from ..core.safeio import read_regular
 from .discover import walk
 
@@ -216,24 +216,12 @@ def _near_groups(
     members = np.array(sorted(copies), np.int64)
     if len(members) < 2:
         return []
-    pairs = near_pairs(hashes[members], threshold)
-    parent = list(range(len(members)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, b in pairs.tolist():
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    components: dict[int, list[int]] = {}
-    for i in range(len(members)):
-        components.setdefault(root(i), []).append(i)
+    group_of = components(len(members), near_pairs(hashes[members], threshold))
+    joined: dict[int, list[int]] = {}
+    for i, group in enumerate(group_of.tolist()):
+        joined.setdefault(group, []).append(i)
     groups = []
-    for component in components.values():
+    for component in joined.values():
         if len(component) < 2:
             continue
         files = [at for i in component for at in copies[int(members[i])]]
