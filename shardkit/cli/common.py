@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ConfigError, ShardkitError, describe
-from ..core.executors import Stopped, arm_stops, exit_on_stop, stopped_by
+from ..core.executors import Stopped, arm_stops, exit_on_stop, raise_swallowed_stop, stopped_by
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -36,6 +36,7 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
         try:
             arm_stops()
             yield
+            raise_swallowed_stop()  # (a stop whose Stopped a weakref callback swallowed is still a stop)
         finally:
             exit_on_stop()  # from here on a stop signal exits at once: the handlers below run whole
     except Exception as error:
