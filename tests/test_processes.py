@@ -290,6 +290,25 @@ typer.run(main)
 """
 
 
+REPLACED = """
+import os, signal, time, typer
+from shardkit.cli.common import user_errors
+def main():
+    with user_errors():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        except KeyboardInterrupt:  # what a library's wait may do with our Stopped
+            raise KeyboardInterrupt from None
+typer.run(main)
+"""
+
+
+def test_a_stop_a_library_turned_into_keyboardinterrupt_keeps_its_signal() -> None:
+    done = subprocess.run([sys.executable, "-c", REPLACED], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (143, "stopped by SIGTERM\n")
+
+
 def test_a_stop_swallowed_by_a_weakref_callback_still_stops() -> None:
     """The handler raises Stopped wherever the main thread is; inside a weakref callback Python
     swallows it ("Exception ignored") and the work went on to exit 0 (1 of 200 random stops)."""

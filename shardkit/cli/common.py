@@ -48,7 +48,10 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
         err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as stopped:
-        _stopped(stopped.signum if isinstance(stopped, Stopped) else signal.SIGINT, on_stop)
+        # A library may catch our Stopped and raise a plain KeyboardInterrupt in its place (Ray's
+        # waits do: a SIGTERM then read as Ctrl-C, exit 130, once under load): the signal that
+        # came is the one to exit with.
+        _stopped(stopped.signum if isinstance(stopped, Stopped) else stopped_by() or signal.SIGINT, on_stop)
 
 
 def _stopped(signum: int, on_stop: str) -> NoReturn:
