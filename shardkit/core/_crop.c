@@ -407,6 +407,12 @@ static int plan(Window *win, int in_w, int in_h, double x0, double y0, double x1
     return 1;
 }
 
+/* Bytes a paired horizontal pass may read past the window's last row: the lanes of a register
+ * step as far as the widest filter in it, so the last pixels of a row (fewer taps at the image's
+ * edge) read up to a whole filter's width of weightless pixels beyond it (8 bytes a tap pair, RGBX),
+ * which for a raw record downscaled 36x is ~70 taps, past any fixed slack. */
+static size_t slack(const Window *win) { return 8 * (size_t)win->xk + 64; }
+
 /* The two passes over `region` (the window's rows from first_row, `stride` bytes apart, column 0 of
  * the region being source column `shift`) into job->out: the portable ones over RGB rows (`plain`),
  * else the paired ones over RGBX. 0 when out of memory. */
@@ -492,8 +498,7 @@ static void crop_decode(Job *job, int out_w, int out_h, unsigned long long max_p
         jpeg_crop_scanline(&cinfo, &xoffset, &crop_width); /* widened to whole iMCU columns */
     size_t stride = (size_t)crop_width * channels;
     int rows = win.end_row - win.first_row;
-    /* Slack: a paired horizontal pass reads weightless pixels past a row (up to a pair's worth). */
-    if (!grow((void **)&s->region, &s->region_size, stride * (size_t)rows + 64)) {
+    if (!grow((void **)&s->region, &s->region_size, stride * (size_t)rows + slack(&win))) {
         fail(job, FAILED, "out of memory");
         jpeg_destroy_decompress(&cinfo);
         return;
@@ -535,7 +540,7 @@ static void crop_raw(Job *job, int out_w, int out_h, Scratch *s) {
     } else {
         int cols = win.end_col - win.first_col;
         size_t stride = (size_t)cols * 4;
-        ok = grow((void **)&s->region, &s->region_size, stride * (size_t)rows + 64);
+        ok = grow((void **)&s->region, &s->region_size, stride * (size_t)rows + slack(&win));
         for (int y = 0; ok && y < rows; y++) {
             const unsigned char *src = first + line * (size_t)y + (size_t)win.first_col * 3;
             unsigned char *dst = s->region + stride * (size_t)y;
