@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageEnhance
 
 from shardkit.core.errors import ConfigError
-from shardkit.core.phash import distances, near_pairs
+from shardkit.core.phash import distances, near_components, near_pairs
 from shardkit.packing.duplicates import DEFAULT_THRESHOLD, find_duplicates
 from shardkit.synthetic import picture
 
@@ -117,6 +117,29 @@ def test_the_near_search_finds_what_all_pairs_finds(threshold: int) -> None:
     d = distances(hashes[:, None], hashes[None, :])
     want = {(i, j) for i, j in zip(*np.nonzero(d <= threshold), strict=True) if i < j}
     assert got == want and len(want) >= (1 if threshold else 0)
+
+
+def test_many_equal_hashes_are_one_group_without_pairing_them() -> None:
+    """50,000 distinct images of one hash (all-black tiles): k^2 / 2 pairs would not fit in memory."""
+    hashes = np.concatenate([np.zeros(50_000, np.uint64), np.array([1, 2**63 - 1, 3], np.uint64)])
+    group = near_components(hashes, 2)
+    assert len(set(group[:50_000].tolist())) == 1 and group[50_000] == group[0] == group[50_002]
+    assert group[50_001] != group[0]
+
+
+def test_a_link_in_another_source_is_leakage(tmp_path: Path) -> None:
+    """A symlink farm or `cp -al` split: val/x.jpg is train/x.jpg. Within a source a link counts
+    once; across sources it is the same image in both: leakage ("same file")."""
+    train, val = tmp_path / "train", tmp_path / "val"
+    train.mkdir()
+    val.mkdir()
+    photos(1)[0].save(train / "x.jpg", quality=90)
+    os.symlink(train / "x.jpg", val / "x.jpg")
+    os.link(train / "x.jpg", val / "y.jpg")
+    report = find_duplicates([train, val], near=True)
+    (group,) = report.groups
+    assert group.kind == "exact" and group.match == "same file" and group.leakage
+    assert group.files == [str(train / "x.jpg"), str(val / "x.jpg")] and report.files == 1
 
 
 def test_bad_files_are_reported_and_links_count_once(tmp_path: Path) -> None:

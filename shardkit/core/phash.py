@@ -132,3 +132,12 @@ def components(count: int, pairs: np.ndarray) -> np.ndarray:
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
     return np.array([root(i) for i in range(count)], np.int64)
+
+
+def near_components(hashes: np.ndarray, threshold: int) -> np.ndarray:
+    """The group of each hash, joined through every pair within `threshold` (transitively), as the
+    index of one hash of its group. Equal hashes are joined without pairing them: k distinct images
+    with one hash (all-black tiles hash to 0) would otherwise make k^2 / 2 pairs."""
+    values, first_index, inverse = np.unique(np.asarray(hashes, np.uint64), return_index=True, return_inverse=True)
+    group = components(len(values), near_pairs(values, threshold))
+    return first_index[group][inverse.ravel()]

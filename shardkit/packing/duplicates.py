@@ -22,7 +22,7 @@ import numpy as np
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, Failure, describe
 from ..core.executors import default_workers, map_local
-from ..core.phash import THUMBNAIL, components, dct_hash, near_pairs
+from ..core.phash import THUMBNAIL, dct_hash, near_components
 from ..core.safeio import read_regular
 from .discover import walk
 
@@ -42,6 +42,7 @@ class DuplicateGroup:
     files: list[str]  # as typed: the source joined with the file's path in it
     sources: list[int]  # which source each file came from
     distance: int = 0  # near: the largest distance of a file's hash to the first file's
+    match: str = "bytes"  # exact: "bytes", or "same file" (one file reached from two sources by links)
 
     @property
     def leakage(self) -> bool:
@@ -50,7 +51,7 @@ class DuplicateGroup:
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": self.kind, "files": self.files, "leakage": self.leakage}
         if self.kind == "exact":
-            row["match"] = "bytes"
+            row["match"] = self.match
         else:
             row["distance"] = self.distance
         return row
@@ -149,7 +150,8 @@ def find_duplicates(
     shown: list[str] = []
     origin: list[int] = []
     failures: list[Failure] = []
-    same_file: set[tuple[int, int]] = set()
+    first_of: dict[tuple[int, int], int] = {}  # a file (device, inode) -> where it was first reached
+    aliases: dict[int, list[tuple[str, int]]] = {}  # the same file reached from another source
     for number, (source, found) in enumerate(zip(typed, walks, strict=True)):
         for item in found.items:
             try:
@@ -157,9 +159,14 @@ def find_duplicates(
             except OSError as error:
                 failures.append(Failure(os.path.join(source, item.relpath), "read", describe(error)))
                 continue
-            if (status.st_dev, status.st_ino) in same_file:  # a link to a file already taken: one file
+            first = first_of.get((status.st_dev, status.st_ino))
+            if first is not None:
+                # A link to a file already taken is that file: within a source it counts once (not
+                # a duplicate), but one file in train and val (a symlink farm, cp -al) is leakage.
+                if number != origin[first] and all(number != o for _, o in aliases.get(first, [])):
+                    aliases.setdefault(first, []).append((os.path.join(source, item.relpath), number))
                 continue
-            same_file.add((status.st_dev, status.st_ino))
+            first_of[(status.st_dev, status.st_ino)] = len(paths)
             paths.append(item.path)
             shown.append(os.path.join(source, item.relpath))
             origin.append(number)
@@ -180,29 +187,40 @@ def find_duplicates(
         done += len(results)
         if progress is not None:
             progress(done)
-    groups = _exact_groups(digests, shown, origin)
+
+    def files(members: list[int]) -> tuple[list[str], list[int]]:
+        """The files at `members`, each followed by its links from other sources."""
+        found = [row for at in members for row in [(shown[at], origin[at]), *aliases.get(at, [])]]
+        return [name for name, _ in found], [number for _, number in found]
+
+    groups = _exact_groups(digests, files)
     if near:
-        groups += _near_groups(digests, hashes, hashed, shown, origin, threshold)
+        groups += _near_groups(digests, hashes, hashed, files, threshold)
     groups.sort(key=lambda group: (-len(group.files), group.kind, group.files[0]))
     return DuplicatesReport(typed, len(paths), groups, failures, near, threshold if near else None,
                             time.perf_counter() - started)  # fmt: skip
 
 
-def _exact_groups(digests: list[str | None], shown: list[str], origin: list[int]) -> list[DuplicateGroup]:
+def _exact_groups(
+    digests: list[str | None], files: Callable[[list[int]], tuple[list[str], list[int]]]
+) -> list[DuplicateGroup]:
+    """Files with the same bytes; a file reached from two sources (a link) is a group of its own
+    ("same file")."""
     by_digest: dict[str, list[int]] = {}
     for at, digest in enumerate(digests):
         if digest is not None:
             by_digest.setdefault(digest, []).append(at)
-    return [
-        DuplicateGroup("exact", [shown[i] for i in members], [origin[i] for i in members])
-        for members in by_digest.values()
-        if len(members) > 1
-    ]
+    groups = []
+    for members in by_digest.values():
+        names, sources = files(members)
+        if len(names) > 1:
+            groups.append(DuplicateGroup("exact", names, sources, match="bytes" if len(members) > 1 else "same file"))
+    return groups
 
 
 def _near_groups(
-    digests: list[str | None], hashes: np.ndarray, hashed: np.ndarray, shown: list[str], origin: list[int],
-    threshold: int,
+    digests: list[str | None], hashes: np.ndarray, hashed: np.ndarray,
+    files: Callable[[list[int]], tuple[list[str], list[int]]], threshold: int,
 ) -> list[DuplicateGroup]:  # fmt: skip
     """Near groups over distinct contents: one hash per set of identical files (those are the exact
     groups), joined through every pair within the threshold (union-find); a group lists every file
@@ -216,7 +234,7 @@ def _near_groups(
     members = np.array(sorted(copies), np.int64)
     if len(members) < 2:
         return []
-    group_of = components(len(members), near_pairs(hashes[members], threshold))
+    group_of = near_components(hashes[members], threshold)
     joined: dict[int, list[int]] = {}
     for i, group in enumerate(group_of.tolist()):
         joined.setdefault(group, []).append(i)
@@ -224,10 +242,11 @@ def _near_groups(
     for component in joined.values():
         if len(component) < 2:
             continue
-        files = [at for i in component for at in copies[int(members[i])]]
-        first = hashes[files[0]]
-        distance = int(max(bin(int(first) ^ int(hashes[at])).count("1") for at in files))
-        groups.append(DuplicateGroup("near", [shown[at] for at in files], [origin[at] for at in files], distance))
+        contents = [at for i in component for at in copies[int(members[i])]]
+        first = int(hashes[contents[0]])
+        distance = max(bin(first ^ int(hashes[at])).count("1") for at in contents)
+        names, sources = files(contents)
+        groups.append(DuplicateGroup("near", names, sources, distance=distance))
     return groups
 
 
