@@ -154,3 +154,14 @@ def test_a_pixel_bomb_is_refused_before_the_device_decodes(tmp_path: Path) -> No
     folder = foreign_output(tmp_path / "out", [Record("r0", bytes(data), "jpg", 0, {})])
     with pytest.raises(ShardReadError, match="over the limit"):
         list(open_shards(folder).loader(1, 32, device="cpu"))
+
+
+def test_a_batch_past_the_window_budget_is_resampled_in_parts(small: Path, monkeypatch) -> None:
+    """Large photos' padded windows would not fit a GPU at once: parts under WINDOW_BYTES give the
+    same pixels as one batched call."""
+    import shardkit.readers.device as device
+
+    whole = run(small, device="cpu")
+    monkeypatch.setattr(device, "WINDOW_BYTES", 12 * 100 * 100 * 3)  # about three windows a part
+    parts = run(small, device="cpu")
+    assert all(torch.equal(a.images, b.images) for a, b in zip(whole, parts, strict=True))

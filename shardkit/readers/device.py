@@ -145,37 +145,69 @@ def _decode_jpegs(torch: Any, records: Sequence[Record], jpegs: list[int], image
             images[i] = image
 
 
+# The padded float32 windows of one batched matmul stay under this: a batch of large photos (256 x
+# 12 MP windows would be 37 GB) is resampled a part at a time.
+WINDOW_BYTES = 1 << 30
+
+
 def resample_batch(
     torch: Any, images: Sequence[Any], boxes: np.ndarray, flips: np.ndarray, size: tuple[int, int]
 ) -> Any:
     """Crop box i of images[i] (3, H, W) resized to `size` with Pillow's antialiased bilinear
     filter and flipped where flips[i]: (N, 3, out_h, out_w) float32 holding whole levels 0..255."""
     out_h, out_w = size
-    device = images[0].device
-    rows, cols, firsts = [], [], []
+    taps = []
     for image, (left, top, width, height), flip in zip(images, boxes, flips, strict=True):
         in_h, in_w = int(image.shape[1]), int(image.shape[2])
         x_weights, x_first = filter_taps(in_w, left, min(left + width, in_w), out_w)
         y_weights, y_first = filter_taps(in_h, top, min(top + height, in_h), out_h)
-        cols.append(x_weights[::-1] if flip else x_weights)
-        rows.append(y_weights)
-        firsts.append((y_first, x_first))
-    span_h, span_w = max(r.shape[1] for r in rows), max(c.shape[1] for c in cols)
+        taps.append((y_weights, y_first, x_weights[::-1] if flip else x_weights, x_first))
+    parts, start, span = [], 0, (0, 0)
+    for i, (rows, _, cols, _) in enumerate(taps):
+        grown = (max(span[0], rows.shape[1]), max(span[1], cols.shape[1]))
+        if i > start and (i + 1 - start) * 12 * grown[0] * grown[1] > WINDOW_BYTES:
+            parts.append((start, i))
+            start, grown = i, (rows.shape[1], cols.shape[1])
+        span = grown
+    parts.append((start, len(taps)))
+    pieces = [_resample_part(torch, images[a:b], taps[a:b], size) for a, b in parts]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+def _resample_part(
+    torch: Any, images: Sequence[Any], taps: list[tuple[Any, int, Any, int]], size: tuple[int, int]
+) -> Any:
+    out_h, out_w = size
+    device = images[0].device
+    span_h, span_w = max(t[0].shape[1] for t in taps), max(t[2].shape[1] for t in taps)
     count = len(images)
     x_matrix = np.zeros((count, out_w, span_w), np.float32)
     y_matrix = np.zeros((count, out_h, span_h), np.float32)
     windows = torch.zeros((count, 3, span_h, span_w), dtype=torch.uint8, device=device)
-    for i, (image, (y_first, x_first)) in enumerate(zip(images, firsts, strict=True)):
-        h, w = rows[i].shape[1], cols[i].shape[1]
-        x_matrix[i, :, :w] = cols[i]
-        y_matrix[i, :, :h] = rows[i]
+    for i, (image, (rows, y_first, cols, x_first)) in enumerate(zip(images, taps, strict=True)):
+        h, w = rows.shape[1], cols.shape[1]
+        x_matrix[i, :, :w] = cols
+        y_matrix[i, :, :h] = rows
         windows[i, :, :h, :w] = image[:, y_first : y_first + h, x_first : x_first + w]
     x_taps = torch.from_numpy(x_matrix).to(device, non_blocking=True)
     y_taps = torch.from_numpy(y_matrix).to(device, non_blocking=True)
     # Columns, then rows (the kernel's order), each pass rounded and clipped to a level as
     # Pillow's fixed-point passes are: (N, 3, h, w) @ (N, 1, w, out_w), then (N, 1, out_h, h) @ that.
-    across = torch.matmul(windows.float(), x_taps.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
-    return torch.matmul(y_taps.unsqueeze(1), across).round_().clamp_(0, 255)
+    with _full_float32(torch):
+        across = torch.matmul(windows.float(), x_taps.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
+        return torch.matmul(y_taps.unsqueeze(1), across).round_().clamp_(0, 255)
+
+
+@contextlib.contextmanager
+def _full_float32(torch: Any) -> Any:
+    """float32 matmuls at full precision: a training script's allow_tf32 (or
+    set_float32_matmul_precision("high")) would move levels by one."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def finish(torch: Any, pixels: Any, dtype: Any, mean: Any, std: Any) -> Any:
