@@ -164,8 +164,9 @@ def test_a_stop_while_the_workers_start_exits_with_one_line(
 def test_a_killed_pack_leaves_nothing_outside_its_output(python_command, slow_source: Path, tmp_path: Path) -> None:
     """kill -9 of the driver: multiprocessing's folder for the forkserver's socket (TMPDIR/pymp-*)
     went with it; before, every killed run left one behind."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="tmp", dir="/tmp"))  # short: see the next test
     out = tmp_path / "out"
     command = pack_command(python_command, slow_source, out)
     process = subprocess.Popen(
@@ -173,12 +174,30 @@ def test_a_killed_pack_leaves_nothing_outside_its_output(python_command, slow_so
         env={**os.environ, "TMPDIR": str(temp)},
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(out.glob("shard-*.tar")):
+    while time.monotonic() < deadline and not list(out.glob("shard-*.tar")) and process.poll() is None:
         time.sleep(0.01)
+    assert process.poll() is None, process.communicate()[1]
     assert list(temp.glob("pymp-*")), "expected the forkserver's folder while the pack runs"
     os.kill(process.pid, signal.SIGKILL)
     process.communicate(timeout=30)
     assert wait_for_group(process.pid, 10) == []
+    assert list(temp.iterdir()) == []
+    temp.rmdir()
+
+
+def test_a_pack_under_a_long_tmpdir_starts_its_workers(python_command, tmp_path: Path) -> None:
+    """The forkserver's socket lives under TMPDIR, and a Unix socket path holds 107 bytes: under a
+    long TMPDIR (a SLURM job's scratch folder) pack failed with "AF_UNIX path too long"."""
+    from shardkit.synthetic import write_image
+
+    temp = tmp_path / ("scratch-" + "x" * 80)
+    temp.mkdir()
+    for i in range(8):
+        write_image(tmp_path / "src" / f"{i}.jpg", 64, 48, seed=i)
+    command = [*python_command, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "2",
+               "--shard-size", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(temp)})
+    assert done.returncode == 0, done.stderr
     assert list(temp.iterdir()) == []
 
 

@@ -201,10 +201,31 @@ def started_context() -> multiprocessing.context.SpawnContext | multiprocessing.
 
     # The folder the forkserver's socket goes in (created now, the one multiprocessing will use):
     # the forkserver removes it when it exits after this process, even after a kill -9 of it.
-    os.environ[FORKSERVER_TEMP_ENV] = f"{os.getpid()}:{multiprocessing.util.get_temp_dir()}"
+    os.environ[FORKSERVER_TEMP_ENV] = f"{os.getpid()}:{_temp_dir()}"
     start_resource_tracker()
     _start_blocked(multiprocessing.forkserver.ensure_running)
     return context
+
+
+# A Unix socket's path holds at most 107 bytes, and the forkserver's is TMP/pymp-XXXXXXXX/listener-XXXXXXXX:
+# under a longer TMPDIR (SLURM's per-job scratch folders, pytest's) it could not be made at all
+# ("OSError: AF_UNIX path too long", a traceback).
+_LONGEST_TMP = 70
+
+
+def _temp_dir() -> str:
+    """multiprocessing's temp folder for this process (made now: the one the forkserver will use),
+    under /tmp when TMPDIR is too long for the forkserver's socket."""
+    import tempfile
+
+    config = cast(Any, multiprocessing.process.current_process())._config  # where get_temp_dir keeps it
+    if config.get("tempdir") is None and len(os.fsencode(tempfile.gettempdir())) > _LONGEST_TMP:
+        import shutil
+
+        folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
+    return multiprocessing.util.get_temp_dir()
 
 
 def start_resource_tracker() -> None:
@@ -360,7 +381,8 @@ def map_local(
                     ) from None
         finished = True
     finally:
-        stop_pool(pool, abandon=not finished)
+        with _stops_deferred():  # (a stop in here would leave the workers running until exit)
+            stop_pool(pool, abandon=not finished)
 
 
 def _peek(jobs: Iterable[Any]) -> tuple[Iterator[Any], int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import time
 
 from .executors import FORKSERVER_TEMP_ENV
 
@@ -24,9 +25,13 @@ def _register() -> None:
 
 def _remove_if_orphaned(driver: int, folder: str) -> None:
     # While the driver lives, the folder is its to remove (its exit handler would fail on a folder
-    # gone, with a traceback); once it is gone, this process has a new parent.
-    if os.getppid() != driver:
-        shutil.rmtree(folder, ignore_errors=True)
+    # gone, with a traceback); once it is gone, this process has a new parent. That can take a
+    # moment after the driver's descriptors closed (which is what ended this process): wait a second.
+    for _ in range(20):
+        if os.getppid() != driver:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        time.sleep(0.05)
 
 
 _register()

@@ -719,8 +719,7 @@ def _run_jobs(
         return
 
     workers = config.workers or default_workers()
-    if workers > 1:  # the counter's lock is a semaphore: its tracker is started as the pool needs it
-        start_resource_tracker()
+    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as executors says
     counter = mp_context().Value("q", 0)
     errors = [0]
     stop = threading.Event()
