@@ -357,6 +357,9 @@ def test_stopping_early_leaves_no_thread_behind(packed: Path) -> None:
 
 CTRL_C = """
 import signal, sys, threading, time, os
+# Python keeps SIGINT ignored when it starts so (a CI job run in the background by a shell without
+# job control): then no Ctrl-C would come, and this test waited out its timeout.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from shardkit.readers import open_shards
 loader = open_shards(sys.argv[1]).loader(8, 64, workers=2)
 timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
