@@ -286,14 +286,12 @@ def _train_loader(job: tuple[Where, int, int, str | None]) -> tuple[int, int]:
     a device, the device path's (readers/device.py), its last batch waited for."""
     where, size, workers, device = job
     dataset = _open(where)
-    if device is None:
-        count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, output="numpy"))
-    else:
+    how = {"output": "numpy"} if device is None else {"device": device}
+    count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, **how))
+    if device is not None and device.startswith("cuda"):
         import torch
 
-        count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, device=device))
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)
     dataset.close()
     return count, sum(shard.bytes for shard in dataset.manifest.shards)
 

@@ -78,12 +78,8 @@ def stop(signum: int, frame: object = None) -> None:
         with contextlib.suppress(Exception):  # a report half printed: what was printed reaches its reader
             sys.stdout.flush()
         name = signal.Signals(signum).name
-        os.write(
-            2,
-            (
-                f"\nstopped again ({name}): exiting now\n" if _stopped_by is not None else f"stopped by {name}\n"
-            ).encode(),
-        )
+        again = _stopped_by is not None
+        os.write(2, (f"\nstopped again ({name}): exiting now\n" if again else f"stopped by {name}\n").encode())
         os._exit(128 + signum)
     _stopped_by = signum
     if _deferring:

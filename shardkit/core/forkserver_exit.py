@@ -1,7 +1,7 @@
 """Imported by the forkserver process only, never elsewhere (a preload of `executors.mp_context`):
 it removes the driver's multiprocessing temp folder (/tmp/pymp-*, which holds the forkserver's
-socket) when the forkserver exits. The driver removes it on a normal exit; after a kill -9 of the driver nothing
-did, and every killed run left a folder behind. The forkserver outlives the driver by design: it
+socket) when the forkserver exits. The driver removes it on a normal exit; after a kill -9 of the
+driver nothing did, and every killed run left a folder behind. The forkserver outlives the driver by design: it
 exits once the driver and every worker are gone, so the socket is no longer needed by then."""
 
 from __future__ import annotations

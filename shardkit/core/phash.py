@@ -119,12 +119,12 @@ def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.n
 def components(count: int, pairs: np.ndarray) -> np.ndarray:
     """The group of each of `count` items joined through `pairs` (union-find): an int64 array
     holding, per item, the smallest item of its group."""
-    parent = np.arange(count)
+    parent = list(range(count))
 
     def root(i: int) -> int:
         while parent[i] != i:
             parent[i] = parent[parent[i]]
-            i = int(parent[i])
+            i = parent[i]
         return i
 
     for a, b in pairs.tolist():

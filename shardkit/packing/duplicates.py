@@ -22,7 +22,7 @@ import numpy as np
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, Failure, describe
 from ..core.executors import default_workers, map_local
-from ..core.phash import THUMBNAIL, dct_hash, near_components
+from ..core.phash import THUMBNAIL, dct_hash, distances, near_components
 from ..core.safeio import read_regular
 from .discover import walk
 
@@ -243,8 +243,7 @@ def _near_groups(
         if len(component) < 2:
             continue
         contents = [at for i in component for at in copies[int(members[i])]]
-        first = int(hashes[contents[0]])
-        distance = max(bin(first ^ int(hashes[at])).count("1") for at in contents)
+        distance = int(distances(hashes[contents], hashes[contents[0]]).max())
         names, sources = files(contents)
         groups.append(DuplicateGroup("near", names, sources, distance=distance))
     return groups

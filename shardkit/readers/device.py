@@ -36,7 +36,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ImageError
 from ..formats.base import Record
-from .decode import decode, npy_layout
+from .decode import decode
 
 _JPEG = ("jpg", "jpeg")
 
@@ -109,13 +109,7 @@ def decode_batch(
     for i, record in enumerate(records):
         if images[i] is not None:
             continue
-        try:
-            if record.ext == "npy":
-                offset, width, height, fortran = npy_layout(record.data, max_pixels)
-                if not fortran:
-                    pixels = np.frombuffer(record.data, np.uint8, offset=offset).reshape(height, width, 3)
-                    images[i] = torch.from_numpy(pixels.copy()).to(device).permute(2, 0, 1)  # (copy: writable)
-                    continue
+        try:  # (raw records: decode_npy's checked copy; PNG, CMYK JPEGs: Pillow)
             pixels = np.require(decode(record.data, record.ext, max_pixels=max_pixels), requirements="W")
             images[i] = torch.from_numpy(pixels).to(device).permute(2, 0, 1)
         except ImageError as error:

@@ -167,10 +167,11 @@ def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
     """(width, height) of a record's image from its header alone."""
     size = jpeg_size(record.data) if record.ext in _JPEG else None
     if size is None:
-        size = stored_size(record.data, record.ext, max_pixels)
+        size = stored_size(record.data, record.ext, max_pixels)  # (checks max_pixels itself)
+    else:  # before any decoder allocates: the device path's has no limit of its own
+        refuse_over(size, max_pixels)
     if not (size[0] > 0 and size[1] > 0):  # (a header saying 0: no window can be drawn in it)
         raise ImageError("decode", f"an empty {size[0]}x{size[1]} image")
-    refuse_over(size, max_pixels)  # (before any decoder allocates: the device path's has no limit of its own)
     return size
 
 
@@ -334,9 +335,12 @@ class BatchLoader:
         position.advance(positions)
         return batch
 
-    def _gather(self, key: tuple[int, ...], number: int, chunk: list[Item]) -> tuple[Any, ...] | None:
-        """The device path's share of a loader thread: the records' sizes from their headers and
-        the batch's windows and flips (as `_decode` draws them); decoding is the device's."""
+    def _gather(
+        self, key: tuple[int, ...], number: int, chunk: list[Item]
+    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str]]:
+        """A batch's records with their windows and flips, drawn from their headers' sizes, and the
+        records whose header failed: all of the device path's work on a loader thread (decoding is
+        the device's), and the first step of `_decode`."""
         sizes = np.zeros((len(chunk), 2), np.int64)
         failures: dict[int, str] = {}
         for i, (_, _, record) in enumerate(chunk):
@@ -414,14 +418,7 @@ class BatchLoader:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
         dataset = self.dataset
         images = self._buffer(len(chunk))
-        failures: dict[int, str] = {}
-        sizes = np.zeros((len(chunk), 2), np.int64)
-        for i, (_, _, record) in enumerate(chunk):
-            try:
-                sizes[i] = record_size(record, dataset.max_pixels)
-            except ImageError as error:
-                failures[i], sizes[i] = error.reason, (1, 1)
-        boxes, flips = self._windows(key, number, sizes)
+        chunk, boxes, flips, failures = self._gather(key, number, chunk)
         python_path = [i for i in range(len(chunk)) if i not in failures]
         if self.kernel is not None:
             python_path = self._through_kernel(chunk, python_path, boxes, flips, images, failures)
@@ -456,7 +453,7 @@ class BatchLoader:
     ) -> list[int]:
         """The crops the compiled kernel takes, into `images`: RGB and grey JPEGs (decoded at the
         DCT scale the box allows), and raw records in C order (their pixels read where they lie,
-        nothing decoded: measured at 5-6x the JPEG crops, scripts/bench_train.py). Returns the
+        nothing decoded: 2.3x the JPEG crops on one thread, README). Returns the
         candidates left for Pillow (CMYK JPEGs, Fortran-order raw records, other formats)."""
         kernel, (height, width), limit = cast(Any, self.kernel), self.size, self.dataset.max_pixels
         jpegs = [i for i in candidates if chunk[i].record.ext in _JPEG]
