@@ -13,9 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from shardkit.core.errors import ConfigError
+from shardkit.checks.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from shardkit.checks.verify import verify
+from shardkit.core.config import pack_config
+from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.phash import distances, near_components, near_pairs
-from shardkit.packing.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from shardkit.packing.hashes import hash_file
+from shardkit.packing.pack import PackResult, pack
+from shardkit.readers import open_shards
 from shardkit.synthetic import picture
 
 from .conftest import IMAGENET_SAMPLE
@@ -197,3 +202,139 @@ def test_bad_flags_are_one_line(python_command, tmp_path: Path, arguments: list[
 def test_no_source_is_refused() -> None:
     with pytest.raises(ConfigError, match="at least one source"):
         find_duplicates([])
+
+
+# --- pack --dedup, the hashes in every record, and packed outputs compared -------------------
+
+
+def _pack(source: Path, output: Path, **options) -> PackResult:
+    return pack(pack_config(source, output, resize=96, workers=2, **options))
+
+
+def _errors(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "errors.jsonl").read_text().splitlines()]
+
+
+def test_pack_dedup_near_keeps_the_first_of_each_set_and_lists_the_others(planted, tmp_path: Path) -> None:
+    train, _val, expected = planted
+    root = train.parent  # train/ sorts before val/: every original is the first of its set
+    result = _pack(root, tmp_path / "out", dedup="near")
+    rows = {row["path"]: row for row in _errors(tmp_path / "out")}
+    copies = {
+        f"val/{Path(copy).name}": f"train/{Path(original).stem}"
+        for pairs in expected.values()
+        for original, copy in pairs
+    }
+    dropped = {path for path, row in rows.items() if row["stage"] == "duplicate"}
+    # every copy the search finds (test above: all of exact, q20, half, png, grey; 2 of 3 bright, crop3)
+    assert dropped <= set(copies) and len(dropped) >= len(copies) - 2, sorted(set(copies) - dropped)
+    assert all(rows[path]["duplicate_of"] == copies[path] for path in dropped)
+    assert all(path.startswith("val/copy_exact") == ("same bytes" in rows[path]["reason"]) for path in dropped)
+    kept = {record.meta["source"] for record in open_shards(tmp_path / "out").records(0)}
+    assert not kept & dropped and {f"val/v{i:02d}.jpg" for i in range(6)} <= kept  # distinct photos all packed
+    assert result.duplicates == len(dropped) and result.records + result.errors == result.inputs
+    assert verify(tmp_path / "out").ok  # every source file packed or listed, once
+
+    exact = _pack(root, tmp_path / "exact", dedup="exact")
+    assert {row["path"] for row in _errors(tmp_path / "exact")} == {p for p in copies if "copy_exact" in p}
+    assert exact.records == result.records + len(dropped) - 3
+
+
+def test_records_carry_the_source_hash_and_the_picture_hash(planted, tmp_path: Path) -> None:
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    train, _, _ = planted
+    _pack(train, tmp_path / "out")
+    ds = open_shards(tmp_path / "out")
+    index = pq.read_table(tmp_path / "out" / "index.parquet").to_pylist()
+    for record, row in zip(ds.records(0), index, strict=True):
+        source = train / record.meta["source"]
+        assert record.meta["source_sha256"] == row["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+        # the pack's hash, from its own decode, is the hash `duplicates` takes from the file, or a few bits off
+        assert row["phash"] == record.meta["phash"]
+        ours = np.array([int(record.meta["phash"], 16)], np.uint64)
+        theirs = np.array([hash_file(str(source), True, 1 << 30)[1]], np.uint64)
+        assert distances(ours, theirs)[0] <= 4
+
+
+def test_packed_outputs_are_compared_from_their_index_without_reading_a_shard(
+    planted, python_command, tmp_path: Path
+) -> None:
+    train, val, _ = planted
+    _pack(train, tmp_path / "train_out")
+    _pack(val, tmp_path / "val_out")
+    folders = find_duplicates([train], against=[val], near=True)
+    for shard in (tmp_path / "train_out").glob("*.tar"):  # the same size, not one image left in it
+        shard.write_bytes(bytes(shard.stat().st_size))
+    report = json.loads(_cli(python_command, tmp_path, "train_out", "--against", "val_out", "--near"))
+    packed = {tuple(sorted(Path(f).name.split("#")[-1].removesuffix(".jpg").removesuffix(".png") for f in g["files"]))
+              for g in report["groups"]}  # fmt: skip
+    wanted = {tuple(sorted(Path(f).stem for f in g.files)) for g in folders.groups}
+    assert packed == wanted and len(wanted) >= 18 and report["against"] == ["val_out"]
+    assert all(group["leakage"] for group in report["groups"]) and report["errors"] == []
+
+
+def test_an_output_without_hashes_is_hashed_record_by_record(planted, tmp_path: Path) -> None:
+    """Tars someone else wrote (`shardkit index`): no hashes in them; read and decoded instead."""
+    import tarfile
+
+    train, _val, expected = planted
+    adopted = tmp_path / "adopted"
+    adopted.mkdir()
+    with tarfile.open(adopted / "part-0.tar", "w") as tar:
+        for _original, copy in expected["exact"] + expected["half"]:
+            tar.add(copy, arcname=f"{Path(copy).stem}.{Path(copy).suffix[1:]}")
+    from shardkit.packing.adopt import index_tars
+
+    index_tars(adopted)
+    _pack(train, tmp_path / "train_out")
+    report = find_duplicates([tmp_path / "train_out"], against=[adopted], near=True)
+    assert len(report.groups) == 6 and {g.kind for g in report.groups} == {"exact", "near"}
+    assert all(f.split("#")[0] in (str(tmp_path / "train_out"), str(adopted)) for g in report.groups for f in g.files)
+
+
+def test_resume_of_a_dedup_pack_and_bad_dedup_flags(planted, python_command, tmp_path: Path) -> None:
+    train, _val, _ = planted
+    root = train.parent
+    first = _pack(root, tmp_path / "out", dedup="near")
+    again = pack(pack_config(root, tmp_path / "out", resize=96, workers=2, dedup="near", resume=True))
+    assert again.already_complete and again.records == first.records
+    with pytest.raises(OutputError, match="other settings or inputs"):
+        pack(pack_config(root, tmp_path / "out", resize=96, workers=2, dedup="exact", resume=True))
+    for arguments, words in (
+        (["--dedup", "exact", "--dedup-threshold", "4"], "--dedup-threshold is for --dedup near"),
+        (["--dedup", "near", "--dedup-threshold", "33"], "0 to 32 bits"),
+        (["--dedup", "fuzzy"], "fuzzy"),
+    ):
+        done = subprocess.run([*python_command, "pack", str(root), str(tmp_path / "new"), *arguments],
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert not (tmp_path / "new").exists()  # refused before any work
+
+
+def _cli(python_command: list[str], cwd: Path, *arguments: str) -> str:
+    out = cwd / "report.json"
+    done = subprocess.run([*python_command, "duplicates", *arguments, "--json", str(out)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out.read_text()
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_the_hash_is_of_the_picture_as_displayed(tmp_path: Path, orientation: int) -> None:
+    """A camera's rotated JPEG (pixels stored turned, an EXIF tag to turn them back) is the same
+    picture as an upright copy: the file's hash and the pack's both follow the tag."""
+    upright = photos(1)[0]
+    turn = {3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}[orientation]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    (tmp_path / "src").mkdir()
+    upright.save(tmp_path / "src" / "a_upright.jpg", quality=90)
+    upright.transpose(turn).save(tmp_path / "src" / "b_tagged.jpg", quality=90, exif=exif.tobytes())
+    report = find_duplicates([tmp_path / "src"], near=True, threshold=4)
+    assert [group.kind for group in report.groups] == ["near"], report.groups
+    _pack(tmp_path / "src", tmp_path / "out")
+    a, b = (int(record.meta["phash"], 16) for record in open_shards(tmp_path / "out").records(0))
+    assert distances(np.array([a], np.uint64), np.array([b], np.uint64))[0] <= 4

@@ -8,13 +8,31 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .common import check_report_path, console, progress_bar, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_report_path,
+    console,
+    progress_bar,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 SHOWN_GROUPS = 10
 
 
 def duplicates(
-    sources: Annotated[list[Path], typer.Argument(help="Image folders (or list files): train, val, test...")],
+    sources: Annotated[
+        list[str],
+        typer.Argument(help="Image folders (or list files), or packed outputs (folders or URLs): train, val, test..."),
+    ],
+    against: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="Compare with this folder or packed output (repeatable): only groups holding a file of each side "
+            "are reported (what of SOURCES is in it)."
+        ),
+    ] = None,
     near: Annotated[
         bool, typer.Option(help="Also near duplicates: re-encoded, resized, grey, brighter, slightly cropped.")
     ] = False,
@@ -26,10 +44,12 @@ def duplicates(
     plot: Annotated[
         Optional[Path], typer.Option(help="A contact sheet (.png or .jpg) of the leakage groups, then the largest.")
     ] = None,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Find images that are the same (the same bytes) or, with --near, nearly the same, within and
-    across the sources; a group spanning two sources (train and val) is leakage."""
-    from ..packing.duplicates import DEFAULT_THRESHOLD, contact_sheet, find_duplicates  # here: --help stays fast
+    across the sources; a group spanning two sources (train and val) is leakage. A packed output's
+    records carry their hashes: it is compared without reading or decoding its shards."""
+    from ..checks.duplicates import DEFAULT_THRESHOLD, contact_sheet, find_duplicates  # here: --help stays fast
 
     with user_errors():
         check_report_path(json_path)
@@ -39,14 +59,16 @@ def duplicates(
         with progress_bar("hashing", unit="files") as bar:
             task = bar.add_task("hash", total=None, rate="")
             report = find_duplicates(
-                [str(source) for source in sources], near=near,
+                sources, against=against or (), near=near,
                 threshold=DEFAULT_THRESHOLD if threshold is None else threshold, workers=workers,
-                progress=lambda done: bar.update(task, completed=done),
+                storage_options=storage_options(storage_option), progress=lambda done: bar.update(task, completed=done),
             )  # fmt: skip
         leaks = [group for group in report.groups if group.leakage]
         how = f"near: DCT hashes within {report.threshold} bits" if report.near else "exact only (--near for more)"
+        compared = f" against {report.against}" if report.against else ""
         console.print(
-            f"{report.files:,} files in {len(report.sources)} source(s), {report.seconds:.1f}s; {how}\n"
+            f"{report.files:,} files in {len(report.sources) - report.against} source(s){compared}, "
+            f"{report.seconds:.1f}s; {how}\n"
             f"[bold]{report.count('exact'):,}[/] exact groups (the same bytes), [bold]{report.count('near'):,}[/] near "
             f"groups; [bold red]{len(leaks):,}[/] groups span sources (leakage)",
             highlight=False,

@@ -15,6 +15,8 @@ from ..core.config import pack_config as make_pack_config
 from ..formats import available_formats
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from ..packing.pack import PackResult
 
 from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
@@ -32,6 +34,12 @@ class Encoding(str, Enum):
     jpeg = "jpeg"
     raw = "raw"
     original = "original"
+
+
+class Dedup(str, Enum):
+    none = "none"
+    exact = "exact"
+    near = "near"
 
 
 class Executor(str, Enum):
@@ -97,6 +105,20 @@ def pack(
         Optional[Executor], typer.Option(help=f"local processes or a ray cluster. \\[default: {D['executor']}]")
     ] = None,
     ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or ray://host:port.")] = None,
+    dedup: Annotated[
+        Optional[Dedup],
+        typer.Option(
+            help="Pack the first of each set of copies (in the source's order) and list the others in errors.jsonl: "
+            f"exact (the same bytes) or near (re-encoded, resized, grey, brighter...). \\[default: {D['dedup']}]"
+        ),
+    ] = None,
+    dedup_threshold: Annotated[
+        Optional[int],
+        typer.Option(
+            help=f"--dedup near: the largest Hamming distance of two DCT hashes (0-32). "
+            f"\\[default: {D['dedup_threshold']}]"
+        ),
+    ] = None,
     config: Annotated[
         Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
     ] = None,
@@ -148,6 +170,8 @@ def pack(
             source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
             staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
+        if dedup_threshold is not None and pack_config.dedup != "near":
+            raise typer.BadParameter("--dedup-threshold is for --dedup near")
         result = _run(pack_config)
         render(result)
 
@@ -157,13 +181,23 @@ def _run(config: PackConfig) -> PackResult:
 
     with progress_bar("packing", unit="images") as bar:
         task = bar.add_task("pack", total=None, rate="")
-        started = time.perf_counter()
+        started = [time.perf_counter()]
+        hashing: list[TaskID] = []
 
         def advance(done: int, total: int | None, errors: int) -> None:
-            rate = done / max(time.perf_counter() - started, 1e-9)
+            if hashing:  # the hashing is over: the pack's own rate starts now
+                bar.remove_task(hashing.pop())
+                started[0] = time.perf_counter()
+            rate = done / max(time.perf_counter() - started[0], 1e-9)
             bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} img/s, {errors:,} errors")
 
-        return run_pack(config, progress=advance)
+        def hashed(done: int, total: int) -> None:
+            if not hashing:
+                hashing.append(bar.add_task("dedup: hash", total=total, rate=""))
+            rate = done / max(time.perf_counter() - started[0], 1e-9)
+            bar.update(hashing[0], completed=done, rate=f"{rate:,.0f} files/s")
+
+        return run_pack(config, progress=advance, dedup_progress=hashed)
 
 
 def render(result: PackResult) -> None:
@@ -179,6 +213,8 @@ def render(result: PackResult) -> None:
     table.add_column(justify="right")
     table.add_row("images packed", f"{result.records:,} of {result.inputs:,} inputs")
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
+    if result.duplicates:
+        table.add_row("  of which duplicates", f"{result.duplicates:,} (left out by --dedup)")
     reused = f" ({result.reused_shards} reused from the earlier run)" if result.reused_shards else ""
     table.add_row("shards", f"{result.shards:,} {result.manifest.format}{reused}")
     if result.nodes > 1:

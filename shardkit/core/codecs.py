@@ -99,3 +99,9 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+# Images are opened only as the formats shardkit handles: Pillow's other plugins (EPS runs
+# Ghostscript, DDS raises NotImplementedError) are not an attack surface a reader of strangers'
+# files needs.
+RECORD_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")

@@ -7,21 +7,26 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-STAGES = ("discover", "header", "read", "decode", "resize", "encode", "internal")
+STAGES = ("discover", "header", "read", "decode", "resize", "encode", "duplicate", "internal")
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     """An input that was not taken, and why: what discover skips, what pack cannot pack, a row of
     errors.jsonl. `path` is relative to the source and printable; `stage` is one of STAGES
-    ("internal": a shardkit bug, not a bad image)."""
+    ("internal": a shardkit bug, not a bad image; "duplicate": left out by pack --dedup, a copy of
+    the record keyed `duplicate_of`)."""
 
     path: str
     stage: str
     reason: str
+    duplicate_of: str | None = None
 
     def to_json(self) -> dict[str, str]:
-        return {"path": self.path, "stage": self.stage, "reason": self.reason}
+        row = {"path": self.path, "stage": self.stage, "reason": self.reason}
+        if self.duplicate_of is not None:
+            row["duplicate_of"] = self.duplicate_of
+        return row
 
 
 def describe(error: BaseException, *, with_type: bool = False) -> str:

@@ -1,8 +1,9 @@
 """One source image in, one encoded record out.
 
 Write side: header check (bombs refused before any allocation) -> decode (libjpeg-turbo, through
-Pillow or PyTurboJPEG, with a DCT-domain 1/2, 1/4 or 1/8 reduction when the target allows) -> EXIF orientation
--> 8-bit RGB -> antialiased resize -> encode. Each stage raises `ImageError(stage, reason)`.
+Pillow or PyTurboJPEG, with a DCT-domain 1/2, 1/4 or 1/8 reduction when the target allows) -> EXIF
+orientation -> 8-bit RGB -> (the picture's DCT hash, into the metadata) -> antialiased resize ->
+encode. Each stage raises `ImageError(stage, reason)`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..core.codecs import DCT_FACTORS, pil_build, turbojpeg
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
 from ..core.errors import ImageError
 from ..core.headers import HeaderError, ImageHeader, parse_bytes
+from .hashes import picture_hash
 
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -120,8 +122,15 @@ def process_image(
     image = decode_for_geometry(data, header, geometry)
     decoded = time.perf_counter()
     image = to_rgb(image, header, encode.background)
+    # The picture's DCT hash, from pixels decoded anyway: records carry it, so packed outputs are
+    # compared for near copies without decoding again. Taken from the resized image (fewer pixels to
+    # average), unless a crop would leave part of the picture out of it.
+    if geometry.box is not None:
+        meta["phash"] = picture_hash(image)
     if image.size != geometry.size or geometry.box is not None:
         image = _resize(image, geometry, (width, height), resize)
+    if geometry.box is None:
+        meta["phash"] = picture_hash(image)
     resized = time.perf_counter()
     if encode.encode == "raw":
         buffer = io.BytesIO()

@@ -1,5 +1,6 @@
 """index.parquet: one row per record of the whole output (key, shard, position, label, caption,
-the user's columns, source path, original and stored sizes), for selecting and filtering with
+the user's columns, source path, original and stored sizes, the source file's sha256 and the
+picture's DCT hash), for selecting and filtering with
 pandas, polars or DuckDB without opening a shard.
 
 Each worker writes its shard's part beside its done marker (`.shardkit/index/<shard>.jsonl`), so
@@ -28,7 +29,7 @@ COLUMNS = (
     ("key", "string"), ("shard", "string"), ("position", "int64"), ("label", "int64"),
     ("text", "string"), ("texts", "list<string>"), ("columns", "string"), ("fields", "list<string>"),
     ("source", "string"), ("width", "int64"), ("height", "int64"), ("stored_width", "int64"),
-    ("stored_height", "int64"),
+    ("stored_height", "int64"), ("source_sha256", "string"), ("phash", "string"),
 )  # fmt: skip
 
 
@@ -48,7 +49,13 @@ def row(record: Record, shard: str, position: int) -> tuple[Any, ...]:
         record.key, shard, position, record.label, None if several else record.text,
         record.text if several else None, columns, sorted(record.files) if record.files else None,
         meta.get("source"), meta.get("width"), meta.get("height"), meta.get("stored_width"), meta.get("stored_height"),
+        _text(meta.get("source_sha256")), _text(meta.get("phash")),
     )  # fmt: skip
+
+
+def _text(value: Any) -> str | None:
+    # an adopted tar's metadata is a stranger's: a column must keep its type whatever it holds
+    return value if isinstance(value, str) else None
 
 
 def part_path(state: Path, shard: str) -> Path:

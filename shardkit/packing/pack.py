@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -53,7 +54,8 @@ from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
 from ..storage.location import locate
 from ..storage.store import Store
-from .discover import Item, SourceWalk, display, walk
+from .dedup import dedup_items
+from .discover import Item, SourceList, SourceWalk, display, walk
 from .encode import STAGES, check_pixels, process_image, record_too_big
 from .index import join as join_index
 from .index import part_path, write_part
@@ -113,6 +115,7 @@ class PackResult:
     resize: int | None = None
     nodes: int = 1  # machines (Ray nodes) that wrote shards in this run
     already_complete: bool = False  # --resume found the same pack finished: nothing was done
+    duplicates: int = 0  # of the errors: copies --dedup left out
 
     @property
     def images_per_second(self) -> float:
@@ -221,7 +224,8 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
         encoded = process_image(data, job.resize, job.encode, timings, header)
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", record_too_big(len(encoded.data)))
-        meta = {**encoded.meta, "source": display(item.relpath)}
+        # the source file's hash: `shardkit duplicates OUT --against OTHER` finds copies without reading them
+        meta = {**encoded.meta, "source": display(item.relpath), "source_sha256": hashlib.sha256(data).hexdigest()}
         if not item.extra:
             return Record(item.key, encoded.data, encoded.ext, item.label, meta), len(data)
         extra = json.loads(item.extra)  # from the walk: a table row's caption and columns, or sidecar names
@@ -352,7 +356,12 @@ def settings_of(config: PackConfig) -> dict[str, Any]:
         # only when flags name a table's columns: the settings of every other pack keep their hash
         **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
         **({"sidecars": True} if config.sidecars else {}),
+        **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
     }
+
+
+def _dedup_settings(config: PackConfig) -> dict[str, Any]:
+    return {"mode": config.dedup, **({"threshold": config.dedup_threshold} if config.dedup == "near" else {})}
 
 
 def _jpeg_backend() -> str:
@@ -365,19 +374,23 @@ def _jpeg_backend() -> str:
 
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
+HashProgress = Callable[[int, int], None]  # files hashed, of how many (pack --dedup's first pass)
 
 
-def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> PackResult:
+def pack(
+    config: PackConfig, *, progress: ProgressCallback | None = None, dedup_progress: HashProgress | None = None
+) -> PackResult:
     """Pack `config.source` into shards in `config.output`. Returns what was done.
 
     Everything that can be refused (bad output, overlap with the source, another pack running, files
     shardkit did not write) is refused before any shard is written, and leaves the folder as it was.
     Shards are planned as the walk goes and written as soon as each is planned: the driver holds
-    what is in flight, not the whole list (except for --shuffle, which needs the whole list).
+    what is in flight, not the whole list (except for --shuffle and --dedup, which need the whole
+    list; --dedup hashes every file first, reported through `dedup_progress`).
     """
     location = locate(config.output, config.storage_options, manifest=False)
     if not isinstance(location, Path):
-        return _pack_to_remote(config, location, progress)
+        return _pack_to_remote(config, location, progress, dedup_progress)
     started = time.perf_counter()
     backend = get_format(config.format)
     refuse_overlap(config.source, config.output)
@@ -389,6 +402,8 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
             if found.listed is not None:
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
             config = resolve_resize(config)
+            if config.dedup != "none":
+                found = _deduplicated(found, config, dedup_progress)
             settings = settings_of(config)
             finished = _resumable(output, settings, lambda: _dry_plan(config, found)) if config.resume else None
             if config.overwrite:
@@ -417,7 +432,9 @@ def pack(config: PackConfig, *, progress: ProgressCallback | None = None) -> Pac
     return result
 
 
-def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback | None) -> PackResult:
+def _pack_to_remote(
+    config: PackConfig, store: Store, progress: ProgressCallback | None, dedup_progress: HashProgress | None
+) -> PackResult:
     """A pack into a URL: the bucket is checked first, the shards are packed into a local staging
     folder (resumable as any output), then uploaded with the manifest last (see publish)."""
     from .publish import claim_remote, clear_staging, publish, staging_folder
@@ -429,12 +446,10 @@ def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback
         # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are
         # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
         resolved = resolve_resize(config)
-        plan = fingerprint(
-            settings_of(resolved),
-            _dry_plan(
-                resolved, walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars)
-            ),
-        )
+        found = walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars)
+        if resolved.dedup != "none":
+            found = _deduplicated(found, resolved, dedup_progress)
+        plan = fingerprint(settings_of(resolved), _dry_plan(resolved, found))
         if remote.manifest.settings.get("plan") != plan:
             raise OutputError(
                 f"{store.url}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
@@ -453,7 +468,7 @@ def _pack_to_remote(config: PackConfig, store: Store, progress: ProgressCallback
         config, output=str(staging), resume=resume, overwrite=occupied and not resume, storage_options=None,
         staging=None,
     )  # fmt: skip
-    result = pack(local, progress=progress)
+    result = pack(local, progress=progress, dedup_progress=dedup_progress)
     manifest, kept = publish(staging, remote)
     clear_staging(staging, manifest)
     return replace(
@@ -471,6 +486,20 @@ def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[Sh
         shuffle=config.shuffle,
         seed=config.seed,
     )
+
+
+def _deduplicated(found: SourceWalk, config: PackConfig, progress: HashProgress | None) -> SourceWalk:
+    """The walk with the copies left out (each a Failure at stage "duplicate", beside the walk's
+    own skips): every file is hashed first, so the walk is read whole, as --shuffle reads it."""
+    items = list(found.items)
+    total = len(items)
+    kept, dropped = dedup_items(
+        items, config.dedup, config.dedup_threshold, config.encode.max_pixels, config.workers,
+        None if progress is None else lambda done: progress(done, total),
+    )  # fmt: skip
+    skipped = [*found.skipped, *dropped]
+    listed = SourceList(found.root, found.layout, kept, found.classes, skipped)
+    return replace(found, items=kept, skipped=skipped, listed=listed, runs=None)
 
 
 def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
@@ -591,6 +620,7 @@ def _write_all(
         stage_seconds=stage_seconds,
         resize=config.resize.pixels,
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
+        duplicates=sum(1 for row in found.skipped if row.stage == "duplicate"),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..core.codecs import DCT_FACTORS, turbojpeg
+from ..core.codecs import DCT_FACTORS, RECORD_FORMATS, turbojpeg
 from ..core.config import DEFAULT_MAX_PIXELS
 from ..core.errors import ImageError, describe
 from ..core.headers import HeaderError, jpeg_size, parse_bytes
@@ -80,11 +80,6 @@ def refuse_over(size: tuple[int, int], max_pixels: int) -> None:
         raise ImageError(
             "decode", f"{size[0]}x{size[1]} is over the limit of {max_pixels:,} pixels (raise max_pixels to allow it)"
         )
-
-
-# Records are decoded only as the formats shardkit handles: Pillow's other plugins (EPS runs
-# Ghostscript, DDS raises NotImplementedError) are not an attack surface readers need.
-RECORD_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM")
 
 
 def open_record(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
