@@ -18,6 +18,8 @@ from shardkit.checks.verify import verify
 from shardkit.core.config import pack_config
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.phash import distances, near_components, near_pairs
+from shardkit.packing.dedup import Hashed, keep_first
+from shardkit.packing.discover import Item
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
 from shardkit.readers import open_shards
@@ -338,3 +340,32 @@ def test_the_hash_is_of_the_picture_as_displayed(tmp_path: Path, orientation: in
     _pack(tmp_path / "src", tmp_path / "out")
     a, b = (int(record.meta["phash"], 16) for record in open_shards(tmp_path / "out").records(0))
     assert distances(np.array([a], np.uint64), np.array([b], np.uint64))[0] <= 4
+
+
+def test_dedup_drops_only_copies_of_a_kept_file_never_through_a_chain() -> None:
+    """Burst shots: A near B near C near D, each 8 bits from the next, threshold 10. B is a copy of
+    A and goes; C is 16 bits from A and 8 from B, which is not kept: C stays, and D goes as C's copy."""
+    a = 0
+    chain = [a, a ^ 0xFF, a ^ 0xFFFF, a ^ 0xFFFFFF]  # 8, 16, 24 bits from A
+    items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in "ABCDE"]
+    digests = ["a", "b", "c", "d", "b"]  # E: the same bytes as B (left out with it, as a copy of A)
+    table = Hashed(digests, np.array([*chain, chain[1]], np.uint64), np.ones(5, bool), [])
+    kept, dropped = keep_first(items, table, 10)
+    assert [item.key for item in kept] == ["A", "C"]
+    assert [(row.path, row.duplicate_of) for row in dropped] == [("B.jpg", "A"), ("D.jpg", "C"), ("E.jpg", "A")]
+    assert "8 bits apart" in dropped[0].reason and "near copy of A.jpg" in dropped[2].reason
+    exact_kept, exact_dropped = keep_first(items, table, None)
+    assert [item.key for item in exact_kept] == list("ABCD") and exact_dropped[0].reason == "the same bytes as B.jpg"
+
+
+def test_sixteen_bit_and_transparent_images_hash_as_pack_converts_them(tmp_path: Path) -> None:
+    """16-bit PNGs clipped to white would all hash alike: they are shifted to 8 bits as pack does."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for n in range(4):
+        grey = picture(96, 80, n, 1)[..., 0].astype(np.uint16) * 257
+        Image.fromarray(grey).save(source / f"{n}.png")  # a uint16 array: mode I;16
+    Image.fromarray(picture(96, 80, 0, 1)[..., 0]).save(source / "z_eight_bit_copy.png")
+    result = _pack(source, tmp_path / "out", dedup="near")
+    assert [(row["path"], row["duplicate_of"]) for row in _errors(tmp_path / "out")] == [("z_eight_bit_copy.png", "0")]
+    assert result.records == 4

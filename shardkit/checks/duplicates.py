@@ -32,7 +32,8 @@ from ..core.phash import dct_hash, distances
 from ..core.safeio import read_regular
 from ..packing.dedup import exact_sets, hash_paths, near_sets
 from ..packing.discover import walk
-from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail, hex_hash, picture_hash
+from ..packing.encode import picture_hash
+from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
 
@@ -218,8 +219,10 @@ def _add_records(
         raise ConfigError(f"{shown}: cannot open the packed output ({describe(error)})") from None
     try:
         rows = _index_rows(dataset)
-        if rows is None or (near and any(phash is None for _, _, phash in rows)):
+        if rows is None:
             rows = list(_record_rows(dataset, near, max_pixels, found, shown))
+        elif near:  # records with no picture hash in the index (kept untouched by --encode original)
+            rows = [row if row[2] is not None else _hashed_row(dataset, row, max_pixels, found, shown) for row in rows]
         for key, digest, phash in rows:
             name = f"{shown}#{key}"
             found.records[name] = (source, key)
@@ -240,14 +243,17 @@ def _index_rows(dataset: Any) -> list[tuple[str, str | None, str | None]] | None
 
         if path.stat().st_size != index.bytes:
             return None
-        names = pq.read_schema(path).names
-        if "source_sha256" not in names or "phash" not in names:
-            return None
+        import pyarrow as pa
+
+        schema = pq.read_schema(path)
+        wanted = ("key", "source_sha256", "phash")
+        if any(schema.get_field_index(name) < 0 or schema.field(name).type != pa.string() for name in wanted):
+            return None  # an index without the hashes, or a stranger's with other types
         table = pq.read_table(path, columns=["key", "source_sha256", "phash"])
     except (OSError, ValueError):
         return None
     keys, digests, phashes = (table.column(name).to_pylist() for name in ("key", "source_sha256", "phash"))
-    if any(digest is None or not _SHA256.fullmatch(digest) for digest in digests):
+    if None in keys or any(digest is None or not _SHA256.fullmatch(digest) for digest in digests):
         return None
     return [
         (key, digest, phash if phash is not None and _PHASH.fullmatch(phash) else None)
@@ -274,7 +280,7 @@ def _record_rows(
                     phash = None
                 if near and phash is None:
                     try:
-                        phash = _record_hash(record.data, record.ext, max_pixels)
+                        phash = _record_hash(record.data, max_pixels)
                     except ValueError as error:
                         found.failures.append(Failure(f"{shown}#{record.key}", "decode", str(error)))
                 yield record.key, digest, phash
@@ -284,8 +290,20 @@ def _record_rows(
             found.failures.append(Failure(f"{shown}/{info.name}", "read", describe(error)))
 
 
-def _record_hash(data: bytes, ext: str, max_pixels: int) -> str:
-    if ext == "npy":
+def _hashed_row(
+    dataset: Any, row: tuple[str, str | None, str | None], max_pixels: int, found: _Found, shown: str
+) -> tuple[str, str | None, str | None]:
+    """An index row without a picture hash, hashed from its record (read by key, decoded small)."""
+    key, digest, _ = row
+    try:
+        return key, digest, _record_hash(dataset.get(key).image, max_pixels)
+    except (ValueError, KeyError, ShardReadError) as error:
+        found.failures.append(Failure(f"{shown}#{key}", "decode", describe(error)))
+        return row
+
+
+def _record_hash(data: bytes, max_pixels: int) -> str:
+    if data[:6] == b"\x93NUMPY":
         from PIL import Image
 
         from ..readers.decode import decode_npy
@@ -294,7 +312,7 @@ def _record_hash(data: bytes, ext: str, max_pixels: int) -> str:
             return picture_hash(Image.fromarray(decode_npy(data, max_pixels)))
         except ImageError as error:
             raise ValueError(f"cannot decode ({error.reason})") from None
-    return hex_hash(dct_hash(grey_thumbnail(data, max_pixels)))
+    return f"{dct_hash(grey_thumbnail(data, max_pixels)):016x}"
 
 
 def contact_sheet(report: DuplicatesReport, path: str | os.PathLike[str], groups: int = 8, per_group: int = 6) -> int:

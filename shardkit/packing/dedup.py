@@ -1,7 +1,7 @@
 """Copies among many files: their hashes, taken in parallel, the sets of copies (exact: the same
 bytes; near: DCT hashes joined within a threshold, through multi-index hashing, not all pairs),
-and what `pack --dedup` keeps: the first file of each set in walk order (the source's sorted
-order, so the choice does not depend on --shuffle or on the workers).
+and what `pack --dedup` keeps: in walk order (sorted paths for a folder, rows or lines for a table
+or list: never --shuffle's order or the workers'), each file that is not a copy of one kept before.
 
 `shardkit duplicates` (checks/duplicates.py) reports the same sets; this module decides nothing
 about printing.
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import Failure
 from ..core.executors import default_workers, map_local
-from ..core.phash import components, distances, near_components
+from ..core.phash import distances, near_components, near_pairs
 from .discover import Item, display
 from .hashes import hash_files
 
@@ -92,35 +92,82 @@ def near_sets(digests: Sequence[str | None], hashes: np.ndarray, hashed: np.ndar
 
 def dedup_items(
     items: Sequence[Item], mode: str, threshold: int, max_pixels: int, workers: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, confine: str | None = None,
 ) -> tuple[list[Item], list[Failure]]:  # fmt: skip
-    """The items to pack (the first of each set of copies, in walk order) and a Failure at stage
-    "duplicate" for each other one, naming the key and file it duplicates. A file that cannot be
-    read or hashed is kept: the pack records why it fails, as it would without --dedup."""
+    """The items to pack and a Failure at stage "duplicate" for each other one, naming the key and
+    file it copies. Decided in walk order: an item is left out when it is a copy of one already
+    kept (the same bytes, or with `near` a DCT hash within `threshold` bits of it), never through
+    a chain of copies (A near B near C does not drop C when C is far from A). A file that cannot
+    be read or hashed, or (`confine`: a table's source) lies outside that folder, is kept: the pack
+    records why it fails, as it would without --dedup."""
     near = mode == "near"
-    table = hash_paths([item.path for item in items], near, max_pixels, workers, progress)
-    sets = exact_sets(table.digests)
-    if near:
-        sets += near_sets(table.digests, table.hashes, table.hashed, threshold)
-    pairs = np.array([(members[0], other) for members in sets for other in members[1:]], np.int64).reshape(-1, 2)
-    first = components(len(items), pairs)  # per item, the first item of its set (itself when none)
+    inside = [confine is None or os.path.realpath(item.path).startswith(confine + os.sep) for item in items]
+    table = hash_paths([item.path for item, ok in zip(items, inside, strict=True) if ok], near, max_pixels, workers,
+                       progress)  # fmt: skip
+    digests: list[str | None] = [None] * len(items)
+    hashes = np.zeros(len(items), np.uint64)
+    hashed = np.zeros(len(items), bool)
+    where = np.flatnonzero(inside)
+    for i, at in enumerate(where.tolist()):
+        digests[at], hashes[at], hashed[at] = table.digests[i], table.hashes[i], table.hashed[i]
+    return keep_first(items, Hashed(digests, hashes, hashed, []), threshold if near else None)
+
+
+def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> tuple[list[Item], list[Failure]]:
+    """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only)."""
+    near = threshold is not None
+    digests, hashes, hashed = table.digests, table.hashes, table.hashed
+    # Distinct hash values and their pairs within the threshold: each value's neighbours.
+    values, value_of = np.unique(hashes[hashed], return_inverse=True)
+    neighbours: dict[int, list[int]] = {}
+    if threshold is not None:
+        for a, b in near_pairs(values, threshold).tolist():
+            neighbours.setdefault(a, []).append(b)
+            neighbours.setdefault(b, []).append(a)
+    value_at = np.full(len(items), -1, np.int64)
+    value_at[np.flatnonzero(hashed)] = value_of.ravel()
+    first_of_digest: dict[str, tuple[int, bool]] = {}  # a digest -> the item kept for it, and whether its bytes
+    kept_with_value: dict[int, int] = {}  # a hash value -> the first kept item with it
     kept: list[Item] = []
     dropped: list[Failure] = []
     for at, item in enumerate(items):
-        keeper = int(first[at])
-        if keeper == at:
-            kept.append(item)
+        digest = digests[at]
+        if digest is not None and digest in first_of_digest:
+            original, exact = first_of_digest[digest]
+            why = _same_bytes(item, items[original]) if exact else _near(item, items[original], hashes, at, original)
+            dropped.append(_duplicate(item, items[original], why))
             continue
-        original = items[keeper]
-        if table.digests[at] == table.digests[keeper]:
-            this = same_file(item.path)
-            linked = this is not None and this == same_file(original.path)
-            why = f"{'the same file (a link)' if linked else 'the same bytes'} as {display(original.relpath)}"
-        else:
-            bits = int(distances(table.hashes[at : at + 1], table.hashes[keeper : keeper + 1])[0])
-            why = f"a near copy of {display(original.relpath)} (DCT hashes {bits} bits apart)"
-        dropped.append(Failure(display(item.relpath), "duplicate", why, duplicate_of=original.key))
+        keeper = None
+        if near and value_at[at] >= 0:
+            value = int(value_at[at])
+            found = [kept_with_value[v] for v in [value, *neighbours.get(value, [])] if v in kept_with_value]
+            keeper = min(found) if found else None
+        if keeper is not None:
+            dropped.append(_duplicate(item, items[keeper], _near(item, items[keeper], hashes, at, keeper)))
+            if digest is not None:  # its own exact copies are near copies of the same kept item
+                first_of_digest[digest] = (keeper, False)
+            continue
+        kept.append(item)
+        if digest is not None:
+            first_of_digest[digest] = (at, True)
+        if value_at[at] >= 0:
+            kept_with_value.setdefault(int(value_at[at]), at)
     return kept, dropped
+
+
+def _same_bytes(item: Item, original: Item) -> str:
+    this = same_file(item.path)
+    linked = this is not None and this == same_file(original.path)
+    return f"{'the same file (a link)' if linked else 'the same bytes'} as {display(original.relpath)}"
+
+
+def _near(item: Item, original: Item, hashes: np.ndarray, at: int, kept: int) -> str:
+    bits = int(distances(hashes[at : at + 1], hashes[kept : kept + 1])[0])
+    return f"a near copy of {display(original.relpath)} (DCT hashes {bits} bits apart)"
+
+
+def _duplicate(item: Item, original: Item, why: str) -> Failure:
+    return Failure(display(item.relpath), "duplicate", why, duplicate_of=original.key)
 
 
 def same_file(path: str) -> tuple[int, int] | None:

@@ -24,7 +24,7 @@ from ..core.codecs import DCT_FACTORS, pil_build, turbojpeg
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
 from ..core.errors import ImageError
 from ..core.headers import HeaderError, ImageHeader, parse_bytes
-from .hashes import picture_hash
+from ..core.phash import THUMBNAIL, dct_hash
 
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -121,7 +121,7 @@ def process_image(
 
     image = decode_for_geometry(data, header, geometry)
     decoded = time.perf_counter()
-    image = to_rgb(image, header, encode.background)
+    image = to_rgb(image, header.bits, encode.background)
     # The picture's DCT hash, from pixels decoded anyway: records carry it, so packed outputs are
     # compared for near copies without decoding again. Taken from the resized image (fewer pixels to
     # average), unless a crop would leave part of the picture out of it.
@@ -226,8 +226,9 @@ def _pil_decode(data: bytes, header: ImageHeader, needed: tuple[int, int]) -> Im
     return image
 
 
-def to_rgb(image: Image.Image, header: ImageHeader, background: tuple[int, int, int]) -> Image.Image:
-    """8-bit RGB: gray, palette, CMYK, 16-bit and alpha (composited on `background`) all converted."""
+def to_rgb(image: Image.Image, bits: int, background: tuple[int, int, int]) -> Image.Image:
+    """8-bit RGB: gray, palette, CMYK, 16-bit and alpha (composited on `background`) all converted
+    (`bits`: the header's bit depth)."""
     mode = image.mode
     if mode == "RGB":
         return image
@@ -235,7 +236,7 @@ def to_rgb(image: Image.Image, header: ImageHeader, background: tuple[int, int, 
         pixels = np.asarray(image)
         if mode == "F":
             pixels = np.clip(pixels, 0, 255)
-        elif header.bits == 16 or pixels.max(initial=0) > 255:
+        elif bits == 16 or pixels.max(initial=0) > 255:
             pixels = pixels.astype(np.uint32) >> 8
         return Image.fromarray(pixels.astype(np.uint8), "L").convert("RGB")
     has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
@@ -245,6 +246,19 @@ def to_rgb(image: Image.Image, header: ImageHeader, background: tuple[int, int, 
         canvas.paste(rgba, mask=rgba.getchannel("A"))
         return canvas
     return image.convert("RGB")
+
+
+def picture_hash(image: Image.Image) -> str:
+    """The DCT hash (16 hex digits) of a decoded 8-bit image, already oriented: what records carry."""
+    return f"{dct_hash(grey_average(image)):016x}"
+
+
+def grey_average(image: Image.Image) -> np.ndarray:
+    """The THUMBNAIL x THUMBNAIL grey box average of an 8-bit image, as float64."""
+    # Averaged first, grey after: luma is linear, and converting 32x32 pixels instead of the whole
+    # picture halves the cost (60 against 160 us on a 341x256 image, measured).
+    small = image.resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BOX)
+    return np.asarray(small.convert("L"), np.float64)
 
 
 def _resize(image: Image.Image, geometry: Geometry, displayed: tuple[int, int], resize: ResizeConfig) -> Image.Image:

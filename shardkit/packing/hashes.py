@@ -1,10 +1,11 @@
-"""The two hashes an image gets: the sha256 of its file's bytes (exact copies) and the DCT hash of
-its picture (near copies: core/phash.py), from a grey thumbnail of the displayed image.
+"""The two hashes an image file gets: the sha256 of its bytes (exact copies) and the DCT hash of its
+picture (near copies: core/phash.py), from a grey thumbnail of the displayed image.
 
 `duplicates` and `pack --dedup` hash files here (a reduced DCT-scale decode: libjpeg's 1/2 to 1/8
-through Pillow's draft); `encode` hashes the picture it has decoded anyway, so every record of a
-pack carries both in its metadata and the index, and two packed outputs are compared without
-decoding again. Both paths give the hash of the image as displayed (EXIF orientation applied).
+through Pillow's draft); `encode.picture_hash` hashes the picture pack has decoded anyway, so every
+record carries both in its metadata and the index, and two packed outputs are compared without
+decoding again. Both paths hash the image as displayed (EXIF orientation applied) and as pack
+converts it (16-bit to 8, transparency on the background: `encode.to_rgb`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
-from typing import Any
 
 import numpy as np
 
 from ..core.codecs import RECORD_FORMATS
+from ..core.config import EncodeConfig
 from ..core.errors import describe
 from ..core.phash import THUMBNAIL, dct_hash
 from ..core.safeio import read_regular
+from .encode import grey_average, to_rgb
+
+_BACKGROUND = EncodeConfig().background  # transparent pixels: on what pack composites them by default
 
 # Below this short side a thumbnail says too little: such images are reported, not hashed.
 MIN_SIDE = 16
@@ -35,21 +39,6 @@ _ORIENT = {
     7: lambda a: a[::-1, ::-1].T,
     8: lambda a: np.rot90(a, 1),
 }
-
-
-def hex_hash(value: int) -> str:
-    """A DCT hash as stored in metadata and the index: 16 hex digits."""
-    return f"{value:016x}"
-
-
-def picture_hash(image: Any) -> str:
-    """The DCT hash (hex) of a decoded Pillow image, already oriented: what `encode` stores."""
-    from PIL import Image
-
-    # Averaged first, grey after: luma is linear, and converting 32x32 pixels instead of the whole
-    # picture halves the cost (60 against 160 us on a 341x256 image, measured).
-    grey = image.resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BOX).convert("L")
-    return hex_hash(dct_hash(np.asarray(grey, np.float64)))
 
 
 def hash_file(path: str, near: bool, max_pixels: int) -> tuple[str | None, int | None, str | None]:
@@ -97,8 +86,8 @@ def grey_thumbnail(data: bytes, max_pixels: int) -> np.ndarray:
             orientation = image.getexif().get(0x0112, 1) if image.format in ("JPEG", "PNG", "WEBP", "TIFF") else 1
             if image.format == "JPEG":
                 image.draft("L", (2 * THUMBNAIL, 2 * THUMBNAIL))
-            grey = image.convert("L").resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BOX)
-            pixels = np.asarray(grey, np.float64)
+            # 16-bit, palette, alpha: made 8-bit RGB as pack makes them, so both hash the same picture
+            pixels = grey_average(to_rgb(image, 16 if image.mode.startswith("I;16") else 8, _BACKGROUND))
     except ValueError:
         raise
     except Exception as error:  # Pillow raises many types for a bad file: each is "cannot decode"

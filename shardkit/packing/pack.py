@@ -496,6 +496,8 @@ def _deduplicated(found: SourceWalk, config: PackConfig, progress: HashProgress 
     kept, dropped = dedup_items(
         items, config.dedup, config.dedup_threshold, config.encode.max_pixels, config.workers,
         None if progress is None else lambda done: progress(done, total),
+        # a table's rows may only name files in its folder: one outside is never the copy kept
+        confine=os.path.realpath(found.root) if found.layout == "table" else None,
     )  # fmt: skip
     skipped = [*found.skipped, *dropped]
     listed = SourceList(found.root, found.layout, kept, found.classes, skipped)
