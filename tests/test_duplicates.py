@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from shardkit.checks.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from shardkit.checks.duplicates import find_duplicates
 from shardkit.checks.verify import verify
-from shardkit.core.config import pack_config
+from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.phash import distances, near_components, near_pairs
 from shardkit.packing.dedup import Hashed, keep_first
@@ -177,7 +177,7 @@ def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_
     assert done.returncode == 0, done.stderr
     assert "span sources (leakage)" in " ".join(done.stdout.split())
     report = json.loads(out.read_text())
-    assert report["threshold"] == DEFAULT_THRESHOLD and report["leakage"] == len(report["groups"])
+    assert report["threshold"] == DEFAULT_DEDUP_THRESHOLD and report["leakage"] == len(report["groups"])
     kinds = {group["kind"] for group in report["groups"]}
     assert kinds == {"exact", "near"}
     files = [path for group in report["groups"] for path in group["files"]]
@@ -261,7 +261,7 @@ def test_records_carry_the_source_hash_and_the_picture_hash(planted, tmp_path: P
         apart.append(int(distances(ours, theirs)[0]))
     # the pack's hash (from its own decode, resized to 96 px here) and the file's (a 1/8-scale decode)
     # differ in a few bits: a record is always grouped with the file it came from
-    assert max(apart) <= DEFAULT_THRESHOLD and np.median(apart) <= 3, apart
+    assert max(apart) <= DEFAULT_DEDUP_THRESHOLD and np.median(apart) <= 3, apart
 
 
 def test_packed_outputs_are_compared_from_their_index_without_reading_a_shard(

@@ -6,9 +6,9 @@ exact copies are the same bytes) and, with `near`, decoded at a reduced DCT scal
 of a grey thumbnail (packing/hashes.py). A packed output's records already carry both (the source
 file's sha256 and the picture's DCT hash, from pack): they come from its index.parquet, no shard
 read and nothing decoded; an output packed before the hashes existed is read and hashed record by
-record. The hashes are grouped as packing/dedup.py groups them (multi-index hashing, not all
-pairs). Files that are one file (symlinks, hard links) count once. A group whose files come from
-more than one source is leakage. Nothing here prints.
+record. Near hashes are grouped through multi-index hashing (core/phash.py), not all pairs. Files
+that are one file (symlinks, hard links) count once. A group whose files come from more than one
+source is leakage. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ import numpy as np
 from ..core.config import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_PIXELS, check_dedup_threshold, check_workers
 from ..core.errors import ConfigError, Failure, ImageError, ManifestError, ShardFormatError, ShardReadError, describe
 from ..core.manifest import MANIFEST_NAME
-from ..core.phash import dct_hash, distances
+from ..core.phash import dct_hash, distances, near_components
 from ..core.safeio import read_regular
-from ..packing.dedup import exact_sets, hash_paths, near_sets
+from ..packing.dedup import hash_paths
 from ..packing.discover import walk
 from ..packing.encode import picture_hash
 from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
 
-DEFAULT_THRESHOLD = DEFAULT_DEDUP_THRESHOLD
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PHASH = re.compile(r"[0-9a-f]{16}")
 
@@ -116,7 +115,7 @@ def find_duplicates(
     *,
     against: Sequence[str | os.PathLike[str]] = (),
     near: bool = False,
-    threshold: int = DEFAULT_THRESHOLD,
+    threshold: int = DEFAULT_DEDUP_THRESHOLD,
     workers: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     storage_options: dict[str, Any] | None = None,
@@ -199,6 +198,39 @@ def find_duplicates(
     )  # fmt: skip
 
 
+def exact_sets(digests: Sequence[str | None]) -> list[list[int]]:
+    """Positions sharing a digest (two or more), each set in order."""
+    by_digest: dict[str, list[int]] = {}
+    for at, digest in enumerate(digests):
+        if digest is not None:
+            by_digest.setdefault(digest, []).append(at)
+    return [members for members in by_digest.values() if len(members) > 1]
+
+
+def near_sets(digests: Sequence[str | None], hashes: np.ndarray, hashed: np.ndarray, threshold: int) -> list[list[int]]:
+    """Positions joined through DCT hashes within `threshold` bits (transitively), two or more
+    contents to a set; the search runs over distinct contents (one hash per digest), and a set then
+    lists every copy of each of its contents, in order."""
+    firsts: dict[str, int] = {}
+    copies: dict[int, list[int]] = {}
+    for at, digest in enumerate(digests):
+        if digest is not None and hashed[at]:
+            first = firsts.setdefault(digest, at)
+            copies.setdefault(first, []).append(at)
+    members = np.array(sorted(copies), np.int64)
+    if len(members) < 2:
+        return []
+    group_of = near_components(hashes[members], threshold)
+    joined: dict[int, list[int]] = {}
+    for i, group in enumerate(group_of.tolist()):
+        joined.setdefault(group, []).append(i)
+    return [
+        sorted(at for i in component for at in copies[int(members[i])])
+        for component in joined.values()
+        if len(component) > 1
+    ]
+
+
 def _is_output(source: str) -> bool:
     """A packed output (its manifest beside the shards, or a URL) rather than a folder of images."""
     if is_remote(source):
@@ -239,12 +271,11 @@ def _index_rows(dataset: Any) -> list[tuple[str, str | None, str | None]] | None
         return None
     path = Path(dataset.folder) / index.name
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         if path.stat().st_size != index.bytes:
             return None
-        import pyarrow as pa
-
         schema = pq.read_schema(path)
         wanted = ("key", "source_sha256", "phash")
         if any(schema.get_field_index(name) < 0 or schema.field(name).type != pa.string() for name in wanted):

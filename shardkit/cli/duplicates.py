@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..core.config import DEFAULT_DEDUP_THRESHOLD
 from .common import (
     STORAGE_OPTION_HELP,
     check_report_path,
@@ -37,7 +38,10 @@ def duplicates(
         bool, typer.Option(help="Also near duplicates: re-encoded, resized, grey, brighter, slightly cropped.")
     ] = False,
     threshold: Annotated[
-        Optional[int], typer.Option(help="Near: the largest Hamming distance of two DCT hashes (0-32). \\[default: 10]")
+        Optional[int],
+        typer.Option(
+            help=f"Near: the largest Hamming distance of two DCT hashes (0-32). \\[default: {DEFAULT_DEDUP_THRESHOLD}]"
+        ),
     ] = None,
     workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every group as JSON.")] = None,
@@ -49,7 +53,7 @@ def duplicates(
     """Find images that are the same (the same bytes) or, with --near, nearly the same, within and
     across the sources; a group spanning two sources (train and val) is leakage. A packed output's
     records carry their hashes: it is compared without reading or decoding its shards."""
-    from ..checks.duplicates import DEFAULT_THRESHOLD, contact_sheet, find_duplicates  # here: --help stays fast
+    from ..checks.duplicates import contact_sheet, find_duplicates  # here: --help stays fast
 
     with user_errors():
         check_report_path(json_path)
@@ -60,7 +64,7 @@ def duplicates(
             task = bar.add_task("hash", total=None, rate="")
             report = find_duplicates(
                 sources, against=against or (), near=near,
-                threshold=DEFAULT_THRESHOLD if threshold is None else threshold, workers=workers,
+                threshold=DEFAULT_DEDUP_THRESHOLD if threshold is None else threshold, workers=workers,
                 storage_options=storage_options(storage_option), progress=lambda done: bar.update(task, completed=done),
             )  # fmt: skip
         leaks = [group for group in report.groups if group.leakage]

@@ -1,10 +1,8 @@
-"""Copies among many files: their hashes, taken in parallel, the sets of copies (exact: the same
-bytes; near: DCT hashes joined within a threshold, through multi-index hashing, not all pairs),
-and what `pack --dedup` keeps: in walk order (sorted paths for a folder, rows or lines for a table
-or list: never --shuffle's order or the workers'), each file that is not a copy of one kept before.
-
-`shardkit duplicates` (checks/duplicates.py) reports the same sets; this module decides nothing
-about printing.
+"""Copies among many files: their hashes, taken in worker processes (`shardkit duplicates` takes
+them here too), and what `pack --dedup` keeps: in walk order (sorted paths for a folder, rows or
+lines for a table or list: never --shuffle's order or the workers'), each file that is not a copy
+of one kept before (the same bytes, or a DCT hash within the threshold, found by multi-index
+hashing, not all pairs).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import numpy as np
 
 from ..core.errors import Failure
 from ..core.executors import default_workers, map_local
-from ..core.phash import distances, near_components, near_pairs
+from ..core.phash import distances, near_pairs
 from .discover import Item, display
 from .hashes import hash_files
 
@@ -55,39 +53,6 @@ def hash_paths(
         if progress is not None:
             progress(done)
     return result
-
-
-def exact_sets(digests: Sequence[str | None]) -> list[list[int]]:
-    """Positions sharing a digest (two or more), each set in order."""
-    by_digest: dict[str, list[int]] = {}
-    for at, digest in enumerate(digests):
-        if digest is not None:
-            by_digest.setdefault(digest, []).append(at)
-    return [members for members in by_digest.values() if len(members) > 1]
-
-
-def near_sets(digests: Sequence[str | None], hashes: np.ndarray, hashed: np.ndarray, threshold: int) -> list[list[int]]:
-    """Positions joined through DCT hashes within `threshold` bits (transitively), two or more
-    contents to a set; the search runs over distinct contents (one hash per digest), and a set then
-    lists every copy of each of its contents, in order."""
-    firsts: dict[str, int] = {}
-    copies: dict[int, list[int]] = {}
-    for at, digest in enumerate(digests):
-        if digest is not None and hashed[at]:
-            first = firsts.setdefault(digest, at)
-            copies.setdefault(first, []).append(at)
-    members = np.array(sorted(copies), np.int64)
-    if len(members) < 2:
-        return []
-    group_of = near_components(hashes[members], threshold)
-    joined: dict[int, list[int]] = {}
-    for i, group in enumerate(group_of.tolist()):
-        joined.setdefault(group, []).append(i)
-    return [
-        sorted(at for i in component for at in copies[int(members[i])])
-        for component in joined.values()
-        if len(component) > 1
-    ]
 
 
 def dedup_items(

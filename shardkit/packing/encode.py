@@ -193,9 +193,13 @@ def decode_for_geometry(data: bytes, header: ImageHeader, geometry: Geometry) ->
         image = _turbo_decode(tj, data, dct_factor((header.width, header.height), needed))
     if image is None:
         image = _pil_decode(data, header, needed)
-    if header.orientation in _TRANSPOSE:
-        image = image.transpose(_TRANSPOSE[header.orientation])
-    return image
+    return oriented(image, header.orientation)
+
+
+def oriented(image: Image.Image, orientation: int) -> Image.Image:
+    """The image as displayed under its EXIF orientation (1 to 8; anything else: as stored)."""
+    turn = _TRANSPOSE.get(orientation)
+    return image.transpose(turn) if turn is not None else image
 
 
 def _turbo_decode(tj: Any, data: bytes, factor: tuple[int, int]) -> Image.Image | None:
