@@ -23,6 +23,7 @@ def test_probe_prints_report_and_writes_json_and_records(python_command, sample_
     report = json.loads(report_path.read_text())
     assert report["images"] == 60 and report["files"] == 61
     assert report["recommendation"]["train_size"] == 224
+    assert report["duplicates"]["files"] == 0 and "exact duplicates: none" in result.stdout
     rows = list(csv.DictReader(records_path.open()))
     assert len(rows) == 61
     assert sum(1 for row in rows if row["error"]) == 1

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,8 @@ def test_streamed_probe_reports_what_the_whole_list_gives(wild: Path, sample_dat
         assert records == probe_records(paths, relpaths, workers=1)
         whole = summarize(records, root=str(source))
         report.seconds, report.workers, report.worker_kind, report.skipped = 0.0, 1, whole.worker_kind, []
+        assert report.duplicates is not None  # confirmed by reading files again: not in a summary of records
+        report.duplicates = None
         assert report == whole
 
 
@@ -151,3 +154,38 @@ def test_a_problem_s_kind_is_set_by_what_found_it_and_survives_a_process_boundar
     assert kinds == {"empty.jpg": "empty file", "zero.png": "zero-size image"}
     sent = pickle.loads(pickle.dumps(Problem("cannot read: denied", "cannot read (permissions, I/O)")))
     assert (sent, sent.kind) == ("cannot read: denied", "cannot read (permissions, I/O)")
+
+
+def test_probe_counts_exact_copies_confirmed_by_their_bytes_and_links_as_one_file(tmp_path: Path) -> None:
+    """Copies under any name and extension (one goes through the Python parser) are counted; links
+    to a file are one file; a file of the same size and the same first 4 KiB (the head the scanner
+    hashes) but other bytes after it is a candidate that the sha256 turns away."""
+    from shardkit.checks.duplicates import find_duplicates
+
+    src = tmp_path / "src"
+    originals = [write_image(src / "a" / f"p{i}.jpg", 160, 120, seed=i, quality=95) for i in range(5)]
+    data = [path.read_bytes() for path in originals]
+    assert all(len(d) > 8192 for d in data)  # longer than the head: the altered copy below keeps it
+    (src / "b").mkdir()
+    (src / "b" / "copy.jpg").write_bytes(data[0])
+    (src / "b" / "copy.png").write_bytes(data[0])  # an extension mismatch: the Python path's hash
+    (src / "b" / "p1 again.jpg").write_bytes(data[1])
+    (src / "b" / "link.jpg").symlink_to(originals[2])
+    os.link(originals[3], src / "b" / "hard.jpg")
+    altered = bytearray(data[4])
+    altered[-100] ^= 0xFF  # same size, same head, other bytes
+    (src / "b" / "altered.jpg").write_bytes(bytes(altered))
+    for workers in (1, 2):
+        copies = probe(src, workers=workers, chunk_files=3).duplicates
+        assert copies is not None
+        assert (copies.files, copies.groups, copies.links) == (3, 2, 2)
+        assert copies.bytes == 2 * len(data[0]) + len(data[1])
+        assert copies.examples == [["a/p0.jpg", "b/copy.jpg", "b/copy.png"], ["a/p1.jpg", "b/p1 again.jpg"]]
+    # what `shardkit duplicates` finds by hashing every file whole
+    groups = [g for g in find_duplicates([src]).groups if g.kind == "exact" and g.match == "bytes"]
+    assert sum(len(g.files) - 1 for g in groups) == 3
+
+
+def test_probe_of_distinct_files_reports_no_copies(sample_dataset: Path) -> None:
+    report = probe(sample_dataset)
+    assert report.duplicates is not None and report.duplicates.files == 0 and report.duplicates.links == 0

@@ -28,7 +28,8 @@ needs_scanner = pytest.mark.skipif(scanner is None, reason="shardkit.core._scan 
 
 def python_row(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple:
     record = probe_file(path, path, max_pixels)
-    return (record.bytes, None if record.header is None else tuple(record.header), record.error, record.warnings)
+    header = None if record.header is None else tuple(record.header)
+    return (record.bytes, header, record.error, record.warnings, record.head, record.identity)
 
 
 def compare(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS) -> int:

@@ -132,6 +132,7 @@ def render(report: ProbeReport) -> None:
         modes = ", ".join(f"{name} {n:,}" for name, n in report.modes.items())
         console.print(f"formats: {counts}   modes: {modes}")
         console.print(f"EXIF-rotated: {report.rotated:,}   progressive JPEG: {report.progressive:,}")
+        _render_copies(report)
     if report.problems:
         table = Table(title="problems", title_justify="left")
         table.add_column("kind")
@@ -157,6 +158,22 @@ def render(report: ProbeReport) -> None:
                 f"{human_bytes(rec.bytes_before)} -> ~{human_bytes(rec.bytes_after_estimate)}; "
                 f"~{rec.decode_work_saved:.0%} less decode work per epoch."
             )
+
+
+def _render_copies(report: ProbeReport) -> None:
+    copies = report.duplicates
+    if copies is None:
+        return
+    links = f"; {copies.links:,} more names of files already counted (links)" if copies.links else ""
+    if not copies.files:
+        console.print(f"exact duplicates: none{links}")
+        return
+    console.print(
+        f"[bold yellow]exact duplicates[/]: {copies.files:,} files copy another's bytes ({copies.groups:,} groups, "
+        f"{human_bytes(copies.bytes)}){links}; `shardkit duplicates` lists them, `pack --dedup exact` leaves them out"
+    )
+    for group in copies.examples:
+        console.print("  " + " = ".join(escape(name) for name in group[:4]) + (" = ..." if len(group) > 4 else ""))
 
 
 def _render_table(table: dict) -> None:
@@ -203,7 +220,7 @@ FIELDS = ("path", "bytes", "format", "width", "height", "displayed_width", "disp
 
 def _rows(relpaths: list[str], rows: list[tuple]) -> Iterator[list]:
     """Each file's row, values in FIELDS order; built from the raw rows (no object per file)."""
-    for relpath, (size, h, error, warnings) in zip(relpaths, rows, strict=True):
+    for relpath, (size, h, error, warnings, *_) in zip(relpaths, rows, strict=True):
         if h is None:
             yield [
                 display(relpath),
@@ -228,12 +245,12 @@ def _rows(relpaths: list[str], rows: list[tuple]) -> Iterator[list]:
 def _csv_lines(chunk: ProbeChunk, writer: Any) -> Iterator[str]:
     """CSV lines, byte for byte what csv.writer writes: a clean row is formatted here (3x faster);
     a row with an error, or a name that needs quoting, goes through the writer itself."""
-    for relpath, (size, h, error, warnings) in zip(chunk.relpaths, chunk.rows, strict=True):
+    for relpath, (size, h, error, warnings, *rest) in zip(chunk.relpaths, chunk.rows, strict=True):
         if h is not None and error is None and not warnings and relpath.isascii() and not _NEEDS_QUOTES.search(relpath):
             shown = f"{h[2]},{h[1]}" if h[6] >= 5 else f"{h[1]},{h[2]}"
             yield f"{relpath},{size},{h[0]},{h[1]},{h[2]},{shown},{h[3]},{h[4]},{h[5]},{h[6]},,\r\n"
         else:
-            writer.writerows(_rows([relpath], [(size, h, error, warnings)]))
+            writer.writerows(_rows([relpath], [(size, h, error, warnings, *rest)]))
 
 
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]|^\s|\s$')

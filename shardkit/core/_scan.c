@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HEAD_BYTES 4096
@@ -32,6 +33,8 @@ typedef struct {
     int ok; /* 0: fall back to Python */
     int format;
     int64_t size;
+    uint64_t head_hash; /* headers.head_hash of the first HEAD_BYTES */
+    uint64_t identity;  /* headers.file_identity: the file itself, whatever name reached it */
     uint32_t width, height;
     int mode, bits, progressive, orientation;
 } Result;
@@ -64,6 +67,40 @@ static int exif_orientation(const unsigned char *t, int64_t len) {
     }
 #undef U16
     return 0;
+}
+
+/* headers.head_hash: a 64-bit hash of the file's first bytes, to find files that may be copies of
+ * each other without reading them whole (a match is only a candidate: probe confirms it with a
+ * sha256 of both files). Each 8-byte word is mixed on its own, so the loop has no chain of
+ * multiplies and costs ~0.2 us for 4 KiB; numpy computes the same in Python's twin. */
+#define HASH_STEP 0x9E3779B97F4A7C15ULL
+#define HASH_MIX 0xBF58476D1CE4E5B9ULL
+#define HASH_FINAL 0x94D049BB133111EBULL
+static uint64_t le64(const unsigned char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8); /* one load: a loop of byte shifts stays a loop at -O2 (6x slower) */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+static uint64_t hash_word(uint64_t w, int64_t i) {
+    w += (uint64_t)i * HASH_STEP;
+    w ^= w >> 32;
+    return w * HASH_MIX;
+}
+static uint64_t head_hash(const unsigned char *p, int64_t n) {
+    uint64_t sum = (uint64_t)n * HASH_STEP;
+    int64_t full = n / 8;
+    for (int64_t i = 0; i < full; i++) sum += hash_word(le64(p + 8 * i), i);
+    if (n % 8) { /* the last, partial word, zero-padded */
+        unsigned char last[8] = {0};
+        memcpy(last, p + 8 * full, (size_t)(n % 8));
+        sum += hash_word(le64(last), full);
+    }
+    sum ^= sum >> 29;
+    sum *= HASH_FINAL;
+    return sum ^ (sum >> 32);
 }
 
 static int contains(const unsigned char *hay, int64_t n, const char *needle, int64_t m) {
@@ -270,10 +307,15 @@ static void scan_one(const char *path, Py_ssize_t path_len, uint64_t max_pixels,
     ssize_t got = read(fd, head, HEAD_BYTES);
     if (got > 0) {
         Source src = {fd, head, got, got, got < HEAD_BYTES};
-        /* lseek is the cheapest way to learn the size */
-        if (!src.whole) src.size = (int64_t)lseek(fd, 0, SEEK_END);
+        /* one fstat: the size (for a file longer than its head) and which file this is, so that
+         * links to one file are one file among copies (it replaced an lseek: the same one call) */
+        struct stat info;
+        if (fstat(fd, &info) != 0) src.size = 0;
+        else if (!src.whole) src.size = (int64_t)info.st_size;
+        r->identity = (uint64_t)info.st_ino ^ ((uint64_t)info.st_dev * HASH_STEP);
         if (src.size > 0) {
             r->size = src.size;
+            r->head_hash = head_hash(head, got);
             if (got >= 3 && head[0] == 0xFF && head[1] == 0xD8 && head[2] == 0xFF)
                 parse_jpeg(&src, r, window, segment);
             else if (got >= 8 && memcmp(head, "\x89PNG\r\n\x1a\n", 8) == 0)
@@ -333,7 +375,9 @@ static PyObject *scan_batch(PyObject *self, PyObject *args) {
             PyObject *header = Py_BuildValue("(OkkOiOiO)", r->format == FMT_JPEG ? FORMAT_JPEG : FORMAT_PNG,
                                              (unsigned long)r->width, (unsigned long)r->height, MODES[r->mode],
                                              r->bits, r->progressive ? Py_True : Py_False, r->orientation, Py_True);
-            row = header == NULL ? NULL : Py_BuildValue("(LNOO)", (long long)r->size, header, Py_None, NO_WARNINGS);
+            row = header == NULL ? NULL
+                                : Py_BuildValue("(LNOOKK)", (long long)r->size, header, Py_None, NO_WARNINGS,
+                                                (unsigned long long)r->head_hash, (unsigned long long)r->identity);
         }
         if (row == NULL) Py_CLEAR(rows);
         else PyList_SET_ITEM(rows, i, row);
@@ -345,7 +389,7 @@ static PyObject *scan_batch(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan_batch", scan_batch, METH_VARARGS,
-     "scan_batch(paths, max_pixels) -> list: per path, probe._probe_chunk's row (size, header, None, ()) "
+     "scan_batch(paths, max_pixels) -> list: per path, probe._probe_chunk's row (size, header, None, (), head_hash, identity) "
      "for a clean JPEG/PNG, or None where Python must look."},
     {NULL, NULL, 0, NULL},
 };

@@ -98,6 +98,46 @@ def read_header(path: str | os.PathLike[str]) -> tuple[ImageHeader, int]:
         os.close(fd)
 
 
+_HASH_STEP = 0x9E3779B97F4A7C15
+_HASH_MIX = 0xBF58476D1CE4E5B9
+_HASH_FINAL = 0x94D049BB133111EB
+_MASK = (1 << 64) - 1
+
+
+def head_hash(head: bytes) -> int:
+    """A 64-bit hash of a file's first bytes (at most HEAD_BYTES), the compiled scanner's twin
+    (`_scan.c`: head_hash). Files with the same size and head hash may be copies of each other;
+    probe confirms each such match with a sha256 of the whole files, so this only has to be cheap
+    and rarely equal for different heads. Each little-endian word is mixed on its own and summed."""
+    import numpy as np  # only the Python path of probe needs it; the scanner hashes in C
+
+    n = len(head)
+    words = np.frombuffer(head + bytes(-n % 8), "<u8")
+    mixed = words + np.arange(len(words), dtype=np.uint64) * np.uint64(_HASH_STEP)  # wraps, as C does
+    mixed ^= mixed >> np.uint64(32)
+    mixed *= np.uint64(_HASH_MIX)
+    total = (n * _HASH_STEP + int(mixed.sum(dtype=np.uint64))) & _MASK
+    total ^= total >> 29
+    total = (total * _HASH_FINAL) & _MASK
+    return total ^ (total >> 32)
+
+
+def file_identity(info: os.stat_result) -> int:
+    """Which file this is, as one 64-bit number (`_scan.c` computes the same): the names of one file
+    (links, a table naming it twice) share it. Device and inode are folded together; two files
+    would have to share their size and head hash too before an equal fold mattered."""
+    return (info.st_ino ^ (info.st_dev * _HASH_STEP)) & _MASK
+
+
+def read_head(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """head_hash and file_identity of the file at `path` (O_NONBLOCK: never waits on a FIFO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return head_hash(os.read(fd, HEAD_BYTES)), file_identity(os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
 def _refuse_special(fd: int, path: str | os.PathLike[str]) -> None:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):

@@ -24,7 +24,8 @@ from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
-from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_header
+from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_head, read_header
+from ..core.manifest import sha256_file
 from .discover import Item, SourceWalk, display, walk
 
 CHUNK_FILES = 2048
@@ -39,6 +40,8 @@ class ProbeRecord(NamedTuple):
     header: ImageHeader | None
     error: str | None = None  # why the header could not be read
     warnings: tuple[str, ...] = ()  # "truncated", "extension-mismatch", "too-many-pixels"
+    head: int | None = None  # headers.head_hash of a readable image's first bytes
+    identity: int | None = None  # headers.file_identity: the same for every name of one file
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,19 @@ class ProblemSummary:
     examples: list[str]
 
 
+@dataclass(frozen=True)
+class ExactCopies:
+    """Files whose bytes copy another file's: found from (size, head hash) and confirmed by the
+    sha256 of each file. Names of one file (symlinks, hard links, a table naming a file twice) are
+    one file, counted apart as `links`."""
+
+    files: int  # copies beyond the first of each group
+    groups: int
+    bytes: int  # what the copies hold
+    links: int = 0
+    examples: list[list[str]] = field(default_factory=list)  # the first groups, as paths in the source
+
+
 @dataclass
 class ProbeReport:
     root: str
@@ -93,6 +109,7 @@ class ProbeReport:
     # a metadata table's census: rows, rows without a file, images without a row, bad rows, the
     # columns found and caption lengths in characters (percentiles)
     table: dict[str, Any] | None = None
+    duplicates: ExactCopies | None = None
     skipped: list[Failure] = field(default_factory=list, repr=False)
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
@@ -112,9 +129,15 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
         return ProbeRecord(relpath, _size_or_zero(path), None, FileProblem(str(error), error.kind))
     except OSError as error:
         return ProbeRecord(relpath, 0, None, FileProblem(f"cannot read: {describe(error)}", CANNOT_READ))
+    head: int | None
+    identity: int | None
+    try:
+        head, identity = read_head(path)
+    except OSError:  # gone since its header was read: not counted among copies
+        head = identity = None
     expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
     if header.complete and expected == header.format and header.width * header.height <= max_pixels:
-        return ProbeRecord(relpath, size, header)  # the common case, kept cheap
+        return ProbeRecord(relpath, size, header, head=head, identity=identity)  # the common case, kept cheap
     warnings: list[str] = []
     if not header.complete:
         warnings.append("truncated")
@@ -122,7 +145,7 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
         warnings.append("extension-mismatch")
     if header.width * header.height > max_pixels:
         warnings.append("too-many-pixels")
-    return ProbeRecord(relpath, size, header, None, tuple(warnings))
+    return ProbeRecord(relpath, size, header, None, tuple(warnings), head, identity)
 
 
 def _size_or_zero(path: str) -> int:
@@ -133,7 +156,8 @@ def _size_or_zero(path: str) -> int:
 
 
 def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
-    """Probe one chunk of files; rows are plain tuples (size, header tuple, error, warnings).
+    """Probe one chunk of files; rows are plain tuples (size, header tuple, error, warnings, head hash,
+    file identity).
 
     The compiled scanner answers the common case (a clean JPEG/PNG) for the whole chunk in one
     call; every file it leaves (None) goes through the Python reference, so results are the same
@@ -149,13 +173,13 @@ def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
         if row is None:
             record = probe_file(paths[index], relpaths[index], max_pixels)
             header = tuple(record.header) if record.header is not None else None
-            rows[index] = (record.bytes, header, record.error, record.warnings)
+            rows[index] = (record.bytes, header, record.error, record.warnings, record.head, record.identity)
     return rows
 
 
 class ProbeChunk(NamedTuple):
     """A chunk of probe results as the scanner gives them: rows of (bytes, header tuple or None,
-    error, warnings), one per relpath. records() builds the ProbeRecords."""
+    error, warnings, head hash, file identity), one per relpath. records() builds the ProbeRecords."""
 
     relpaths: list[str]
     rows: list[tuple]
@@ -167,8 +191,8 @@ class ProbeChunk(NamedTuple):
 def _records_from_rows(relpaths: Sequence[str], rows: list[tuple]) -> list[ProbeRecord]:
     make_header, make_record = ImageHeader._make, ProbeRecord._make
     return [
-        make_record((rel, size, None if header is None else make_header(header), error, warnings))
-        for rel, (size, header, error, warnings) in zip(relpaths, rows, strict=True)
+        make_record((rel, size, None if header is None else make_header(header), *rest))
+        for rel, (size, header, *rest) in zip(relpaths, rows, strict=True)
     ]
 
 
@@ -214,15 +238,7 @@ def probe(
         nonlocal walked, walk_done, chunk_count
         paths: list[str] = []
         relpaths: list[str] = []
-        runs: Iterable[tuple[str, list[str] | None, list[str]]]
-        if found.table is not None:  # a table's rows, streamed
-            runs = _table_runs(found.items, captions)
-        elif found.runs is None:  # a list file
-            listed = list(found.items)
-            runs = [("", [item.path for item in listed], [item.relpath for item in listed])]
-        else:
-            runs = ((run.prefix, None, run.relpaths) for run in found.runs)
-        for prefix, run_paths, run_relpaths in runs:  # a folder's files at a time: no Python step per file
+        for prefix, run_paths, run_relpaths in _runs(found, captions):
             paths += run_paths if run_paths is not None else [prefix + rel for rel in run_relpaths]
             relpaths += run_relpaths
             while len(paths) >= chunk_files:
@@ -266,12 +282,80 @@ def probe(
             if progress is not None:
                 progress(census.files, walked if walk_done else None)
     report = census.report(train_size=train_size, root=os.fspath(source))
+    places, keys, links = census.copy_candidates()
+    report.duplicates = ExactCopies(0, 0, 0, links)
+    if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
+        again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)
+        report.duplicates = confirm_copies(_candidate_names(again, places, keys), workers, links)
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     if found.table is not None:
         report.table = _table_census(found, captions, without_file)
     return report
+
+
+def _runs(found: SourceWalk, captions: Counter[int]) -> Iterable[tuple[str, list[str] | None, list[str]]]:
+    """The walk as runs of (prefix, paths or None, relpaths): a folder's files at a time, so that
+    a walk of millions of files takes no Python step per file (paths None: prefix + relpath)."""
+    if found.table is not None:  # a table's rows, streamed
+        return _table_runs(found.items, captions)
+    if found.runs is None:  # a list file
+        listed = list(found.items)
+        return [("", [item.path for item in listed], [item.relpath for item in listed])]
+    return ((run.prefix, None, run.relpaths) for run in found.runs)
+
+
+def _candidate_names(found: SourceWalk, places: np.ndarray, keys: np.ndarray) -> list[tuple[int, str, str]]:
+    """(key, path, relpath) of the files at `places` (sorted positions in walk order)."""
+    names: list[tuple[int, str, str]] = []
+    at = 0
+    for prefix, run_paths, run_relpaths in _runs(found, Counter()):
+        first, end = np.searchsorted(places, [at, at + len(run_relpaths)])
+        for j in range(int(first), int(end)):
+            i = int(places[j]) - at
+            names.append(
+                (int(keys[j]), run_paths[i] if run_paths is not None else prefix + run_relpaths[i], run_relpaths[i])
+            )
+        at += len(run_relpaths)
+        if end == len(places):
+            break
+    return names
+
+
+def confirm_copies(
+    names: Sequence[tuple[int, str, str]], workers: int, links: int = 0, examples: int = 5
+) -> ExactCopies:
+    """Which of the candidate files (key, path, relpath), distinct files in walk order, really copy
+    each other: those with the same key and the same sha256. A file gone or unreadable since the
+    scan is left out."""
+    jobs = [[path for _, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
+    read: list[tuple[str, int] | None] = [None] * len(names)
+    for index, found in map_threads(_digests, jobs, workers):
+        read[index * 64 : index * 64 + len(found)] = found
+    groups: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (key, sha256) -> (name, size) of each file
+    for i, ((key, _, _), digest) in enumerate(zip(names, read, strict=True)):
+        if digest is not None:
+            groups.setdefault((key, digest[0]), []).append((i, digest[1]))
+    copies = [group for group in groups.values() if len(group) > 1]
+    return ExactCopies(
+        files=sum(len(group) - 1 for group in copies),
+        groups=len(copies),
+        bytes=sum(group[0][1] * (len(group) - 1) for group in copies),
+        links=links,
+        examples=[[display(names[i][2]) for i, _ in group] for group in copies[:examples]],
+    )
+
+
+def _digests(paths: list[str]) -> list[tuple[str, int] | None]:
+    """The sha256 and size of each file; None where it cannot be read."""
+    found: list[tuple[str, int] | None] = []
+    for path in paths:
+        try:
+            found.append((sha256_file(path), os.stat(path).st_size))
+        except OSError:
+            found.append(None)
+    return found
 
 
 _MISSING = f"cannot read: {os.strerror(2)}"  # ENOENT, as probe_file words it
@@ -349,8 +433,10 @@ def _sum_by(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return np.rint(np.bincount(groups, weights=values, minlength=size)).astype(np.int64)
 
 
+_KEY_STEP = np.uint64(0x9E3779B97F4A7C15)  # spreads the size over the key's bits
 _SIDE_BITS = 32  # a size is kept as width << 32 | height
 _SIDE_LIMIT = (1 << _SIDE_BITS) - 1
+_SIDE_BITS_U = np.uint64(_SIDE_BITS)
 
 
 @dataclass
@@ -368,43 +454,88 @@ class Census:
     rotated: int = 0
     progressive: int = 0
     problems: dict[str, list] = field(default_factory=dict)  # kind -> [count, examples]
+    # each readable image's position in the walk, its key (head hash ^ size) and its file's
+    # identity: 24 bytes an image, what finding exact copies without reading every file costs
+    copy_places: list[np.ndarray] = field(default_factory=list)
+    copy_keys: list[np.ndarray] = field(default_factory=list)
+    copy_identities: list[np.ndarray] = field(default_factory=list)
 
     def add(self, records: Sequence[ProbeRecord]) -> None:
-        self.add_rows([r.relpath for r in records], [(r.bytes, r.header, r.error, r.warnings) for r in records])
+        self.add_rows(
+            [r.relpath for r in records],
+            [(r.bytes, r.header, r.error, r.warnings, r.head, r.identity) for r in records],
+        )
 
     def add_rows(self, relpaths: Sequence[str], rows: Sequence[tuple]) -> None:
         """The hot path: rows as the scanner gives them, (bytes, header tuple or None, error,
-        warnings), with no object built for a clean image."""
+        warnings, head hash, file identity), with no object built for a clean image. Taken by
+        columns (one zip), so that a chunk of clean images costs no Python step per file."""
+        base = self.files
         self.files += len(rows)
-        readable: list[tuple] = []
-        file_bytes: list[int] = []
-        for index, (size, header, error, warnings) in enumerate(rows):
-            if error is not None or warnings:
-                record = ProbeRecord(
-                    relpaths[index], size, None if header is None else ImageHeader._make(header), error, warnings
-                )
-                self._note_problems(record)
-                if header is None or "too-many-pixels" in warnings:
-                    continue
-            readable.append(header)
-            file_bytes.append(size)
-        self.bytes += sum(row[0] for row in rows)
-        if not readable:
+        if not rows:
             return
+        sizes, headers, errors, warned, heads, identities = zip(*rows, strict=True)
+        self.bytes += sum(sizes)
+        places: Sequence[int] = range(base, base + len(rows))
+        if errors.count(None) != len(errors) or any(warned):
+            kept = [index for index, row in enumerate(rows) if self._readable(relpaths[index], row)]
+            sizes, headers = tuple(sizes[i] for i in kept), tuple(headers[i] for i in kept)
+            heads, identities = tuple(heads[i] for i in kept), tuple(identities[i] for i in kept)
+            places = [base + i for i in kept]
+            if not kept:
+                return
         # header tuples: (format, width, height, mode, bits, progressive, orientation, complete)
-        packed = [
-            min(h[2], _SIDE_LIMIT) << _SIDE_BITS | min(h[1], _SIDE_LIMIT)
-            if h[6] >= 5  # EXIF-rotated by a quarter turn: displayed with the sides swapped
-            else min(h[1], _SIDE_LIMIT) << _SIDE_BITS | min(h[2], _SIDE_LIMIT)
-            for h in readable
-        ]
-        self.formats.update(h[0] for h in readable)
-        self.modes.update(h[3] for h in readable)
-        self.rotated += sum(1 for h in readable if h[6] != 1)
-        self.progressive += sum(1 for h in readable if h[5])
-        weights = np.array(file_bytes, np.int64)
-        self.sizes.add(np.array(packed, np.uint64), weights)
+        formats, widths, heights, modes, _, progressive, orientations, _ = zip(*headers, strict=True)
+        turned = np.array(orientations, np.int64) >= 5  # EXIF quarter turns: displayed with the sides swapped
+        across = np.minimum(np.array(widths, np.uint64), _SIDE_LIMIT)
+        down = np.minimum(np.array(heights, np.uint64), _SIDE_LIMIT)
+        packed = np.where(turned, down, across) << _SIDE_BITS_U | np.where(turned, across, down)
+        self.formats.update(formats)
+        self.modes.update(modes)
+        self.rotated += len(orientations) - orientations.count(1)
+        self.progressive += sum(progressive)
+        weights = np.array(sizes, np.int64)
+        self.sizes.add(packed, weights)
         self.file_sizes.add(weights, np.zeros(len(weights), np.int64))
+        if None in heads or None in identities:  # a file gone between its header and its head
+            hashed = [
+                i for i, (h, f) in enumerate(zip(heads, identities, strict=True)) if h is not None and f is not None
+            ]
+            heads, identities = tuple(heads[i] for i in hashed), tuple(identities[i] for i in hashed)
+            places, weights = [places[i] for i in hashed], weights[hashed]
+        self.copy_keys.append(np.array(heads, np.uint64) ^ (weights.astype(np.uint64) * _KEY_STEP))
+        self.copy_identities.append(np.array(identities, np.uint64))
+        self.copy_places.append(np.array(places, np.int64))
+
+    def _readable(self, relpath: str, row: tuple) -> bool:
+        """Notes a row's problems; whether its image counts (a header, under the pixel limit)."""
+        size, header, error, warnings = row[:4]
+        if error is None and not warnings:
+            return True
+        self._note_problems(
+            ProbeRecord(relpath, size, None if header is None else ImageHeader._make(header), error, warnings)
+        )
+        return header is not None and "too-many-pixels" not in warnings
+
+    def copy_candidates(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The positions (ascending) and keys of the files whose key another file shares, each
+        file at its first name, and how many names are more names of a file already counted."""
+        if not self.copy_keys:
+            return np.empty(0, np.int64), np.empty(0, np.uint64), 0
+        keys, identities = np.concatenate(self.copy_keys), np.concatenate(self.copy_identities)
+        places = np.concatenate(self.copy_places)
+        order = np.lexsort((places, identities, keys))  # by key, then file, then walk order
+        keys, identities, places = keys[order], identities[order], places[order]
+        first = np.ones(len(keys), bool)  # a file's first name
+        first[1:] = (keys[1:] != keys[:-1]) | (identities[1:] != identities[:-1])
+        links = int(len(keys) - first.sum())
+        keys, places = keys[first], places[first]
+        same = keys[1:] == keys[:-1]
+        shared = np.zeros(len(keys), bool)
+        shared[1:] |= same
+        shared[:-1] |= same
+        chosen = np.argsort(places[shared], kind="stable")
+        return places[shared][chosen], keys[shared][chosen], links
 
     def _note_problems(self, record: ProbeRecord) -> None:
         found = []
