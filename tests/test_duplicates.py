@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from shardkit.checks.duplicates import find_duplicates
 from shardkit.checks.verify import verify
 from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
 from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.core.phash import distances, near_components, near_pairs
 from shardkit.packing.dedup import Hashed, keep_first
 from shardkit.packing.discover import Item
@@ -309,6 +311,14 @@ def test_resume_of_a_dedup_pack_and_bad_dedup_flags(planted, python_command, tmp
     first = _pack(root, tmp_path / "out", dedup="near")
     again = pack(pack_config(root, tmp_path / "out", resize=96, workers=2, dedup="near", resume=True))
     assert again.already_complete and again.records == first.records
+    assert again.duplicates == first.duplicates > 0  # from the manifest's totals, which verify checks
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.totals["duplicates"] == first.duplicates and verify(tmp_path / "out").ok
+    told = replace(manifest, totals={**manifest.totals, "duplicates": first.duplicates - 1})
+    write_json_atomic(tmp_path / "out" / "manifest.json", told.sealed().to_json())
+    assert [p.detail for p in verify(tmp_path / "out").problems] == [
+        f"totals say {first.duplicates - 1} duplicates, errors.jsonl lists {first.duplicates}"
+    ]
     with pytest.raises(OutputError, match="other settings or inputs"):
         pack(pack_config(root, tmp_path / "out", resize=96, workers=2, dedup="exact", resume=True))
     for arguments, words in (

@@ -481,9 +481,10 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
         report.problems.append(Problem("manifest", "a shard is listed twice"))
     totals = manifest.totals
     adopted = isinstance(manifest.settings.get("adopted"), dict)  # tars `shardkit index` adopted
-    errors, left_out = 0, set()
+    errors, duplicates, left_out = 0, 0, set()
     for row in _error_rows(root, report):
         errors += 1
+        duplicates += row.get("stage") == "duplicate"
         if adopted and row.get("stage") == "read":
             left_out.add(row.get("path"))  # a tar the readers cannot read, listed with its reason
     if totals.get("records") != manifest.records:
@@ -493,6 +494,10 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
     if totals.get("errors") != errors:
         report.problems.append(
             Problem("manifest", f"totals say {totals.get('errors')} errors, {ERRORS_NAME} has {errors}")
+        )
+    if "duplicates" in totals and totals["duplicates"] != duplicates:
+        report.problems.append(
+            Problem("manifest", f"totals say {totals['duplicates']} duplicates, {ERRORS_NAME} lists {duplicates}")
         )
     if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))

@@ -577,6 +577,10 @@ def _write_all(
     error_rows += [row for result in ordered for row in result.errors]
     records = sum(r.shard.count for r in ordered)
     inputs = planned.images + len(found.skipped)
+    duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
+    totals = {"inputs": inputs, "records": records, "errors": len(error_rows)}
+    if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
+        totals["duplicates"] = duplicates
     manifest = Manifest(
         format=config.format,
         shards=[r.shard for r in ordered],
@@ -586,7 +590,7 @@ def _write_all(
             "source": {"path": os.fspath(config.source), "layout": found.layout},
             "plan": digest.hexdigest(),
         },
-        totals={"inputs": inputs, "records": records, "errors": len(error_rows)},
+        totals=totals,
         created_by=_CREATED_BY,
     ).sealed()
     state = state_dir(output)
@@ -622,7 +626,7 @@ def _write_all(
         stage_seconds=stage_seconds,
         resize=config.resize.pixels,
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
-        duplicates=sum(1 for row in found.skipped if row.stage == "duplicate"),
+        duplicates=duplicates,
     )
 
 
@@ -718,6 +722,7 @@ def _already_complete(manifest: Manifest, config: PackConfig, started: float) ->
         seconds=time.perf_counter() - started,
         resize=config.resize.pixels,
         already_complete=True,
+        duplicates=manifest.totals.get("duplicates", 0),
     )
 
 
