@@ -11,6 +11,7 @@ On one core (one process, no pool):
   shardkit   packing.duplicates' per-file work: read, sha256, decode at reduced DCT scale (Pillow's
              draft), 32x32 grey thumbnail, DCT hash
   imagehash  imagehash.phash(Image.open(path)): a full decode, then its own 32x32 DCT hash
+  imagededup imagededup's PHash().encode_image(image_file=path), when it imports: a full decode too
   floor      Image.open + draft("L", 1/8 scale) + load: the decode alone, at the smallest DCT scale and
              without colour: the ceiling of any hash that decodes (libjpeg's entropy decoding stays)
 
@@ -109,9 +110,17 @@ def main() -> None:
                 paths.append(str(plant(image, kind, root / f"{kind}_{i:05d}")))
         ours = np.zeros(len(paths), np.uint64)
         theirs = np.zeros(len(paths), np.uint64)
-        rates: dict[str, list[float]] = {"shardkit": [], "imagehash": [], "floor": []}
+        try:  # optional: pip install imagededup (it needs scikit-learn)
+            from imagededup.methods import PHash
+
+            dedup_phash = PHash(verbose=False)
+        except ImportError as error:
+            print(f"imagededup: not measured ({error})")
+            dedup_phash = None
+        theirs_too = np.zeros(len(paths), np.uint64)
+        rates: dict[str, list[float]] = {"shardkit": [], "imagehash": [], "floor": [], "imagededup": []}
         for round_number in range(args.rounds):
-            names = ("shardkit", "imagehash", "floor")
+            names = ("shardkit", "imagehash", "floor", *(("imagededup",) if dedup_phash is not None else ()))
             for name in names if round_number % 2 == 0 else names[::-1]:
                 warm(root, args.source)
                 started = time.perf_counter()
@@ -122,12 +131,19 @@ def main() -> None:
                         image = Image.open(path)
                         image.draft("L", (image.width // 8, image.height // 8))
                         image.load()
+                    elif name == "imagededup":
+                        theirs_too[at] = int(dedup_phash.encode_image(image_file=path), 16)
                     else:
                         theirs[at] = int(str(imagehash.phash(Image.open(path))), 16)
                 rates[name].append(len(paths) / (time.perf_counter() - started))
         print(f"{len(originals)} photos + {len(paths) - len(originals)} planted copies, one core, "
               f"{args.rounds} rounds, threshold {args.threshold} bits")  # fmt: skip
-        for name, hashes in (("shardkit", ours), ("imagehash", theirs)):
+        measured = [
+            ("shardkit", ours),
+            ("imagehash", theirs),
+            *((("imagededup", theirs_too),) if rates["imagededup"] else ()),
+        ]
+        for name, hashes in measured:
             quality = grouped(hashes, len(originals), copies, args.threshold)
             recall = ", ".join(f"{kind} {quality[kind]:.0%}" for kind in KINDS)
             print(f"{name:<10} {statistics.median(rates[name]):7,.0f} images/s  recall: {recall}; "

@@ -4,6 +4,7 @@ bad input is reported, never fatal."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -385,3 +386,40 @@ def test_sixteen_bit_and_transparent_images_hash_as_pack_converts_them(tmp_path:
     result = _pack(source, tmp_path / "out", dedup="near")
     assert [(row["path"], row["duplicate_of"]) for row in _errors(tmp_path / "out")] == [("z_eight_bit_copy.png", "0")]
     assert result.records == 4
+
+
+def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_files(tmp_path: Path) -> None:
+    """A stopped `pack --dedup` resumes without hashing again: each file's hashes go to the state
+    folder as they are taken, and are used again while the file's size and time are the same."""
+    from shardkit.packing.dedup import hash_paths
+    from shardkit.synthetic import write_image
+
+    files = [write_image(tmp_path / "src" / f"p{i}.jpg", 64, 48, seed=i) for i in range(4)]
+    paths = [str(p) for p in files]
+    cache = tmp_path / "hashes.jsonl"
+    first = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
+    assert all(first.hashed) and len(cache.read_text().splitlines()) == 1 + len(paths)
+    # p0: other bytes, same size and time (kept by hand): the cached hashes stand, so they were not taken again
+    status = os.stat(files[0])
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    os.utime(files[0], ns=(status.st_atime_ns, status.st_mtime_ns))
+    # p1: written again (a new time): hashed again
+    write_image(files[1], 64, 48, seed=7)
+    os.utime(files[1], ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+    with cache.open("a") as out:
+        out.write('["cut by a sto')  # the last line of a run stopped mid-write
+    again = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
+    assert again.digests[0] == first.digests[0] and again.digests[2:] == first.digests[2:]
+    assert again.digests[1] == hashlib.sha256(files[1].read_bytes()).hexdigest() != first.digests[1]
+    # other options (exact only): nothing cached applies
+    exact = hash_paths(paths, False, 1 << 30, workers=1, cache=cache)
+    assert exact.digests[0] == hashlib.sha256(bytes(data)).hexdigest() and not exact.hashed.any()
+    # a link planted where the cache goes is not followed: hashing works, the target is untouched
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("mine")
+    cache.unlink()
+    cache.symlink_to(target)
+    linked = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
+    assert linked.digests == exact.digests and linked.hashed.all() and target.read_text() == "mine"

@@ -211,6 +211,33 @@ def test_sigkill_then_resume_gives_the_same_shards(
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
 
 
+@pytest.mark.slow  # kills a process
+def test_a_dedup_pack_killed_while_hashing_resumes_to_the_same_output(
+    python_command, sample_dataset: Path, tmp_path: Path
+) -> None:
+    """The hashes taken before the kill are in the state folder (read again on --resume, while the
+    files are unchanged); the resumed output is the uninterrupted one, byte for byte."""
+    flags = ("--dedup", "near")
+    clean = tmp_path / "clean"
+    assert run_pack_cli(python_command, sample_dataset, clean, *flags).wait(120) == 0
+    out = tmp_path / "killed"
+    cache = out / ".shardkit" / "hashes.jsonl"
+    process = run_pack_cli(python_command, sample_dataset, out, *flags)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (cache.exists() and cache.read_text().count("\n") >= 2):
+        time.sleep(0.002)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
+    assert cache.read_text().count("\n") >= 2  # the header and at least one file's hashes
+    resumed = run_pack_cli(python_command, sample_dataset, out, *flags, "--resume")
+    _, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert shard_hashes(out) == shard_hashes(clean)
+    assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
+
+
 def test_pixels_survive_the_jpeg_round_trip(tmp_path: Path) -> None:
     write_image(tmp_path / "src" / "a.png", 300, 200, seed=9)
     pack(config(tmp_path / "src", tmp_path / "out", resize=ResizeConfig(None), encode=EncodeConfig(quality=95)))

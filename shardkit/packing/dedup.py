@@ -7,9 +7,13 @@ hashing, not all pairs).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -35,29 +39,120 @@ class Hashed:
 
 def hash_paths(
     paths: Sequence[str], near: bool, max_pixels: int, workers: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, cache: Path | None = None,
 ) -> Hashed:  # fmt: skip
-    """sha256 of every file and, with `near`, its DCT hash (a reduced decode), in worker processes."""
-    chunks = [(list(paths[i : i + CHUNK_FILES]), near, max_pixels) for i in range(0, len(paths), CHUNK_FILES)]
+    """sha256 of every file and, with `near`, its DCT hash (a reduced decode), in worker processes.
+
+    With `cache` (a pack's `.shardkit/hashes.jsonl`), each file's hashes are appended there as they
+    come, and a file whose size and modification time are those cached is not read again: a
+    stopped `pack --dedup` resumes without hashing what it had hashed."""
     result = Hashed([None] * len(paths), np.zeros(len(paths), np.uint64), np.zeros(len(paths), bool), [])
-    done = 0
-    for index, rows in map_local(hash_files, chunks, workers or default_workers()):
-        for offset, (digest, value, why) in enumerate(rows):
-            at = index * CHUNK_FILES + offset
-            result.digests[at] = digest
-            if value is not None:
-                result.hashes[at], result.hashed[at] = value, True
-            if why is not None:
-                result.problems.append((at, "decode" if digest else "read", why))
-        done += len(rows)
-        if progress is not None:
-            progress(done)
+    stamps = [_stamp(path) for path in paths] if cache is not None else []
+    known = _read_cache(cache, near, max_pixels) if cache is not None else {}
+    todo: list[int] = []
+    for at, path in enumerate(paths):
+        row = known.get(path) if stamps and stamps[at] is not None else None
+        if row is not None and row[0] == stamps[at]:
+            _take(result, at, row[1:])
+        else:
+            todo.append(at)
+    done = len(paths) - len(todo)
+    if progress is not None and done:
+        progress(done)
+    chunks = [
+        ([paths[at] for at in todo[i : i + CHUNK_FILES]], near, max_pixels) for i in range(0, len(todo), CHUNK_FILES)
+    ]
+    with _cache_writer(cache, near, max_pixels, fresh=not known) as out:
+        for index, rows in map_local(hash_files, chunks, workers or default_workers()):
+            lines = []
+            for offset, row in enumerate(rows):
+                at = todo[index * CHUNK_FILES + offset]
+                _take(result, at, row)
+                stamp = stamps[at] if stamps else None
+                if out is not None and stamp is not None and row[0] is not None:
+                    lines.append(json.dumps([paths[at], *stamp, *row]) + "\n")
+            if out is not None:
+                out.writelines(lines)
+                out.flush()  # a stop loses at most the chunks in flight
+            done += len(rows)
+            if progress is not None:
+                progress(done)
+    result.problems.sort()
     return result
+
+
+def _take(result: Hashed, at: int, row: Sequence) -> None:
+    digest, value, why = row
+    result.digests[at] = digest
+    if value is not None:
+        result.hashes[at], result.hashed[at] = value, True
+    if why is not None:
+        result.problems.append((at, "decode" if digest else "read", why))
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_size, status.st_mtime_ns
+
+
+_CACHE_VERSION = 1
+
+
+def _read_cache(cache: Path, near: bool, max_pixels: int) -> dict[str, tuple]:
+    """path -> ((size, mtime_ns), sha256, DCT hash or None, why or None) of the rows cached with the
+    same options; a row that does not parse (the last, cut by a stop) or has other types is left out."""
+    known: dict[str, tuple] = {}
+    with contextlib.suppress(OSError), _open_state(cache, os.O_RDONLY, "r") as lines:
+        try:
+            head = json.loads(next(lines, "null"))
+        except ValueError:
+            return {}
+        if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
+            return {}
+        for line in lines:
+            try:
+                path, size, mtime, digest, value, why = json.loads(line)
+            except ValueError:
+                continue
+            if (
+                isinstance(path, str) and type(size) is int and type(mtime) is int and isinstance(digest, str)
+                and (value is None or (type(value) is int and 0 <= value < 1 << 64))
+                and (why is None or isinstance(why, str))
+            ):  # fmt: skip
+                known[path] = ((size, mtime), digest, value, why)
+    return known
+
+
+def _open_state(path: Path, flags: int, mode: str) -> IO[str]:
+    """A file of the output's state folder, never through a link planted there (O_NOFOLLOW): what
+    pack writes stays inside the output."""
+    return os.fdopen(os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), mode, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _cache_writer(cache: Path | None, near: bool, max_pixels: int, fresh: bool) -> Iterator[IO[str] | None]:
+    """The cache opened for appending (started again, with its options, when nothing of it was usable)."""
+    if cache is None:
+        yield None
+        return
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND)
+        out = _open_state(cache, flags, "w" if fresh else "a")
+    except OSError:
+        yield None  # no cache: the hashes are only not kept for a resume
+        return
+    with out:
+        if fresh:
+            out.write(json.dumps({"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}) + "\n")
+        yield out
 
 
 def dedup_items(
     items: Sequence[Item], mode: str, threshold: int, max_pixels: int, workers: int | None = None,
-    progress: Callable[[int], None] | None = None, confine: str | None = None,
+    progress: Callable[[int], None] | None = None, confine: str | None = None, cache: Path | None = None,
 ) -> tuple[list[Item], list[Failure]]:  # fmt: skip
     """The items to pack and a Failure at stage "duplicate" for each other one, naming the key and
     file it copies. Decided in walk order: an item is left out when it is a copy of one already
@@ -68,7 +163,7 @@ def dedup_items(
     near = mode == "near"
     inside = [confine is None or os.path.realpath(item.path).startswith(confine + os.sep) for item in items]
     table = hash_paths([item.path for item, ok in zip(items, inside, strict=True) if ok], near, max_pixels, workers,
-                       progress)  # fmt: skip
+                       progress, cache)  # fmt: skip
     digests: list[str | None] = [None] * len(items)
     hashes = np.zeros(len(items), np.uint64)
     hashed = np.zeros(len(items), bool)

@@ -35,6 +35,7 @@ from ..core.safeio import load_json_file
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
+HASHES_NAME = "hashes.jsonl"  # pack --dedup's hashes as they are taken, for a resume
 CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.

@@ -61,6 +61,7 @@ from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row
 from .output import (
+    HASHES_NAME,
     STATE_NAME,
     claim,
     clear,
@@ -403,7 +404,7 @@ def pack(
                 refuse_sources_inside([item.path for item in found.listed.items], config.output)
             config = resolve_resize(config)
             if config.dedup != "none":
-                found = _deduplicated(found, config, dedup_progress)
+                found = _deduplicated(found, config, dedup_progress, state_dir(output) / HASHES_NAME)
             settings = settings_of(config)
             finished = _resumable(output, settings, lambda: _dry_plan(config, found)) if config.resume else None
             if config.overwrite:
@@ -488,16 +489,19 @@ def _plan(config: PackConfig, items: Iterable[Item], suffix: str) -> Iterator[Sh
     )
 
 
-def _deduplicated(found: SourceWalk, config: PackConfig, progress: HashProgress | None) -> SourceWalk:
+def _deduplicated(
+    found: SourceWalk, config: PackConfig, progress: HashProgress | None, cache: Path | None = None
+) -> SourceWalk:
     """The walk with the copies left out (each a Failure at stage "duplicate", beside the walk's
-    own skips): every file is hashed first, so the walk is read whole, as --shuffle reads it."""
+    own skips): every file is hashed first, so the walk is read whole, as --shuffle reads it. The
+    hashes are kept in `cache` as they come (the output's state folder), for a resume."""
     items = list(found.items)
     total = len(items)
     kept, dropped = dedup_items(
         items, config.dedup, config.dedup_threshold, config.encode.max_pixels, config.workers,
         None if progress is None else lambda done: progress(done, total),
         # a table's rows may only name files in its folder: one outside is never the copy kept
-        confine=os.path.realpath(found.root) if found.layout == "table" else None,
+        confine=os.path.realpath(found.root) if found.layout == "table" else None, cache=cache,
     )  # fmt: skip
     skipped = [*found.skipped, *dropped]
     listed = SourceList(found.root, found.layout, kept, found.classes, skipped)
