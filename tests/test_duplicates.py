@@ -10,6 +10,7 @@ import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from shardkit.packing.discover import Item
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
 from shardkit.readers import open_shards
-from shardkit.synthetic import picture
+from shardkit.synthetic import picture, write_image
 
 from .conftest import IMAGENET_SAMPLE
 
@@ -390,36 +391,74 @@ def test_sixteen_bit_and_transparent_images_hash_as_pack_converts_them(tmp_path:
 
 def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_files(tmp_path: Path) -> None:
     """A stopped `pack --dedup` resumes without hashing again: each file's hashes go to the state
-    folder as they are taken, and are used again while the file's size and time are the same."""
+    folder as they are taken, and are used again (reuse: a --resume) while the file is unchanged:
+    its size, mtime, ctime and inode. The cache is best effort and never followed out of its folder."""
+    import resource
+    import threading
+
     from shardkit.packing.dedup import hash_paths
-    from shardkit.synthetic import write_image
 
     files = [write_image(tmp_path / "src" / f"p{i}.jpg", 64, 48, seed=i) for i in range(4)]
     paths = [str(p) for p in files]
     cache = tmp_path / "hashes.jsonl"
-    first = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
-    assert all(first.hashed) and len(cache.read_text().splitlines()) == 1 + len(paths)
-    # p0: other bytes, same size and time (kept by hand): the cached hashes stand, so they were not taken again
+
+    def rows() -> int:
+        """Rows in the cache: each file hashed adds one."""
+        if not cache.is_file():
+            return 0
+        lines = cache.read_bytes().split(b"\n")
+        return sum(1 for line in lines if line.startswith(b'["') and line.endswith(b"]") and line.count(b",") >= 6)
+
+    def hashed(reuse: bool = True) -> tuple[Any, int]:
+        """The hashes, and how many files came from the cache (those not hashed again)."""
+        before = rows() if reuse else 0
+        found = hash_paths(paths, True, 1 << 30, workers=1, cache=cache, reuse=reuse)
+        return found, len(paths) - (rows() - before)
+
+    first, cached = hashed(reuse=False)
+    assert all(first.hashed) and cached == 0 and len(cache.read_text().splitlines()) == 1 + len(paths)
+    again, cached = hashed()
+    assert cached == len(paths) and again.digests == first.digests and (again.hashes == first.hashes).all()
+    # p0: other bytes with its size and mtime put back (exiftool -P does that): its ctime tells
     status = os.stat(files[0])
     data = bytearray(files[0].read_bytes())
     data[len(data) // 2] ^= 0xFF
     files[0].write_bytes(bytes(data))
     os.utime(files[0], ns=(status.st_atime_ns, status.st_mtime_ns))
-    # p1: written again (a new time): hashed again
-    write_image(files[1], 64, 48, seed=7)
-    os.utime(files[1], ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
     with cache.open("a") as out:
         out.write('["cut by a sto')  # the last line of a run stopped mid-write
-    again = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
-    assert again.digests[0] == first.digests[0] and again.digests[2:] == first.digests[2:]
-    assert again.digests[1] == hashlib.sha256(files[1].read_bytes()).hexdigest() != first.digests[1]
-    # other options (exact only): nothing cached applies
-    exact = hash_paths(paths, False, 1 << 30, workers=1, cache=cache)
-    assert exact.digests[0] == hashlib.sha256(bytes(data)).hexdigest() and not exact.hashed.any()
-    # a link planted where the cache goes is not followed: hashing works, the target is untouched
+    changed, cached = hashed()
+    assert cached == len(paths) - 1 and changed.digests[0] == hashlib.sha256(bytes(data)).hexdigest()
+    assert changed.digests[1:] == first.digests[1:]
+    assert len(hashed()[0].digests) == len(paths) and hashed()[1] == len(paths)  # the cut row did not eat the next
+    assert hashed(reuse=False)[1] == 0  # --overwrite: nothing of an earlier run is taken (a fresh cache)
+    # damaged rows (a scalar, bytes that are not UTF-8) are left out, not a crash
+    with cache.open("ab") as out:
+        out.write(b"7\n" + b'["\xff"]\n' * 400)
+    assert hashed()[1] == len(paths)
+    truth = hashed(reuse=False)[0].digests
+    # links planted where the cache goes are not written through: a symlink, a hard link, a FIFO
     target = tmp_path / "elsewhere.txt"
-    target.write_text("mine")
-    cache.unlink()
-    cache.symlink_to(target)
-    linked = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
-    assert linked.digests == exact.digests and linked.hashed.all() and target.read_text() == "mine"
+    for plant in ("symlink", "hard link", "fifo"):
+        target.write_text("mine")
+        cache.unlink()
+        if plant == "symlink":
+            cache.symlink_to(target)
+        elif plant == "hard link":
+            os.link(target, cache)
+        else:
+            os.mkfifo(cache)
+        done: list[Any] = []
+        worker = threading.Thread(target=lambda out=done: out.append(hashed()[0]), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert done and done[0].digests == truth and target.read_text() == "mine", plant
+    # a cache that cannot be written (a file size limit) ends the caching, not the hashing
+    cache.unlink(missing_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, hard))  # the header fits, the first rows do not
+    try:
+        limited = hash_paths(paths, True, 1 << 30, workers=1, cache=cache)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert limited.digests == truth and cache.stat().st_size <= 200

@@ -236,6 +236,7 @@ def test_a_dedup_pack_killed_while_hashing_resumes_to_the_same_output(
     assert shard_hashes(out) == shard_hashes(clean)
     assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
+    assert not (out / ".shardkit").exists() and not (clean / ".shardkit").exists()  # the cache goes with the state
 
 
 def test_pixels_survive_the_jpeg_round_trip(tmp_path: Path) -> None:

@@ -189,3 +189,20 @@ def test_probe_counts_exact_copies_confirmed_by_their_bytes_and_links_as_one_fil
 def test_probe_of_distinct_files_reports_no_copies(sample_dataset: Path) -> None:
     report = probe(sample_dataset)
     assert report.duplicates is not None and report.duplicates.files == 0 and report.duplicates.links == 0
+
+
+def test_confirmation_reads_only_the_files_the_scan_counted(tmp_path: Path) -> None:
+    """Copies are named by a second walk: a name that reaches another file by then (the folder
+    changed between the walks) is not read as the file counted, so it confirms nothing."""
+    from shardkit.core.headers import read_head
+    from shardkit.packing.probe import confirm_copies
+
+    a = write_image(tmp_path / "a.jpg", 64, 48, seed=1)
+    b = tmp_path / "b.jpg"
+    b.write_bytes(a.read_bytes())
+    key = 7  # any: both share it, as candidates do
+    names = [(key, read_head(str(p))[1], str(p), p.name) for p in (a, b)]
+    assert confirm_copies(names, workers=1).files == 1
+    (tmp_path / "new.jpg").write_bytes(a.read_bytes())
+    os.replace(tmp_path / "new.jpg", b)  # the same bytes, but another file since the scan (its own inode)
+    assert confirm_copies(names, workers=1).files == 0

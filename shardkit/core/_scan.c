@@ -310,9 +310,12 @@ static void scan_one(const char *path, Py_ssize_t path_len, uint64_t max_pixels,
         /* one fstat: the size (for a file longer than its head) and which file this is, so that
          * links to one file are one file among copies (it replaced an lseek: the same one call) */
         struct stat info;
-        if (fstat(fd, &info) != 0) src.size = 0;
-        else if (!src.whole) src.size = (int64_t)info.st_size;
-        r->identity = (uint64_t)info.st_ino ^ ((uint64_t)info.st_dev * HASH_STEP);
+        if (fstat(fd, &info) != 0) {
+            src.size = 0; /* Python looks at it */
+        } else {
+            if (!src.whole) src.size = (int64_t)info.st_size;
+            r->identity = (uint64_t)info.st_ino ^ ((uint64_t)info.st_dev * HASH_STEP);
+        }
         if (src.size > 0) {
             r->size = src.size;
             r->head_hash = head_hash(head, got);

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +40,17 @@ class Hashed:
 
 def hash_paths(
     paths: Sequence[str], near: bool, max_pixels: int, workers: int | None = None,
-    progress: Callable[[int], None] | None = None, cache: Path | None = None,
+    progress: Callable[[int], None] | None = None, cache: Path | None = None, reuse: bool = True,
 ) -> Hashed:  # fmt: skip
     """sha256 of every file and, with `near`, its DCT hash (a reduced decode), in worker processes.
 
     With `cache` (a pack's `.shardkit/hashes.jsonl`), each file's hashes are appended there as they
-    come, and a file whose size and modification time are those cached is not read again: a
-    stopped `pack --dedup` resumes without hashing what it had hashed."""
+    come, and with `reuse` (a --resume) a file whose size, times and inode are those cached is not
+    read again: a stopped `pack --dedup` resumes without hashing what it had hashed. The cache is
+    best effort: one that cannot be read or written is not used, and nothing fails for it."""
     result = Hashed([None] * len(paths), np.zeros(len(paths), np.uint64), np.zeros(len(paths), bool), [])
     stamps = [_stamp(path) for path in paths] if cache is not None else []
-    known = _read_cache(cache, near, max_pixels) if cache is not None else {}
+    known = _read_cache(cache, near, max_pixels) if cache is not None and reuse else {}
     todo: list[int] = []
     for at, path in enumerate(paths):
         row = known.get(path) if stamps and stamps[at] is not None else None
@@ -69,11 +71,9 @@ def hash_paths(
                 at = todo[index * CHUNK_FILES + offset]
                 _take(result, at, row)
                 stamp = stamps[at] if stamps else None
-                if out is not None and stamp is not None and row[0] is not None:
+                if stamp is not None and row[0] is not None:
                     lines.append(json.dumps([paths[at], *stamp, *row]) + "\n")
-            if out is not None:
-                out.writelines(lines)
-                out.flush()  # a stop loses at most the chunks in flight
+            out.write(lines)
             done += len(rows)
             if progress is not None:
                 progress(done)
@@ -90,69 +90,111 @@ def _take(result: Hashed, at: int, row: Sequence) -> None:
         result.problems.append((at, "decode" if digest else "read", why))
 
 
-def _stamp(path: str) -> tuple[int, int] | None:
+_STAMP_FIELDS = 4
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    """What says a file is unchanged: size, mtime, and ctime and inode (which no one sets by hand:
+    a file rewritten with its mtime put back still differs)."""
     try:
         status = os.stat(path)
     except OSError:
         return None
-    return status.st_size, status.st_mtime_ns
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino
 
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def _read_cache(cache: Path, near: bool, max_pixels: int) -> dict[str, tuple]:
-    """path -> ((size, mtime_ns), sha256, DCT hash or None, why or None) of the rows cached with the
-    same options; a row that does not parse (the last, cut by a stop) or has other types is left out."""
+    """path -> (stamp, sha256, DCT hash or None, why or None) of the rows cached with the same
+    options; a row that does not parse (the last, cut by a stop; a damaged file) is left out."""
     known: dict[str, tuple] = {}
-    with contextlib.suppress(OSError), _open_state(cache, os.O_RDONLY, "r") as lines:
-        try:
-            head = json.loads(next(lines, "null"))
-        except ValueError:
-            return {}
-        if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
-            return {}
-        for line in lines:
+    try:
+        with _open_state(cache, os.O_RDONLY, "r") as lines:
             try:
-                path, size, mtime, digest, value, why = json.loads(line)
+                head = json.loads(next(lines, "null"))
             except ValueError:
-                continue
-            if (
-                isinstance(path, str) and type(size) is int and type(mtime) is int and isinstance(digest, str)
-                and (value is None or (type(value) is int and 0 <= value < 1 << 64))
-                and (why is None or isinstance(why, str))
-            ):  # fmt: skip
-                known[path] = ((size, mtime), digest, value, why)
+                return {}
+            if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
+                return {}
+            for line in lines:
+                try:
+                    path, *stamp, digest, value, why = json.loads(line)
+                except (ValueError, TypeError):
+                    continue
+                if (
+                    isinstance(path, str) and len(stamp) == _STAMP_FIELDS and all(type(v) is int for v in stamp)
+                    and isinstance(digest, str) and (value is None or (type(value) is int and 0 <= value < 1 << 64))
+                    and (why is None or isinstance(why, str))
+                ):  # fmt: skip
+                    known[path] = (tuple(stamp), digest, value, why)
+    except OSError:
+        return {}
     return known
 
 
 def _open_state(path: Path, flags: int, mode: str) -> IO[str]:
-    """A file of the output's state folder, never through a link planted there (O_NOFOLLOW): what
-    pack writes stays inside the output."""
-    return os.fdopen(os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), mode, encoding="utf-8")
+    """A file of the output's state folder, only if it is a regular file of its own: never through a
+    link planted there (O_NOFOLLOW; a hard link, nlink > 1, is refused as the lock is), never a FIFO
+    (O_NONBLOCK). Bytes that are not UTF-8 read as replacement characters (a row that then fails)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+        os.close(fd)
+        raise OSError(f"{path}: not a file of its own")
+    return os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+
+
+class _CacheOut:
+    """Appends rows to the cache; the first write that fails ends the caching, not the pack."""
+
+    def __init__(self, out: IO[str] | None) -> None:
+        self.out = out
+
+    def write(self, lines: list[str]) -> None:
+        if self.out is None or not lines:
+            return
+        try:
+            self.out.writelines(lines)
+            self.out.flush()  # a stop loses at most the chunks in flight
+        except OSError:  # a full disk, a file size limit: the hashes are only not kept
+            with contextlib.suppress(OSError):
+                self.out.close()
+            self.out = None
 
 
 @contextlib.contextmanager
-def _cache_writer(cache: Path | None, near: bool, max_pixels: int, fresh: bool) -> Iterator[IO[str] | None]:
-    """The cache opened for appending (started again, with its options, when nothing of it was usable)."""
-    if cache is None:
-        yield None
-        return
+def _cache_writer(cache: Path | None, near: bool, max_pixels: int, fresh: bool) -> Iterator[_CacheOut]:
+    """The cache opened for appending, or started again (its options first) when nothing of it
+    was usable: then the old name is removed and a new file made (O_EXCL), never truncated."""
+    out: IO[str] | None = None
+    if cache is not None:
+        try:
+            if fresh:
+                cache.unlink(missing_ok=True)
+                out = _open_state(cache, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "w")
+                out.write(json.dumps({"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}) + "\n")
+            else:
+                out = _open_state(cache, os.O_RDWR | os.O_APPEND, "a")
+                size = os.fstat(out.fileno()).st_size
+                if size and os.pread(out.fileno(), 1, size - 1) != b"\n":
+                    out.write("\n")  # a row cut by a stop ends here: the next one starts on a line of its own
+        except OSError:
+            out = None  # no cache: the hashes are only not kept for a resume
+    writer = _CacheOut(out)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND)
-        out = _open_state(cache, flags, "w" if fresh else "a")
-    except OSError:
-        yield None  # no cache: the hashes are only not kept for a resume
-        return
-    with out:
-        if fresh:
-            out.write(json.dumps({"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}) + "\n")
-        yield out
+        yield writer
+    finally:
+        if writer.out is not None:
+            with contextlib.suppress(OSError):
+                writer.out.close()
 
 
 def dedup_items(
     items: Sequence[Item], mode: str, threshold: int, max_pixels: int, workers: int | None = None,
     progress: Callable[[int], None] | None = None, confine: str | None = None, cache: Path | None = None,
+    reuse: bool = True,
 ) -> tuple[list[Item], list[Failure]]:  # fmt: skip
     """The items to pack and a Failure at stage "duplicate" for each other one, naming the key and
     file it copies. Decided in walk order: an item is left out when it is a copy of one already
@@ -163,7 +205,7 @@ def dedup_items(
     near = mode == "near"
     inside = [confine is None or os.path.realpath(item.path).startswith(confine + os.sep) for item in items]
     table = hash_paths([item.path for item, ok in zip(items, inside, strict=True) if ok], near, max_pixels, workers,
-                       progress, cache)  # fmt: skip
+                       progress, cache, reuse)  # fmt: skip
     digests: list[str | None] = [None] * len(items)
     hashes = np.zeros(len(items), np.uint64)
     hashed = np.zeros(len(items), bool)

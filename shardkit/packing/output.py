@@ -297,6 +297,7 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
                 path.unlink(missing_ok=True)
     (state / STATE_NAME).unlink(missing_ok=True)
     (state / CLEARING_NAME).unlink(missing_ok=True)
+    (state / HASHES_NAME).unlink(missing_ok=True)  # (a name: a link planted there is only unlinked)
     if not keep_lock:
         (state / LOCK_NAME).unlink(missing_ok=True)
     if keep_lock:  # the folder stays in use

@@ -502,6 +502,7 @@ def _deduplicated(
         None if progress is None else lambda done: progress(done, total),
         # a table's rows may only name files in its folder: one outside is never the copy kept
         confine=os.path.realpath(found.root) if found.layout == "table" else None, cache=cache,
+        reuse=config.resume,  # an --overwrite starts over: nothing of an earlier run is taken
     )  # fmt: skip
     skipped = [*found.skipped, *dropped]
     listed = SourceList(found.root, found.layout, kept, found.classes, skipped)

@@ -7,10 +7,12 @@ records into distributions. `recommend()` is the one function that picks a pre-r
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
 import os
+import stat
 import sys
 import time
 from collections import Counter
@@ -24,8 +26,7 @@ from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
-from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, read_head, read_header
-from ..core.manifest import sha256_file
+from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, file_identity, read_head, read_header
 from .discover import Item, SourceWalk, display, walk
 
 CHUNK_FILES = 2048
@@ -282,11 +283,11 @@ def probe(
             if progress is not None:
                 progress(census.files, walked if walk_done else None)
     report = census.report(train_size=train_size, root=os.fspath(source))
-    places, keys, links = census.copy_candidates()
+    places, keys, identities, links = census.copy_candidates()
     report.duplicates = ExactCopies(0, 0, 0, links)
     if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
         again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)
-        report.duplicates = confirm_copies(_candidate_names(again, places, keys), workers, links)
+        report.duplicates = confirm_copies(_candidate_names(again, places, keys, identities), workers, links)
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
@@ -306,17 +307,20 @@ def _runs(found: SourceWalk, captions: Counter[int]) -> Iterable[tuple[str, list
     return ((run.prefix, None, run.relpaths) for run in found.runs)
 
 
-def _candidate_names(found: SourceWalk, places: np.ndarray, keys: np.ndarray) -> list[tuple[int, str, str]]:
-    """(key, path, relpath) of the files at `places` (sorted positions in walk order)."""
-    names: list[tuple[int, str, str]] = []
+def _candidate_names(
+    found: SourceWalk, places: np.ndarray, keys: np.ndarray, identities: np.ndarray
+) -> list[tuple[int, int, str, str]]:
+    """(key, file identity, path, relpath) of the files at `places` (sorted positions in walk
+    order). A folder changed since the first walk may put other files there: confirm_copies reads
+    only a file whose identity is the one counted."""
+    names: list[tuple[int, int, str, str]] = []
     at = 0
     for prefix, run_paths, run_relpaths in _runs(found, Counter()):
         first, end = np.searchsorted(places, [at, at + len(run_relpaths)])
         for j in range(int(first), int(end)):
             i = int(places[j]) - at
-            names.append(
-                (int(keys[j]), run_paths[i] if run_paths is not None else prefix + run_relpaths[i], run_relpaths[i])
-            )
+            path = run_paths[i] if run_paths is not None else prefix + run_relpaths[i]
+            names.append((int(keys[j]), int(identities[j]), path, run_relpaths[i]))
         at += len(run_relpaths)
         if end == len(places):
             break
@@ -324,17 +328,17 @@ def _candidate_names(found: SourceWalk, places: np.ndarray, keys: np.ndarray) ->
 
 
 def confirm_copies(
-    names: Sequence[tuple[int, str, str]], workers: int, links: int = 0, examples: int = 5
+    names: Sequence[tuple[int, int, str, str]], workers: int, links: int = 0, examples: int = 5
 ) -> ExactCopies:
-    """Which of the candidate files (key, path, relpath), distinct files in walk order, really copy
-    each other: those with the same key and the same sha256. A file gone or unreadable since the
-    scan is left out."""
-    jobs = [[path for _, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
+    """Which of the candidate files (key, identity, path, relpath), distinct files in walk order,
+    really copy each other: those with the same key and the same sha256. A file gone, unreadable,
+    or no longer the file counted (its identity changed) since the scan is left out."""
+    jobs = [[(path, identity) for _, identity, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
     read: list[tuple[str, int] | None] = [None] * len(names)
     for index, found in map_threads(_digests, jobs, workers):
         read[index * 64 : index * 64 + len(found)] = found
     groups: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (key, sha256) -> (name, size) of each file
-    for i, ((key, _, _), digest) in enumerate(zip(names, read, strict=True)):
+    for i, ((key, *_), digest) in enumerate(zip(names, read, strict=True)):
         if digest is not None:
             groups.setdefault((key, digest[0]), []).append((i, digest[1]))
     copies = [group for group in groups.values() if len(group) > 1]
@@ -343,16 +347,25 @@ def confirm_copies(
         groups=len(copies),
         bytes=sum(group[0][1] * (len(group) - 1) for group in copies),
         links=links,
-        examples=[[display(names[i][2]) for i, _ in group] for group in copies[:examples]],
+        examples=[[display(names[i][3]) for i, _ in group] for group in copies[:examples]],
     )
 
 
-def _digests(paths: list[str]) -> list[tuple[str, int] | None]:
-    """The sha256 and size of each file; None where it cannot be read."""
+def _digests(files: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
+    """The sha256 and size of each (path, identity), read through one descriptor whose file must
+    be the one the scan counted; None where it cannot be read or is another file."""
     found: list[tuple[str, int] | None] = []
-    for path in paths:
+    for path, identity in files:
         try:
-            found.append((sha256_file(path), os.stat(path).st_size))
+            with open(path, "rb") as handle:
+                status = os.fstat(handle.fileno())
+                if file_identity(status) != identity or not stat.S_ISREG(status.st_mode):
+                    found.append(None)
+                    continue
+                digest = hashlib.sha256()
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+                found.append((digest.hexdigest(), status.st_size))
         except OSError:
             found.append(None)
     return found
@@ -517,12 +530,12 @@ class Census:
         )
         return header is not None and "too-many-pixels" not in warnings
 
-    def copy_candidates(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """The positions (ascending) and keys of the files whose key another file shares, each
+    def copy_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """The positions (ascending), keys and identities of the files whose key another file shares, each
         file at its first name, and how many names are more names of a file already counted. The
         census lets its columns go here (they are joined, not copied): call it once, at the end."""
         if not self.copy_keys:
-            return np.empty(0, np.int64), np.empty(0, np.uint64), 0
+            return np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.uint64), 0
         # one array at a time, each list let go as it is joined: the peak stays near twice the columns
         keys = np.concatenate(self.copy_keys)
         self.copy_keys = []
@@ -538,13 +551,13 @@ class Census:
         first = np.ones(len(keys), bool)  # a file's first name
         first[1:] = (keys[1:] != keys[:-1]) | (identities[1:] != identities[:-1])
         links = int(len(keys) - first.sum())
-        keys, places = keys[first], places[first]
+        keys, identities, places = keys[first], identities[first], places[first]
         same = keys[1:] == keys[:-1]
         shared = np.zeros(len(keys), bool)
         shared[1:] |= same
         shared[:-1] |= same
         chosen = np.argsort(places[shared], kind="stable")
-        return places[shared][chosen], keys[shared][chosen], links
+        return places[shared][chosen], keys[shared][chosen], identities[shared][chosen], links
 
     def _note_problems(self, record: ProbeRecord) -> None:
         found = []
