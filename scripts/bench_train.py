@@ -22,6 +22,7 @@ start-up, JIT and page cache are not timed):
   raw shards: memcpy of the records       every raw record copied whole into a buffer on W threads,
                                           nothing else: memory speed for these bytes (best of 5)
   kernel alone, 1 thread (x W) / W threads  the crop-decode kernel on the same windows, no pipeline:
+                                          (raw kernel alone: the same on the raw records)
                                           the limit the loader is measured against
   FFCV, DALI (with --peers-python)        FFCV's Loader (RandomResizedCropRGBImageDecoder) on a .beton
                                           of the folder; DALI's CPU pipeline (webdataset reader on our
@@ -112,15 +113,25 @@ from shardkit.readers import open_shards
 shards, size, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dataset = open_shards(shards, decode="bytes")
 datas = [record.data for shard in range(len(dataset.manifest.shards)) for record in dataset.records(shard)]
-sizes = np.array([jpeg_size(data) for data in datas])
+raw = datas[0][:6] == b"\x93NUMPY"  # raw records: the same passes with nothing decoded
+if raw:
+    from shardkit.readers.decode import npy_layout
+    layouts = np.array([npy_layout(data, 1 << 40)[:3] for data in datas], np.int64)  # offset, width, height
+    sizes = layouts[:, 1:3]
+else:
+    sizes = np.array([jpeg_size(data) for data in datas])
 boxes = random_resized_boxes(sizes[:, 0], sizes[:, 1], np.random.default_rng(0))
 flips = (np.arange(len(datas)) % 2).astype(np.uint8)
 outs = [np.empty((64, size, size, 3), np.uint8) for _ in range(threads)]
 def part(worker):
     for first in range(64 * worker, len(datas), 64 * threads):
         chunk = datas[first:first + 64]
-        _crop.decode_batch(chunk, boxes[first:first + len(chunk)].copy(), flips[first:first + len(chunk)].copy(),
-                           np.arange(len(chunk), dtype=np.int32), outs[worker], size, size, 1 << 40)
+        window = (boxes[first:first + len(chunk)].copy(), flips[first:first + len(chunk)].copy(),
+                  np.arange(len(chunk), dtype=np.int32), outs[worker], size, size, 1 << 40)
+        if raw:
+            _crop.crop_raw_batch(chunk, layouts[first:first + len(chunk)].copy(), *window)
+        else:
+            _crop.decode_batch(chunk, *window)
 def run():
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
@@ -239,6 +250,8 @@ def main() -> None:
                                                            "1"],
             f"kernel alone, {args.workers} threads": [sys.executable, "-c", KERNEL, str(shards), str(args.size),
                                                       str(args.workers)],
+            f"raw kernel alone, 1 thread (x {args.workers})": [sys.executable, "-c", KERNEL, str(raw_shards),
+                                                               str(args.size), "1"],
         }  # fmt: skip
         if args.peers_python:
             beton = str(root / "folder.beton")
@@ -254,7 +267,8 @@ def main() -> None:
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
                 rate = json.loads(done.stdout.strip().splitlines()[-1])
-                rates[name].append(rate * (args.workers if name.startswith("kernel alone, 1 thread") else 1))
+                single_thread = name.startswith(("kernel alone, 1 thread", "raw kernel alone, 1 thread"))
+                rates[name].append(rate * (args.workers if single_thread else 1))
             print(f"round {round_number + 1}/{args.rounds}: " + ", ".join(f"{rates[n][-1]:,.0f}" for n in methods),
                   file=sys.stderr)  # fmt: skip
         baseline = rates[next(iter(methods))]
@@ -278,6 +292,10 @@ def main() -> None:
         per_round = ratios(rates["raw shards: loader (no decode)"], rates["shards: loader (crop-decode)"])
         print(f"raw-record loader / JPEG loader: {statistics.median(per_round):.2f}x {span(per_round)}; "
               f"raw loader at {raw / copy:.0%} of a memcpy of its records")  # fmt: skip
+        raw_kernel = report[f"raw kernel alone, 1 thread (x {args.workers})"]["median"]
+        print(f"raw kernel alone: {raw_kernel / args.workers:,.0f} images/s on one thread "
+              f"({raw_kernel / single:.2f}x the JPEG kernel's); the raw loader at {raw / raw_kernel:.0%} of "
+              f"{args.workers} x it")  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
 

@@ -50,21 +50,27 @@ def hash_paths(
     best effort: one that cannot be read or written is not used, and nothing fails for it."""
     result = Hashed([None] * len(paths), np.zeros(len(paths), np.uint64), np.zeros(len(paths), bool), [])
     stamps = [_stamp(path) for path in paths] if cache is not None else []
-    known = _read_cache(cache, near, max_pixels) if cache is not None and reuse else {}
-    todo: list[int] = []
-    for at, path in enumerate(paths):
-        row = known.get(path) if stamps and stamps[at] is not None else None
-        if row is not None and row[0] == stamps[at]:
-            _take(result, at, row[1:])
-        else:
-            todo.append(at)
+    taken = np.zeros(len(paths), bool)
+    usable = False
+    if cache is not None and reuse:
+        # the cache streamed against the files (nothing of it held: ~100 B a file for the index)
+        where = {path: at for at, path in enumerate(paths)}
+        cached = _read_cache(cache, near, max_pixels)
+        usable = cached is not None
+        for path, was, hashes in cached or ():
+            at = where.get(path)
+            if at is not None and not taken[at] and was == stamps[at]:
+                _take(result, at, hashes)
+                taken[at] = True
+        del where
+    todo = np.flatnonzero(~taken).tolist()
     done = len(paths) - len(todo)
     if progress is not None and done:
         progress(done)
     chunks = [
         ([paths[at] for at in todo[i : i + CHUNK_FILES]], near, max_pixels) for i in range(0, len(todo), CHUNK_FILES)
     ]
-    with _cache_writer(cache, near, max_pixels, fresh=not known) as out:
+    with _cache_writer(cache, near, max_pixels, fresh=not usable) as out:
         for index, rows in map_local(hash_files, chunks, workers or default_workers()):
             lines = []
             for offset, row in enumerate(rows):
@@ -106,18 +112,27 @@ def _stamp(path: str) -> tuple[int, ...] | None:
 _CACHE_VERSION = 2
 
 
-def _read_cache(cache: Path, near: bool, max_pixels: int) -> dict[str, tuple]:
-    """path -> (stamp, sha256, DCT hash or None, why or None) of the rows cached with the same
-    options; a row that does not parse (the last, cut by a stop; a damaged file) is left out."""
-    known: dict[str, tuple] = {}
+def _read_cache(cache: Path, near: bool, max_pixels: int) -> Iterator[tuple[str, tuple, tuple]] | None:
+    """The rows cached with the same options, as (path, stamp, (sha256, DCT hash or None, why or
+    None)), streamed; None when the cache cannot be read or was made with other options. A row
+    that does not parse (the last, cut by a stop; a damaged file) is left out."""
     try:
-        with _open_state(cache, os.O_RDONLY, "r") as lines:
-            try:
-                head = json.loads(next(lines, "null"))
-            except ValueError:
-                return {}
-            if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
-                return {}
+        lines = _open_state(cache, os.O_RDONLY, "r")
+    except OSError:
+        return None
+    try:
+        head = json.loads(next(lines, "null"))
+    except (ValueError, OSError):
+        head = None
+    if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
+        lines.close()
+        return None
+    return _cache_rows(lines)
+
+
+def _cache_rows(lines: IO[str]) -> Iterator[tuple[str, tuple, tuple]]:
+    with lines:
+        try:
             for line in lines:
                 try:
                     path, *stamp, digest, value, why = json.loads(line)
@@ -128,10 +143,9 @@ def _read_cache(cache: Path, near: bool, max_pixels: int) -> dict[str, tuple]:
                     and isinstance(digest, str) and (value is None or (type(value) is int and 0 <= value < 1 << 64))
                     and (why is None or isinstance(why, str))
                 ):  # fmt: skip
-                    known[path] = (tuple(stamp), digest, value, why)
-    except OSError:
-        return {}
-    return known
+                    yield path, tuple(stamp), (digest, value, why)
+        except OSError:
+            return  # a read error part way: what was read stands
 
 
 def _open_state(path: Path, flags: int, mode: str) -> IO[str]:
