@@ -113,7 +113,7 @@ from shardkit.readers import open_shards
 shards, size, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dataset = open_shards(shards, decode="bytes")
 datas = [record.data for shard in range(len(dataset.manifest.shards)) for record in dataset.records(shard)]
-raw = datas[0][:6] == b"\x93NUMPY"  # raw records: the same passes with nothing decoded
+raw = datas[0][:6] == b"\\x93NUMPY"  # raw records: the same passes with nothing decoded
 if raw:
     from shardkit.readers.decode import npy_layout
     layouts = np.array([npy_layout(data, 1 << 40)[:3] for data in datas], np.int64)  # offset, width, height
