@@ -453,7 +453,7 @@ class BatchLoader:
     ) -> list[int]:
         """The crops the compiled kernel takes, into `images`: RGB and grey JPEGs (decoded at the
         DCT scale the box allows), and raw records in C order (their pixels read where they lie,
-        nothing decoded: 2.3x the JPEG crops on one thread, README). Returns the
+        nothing decoded: 2.5x the JPEG crops on one thread, README). Returns the
         candidates left for Pillow (CMYK JPEGs, Fortran-order raw records, other formats)."""
         kernel, (height, width), limit = cast(Any, self.kernel), self.size, self.dataset.max_pixels
         jpegs = [i for i in candidates if chunk[i].record.ext in _JPEG]
