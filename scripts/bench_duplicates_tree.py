@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench_duplicates import KINDS, plant
-from bench_scale import PER_CLASS, cli_command, measure, walk_and_read
+from bench_scale import PER_CLASS, class_names, cli_command, measure, walk_and_read
 from benchkit import REPO, environment, jpeg_files
 from PIL import Image
 
@@ -61,14 +61,9 @@ def build(tree: Path, n: int, photos: Path, exact: int) -> tuple[int, int]:
     for i in range(exact):
         files.append(Path(shutil.copyfile(files[i], sources / f"exact_{i:05d}.jpg")))
     started = time.perf_counter()
-    folder = ""
-    for i in range(n):
-        label, rank = divmod(i, PER_CLASS)
-        if rank == 0:
-            folder = str(tree / f"n{label:08d}")
-            os.mkdir(folder)
+    for i, stem in class_names(tree, n):
         target = files[i % len(files)]
-        os.link(target, f"{folder}/n{label:08d}_{rank}{'.png' if target.suffix == '.png' else '.JPEG'}")
+        os.link(target, stem + (".png" if target.suffix == ".png" else ".JPEG"))
     print(f"built {tree}: {n:,} names of {len(files):,} files in {time.perf_counter() - started:.0f}s", flush=True)
     stamp.write_text(json.dumps(wanted))
     return len(originals), len(files)

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -181,6 +181,16 @@ def link_one(targets: list[Path], index: int, dest: str, folder: Path, copies: l
         os.link(fresh, dest)
 
 
+def class_names(tree: Path, n: int) -> Iterator[tuple[int, str]]:
+    """(i, TREE/n%08d/n%08d_RANK without its suffix) for i < n, ImageNet's layout of PER_CLASS files a
+    class folder, each folder made as its first name comes."""
+    for i in range(n):
+        label, rank = divmod(i, PER_CLASS)
+        if rank == 0:
+            os.mkdir(tree / f"n{label:08d}")
+        yield i, f"{tree}/n{label:08d}/n{label:08d}_{rank}"
+
+
 def build_tree(tree: Path, n: int, images: Path) -> float:
     """Build (or reuse) the N-file tree; returns the seconds spent building (0 when reused)."""
     if read_stamp(tree) == wanted_stamp(n):
@@ -192,13 +202,8 @@ def build_tree(tree: Path, n: int, images: Path) -> float:
     targets = copy_sources(tree, images)
     folder = tree / SOURCES_NAME
     copies = [0] * len(targets)
-    class_dir = ""
-    for i in range(n):
-        label, rank = divmod(i, PER_CLASS)
-        if rank == 0:
-            class_dir = str(tree / f"n{label:08d}")
-            os.mkdir(class_dir)
-        link_one(targets, i % len(targets), f"{class_dir}/n{label:08d}_{rank}.JPEG", folder, copies)
+    for i, stem in class_names(tree, n):
+        link_one(targets, i % len(targets), f"{stem}.JPEG", folder, copies)
         if (i + 1) % 100_000 == 0:
             rate = (i + 1) / (time.perf_counter() - started)
             print(f"  linked {i + 1:,} of {n:,} ({rate:,.0f}/s)", flush=True)
