@@ -176,7 +176,12 @@ def test_probe_counts_exact_copies_confirmed_by_their_bytes_and_links_as_one_fil
     altered[-100] ^= 0xFF  # same size, same head, other bytes
     (src / "b" / "altered.jpg").write_bytes(bytes(altered))
     for workers in (1, 2):
-        copies = probe(src, workers=workers, chunk_files=3).duplicates
+        calls: list[tuple[int, int]] = []
+        copies = probe(
+            src, workers=workers, chunk_files=3, copies_progress=lambda *c, out=calls: out.append(c)
+        ).duplicates
+        # the 7 candidates read whole: p0 and its 2 copies, p1 and its copy, p4 and its altered twin
+        assert calls and calls[-1] == (7, 7)
         assert copies is not None
         assert (copies.files, copies.groups, copies.links) == (3, 2, 2)
         assert copies.bytes == 2 * len(data[0]) + len(data[1])

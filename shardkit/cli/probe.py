@@ -106,6 +106,14 @@ def _run(
             rate = done / max(time.perf_counter() - started, 1e-9)
             bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
 
+        confirming: list[Any] = []
+
+        def confirmed(done: int, total: int) -> None:  # candidate copies, each read whole
+            if not confirming:
+                confirming.extend([bar.add_task("copies: read", total=total, rate=""), time.perf_counter()])
+            rate = done / max(time.perf_counter() - confirming[1], 1e-9)
+            bar.update(confirming[0], completed=done, rate=f"{rate:,.0f}/s")
+
         return run_probe(
             source,
             train_size=settings["train_size"],
@@ -115,6 +123,7 @@ def _run(
             on_chunk=on_chunk,
             table=table,
             sidecars=sidecars,
+            copies_progress=confirmed,
         )
 
 
@@ -168,9 +177,11 @@ def _render_copies(report: ProbeReport) -> None:
     if not copies.files:
         console.print(f"exact duplicates: none{links}")
         return
+    files = f"{copies.files:,} files copy" if copies.files != 1 else "1 file copies"
+    groups = f"{copies.groups:,} group{'s' if copies.groups != 1 else ''}"
     console.print(
-        f"[bold yellow]exact duplicates[/]: {copies.files:,} files copy another's bytes ({copies.groups:,} groups, "
-        f"{human_bytes(copies.bytes)}){links}; `shardkit duplicates` lists them, `pack --dedup exact` leaves them out"
+        f"[bold yellow]exact duplicates[/]: {files} another's bytes ({groups}, {human_bytes(copies.bytes)}){links}; "
+        "`shardkit duplicates` lists them, `pack --dedup exact` leaves them out"
     )
     for group in copies.examples:
         console.print("  " + " = ".join(escape(name) for name in group[:4]) + (" = ..." if len(group) > 4 else ""))

@@ -217,6 +217,7 @@ def probe(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: Callable[[int, int | None], None] | None = None,
     on_chunk: Callable[[ProbeChunk], None] | None = None,
+    copies_progress: Callable[[int, int], None] | None = None,
     chunk_files: int = CHUNK_FILES,
     table: TableConfig | None = None,
     sidecars: bool = False,
@@ -224,7 +225,9 @@ def probe(
     """Probe every image under `source`, streaming: the walk feeds the workers chunk by chunk as it
     goes, and only the statistics (exact counts of each size and file size) and the first examples
     of each problem are kept. `on_chunk` gets every chunk of results in walk order (byte order of
-    the paths) as it is done; `progress(done, total)` has total None until the walk ends."""
+    the paths) as it is done; `progress(done, total)` has total None until the walk ends;
+    `copies_progress(files, total)` follows the confirmation of copy candidates, read whole (none
+    when no two files share a size and head hash)."""
     check_workers(workers)
     started = time.perf_counter()
     found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)  # the samples pack would take
@@ -287,7 +290,8 @@ def probe(
     report.duplicates = ExactCopies(0, 0, 0, links)
     if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
         again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)
-        report.duplicates = confirm_copies(_candidate_names(again, places, keys, identities), workers, links)
+        names = _candidate_names(again, places, keys, identities)
+        report.duplicates = confirm_copies(names, workers, links, progress=copies_progress)
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
@@ -328,15 +332,20 @@ def _candidate_names(
 
 
 def confirm_copies(
-    names: Sequence[tuple[int, int, str, str]], workers: int, links: int = 0, examples: int = 5
-) -> ExactCopies:
+    names: Sequence[tuple[int, int, str, str]], workers: int, links: int = 0, examples: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExactCopies:  # fmt: skip
     """Which of the candidate files (key, identity, path, relpath), distinct files in walk order,
     really copy each other: those with the same key and the same sha256. A file gone, unreadable,
     or no longer the file counted (its identity changed) since the scan is left out."""
     jobs = [[(path, identity) for _, identity, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
     read: list[tuple[str, int] | None] = [None] * len(names)
+    done = 0
     for index, found in map_threads(_digests, jobs, workers):
         read[index * 64 : index * 64 + len(found)] = found
+        done += len(found)
+        if progress is not None:
+            progress(done, len(names))
     groups: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (key, sha256) -> (name, size) of each file
     for i, ((key, *_), digest) in enumerate(zip(names, read, strict=True)):
         if digest is not None:
