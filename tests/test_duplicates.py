@@ -432,10 +432,16 @@ def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_fil
     assert changed.digests[1:] == first.digests[1:]
     assert len(hashed()[0].digests) == len(paths) and hashed()[1] == len(paths)  # the cut row did not eat the next
     assert hashed(reuse=False)[1] == 0  # --overwrite: nothing of an earlier run is taken (a fresh cache)
-    # damaged rows (a scalar, bytes that are not UTF-8) are left out, not a crash
+    # damaged rows (a scalar, bytes that are not UTF-8, a nesting bomb, a digest that is none) are
+    # left out, not a crash
     with cache.open("ab") as out:
-        out.write(b"7\n" + b'["\xff"]\n' * 400)
+        out.write(b"7\n" + b'["\xff"]\n' * 400 + b"[" * 100_000 + b"\n")
+        out.write(json.dumps([paths[2], 1, 2, 3, 4, "", None, None]).encode() + b"\n")
     assert hashed()[1] == len(paths)
+    # a path listed twice takes its cached hashes at both places
+    before = rows()
+    twice = hash_paths([paths[2], *paths], True, 1 << 30, workers=1, cache=cache)
+    assert twice.digests[0] == twice.digests[3] == first.digests[2] and rows() == before  # nothing hashed again
     truth = hashed(reuse=False)[0].digests
     # links planted where the cache goes are not written through: a symlink, a hard link, a FIFO
     target = tmp_path / "elsewhere.txt"

@@ -211,3 +211,6 @@ def test_confirmation_reads_only_the_files_the_scan_counted(tmp_path: Path) -> N
     (tmp_path / "new.jpg").write_bytes(a.read_bytes())
     os.replace(tmp_path / "new.jpg", b)  # the same bytes, but another file since the scan (its own inode)
     assert confirm_copies(names, workers=1).files == 0
+    b.unlink()
+    os.mkfifo(b)  # a FIFO in the candidate's place: refused, not waited on
+    assert confirm_copies(names, workers=1).files == 0

@@ -90,10 +90,11 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
-def progress_bar(label: str, unit: str = "files") -> Progress:
-    """A live bar on a terminal; on a pipe or in CI it stays silent (disable=True)."""
+def progress_bar(unit: str = "files") -> Progress:
+    """Live bars on a terminal, each labelled by its task's description (a command's second stage,
+    such as pack's hashing, shows as its own line); on a pipe or in CI it stays silent."""
     return Progress(
-        TextColumn(f"[bold]{label}[/]"),
+        TextColumn("[bold]{task.description}[/]"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn(f"{unit}"),

@@ -60,8 +60,8 @@ def duplicates(
         check_report_path(plot, (".png", ".jpg", ".jpeg"), "a contact sheet")
         if threshold is not None and not near:
             raise typer.BadParameter("--threshold is for --near")
-        with progress_bar("hashing", unit="files") as bar:
-            task = bar.add_task("hash", total=None, rate="")
+        with progress_bar(unit="files") as bar:
+            task = bar.add_task("hashing", total=None, rate="")
             report = find_duplicates(
                 sources, against=against or (), near=near,
                 threshold=DEFAULT_DEDUP_THRESHOLD if threshold is None else threshold, workers=workers,

@@ -36,8 +36,8 @@ def index(
     with user_errors():
         check_report_path(json_path)
         options = storage_options(storage_option)
-        with progress_bar("indexing", unit="tars") as bar:
-            task = bar.add_task("index", total=None, rate="")
+        with progress_bar(unit="tars") as bar:
+            task = bar.add_task("indexing", total=None, rate="")
             result = index_tars(
                 folder, workers=workers, overwrite=overwrite, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),

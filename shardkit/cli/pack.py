@@ -179,8 +179,8 @@ def pack(
 def _run(config: PackConfig) -> PackResult:
     from ..packing.pack import pack as run_pack  # here: `shardkit --help` need not import imaging
 
-    with progress_bar("packing", unit="images") as bar:
-        task = bar.add_task("pack", total=None, rate="")
+    with progress_bar(unit="images") as bar:
+        task = bar.add_task("packing", total=None, rate="")
         started = [time.perf_counter()]
         hashing: list[TaskID] = []
 
@@ -193,7 +193,7 @@ def _run(config: PackConfig) -> PackResult:
 
         def hashed(done: int, total: int) -> None:
             if not hashing:
-                hashing.append(bar.add_task("dedup: hash", total=total, rate=""))
+                hashing.append(bar.add_task("dedup: hashing", total=total, rate=""))
             rate = done / max(time.perf_counter() - started[0], 1e-9)
             bar.update(hashing[0], completed=done, rate=f"{rate:,.0f} files/s")
 

@@ -98,8 +98,8 @@ def _run(
 ) -> ProbeReport:
     from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
-    with progress_bar("probing") as bar:
-        task = bar.add_task("probe", total=None, rate="")
+    with progress_bar() as bar:
+        task = bar.add_task("probing", total=None, rate="")
         started = time.perf_counter()
 
         def advance(done: int, total: int | None) -> None:
@@ -110,7 +110,7 @@ def _run(
 
         def confirmed(done: int, total: int) -> None:  # candidate copies, each read whole
             if not confirming:
-                confirming.extend([bar.add_task("copies: read", total=total, rate=""), time.perf_counter()])
+                confirming.extend([bar.add_task("copies: reading", total=total, rate=""), time.perf_counter()])
             rate = done / max(time.perf_counter() - confirming[1], 1e-9)
             bar.update(confirming[0], completed=done, rate=f"{rate:,.0f}/s")
 

@@ -46,8 +46,8 @@ def verify(
     with user_errors():
         check_report_path(json_path)
         options = storage_options(storage_option)
-        with progress_bar("verifying", unit="shards") as bar:
-            task = bar.add_task("verify", total=None, rate="")
+        with progress_bar(unit="shards") as bar:
+            task = bar.add_task("verifying", total=None, rate="")
             report = run_verify(
                 output, deep=deep, source=source, workers=workers, max_pixels=max_pixels, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),

@@ -117,6 +117,16 @@ static inline unsigned char clip8(int32_t v, int bits) {
     return (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+/* A raw record's window row as RGBX for the paired passes (SSE2 builds only use it; the SSSE3
+ * version below takes four pixels a shuffle where the CPU has it). */
+static void rgb_to_rgbx_plain(const unsigned char *src, unsigned char *dst, int n) {
+    for (size_t i = 0, count = (size_t)n; i < count; i++) {
+        memcpy(dst + 4 * i, src + 3 * i, 3);
+        dst[4 * i + 3] = 0xFF;
+    }
+}
+static void (*rgb_to_rgbx)(const unsigned char *, unsigned char *, int) = rgb_to_rgbx_plain;
+
 #if defined(__SSE2__)
 #include <immintrin.h>
 #define PAIR_BITS 14 /* int16 weights: two taps per pmaddwd */
@@ -194,24 +204,16 @@ static void (*rgbx_to_rgb)(const unsigned char *, unsigned char *, int) = rgbx_t
 __attribute__((target("ssse3"))) static void rgb_to_rgbx_ssse3(const unsigned char *src, unsigned char *dst, int n) {
     const __m128i spread = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
     const __m128i opaque = _mm_set1_epi32((int)0xFF000000u);
-    int i = 0;
-    for (; i + 6 <= n; i += 4) {
+    size_t i = 0, count = (size_t)n; /* offsets in size_t: 4 x a width over 2^29 overflows an int */
+    for (; i + 6 <= count; i += 4) {
         __m128i pixels = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(src + 3 * i)), spread);
         _mm_storeu_si128((__m128i *)(dst + 4 * i), _mm_or_si128(pixels, opaque));
     }
-    for (; i < n; i++) {
+    for (; i < count; i++) {
         memcpy(dst + 4 * i, src + 3 * i, 3);
         dst[4 * i + 3] = 0xFF;
     }
 }
-
-static void rgb_to_rgbx_plain(const unsigned char *src, unsigned char *dst, int n) {
-    for (int i = 0; i < n; i++) {
-        memcpy(dst + 4 * i, src + 3 * i, 3);
-        dst[4 * i + 3] = 0xFF;
-    }
-}
-static void (*rgb_to_rgbx)(const unsigned char *, unsigned char *, int) = rgb_to_rgbx_plain;
 
 /* Columns [x, line) of one output row: 16 bytes at a time, then byte by byte. */
 static void vertical_tail(const unsigned char *base, size_t line, size_t x, const int32_t *w, int taps,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -54,14 +55,22 @@ def hash_paths(
     usable = False
     if cache is not None and reuse:
         # the cache streamed against the files (nothing of it held: ~100 B a file for the index)
-        where = {path: at for at, path in enumerate(paths)}
+        where: dict[str, int] = {}
+        again: dict[str, list[int]] = {}  # a path listed more than once: its other places
+        for at, path in enumerate(paths):
+            if where.setdefault(path, at) != at:
+                again.setdefault(path, []).append(at)
         cached = _read_cache(cache, near, max_pixels)
         usable = cached is not None
-        for path, was, hashes in cached or ():
-            at = where.get(path)
-            if at is not None and not taken[at] and was == stamps[at]:
-                _take(result, at, hashes)
-                taken[at] = True
+        with contextlib.closing(cached) if cached is not None else contextlib.nullcontext():
+            for path, was, hashes in cached or ():
+                first = where.get(path)
+                if first is None:
+                    continue
+                for place in (first, *again.get(path, ())):
+                    if not taken[place] and was == stamps[place]:
+                        _take(result, place, hashes)
+                        taken[place] = True
         del where
     todo = np.flatnonzero(~taken).tolist()
     done = len(paths) - len(todo)
@@ -110,9 +119,10 @@ def _stamp(path: str) -> tuple[int, ...] | None:
 
 
 _CACHE_VERSION = 2
+_SHA256 = re.compile("[0-9a-f]{64}")
 
 
-def _read_cache(cache: Path, near: bool, max_pixels: int) -> Iterator[tuple[str, tuple, tuple]] | None:
+def _read_cache(cache: Path, near: bool, max_pixels: int) -> Generator[tuple[str, tuple, tuple]] | None:
     """The rows cached with the same options, as (path, stamp, (sha256, DCT hash or None, why or
     None)), streamed; None when the cache cannot be read or was made with other options. A row
     that does not parse (the last, cut by a stop; a damaged file) is left out."""
@@ -122,7 +132,7 @@ def _read_cache(cache: Path, near: bool, max_pixels: int) -> Iterator[tuple[str,
         return None
     try:
         head = json.loads(next(lines, "null"))
-    except (ValueError, OSError):
+    except (ValueError, OSError, RecursionError):  # RecursionError: a hostile nesting of brackets
         head = None
     if head != {"version": _CACHE_VERSION, "near": near, "max_pixels": max_pixels}:
         lines.close()
@@ -130,17 +140,18 @@ def _read_cache(cache: Path, near: bool, max_pixels: int) -> Iterator[tuple[str,
     return _cache_rows(lines)
 
 
-def _cache_rows(lines: IO[str]) -> Iterator[tuple[str, tuple, tuple]]:
+def _cache_rows(lines: IO[str]) -> Generator[tuple[str, tuple, tuple]]:
     with lines:
         try:
             for line in lines:
                 try:
                     path, *stamp, digest, value, why = json.loads(line)
-                except (ValueError, TypeError):
+                except (ValueError, TypeError, RecursionError):
                     continue
                 if (
                     isinstance(path, str) and len(stamp) == _STAMP_FIELDS and all(type(v) is int for v in stamp)
-                    and isinstance(digest, str) and (value is None or (type(value) is int and 0 <= value < 1 << 64))
+                    and isinstance(digest, str) and _SHA256.fullmatch(digest) is not None
+                    and (value is None or (type(value) is int and 0 <= value < 1 << 64))
                     and (why is None or isinstance(why, str))
                 ):  # fmt: skip
                     yield path, tuple(stamp), (digest, value, why)

@@ -366,7 +366,8 @@ def _digests(files: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
     found: list[tuple[str, int] | None] = []
     for path, identity in files:
         try:
-            with open(path, "rb") as handle:
+            # O_NONBLOCK: a FIFO put in a candidate's place is refused below, not waited on
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
                 status = os.fstat(handle.fileno())
                 if file_identity(status) != identity or not stat.S_ISREG(status.st_mode):
                     found.append(None)
