@@ -225,13 +225,18 @@ def info_of(name: str, count: int, data: bytes) -> ShardInfo:
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
     fd = open_regular(path)
     try:
-        while chunk := os.read(fd, block):
-            digest.update(chunk)
+        return sha256_of(fd, block)
     finally:
         os.close(fd)
+
+
+def sha256_of(fd: int, block: int = 1 << 20) -> str:
+    """The sha256 of what is left to read from `fd` (for a caller that checked the file first)."""
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, block):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -36,17 +36,22 @@ def not_regular(path: str | os.PathLike[str], mode: int) -> NotRegularFileError:
     return NotRegularFileError(0, reason, os.fspath(path))
 
 
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, own: bool = False) -> int:
     """A descriptor for `path`, which must be a regular file (links to one are fine).
 
     O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; it has no effect
-    on regular files, so the descriptor is an ordinary one.
+    on regular files, so the descriptor is an ordinary one. With `own` (a file of an output's state
+    folder, which shardkit writes), no link is followed (O_NOFOLLOW: ELOOP) and the file may have no
+    other name (NotRegularFileError): a link planted there must not make a write land in someone's
+    file. A file O_CREAT makes is 0o644.
     """
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if own else 0), 0o644)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise not_regular(path, mode)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise not_regular(path, info.st_mode)
+        if own and info.st_nlink != 1:
+            raise NotRegularFileError(0, "a file with other names (a hard link)", os.fspath(path))
     except BaseException:
         os.close(fd)
         raise

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import stat
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from ..core.errors import Failure
 from ..core.executors import default_workers, map_local
 from ..core.phash import distances, near_pairs
+from ..core.safeio import open_regular
 from .discover import Item, display
 from .hashes import hash_files
 
@@ -62,15 +62,16 @@ def hash_paths(
                 again.setdefault(path, []).append(at)
         cached = _read_cache(cache, near, max_pixels)
         usable = cached is not None
-        with contextlib.closing(cached) if cached is not None else contextlib.nullcontext():
-            for path, was, hashes in cached or ():
-                first = where.get(path)
-                if first is None:
-                    continue
-                for place in (first, *again.get(path, ())):
-                    if not taken[place] and was == stamps[place]:
-                        _take(result, place, hashes)
-                        taken[place] = True
+        if cached is not None:
+            with contextlib.closing(cached):
+                for path, was, hashes in cached:
+                    first = where.get(path)
+                    if first is None:
+                        continue
+                    for place in (first, *again.get(path, ())):
+                        if not taken[place] and was == stamps[place]:
+                            _take(result, place, hashes)
+                            taken[place] = True
         del where
     todo = np.flatnonzero(~taken).tolist()
     done = len(paths) - len(todo)
@@ -160,15 +161,10 @@ def _cache_rows(lines: IO[str]) -> Generator[tuple[str, tuple, tuple]]:
 
 
 def _open_state(path: Path, flags: int, mode: str) -> IO[str]:
-    """A file of the output's state folder, only if it is a regular file of its own: never through a
-    link planted there (O_NOFOLLOW; a hard link, nlink > 1, is refused as the lock is), never a FIFO
-    (O_NONBLOCK). Bytes that are not UTF-8 read as replacement characters (a row that then fails)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    status = os.fstat(fd)
-    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
-        os.close(fd)
-        raise OSError(f"{path}: not a file of its own")
-    return os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+    """A file of the output's state folder, as the lock is opened (open_regular's `own`: no link
+    followed, no other name, never a FIFO). Bytes that are not UTF-8 read as replacement
+    characters (a row that then fails)."""
+    return os.fdopen(open_regular(path, flags, own=True), mode, encoding="utf-8", errors="replace")
 
 
 class _CacheOut:

@@ -31,7 +31,7 @@ from ..core.manifest import (
     read_manifest,
     write_json_atomic,
 )
-from ..core.safeio import load_json_file
+from ..core.safeio import NotRegularFileError, load_json_file, open_regular
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
@@ -182,16 +182,14 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
 def _lock(path: Path, output: Path) -> int:
     """An exclusive lock on `path` (fcntl, so it works on NFS too), or OutputError naming the holder."""
     for _ in range(10):
-        try:  # O_NOFOLLOW and one link only: a planted link must not make us write into someone's file
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        try:  # a planted link must not make us write into someone's file
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, own=True)
+        except NotRegularFileError:
+            raise OutputError(f"{path}: is not shardkit's lock file (not a plain file); move it away") from None
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise OutputError(f"{path}: is a link, not shardkit's lock file; move it away") from None
             raise
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            os.close(fd)
-            raise OutputError(f"{path}: is not shardkit's lock file (not a plain file); move it away")
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

@@ -7,12 +7,10 @@ records into distributions. `recommend()` is the one function that picks a pre-r
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
 import os
-import stat
 import sys
 import time
 from collections import Counter
@@ -27,6 +25,8 @@ from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import Failure, describe
 from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, file_identity, read_head, read_header
+from ..core.manifest import sha256_of
+from ..core.safeio import open_regular
 from .discover import Item, SourceWalk, display, walk
 
 CHUNK_FILES = 2048
@@ -366,18 +366,17 @@ def _digests(files: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
     found: list[tuple[str, int] | None] = []
     for path, identity in files:
         try:
-            # O_NONBLOCK: a FIFO put in a candidate's place is refused below, not waited on
-            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
-                status = os.fstat(handle.fileno())
-                if file_identity(status) != identity or not stat.S_ISREG(status.st_mode):
-                    found.append(None)
-                    continue
-                digest = hashlib.sha256()
-                while block := handle.read(1 << 20):
-                    digest.update(block)
-                found.append((digest.hexdigest(), status.st_size))
+            fd = open_regular(path)  # a FIFO put in a candidate's place is refused, not waited on
         except OSError:
             found.append(None)
+            continue
+        try:
+            status = os.fstat(fd)
+            found.append((sha256_of(fd), status.st_size) if file_identity(status) == identity else None)
+        except OSError:
+            found.append(None)
+        finally:
+            os.close(fd)
     return found
 
 
