@@ -25,8 +25,8 @@ from benchkit import rates
 from PIL import Image
 
 from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
-from shardkit.packing.discover import walk
 from shardkit.packing.pack import pack
+from shardkit.packing.sources import walk
 
 
 def link_copies(source: Path, copies: int, into: Path) -> list[Path]:

@@ -22,8 +22,8 @@ from benchkit import REPO, rate, ratios, read_heads, span
 
 from shardkit.core.codecs import header_scanner
 from shardkit.core.config import DEFAULT_MAX_PIXELS
-from shardkit.packing.discover import walk
 from shardkit.packing.probe import CHUNK_FILES, _probe_chunk, parallelism, probe_file
+from shardkit.packing.sources import walk
 
 sys.path.insert(0, str(REPO))  # tests.helpers: the whole-list probe, a reference the library has no use for
 from tests.helpers import probe_records

@@ -28,7 +28,7 @@ from benchkit import SAMPLE, jpeg_files, pythonpath_env, ratios, span, warm
 
 WALK = """
 import resource, sys, time
-from shardkit.packing.discover import walk
+from shardkit.packing.sources import walk
 from shardkit.packing.plan import plan_shards
 started = time.perf_counter()
 found = walk(sys.argv[1])

@@ -13,7 +13,6 @@ from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.core.errors import Failure
 from shardkit.core.executors import map_local, map_threads
 from shardkit.core.manifest import iter_errors
-from shardkit.packing.discover import SourceList, walk
 from shardkit.packing.probe import (
     CHUNK_FILES,
     PARALLEL_MIN_FILES,
@@ -24,6 +23,7 @@ from shardkit.packing.probe import (
     _records_from_rows,
     parallelism,
 )
+from shardkit.packing.sources import SourceList, walk
 
 
 def discover(source: str | os.PathLike[str], labels: str = "auto") -> SourceList:

@@ -41,7 +41,7 @@ def test_importing_shardkit_imports_nothing_heavy() -> None:
 def test_pack_probe_and_verify_stay_functions_after_their_modules_are_imported() -> None:
     code = (
         "import shardkit.packing.pack, shardkit.packing.probe, shardkit.checks.verify, shardkit, pickle; "
-        "from shardkit.packing.pack import write_shard; "
+        "from shardkit.packing.worker import write_shard; "
         "assert callable(shardkit.pack) and callable(shardkit.probe) and callable(shardkit.verify); "
         "from shardkit import pack; assert pack is shardkit.pack and pack.__module__ == 'shardkit.packing.pack'; "
         "assert pickle.loads(pickle.dumps(write_shard)) is write_shard"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.core.errors import SourceError
-from shardkit.packing.discover import make_key, walk
+from shardkit.packing.sources import make_key, walk
 from shardkit.synthetic import write_image
 from tests.helpers import discover, image_files
 

@@ -23,9 +23,9 @@ from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.core.phash import distances, near_components, near_pairs
 from shardkit.packing.dedup import Hashed, keep_first
-from shardkit.packing.discover import Item
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
+from shardkit.packing.sources import Item
 from shardkit.readers import open_shards
 from shardkit.synthetic import picture, write_image
 

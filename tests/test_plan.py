@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.core.executors import map_local, map_threads
-from shardkit.packing.discover import Item
 from shardkit.packing.plan import PlanDigest, fingerprint, plan_shards, settings_hash
+from shardkit.packing.sources import Item
 
 
 def counted_items(count: int, drawn: list[int], root: str = "/data/") -> Iterator[Item]:

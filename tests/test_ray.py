@@ -10,8 +10,9 @@ from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import OutputError
 from shardkit.core.executors import map_ray
 from shardkit.formats import available_formats
-from shardkit.packing.pack import ShardJob, pack, write_shard
+from shardkit.packing.pack import pack
 from shardkit.packing.plan import plan_shards
+from shardkit.packing.worker import ShardJob, write_shard
 
 from .ray_helpers import restore_env, set_env
 

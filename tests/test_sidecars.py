@@ -13,8 +13,8 @@ from PIL import Image
 from shardkit import PackConfig, ResizeConfig, pack
 from shardkit.checks.verify import verify
 from shardkit.core.manifest import read_manifest
-from shardkit.packing.discover import walk
 from shardkit.packing.plan import fingerprint, plan_shards
+from shardkit.packing.sources import walk
 from shardkit.readers import open_shards
 from tests.helpers import read_errors
 

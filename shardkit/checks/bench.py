@@ -23,7 +23,7 @@ from ..core.config import check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
 from ..core.executors import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
-from ..packing.discover import display
+from ..packing.sources import display
 from ..readers.dataset import open_shards
 from ..readers.decode import decode
 from ..readers.split import record_ranges

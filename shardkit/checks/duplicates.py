@@ -31,9 +31,9 @@ from ..core.manifest import MANIFEST_NAME
 from ..core.phash import dct_hash, distances, near_components
 from ..core.safeio import read_regular
 from ..packing.dedup import hash_paths
-from ..packing.discover import walk
 from ..packing.encode import picture_hash
 from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail
+from ..packing.sources import walk
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
 

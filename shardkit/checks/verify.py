@@ -47,7 +47,7 @@ from ..core.manifest import (
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record
-from ..packing.discover import SourceWalk, display, walk
+from ..packing.sources import SourceWalk, display, walk
 from ..readers.decode import decode
 from ..storage.http import TooLong
 from ..storage.location import locate

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..core.config import PROBE_OPTIONS, TableConfig, check_train_size, check_workers, options
 from ..core.errors import ConfigError, ShardkitError, describe
-from ..packing.discover import display
+from ..packing.sources import display
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeChunk, ProbeReport

@@ -61,8 +61,7 @@ class Manifest:
         return data
 
     def computed_checksum(self) -> str:
-        content = {key: value for key, value in self.to_json().items() if key != "checksum"}
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+        return json_sha256({key: value for key, value in self.to_json().items() if key != "checksum"})
 
     def sealed(self) -> Manifest:
         """This manifest with its checksum filled in."""
@@ -222,6 +221,15 @@ def parse_manifest(text: bytes, where: str) -> Manifest:
 def info_of(name: str, count: int, data: bytes) -> ShardInfo:
     """The manifest entry of a file written from `data` (an index file, describing `count` records)."""
     return ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest())
+
+
+def sorted_json(value: Any) -> bytes:
+    """The one JSON form shardkit hashes (settings, plans, the manifest's checksum): sorted keys."""
+    return json.dumps(value, sort_keys=True).encode()
+
+
+def json_sha256(value: Any) -> str:
+    return hashlib.sha256(sorted_json(value)).hexdigest()
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:

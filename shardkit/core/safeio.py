@@ -96,3 +96,13 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def file_stamp(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
+    """What says a file is unchanged since it was last seen: size, mtime, and ctime and inode (which
+    no one sets by hand: a file rewritten with its mtime put back still differs). None: gone."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino

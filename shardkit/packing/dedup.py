@@ -21,9 +21,9 @@ import numpy as np
 from ..core.errors import Failure
 from ..core.executors import default_workers, map_local
 from ..core.phash import distances, near_pairs
-from ..core.safeio import open_regular
-from .discover import Item, display
+from ..core.safeio import file_stamp, open_regular
 from .hashes import hash_files
+from .sources import Item, display
 
 CHUNK_FILES = 256
 
@@ -50,7 +50,7 @@ def hash_paths(
     read again: a stopped `pack --dedup` resumes without hashing what it had hashed. The cache is
     best effort: one that cannot be read or written is not used, and nothing fails for it."""
     result = Hashed([None] * len(paths), np.zeros(len(paths), np.uint64), np.zeros(len(paths), bool), [])
-    stamps = [_stamp(path) for path in paths] if cache is not None else []
+    stamps = [file_stamp(path) for path in paths] if cache is not None else []
     taken = np.zeros(len(paths), bool)
     usable = False
     if cache is not None and reuse:
@@ -106,17 +106,7 @@ def _take(result: Hashed, at: int, row: Sequence) -> None:
         result.problems.append((at, "decode" if digest else "read", why))
 
 
-_STAMP_FIELDS = 4
-
-
-def _stamp(path: str) -> tuple[int, ...] | None:
-    """What says a file is unchanged: size, mtime, and ctime and inode (which no one sets by hand:
-    a file rewritten with its mtime put back still differs)."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino
+_STAMP_FIELDS = 4  # file_stamp's
 
 
 _CACHE_VERSION = 2

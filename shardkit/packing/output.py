@@ -70,6 +70,32 @@ def temp_dir(output: str | os.PathLike[str]) -> Path:
     return state_dir(output) / "tmp"
 
 
+def done_path(output: str | os.PathLike[str], shard: str) -> Path:
+    """A shard's done marker: its result, written before the shard is renamed into the output."""
+    return state_dir(output) / "done" / f"{shard}.json"
+
+
+class writing:
+    """Turns an OSError while writing the output into an OutputError naming the output and cause."""
+
+    def __init__(self, output: str | os.PathLike[str], what: str) -> None:
+        self.output, self.what = output, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
+        if isinstance(error, OSError):
+            raise output_error(self.output, self.what, error) from None
+
+
+def output_error(output: str | os.PathLike[str], what: str, error: OSError) -> OutputError:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        cause = "no space left on device" if error.errno == errno.ENOSPC else "disk quota exceeded"
+        return OutputError(f"{output}: {cause} (writing {what}); free some space, then run again with --resume")
+    return OutputError(f"{output}: cannot write {what} ({describe(error)})")
+
+
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 

@@ -1,22 +1,20 @@
-"""Deterministic split of items into shards, and which shards an interrupted run may keep."""
+"""Deterministic split of items into shards, and the plan's fingerprint (the whole plan's, and each
+shard's own: what a resume compares, packing/resume.py)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import Failure
-from ..core.manifest import ShardInfo, sha256_file
-from ..core.safeio import load_json_file
-from .discover import Item
-from .output import shard_name, state_dir
+from ..core.manifest import json_sha256, sorted_json
+from ..core.safeio import file_stamp
+from .output import shard_name
+from .sources import Item, payload, with_payload
 
 
 @dataclass(frozen=True)
@@ -69,8 +67,8 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
         head = item.path[: len(item.path) - len(item.relpath)] if joined else item.path
         head_id = heads.setdefault((head, joined), len(heads))
         label = "" if item.label is None else str(item.label)
-        # (an item's extra is JSON: no raw NUL in it)
-        block += f"{head_id}\0{item.relpath}\0{item.key}\0{label}\0{item.extra}\0".encode("utf-8", "surrogateescape")
+        # (a payload is JSON: no raw NUL in it)
+        block += f"{head_id}\0{item.relpath}\0{item.key}\0{label}\0{payload(item)}\0".encode("utf-8", "surrogateescape")
         offsets.append(len(block))
     ends = np.array(offsets, dtype=np.int64)
     del offsets
@@ -81,7 +79,7 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
         head_text, relpath, key, label_text, extra = text.split("\0")
         head, joined = by_id[int(head_text)]
         number = int(label_text) if label_text else None
-        yield Item(head + relpath if joined else head, relpath, key, number, extra)
+        yield with_payload(Item(head + relpath if joined else head, relpath, key, number), extra)
 
 
 def _size(path: str) -> int:
@@ -92,15 +90,12 @@ def _size(path: str) -> int:
 
 
 def _size_and_mtime(path: str) -> tuple[int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return -1, -1
-    return info.st_size, info.st_mtime_ns
+    stamp = file_stamp(path)
+    return (-1, -1) if stamp is None else (stamp[0], stamp[1])
 
 
 def settings_hash(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return json_sha256(settings)
 
 
 class PlanDigest:
@@ -110,7 +105,7 @@ class PlanDigest:
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings_hash(settings)
-        self._whole = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+        self._whole = hashlib.sha256(sorted_json(settings))
 
     def add(self, spec: ShardSpec) -> str:
         """Fold in the next shard; returns that shard's own hash."""
@@ -119,12 +114,13 @@ class PlanDigest:
         for item in spec.items:
             size, mtime = _size_and_mtime(item.path)  # a changed source must not reuse old shards
             text = f"\0{item.relpath}\0{item.key}\0{item.label}\0{size}\0{mtime}"
-            if item.extra:  # a changed caption or column rewrites the shard (and none changes nothing)
-                text += f"\0{item.extra}"
-                if item.extra.startswith('{"sidecars"'):  # their files, checked as the image is
-                    folder = os.path.dirname(item.path)
-                    for name in json.loads(item.extra)["sidecars"].values():
-                        text += "\0{}\0{}".format(*_size_and_mtime(os.path.join(folder, name)))
+            extra = payload(item)
+            if extra:  # a changed caption or column rewrites the shard (and none changes nothing)
+                text += f"\0{extra}"
+            if item.sidecars:  # their files, checked as the image is
+                folder = os.path.dirname(item.path)
+                for _, name in sorted(item.sidecars.items()):  # (in the payload's order)
+                    text += "\0{}\0{}".format(*_size_and_mtime(os.path.join(folder, name)))
             lines.append(text.encode("utf-8", "surrogateescape"))
         for line in lines:
             self._whole.update(line)
@@ -141,25 +137,3 @@ def fingerprint(settings: dict[str, Any], specs: Iterable[ShardSpec]) -> str:
     for spec in specs:
         digest.add(spec)
     return digest.hexdigest()
-
-
-def done_path(output: str | Path, spec: ShardSpec) -> Path:
-    return state_dir(output) / "done" / f"{spec.name}.json"
-
-
-def reusable(output: str | Path, spec: ShardSpec, plan_hash: str) -> dict[str, Any] | None:
-    """The finished result of this shard from an earlier run, if the shard file is still exactly it."""
-    marker = done_path(output, spec)
-    shard = Path(output) / spec.name
-    try:
-        result = load_json_file(marker)
-        info = ShardInfo(**result["shard"])
-        for row in result["errors"]:  # well-formed, or the marker is not trusted
-            Failure(**row)
-        if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
-            return None
-        if sha256_file(shard) != info.sha256:
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return result

@@ -8,7 +8,6 @@ records into distributions. `recommend()` is the one function that picks a pre-r
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import sys
@@ -27,7 +26,7 @@ from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, file_identity, read_head, read_header
 from ..core.manifest import sha256_of
 from ..core.safeio import open_regular
-from .discover import Item, SourceWalk, display, walk
+from .sources import Item, SourceWalk, display, walk
 
 CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.
@@ -392,9 +391,8 @@ def _table_runs(
     for item in items:
         paths.append(item.path)
         relpaths.append(item.relpath)
-        if item.extra:
-            text = json.loads(item.extra).get("text")
-            for caption in [text] if isinstance(text, str) else text or []:
+        if (text := item.text) is not None:
+            for caption in [text] if isinstance(text, str) else text:
                 captions[len(caption)] += 1
         if len(paths) >= batch:
             yield "", paths, relpaths

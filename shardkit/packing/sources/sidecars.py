@@ -3,7 +3,7 @@ convention. `x.jpg` (or .jpeg, .png, .webp...) is the image, `x.txt` its caption
 object whose keys become columns, `x.cls` its label, and any other `x.<suffix>` (`x.seg.png`,
 `x.depth.png`, `x.npy`) a field named by its suffix. The stem is the name up to its first dot.
 
-The walk only groups names (discover.py); the files are read in the worker, beside the image, so
+The walk only groups names (`from_sidecars`); the files are read in the worker, beside the image, so
 a folder of millions of samples costs the driver no extra I/O. An image field (a mask) is cropped
 and resized with the image, nearest-neighbour, so a mask never gets a value it did not have.
 """
@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
 
-from ..core.config import MAX_RECORD_BYTES, ResizeConfig
-from ..core.errors import ImageError, describe
-from ..core.headers import EXTENSION_FORMATS
-from ..core.safeio import loads, read_regular
-from ..formats.base import RESERVED_FIELDS
-from .encode import plan_geometry
-from .tables import MAX_EXTRA_BYTES
+from ...core.config import MAX_RECORD_BYTES, ResizeConfig
+from ...core.errors import Failure, ImageError, describe
+from ...core.headers import EXTENSION_FORMATS
+from ...core.safeio import loads, read_regular
+from ...formats.base import RESERVED_FIELDS
+from ..encode import plan_geometry
+from .folder import entries, sort_names
+from .item import Item, SourceWalk, make_key, skip
+from .rows import MAX_EXTRA_BYTES
 
 CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
 # Pillow's format for each image suffix a field may have: what an aligned field is saved back as
@@ -64,6 +67,60 @@ def sample_of(names: dict[str, str]) -> tuple[str | None, dict[str, str], str]:
         seen[part.lower()] = name
         parts[part] = name
     return images[0], parts, ""
+
+
+def from_sidecars(root: str, keys: bool) -> SourceWalk:
+    """A folder walked as sidecar samples: one item per image, in byte order of the paths, its
+    caption, columns, label and fields named in `Item.sidecars` and read by the worker."""
+    found = SourceWalk(root, "sidecars", [], [], [])
+    found.items = _sidecar_items(root, "", found.skipped, set(), keys)
+    return found
+
+
+def _sidecar_items(
+    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
+) -> Iterator[Item]:
+    base = rel_dir + "/" if rel_dir else ""
+    names: list[str] = []
+    groups: dict[str, dict[str, str]] = {}
+    for entry in entries(root, rel_dir, skipped, seen):
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir():
+                names.append(name + "/")
+                continue
+            is_file = entry.is_file()
+        except OSError as error:
+            skipped.append(skip(base + name, f"cannot stat: {error.strerror}"))
+            continue
+        if not is_file:
+            skipped.append(skip(base + name, "broken link" if entry.is_symlink() else "not a regular file"))
+            continue
+        stem, suffix = split_name(name)
+        if not suffix:
+            skipped.append(skip(base + name, "no suffix: not part of a sample (x.jpg, x.txt, x.json, ...)"))
+            continue
+        names.append(name)
+        groups.setdefault(stem, {})[suffix] = name
+    sort_names(names)
+    done: set[str] = set()
+    for name in names:
+        if name[-1] == "/":
+            yield from _sidecar_items(root, base + name[:-1], skipped, seen, keys)
+            continue
+        stem = split_name(name)[0]
+        if stem in done:
+            continue
+        done.add(stem)
+        image, parts, problem = sample_of(groups[stem])
+        if image is None:
+            skipped.extend(skip(base + other, problem) for other in sorted(groups[stem].values(), key=os.fsencode))
+            continue
+        relpath = base + image
+        key = make_key(relpath) if keys else ""
+        yield Item(os.path.join(root, relpath), relpath, key, None, sidecars=parts or None)
 
 
 @dataclass

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..core.config import TableConfig
-from ..core.errors import SourceError, describe
-from ..core.safeio import loads, open_regular
+from ...core.config import TableConfig
+from ...core.errors import SourceError, describe
+from ...core.safeio import loads, open_regular
 
 # Hugging Face ImageFolder's names, picked up at the source root with no flag.
 AUTO_TABLES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")

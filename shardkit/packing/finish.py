@@ -1,0 +1,160 @@
+"""Finishing a pack: once every shard is on record, the index parts joined into index.parquet, the
+format's output-level companion files, errors.jsonl (every input not packed, in order), then
+manifest.json, atomically and last; and what the run did, as a PackResult."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.config import PackConfig
+from ..core.errors import Failure
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    WIDS_NAME,
+    Manifest,
+    ShardInfo,
+    info_of,
+    wids_index,
+    write_json_atomic,
+    write_text_atomic,
+)
+from ..formats import get_format
+from .encode import STAGES
+from .index import join as join_index
+from .index import part_path, write_part
+from .index import row as index_row
+from .output import remove_state, state_dir, writing
+from .resume import CREATED_BY
+from .sources import SourceWalk
+from .worker import ShardResult
+
+
+@dataclass
+class PackResult:
+    output: str
+    manifest: Manifest
+    inputs: int
+    records: int
+    errors: int
+    shards: int
+    reused_shards: int
+    input_bytes: int
+    output_bytes: int
+    seconds: float
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    resize: int | None = None
+    nodes: int = 1  # machines (Ray nodes) that wrote shards in this run
+    already_complete: bool = False  # --resume found the same pack finished: nothing was done
+    duplicates: int = 0  # of the errors: copies --dedup left out
+
+    @property
+    def images_per_second(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+
+def finish(
+    config: PackConfig, found: SourceWalk, ordered: list[ShardResult], inputs: int, settings: dict[str, Any],
+    plan: str, output: Path,
+) -> PackResult:  # fmt: skip
+    """Write index.parquet, the companions, errors.jsonl and the manifest (last) for the shard
+    results in plan order, remove the state folder, and say what was done."""
+    error_rows: list[Failure] = [*found.skipped, *(row for result in ordered for row in result.errors)]
+    records = sum(r.shard.count for r in ordered)
+    duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
+    totals = {"inputs": inputs, "records": records, "errors": len(error_rows)}
+    if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
+        totals["duplicates"] = duplicates
+    source = {"path": str(config.source), "layout": found.layout}
+    manifest = Manifest(
+        format=config.format,
+        shards=[r.shard for r in ordered],
+        classes=found.classes,
+        settings={**settings, "source": source, "plan": plan},
+        totals=totals,
+        created_by=CREATED_BY,
+    ).sealed()
+    state = state_dir(output)
+    with writing(output, INDEX_NAME):
+        index = join_index((_index_part(output, config.format, r.shard) for r in ordered), output, state)
+    companions = [r.companion for r in ordered if r.companion is not None]
+    companions += _output_companions(config.format, [r.shard for r in ordered], output, state)
+    manifest = replace(manifest, index=index, companions=companions).sealed()
+    with writing(output, ERRORS_NAME):
+        lines = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in error_rows)
+        write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
+    with writing(output, MANIFEST_NAME):
+        write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
+    remove_state(output)
+    return PackResult(
+        output=str(output),
+        manifest=manifest,
+        inputs=inputs,
+        records=records,
+        errors=len(error_rows),
+        shards=len(ordered),
+        reused_shards=sum(1 for r in ordered if r.reused),
+        input_bytes=sum(r.input_bytes for r in ordered),
+        output_bytes=sum(r.shard.bytes for r in ordered),
+        seconds=0.0,
+        stage_seconds=_stage_seconds(ordered),
+        resize=config.resize.pixels,
+        nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
+        duplicates=duplicates,
+    )
+
+
+def _stage_seconds(ordered: list[ShardResult]) -> dict[str, float]:
+    """Where the workers' time went in this run (reused shards took none)."""
+    seconds = dict.fromkeys(STAGES, 0.0)
+    for result in ordered:
+        if not result.reused:
+            for stage, spent in result.timings.items():
+                seconds[stage] = seconds.get(stage, 0.0) + spent
+    return seconds
+
+
+def _output_companions(format: str, shards: list[ShardInfo], output: Path, state: Path) -> list[ShardInfo]:
+    """The files a format wants beside the whole output for other readers (wids' shard list)."""
+    if format != "webdataset":
+        return []
+    with writing(output, WIDS_NAME):
+        data = wids_index(shards)
+        write_text_atomic(output / WIDS_NAME, data.decode(), temp_dir=state)
+    return [info_of(WIDS_NAME, sum(shard.count for shard in shards), data)]
+
+
+def _index_part(output: Path, format: str, shard: ShardInfo) -> Path:
+    """A shard's part of the index; rebuilt from the shard when a resumed pack kept a shard whose
+    part is missing (written by a shardkit without an index)."""
+    path = part_path(state_dir(output), shard.name)
+    if not path.exists():
+        reader = get_format(format).reader(str(output / shard.name))
+        try:
+            write_part(path, [index_row(record, shard.name, i) for i, record in enumerate(reader)])
+        finally:
+            reader.close()
+    return path
+
+
+def already_complete(manifest: Manifest, config: PackConfig, seconds: float) -> PackResult:
+    """What --resume says of an output it found finished with the same plan: nothing was done."""
+    return PackResult(
+        output=config.output,
+        manifest=manifest,
+        inputs=manifest.totals.get("inputs", 0),
+        records=manifest.records,
+        errors=manifest.totals.get("errors", 0),
+        shards=len(manifest.shards),
+        reused_shards=len(manifest.shards),
+        input_bytes=0,
+        output_bytes=sum(shard.bytes for shard in manifest.shards),
+        seconds=seconds,
+        resize=config.resize.pixels,
+        already_complete=True,
+        duplicates=manifest.totals.get("duplicates", 0),
+    )

@@ -1,0 +1,149 @@
+"""What a pack may reuse: the settings that decide an output's bytes (and their hash in the state
+file), the verdict on an output found begun or finished, the shards an interrupted run finished
+(done markers whose shard is intact and whose plan hash is this plan's), and the stale shards of
+an earlier plan. Nothing here writes shards; `claim` (output.py) has already refused what is not
+shardkit's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..core.config import PackConfig, TableConfig
+from ..core.errors import Failure, ManifestError, OutputError
+from ..core.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_name, read_manifest, sha256_file, write_json_atomic
+from ..core.safeio import load_json_file
+from ..core.version import __version__
+from .output import STATE_NAME, done_path, state_dir, writing
+from .plan import ShardSpec, fingerprint, settings_hash
+from .worker import ShardResult
+
+CREATED_BY = f"shardkit {__version__}"
+
+
+def settings_of(config: PackConfig) -> dict[str, Any]:
+    """What decides the bytes of the output (not where it goes or how many workers write it)."""
+    return {
+        "format": config.format,
+        "resize": asdict(config.resize),
+        "encode": asdict(config.encode),
+        "shard_size": config.shard_size,
+        "shard_bytes": config.shard_bytes,
+        "shuffle": config.shuffle,
+        "seed": config.seed,
+        "labels": config.labels,
+        "jpeg_backend": _jpeg_backend(),
+        # only when flags name a table's columns: the settings of every other pack keep their hash
+        **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
+        **({"sidecars": True} if config.sidecars else {}),
+        **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
+    }
+
+
+def _dedup_settings(config: PackConfig) -> dict[str, Any]:
+    return {"mode": config.dedup, **({"threshold": config.dedup_threshold} if config.dedup == "near" else {})}
+
+
+def _jpeg_backend() -> str:
+    # Different codecs may encode different bytes: a resume must not mix them.
+    import PIL
+
+    from .encode import write_codec
+
+    return f"{write_codec()} (PIL {PIL.__version__})"
+
+
+def write_state(output: Path, settings: dict[str, Any]) -> None:
+    """The state file a resume must match: the settings' hash."""
+    with writing(output, "its state"):
+        state = {"settings": settings_hash(settings), "created_by": CREATED_BY}
+        write_json_atomic(state_dir(output) / STATE_NAME, state)
+
+
+def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterable[ShardSpec]]) -> Manifest | None:
+    """What --resume finds: an interrupted run with the same settings (None: carry on), the same
+    pack finished with every shard intact (its manifest: nothing to do), or else a refusal. A
+    folder with neither state nor manifest was stopped before it began: there is nothing to reuse.
+    Only a finished pack is compared with the whole plan (a walk and a stat of every file, no
+    writing): an interrupted one is checked shard by shard as it is resumed."""
+    state_file = state_dir(output) / STATE_NAME
+    if os.path.lexists(state_file):
+        try:
+            state = load_json_file(state_file)
+            previous = state.get("settings")
+        except (OSError, ValueError, AttributeError):
+            state, previous = {}, None
+        if previous is None and isinstance(state, dict) and "plan" in state:
+            raise OutputError(f"{output}: was started by an earlier shardkit, which cannot be resumed; use --overwrite")
+        if previous != settings_hash(settings):
+            raise OutputError(
+                f"{output}: was started with other settings; resume with the same flags, or use --overwrite"
+            )
+        return None
+    if not (output / MANIFEST_NAME).exists():
+        return None
+    try:
+        manifest = read_manifest(output)
+    except ManifestError as error:
+        raise OutputError(f"{error}; use --overwrite to pack again") from None
+    if manifest.settings.get("plan") != fingerprint(settings, plan()):
+        raise OutputError(
+            f"{output}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
+        )
+    for shard in manifest.shards:
+        path = output / shard.name
+        try:
+            intact = path.stat().st_size == shard.bytes and sha256_file(path) == shard.sha256
+        except OSError:
+            intact = False
+        if not intact:
+            raise OutputError(f"{path}: no longer what the manifest says; use --overwrite to pack again")
+    return manifest
+
+
+def reused_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
+    """The finished result of this shard from an earlier run, if the shard file is still exactly it."""
+    marker = done_path(output, spec.name)
+    shard = Path(output) / spec.name
+    try:
+        result = load_json_file(marker)
+        info = ShardInfo(**result["shard"])
+        for row in result["errors"]:  # well-formed, or the marker is not trusted
+            Failure(**row)
+        if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
+            return None
+        if sha256_file(shard) != info.sha256:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return _result_from_json(result)
+
+
+def _result_from_json(data: dict[str, Any]) -> ShardResult:
+    companion = data.get("companion")
+    return ShardResult(
+        shard=ShardInfo(**data["shard"]),
+        errors=[Failure(**row) for row in data["errors"]],
+        input_bytes=data["input_bytes"],
+        timings=data["timings"],
+        plan=data["plan"],
+        reused=True,
+        companion=None if companion is None else ShardInfo(**companion),
+    )
+
+
+def remove_stale_shards(output: Path, planned: set[str]) -> None:
+    """Shards an interrupted run wrote that this plan no longer has (its inputs changed since):
+    only those a done marker names, that is, only files shardkit wrote."""
+    with contextlib.suppress(OSError):
+        for marker in (state_dir(output) / "done").iterdir():
+            name = marker.name.removesuffix(".json")
+            if marker.name.endswith(".json") and name not in planned:
+                with writing(output, name):
+                    (output / name).unlink(missing_ok=True)
+                    (output / idx_name(name)).unlink(missing_ok=True)
+                marker.unlink(missing_ok=True)

@@ -1,0 +1,116 @@
+"""Running a pack's shard jobs: on local worker processes (with a shared counter for live
+progress) or on a Ray cluster (progress as each shard comes back), chosen by the executor's name;
+`write_shard` knows nothing of who runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from ..core.config import PackConfig
+from ..core.executors import (
+    check_ray,
+    connect_ray,
+    default_workers,
+    disconnect_ray,
+    map_local,
+    map_ray,
+    mp_context,
+    start_resource_tracker,
+)
+from .worker import ShardJob, ShardResult, init_worker, write_shard
+
+ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
+
+
+@dataclass
+class Planned:
+    """How far the plan has got while shards are being written (for progress and the totals)."""
+
+    shards: int = 0
+    images: int = 0
+    reused_images: int = 0
+    reused_errors: int = 0
+    walked: bool = False  # the walk is over: `images` is the total
+
+    def total(self) -> int | None:
+        return self.images if self.walked else None
+
+
+def run_jobs(
+    config: PackConfig, jobs: Iterator[ShardJob], planned: Planned, progress: ProgressCallback | None
+) -> Iterator[tuple[int, ShardResult]]:
+    """Yield (job number, result) as shards finish, drawing jobs from the plan as workers free up."""
+    if config.executor == "ray":
+        return _run_on_ray(jobs, planned, progress)
+    return _run_local(jobs, config.workers or default_workers(), planned, progress)
+
+
+def _run_local(
+    jobs: Iterator[ShardJob], workers: int, planned: Planned, progress: ProgressCallback | None
+) -> Iterator[tuple[int, ShardResult]]:
+    """On local processes: a ticker reports images done (and the total once the walk is over)
+    while shards are in flight."""
+    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as executors says
+    counter = mp_context().Value("q", 0)
+    errors = [0]
+    stop = threading.Event()
+
+    def done() -> int:
+        # Read without the counter's lock: a worker killed by a stop may die holding it.
+        return int(counter.get_obj().value)
+
+    def tick() -> None:
+        while not stop.wait(0.25):
+            if progress is not None:
+                progress(planned.reused_images + done(), planned.total(), planned.reused_errors + errors[0])
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        for index, result in map_local(write_shard, jobs, workers, initializer=init_worker, initargs=(counter,)):
+            errors[0] += len(result.errors)
+            yield index, result
+    finally:
+        stop.set()
+        ticker.join()
+        init_worker(None)
+        if progress is not None:
+            progress(planned.reused_images + done(), planned.total(), planned.reused_errors + errors[0])
+
+
+def _run_on_ray(
+    jobs: Iterable[ShardJob], planned: Planned, progress: ProgressCallback | None
+) -> Iterator[tuple[int, ShardResult]]:
+    """On Ray: progress as each shard's result comes back (no shared counter across nodes)."""
+    errors = 0
+    done = 0
+    if progress is not None:
+        progress(planned.reused_images, planned.total(), planned.reused_errors)
+    nodes: dict[int, str] = {}
+    # connected by ray_session, whose disconnection ends the tasks of a stopped run
+    for index, result in map_ray(write_shard, jobs, nodes=nodes, cancel=False):
+        result.worker = nodes[index]
+        done += result.shard.count + len(result.errors)
+        errors += len(result.errors)
+        if progress is not None:
+            progress(planned.reused_images + done, planned.total(), planned.reused_errors + errors)
+        yield index, result
+
+
+@contextlib.contextmanager
+def ray_session(config: PackConfig) -> Iterator[None]:
+    """With --executor ray, the connection to the cluster, made first: a cluster that cannot be
+    reached must be refused before --overwrite deletes anything."""
+    if config.executor != "ray":
+        yield
+        return
+    check_ray()
+    started = connect_ray(config.ray_address)
+    try:
+        yield
+    finally:
+        if started:
+            disconnect_ray()

@@ -1,0 +1,71 @@
+"""Sources: what a pack, a probe or a verify --source reads, as a stream of typed `Item`s and the
+inputs not taken (`Failure`s). One module per source convention, each a function from a location
+to a `SourceWalk`; `walk()` picks the convention:
+
+- `folder`: class sub-folders or a flat folder (and the sorted listing the others share);
+- `listfile`: a text file of `path[,label]` lines;
+- `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
+- `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png).
+
+A new convention (URL tables, buckets, videos) is a module here and a branch in `walk()`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...core.config import LABEL_MODES, TableConfig
+from ...core.errors import SourceError
+from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
+from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
+from .listfile import from_list
+from .rows import find_table
+from .sidecars import from_sidecars
+from .table import from_table
+
+__all__ = [
+    "IMAGE_EXTENSIONS", "Item", "Run", "SourceList", "SourceWalk", "display", "make_key", "payload", "walk",
+    "with_payload",
+]  # fmt: skip
+
+
+def walk(
+    source: str | os.PathLike[str],
+    labels: str = "auto",
+    *,
+    keys: bool = True,
+    table: TableConfig | None = None,
+    sidecars: bool = False,
+) -> SourceWalk:
+    """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
+    source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
+    items empty (probe has no use for them, and they cost more than the walk). A folder with a
+    metadata table (`table.path`, or metadata.jsonl|csv|parquet at its root) has one sample per row;
+    with `sidecars`, files sharing a stem are one sample."""
+    if labels not in LABEL_MODES:
+        raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
+    root = os.fspath(source)
+    if not os.path.exists(root):
+        raise SourceError(f"{display(root)}: no such file or folder")
+    if os.path.isfile(root):
+        if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
+            raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
+        if table is not None and table.path is not None:
+            raise SourceError(f"{display(root)}: --metadata needs a source folder (the rows' paths are relative to it)")
+        listed = from_list(root)
+        return SourceWalk(listed.root, listed.layout, listed.items, listed.classes, listed.skipped, listed)
+    if not os.path.isdir(root):
+        raise SourceError(f"{display(root)}: not a folder or a list file")
+    check_folder(root)
+    metadata = find_table(root, table or TableConfig())
+    if metadata is not None:
+        if sidecars:
+            raise SourceError(
+                f"{display(root)}: samples come from {metadata.name}; --sidecars is for folders without a table"
+            )
+        return from_table(root, metadata, labels, keys)
+    if sidecars:
+        if labels == "folders":
+            raise SourceError(f"{display(root)}: with --sidecars, labels come from x.cls files, not folders")
+        return from_sidecars(root, keys)
+    return from_folder(root, labels, keys)

@@ -1,0 +1,176 @@
+"""The folder conventions: class sub-folders (a label per top-level folder) or a flat folder, and
+the listing every convention that walks a folder shares (sorted as it lists, links followed once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+from ...core.errors import Failure, SourceError
+from ...core.headers import EXTENSION_FORMATS
+from .item import Run, SourceWalk, display, skip, unique_keys
+
+IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
+Listing = list[str | tuple[list[str], list[str]]]  # sub-folders (relpaths), and runs of (relpaths, keys)
+
+
+def check_folder(root: str) -> None:
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise SourceError(f"{display(root)}: permission denied")
+
+
+def from_folder(root: str, labels: str, keys: bool) -> SourceWalk:
+    """A folder of class sub-folders (labels from the top-level folders) or of images."""
+    skipped: list[Failure] = []
+    seen: set[tuple[int, int]] = set()  # folders the walk has entered
+    top = listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
+    top_level_images = any(not isinstance(part, str) for part in top)
+    # a class is a top-level folder with an image somewhere below it (found without a full walk)
+    folders = [part for part in top if isinstance(part, str)]
+    # in walk order, sharing what was entered: a folder reached again (a link to an earlier class)
+    # is skipped here as the walk will skip it
+    entered = set(seen)
+    holding = [] if top_level_images else [rel for rel in folders if _holds_image(root, rel, entered)]
+    if not top_level_images and not holding:
+        raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
+    use_folders = labels == "folders" or (labels == "auto" and not top_level_images)
+    if labels == "folders" and top_level_images:
+        raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
+    classes = sorted(holding, key=os.fsencode) if use_folders else []
+    found = SourceWalk(root, "folders" if use_folders else "flat", [], classes, skipped)
+    class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
+    found.runs = walk_runs(root, top, class_index, skipped, seen, keys)
+    found.items = itertools.chain.from_iterable(run.items() for run in found.runs)
+    return found
+
+
+def walk_runs(
+    root: str,
+    top: Listing,
+    classes: dict[str, int] | None,
+    skipped: list[Failure],
+    seen: set[tuple[int, int]],
+    keys: bool,
+) -> Iterator[Run]:
+    """The images in byte order of their relative paths, depth first, as runs of one folder's
+    files, from the root's listing `top` down. Each folder's entries are sorted by name, a folder's
+    name with '/' after it: that is exactly the order of the full paths."""
+    prefix = root if root.endswith("/") else root + "/"
+    stack = [iter(top)]
+    while stack:
+        part = next(stack[-1], None)
+        if part is None:
+            stack.pop()
+        elif isinstance(part, str):
+            stack.append(iter(listing(root, part, skipped, seen, keys)))
+        else:
+            relpaths, file_keys = part
+            if classes is None:
+                yield Run(prefix, relpaths, file_keys, None)
+            elif (label := classes.get(relpaths[0].split("/", 1)[0])) is not None:  # one folder: one class
+                yield Run(prefix, relpaths, file_keys, label)
+            else:  # a folder that had no image when the classes were settled: never a silent new label
+                skipped.extend(skip(rel, "its class folder had no image when the walk began") for rel in relpaths)
+
+
+def entries(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]]) -> list[os.DirEntry[str]]:
+    """A folder's entries, or none (the reason in `skipped`) when it cannot be listed or a link led
+    back into a folder already visited. Folder links are followed."""
+    path = os.path.join(root, rel_dir) if rel_dir else root
+    try:
+        info = os.stat(path)
+        if (info.st_dev, info.st_ino) in seen:
+            skipped.append(skip(rel_dir, "folder link loop (already visited)"))
+            return []
+        seen.add((info.st_dev, info.st_ino))
+        with os.scandir(path) as entries_iterator:
+            return list(entries_iterator)
+    except OSError as error:
+        skipped.append(skip(rel_dir or ".", f"cannot list folder: {error.strerror}"))
+        return []
+
+
+def sort_names(names: list[str]) -> None:
+    """In byte order of the names, the order of a walk (folders carry a '/' after their name)."""
+    if all(name.isascii() for name in names):
+        names.sort()  # code-point order is byte order here, and sorting str is 10x cheaper
+    else:
+        names.sort(key=os.fsencode)
+
+
+def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool) -> Listing:
+    """One folder's sub-folders (relpaths) and runs of image files between them ((relpaths, keys)),
+    in sorted order; what is not taken goes to `skipped`. Folder links are followed, but a folder
+    already visited is not entered again."""
+    names: list[str] = []  # image files, and folders with a '/' after the name (their sort key)
+    for entry in entries(root, rel_dir, skipped, seen):
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir():
+                names.append(name + "/")
+                continue
+            is_file = entry.is_file()
+        except OSError as error:
+            skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, f"cannot stat: {error.strerror}"))
+            continue
+        if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
+            names.append(name)  # (os.path.splitext, minus its cost: hidden names never get here)
+        else:
+            reason = (
+                "not an image file extension"
+                if is_file
+                else "broken link"
+                if entry.is_symlink()
+                else "not a regular file"
+            )
+            skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
+    sort_names(names)
+    base = rel_dir + "/" if rel_dir else ""
+    parts: Listing = []
+    run: list[str] = []
+    for name in names:
+        if name[-1] == "/":
+            if run:
+                parts.append((run, unique_keys(run) if keys else [""] * len(run)))
+                run = []
+            parts.append(base + name[:-1])
+        else:
+            run.append(base + name)
+    if run:
+        parts.append((run, unique_keys(run) if keys else [""] * len(run)))
+    return parts
+
+
+def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
+    """Whether a folder has an image file somewhere below it; stops at the first one found. Folders
+    in `seen` (entered before) are not entered again, and those entered here are added to it."""
+    stack = [rel_dir]
+    while stack:
+        rel = stack.pop()
+        path = os.path.join(root, rel)
+        try:
+            info = os.stat(path)
+            if (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            with os.scandir(path) as found:
+                for entry in found:
+                    name = entry.name
+                    if name.startswith("."):
+                        continue
+                    try:
+                        if entry.is_dir():
+                            stack.append(f"{rel}/{name}")
+                        elif (
+                            entry.is_file() and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
+                        ):
+                            return True
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,71 @@
+"""The list file convention: a text file with one `path[,label]` per line (labels whole numbers or
+class names); relative paths are relative to the file. Read whole: lists are small next to what
+they name, and their labels' kind is settled over every line."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ...core.errors import Failure, SourceError
+from .item import Item, SourceList, display, skip, unique_keys
+
+
+def from_list(list_path: str) -> SourceList:
+    base = os.path.dirname(os.path.abspath(list_path))
+    try:
+        lines = Path(list_path).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except OSError as error:
+        raise SourceError(f"{display(list_path)}: {error.strerror}") from None
+    if any("\x00" in line for line in lines):
+        raise SourceError(f"{display(list_path)}: not a text list file (expected one path[,label] per line)")
+    raw: list[tuple[str, str | None]] = []
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        path, sep, label = line.rpartition(",") if "," in line else (line, "", "")
+        path, label = path.strip(), label.strip()
+        if not path:
+            raise SourceError(f"{display(list_path)}:{number}: no path before the comma")
+        raw.append((path, label if sep else None))
+    if not raw:
+        raise SourceError(f"{display(list_path)}: the list is empty")
+    labelled = [label for _, label in raw if label is not None]
+    if labelled and len(labelled) != len(raw):
+        raise SourceError(f"{display(list_path)}: some lines have a label and some do not")
+    classes: list[str] = []
+    if labelled and not all(re.fullmatch(r"[0-9]+", label) for label in labelled):
+        if any(re.fullmatch(r"-[0-9]+", label) for label in labelled):
+            raise SourceError(f"{display(list_path)}: labels must be 0 or more (or class names)")
+        classes = sorted(set(labelled))
+    index = {name: i for i, name in enumerate(classes)}
+
+    def to_label(label: str | None) -> int | None:
+        if label is None:
+            return None
+        return index[label] if classes else int(label)
+
+    pairs = [(os.path.normpath(path).replace(os.sep, "/"), to_label(label)) for path, label in raw]
+    skipped: list[Failure] = []
+    items = _keyed(base, pairs, skipped)
+    return SourceList(list_path, "list", items, classes, skipped)
+
+
+def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure]) -> list[Item]:
+    """Items with unique keys (the rule of `unique_keys`); a path listed twice is skipped."""
+    shown_paths = sorted({rel.lstrip("/") for rel, _ in pairs})
+    key_of = dict(zip(shown_paths, unique_keys(shown_paths), strict=True))
+    items: list[Item] = []
+    seen: set[str] = set()
+    for rel, label in pairs:
+        shown = rel.lstrip("/")
+        key = key_of[shown]
+        if key in seen:
+            skipped.append(skip(shown, "listed more than once"))
+            continue
+        seen.add(key)
+        path = rel if os.path.isabs(rel) else os.path.join(root, rel)
+        items.append(Item(path, shown, key, label))
+    return items

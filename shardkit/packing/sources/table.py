@@ -1,0 +1,188 @@
+"""The table convention: a source folder whose samples are the rows of a metadata table (rows.py
+reads CSV, TSV, JSONL and parquet): each row names its image by a path inside the folder, with a
+caption, a label and columns. Read twice, streamed both times: the first pass keeps 8-byte hashes
+of every path and key (duplicates, key clashes, files without a row) and the class names; the
+second yields the items, in row order."""
+
+from __future__ import annotations
+
+import os
+import re
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import Failure, SourceError
+from ...core.safeio import file_stamp
+from .folder import listing, walk_runs
+from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip
+from .rows import MAX_EXTRA_BYTES, Table, clean_relpath, read_rows
+
+
+def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
+    if labels == "folders":
+        raise SourceError(f"{display(root)}: samples come from {table.name}; labels come from a column, not folders")
+    config = table.config
+    label_column = config.label_column if labels != "none" else None
+    before = file_stamp(table.path)
+    path_hashes, key_hashes = array("q"), array("q")
+    names: set[str] = set()
+    numbers = False
+    for row in read_rows(table):
+        rel = None if row.values is None else clean_relpath(row.values.get(config.path_column))
+        if rel is None or row.values is None:
+            continue
+        path_hashes.append(hash(rel))
+        key_hashes.append(hash(make_key(rel)))
+        if label_column is not None:
+            value = row.values.get(label_column)
+            if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
+                names.add(value)
+            elif value is not None and value != "":
+                numbers = True
+    if not table.rows:
+        raise SourceError(f"{table.path}: the table has no rows")
+    _check_columns(table)
+    if names and numbers:
+        raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
+    classes = sorted(names, key=os.fsencode)
+    # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
+    # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
+    paths = np.frombuffer(path_hashes, dtype=np.int64)
+    paths.sort()
+    repeated = set(paths[1:][paths[1:] == paths[:-1]].tolist())  # paths (by hash) that two rows name
+    stems = np.frombuffer(key_hashes, dtype=np.int64)
+    stems.sort()
+    clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
+    del stems, key_hashes
+    found = SourceWalk(root, "table", [], classes, [], table=table)
+    rows = _Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, clashing, keys, before)
+    found.items = _table_items(root, rows, found.skipped, paths)
+    return found
+
+
+@dataclass
+class _Rows:
+    """What the first read of a table settled, for the second."""
+
+    table: Table
+    label_column: str | None
+    class_index: dict[str, int]
+    repeated: set[int]
+    clashing: set[int]
+    keys: bool
+    stamp: tuple[int, int, int, int] | None
+
+
+def _check_columns(table: Table) -> None:
+    """The columns the flags name exist; the caption column is resolved ("caption", else "text")."""
+    config, found = table.config, table.found
+    shown = ", ".join(found[:20]) + (", ..." if len(found) > 20 else "") if found else "no columns"
+    if config.path_column not in found:
+        raise SourceError(f"{table.path}: no {config.path_column!r} column ({shown}); name it with --path-column")
+    for what, name in (("label", config.label_column), ("caption", config.caption_column)):
+        if name is not None and name not in found:
+            raise SourceError(f"{table.path}: no {what} column {name!r} ({shown})")
+    table.caption = config.caption_column or next((name for name in ("caption", "text") if name in found), None)
+    taken = {config.path_column, config.label_column, table.caption}
+    if config.columns is not None:
+        missing = [name for name in config.columns if name not in found]
+        if missing:
+            raise SourceError(f"{table.path}: no column {missing[0]!r} ({shown})")
+        table.columns = [name for name in config.columns if name not in taken]
+    else:
+        table.columns = [name for name in found if name not in taken]
+
+
+def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
+    table = rows.table
+    path_column = table.config.path_column
+    taken: dict[int, list[str]] = {}  # path hash -> the paths taken, for the few hashes seen twice
+    unit = "row" if table.kind == "parquet" else "line"
+    for row in read_rows(table):
+        where = f"{table.name} {unit} {row.line}"
+        if row.values is None:
+            skipped.append(Failure(where, "discover", f"{table.name} {row.problem}"))
+            continue
+        raw = row.values.get(path_column)
+        rel = clean_relpath(raw)
+        if rel is None:
+            shown = display(raw) if isinstance(raw, str) and raw else where
+            why = "no path" if raw is None or raw == "" else "not a path inside the source folder"
+            skipped.append(Failure(shown, "discover", f"{where}: {why} in column {path_column!r}"))
+            continue
+        hashed = hash(rel)
+        if hashed in rows.repeated:
+            if rel in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
+                skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
+                continue
+            taken[hashed].append(rel)
+        label, problem = _table_label(row.values, rows)
+        text: Caption | None = None
+        columns: dict[str, Any] | None = None
+        if not problem:
+            text, columns, problem = _caption_and_columns(row.values, table)
+        if problem:
+            skipped.append(skip(rel, f"{where}: {problem}"))
+            continue
+        key = make_key(rel, keep_extension=hash(make_key(rel)) in rows.clashing) if rows.keys else ""
+        yield Item(os.path.join(root, rel), rel, key, label, text, columns)
+    if file_stamp(table.path) != rows.stamp:
+        raise SourceError(f"{table.path}: changed while it was being read; pack again (--resume keeps what was done)")
+    _unrowed(root, table.name, rowed, skipped)
+
+
+def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
+    column = rows.label_column
+    if column is None:
+        return None, ""
+    value = values.get(column)
+    if value is None or value == "":
+        return None, f"no label in column {column!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None, f"label {str(value)[:40]!r} is neither a class name nor a whole number"
+    if rows.class_index:
+        index = rows.class_index.get(value) if isinstance(value, str) else None
+        return (index, "") if index is not None else (None, f"label {str(value)[:40]!r} is not a class name")
+    number = int(value)
+    return (number, "") if number >= 0 else (None, f"label {number} is negative")
+
+
+def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
+    """(a row's caption, its columns, the problem that keeps the row out: "" when none). What is
+    kept must store as canonical JSON within MAX_EXTRA_BYTES."""
+    text = values.get(table.caption) if table.caption is not None else None
+    if text is not None and not (
+        isinstance(text, str) or (isinstance(text, list) and all(isinstance(t, str) for t in text))
+    ):
+        return None, None, f"the caption in column {table.caption!r} is not text or a list of texts"
+    columns = {name: values[name] for name in table.columns or () if name in values} or None
+    if text is None and columns is None:
+        return None, None, ""
+    try:
+        encoded = row_json(text, columns)
+    except ValueError:
+        return None, None, "a column holds NaN or infinity, which JSON cannot store"
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError:  # JSON may escape a lone surrogate ("\\ud800"): no UTF-8 text holds one
+        return None, None, "a caption or column holds a lone surrogate, which is not text"
+    if size > MAX_EXTRA_BYTES:
+        return None, None, f"caption and columns take {size:,} bytes, over the {MAX_EXTRA_BYTES >> 20} MiB limit"
+    return text, columns, ""
+
+
+def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure]) -> None:
+    """Images under the source that no row names: each is an input not packed, with its reason.
+    (Other files, the table itself among them, are not samples of a table source.)"""
+    seen: set[tuple[int, int]] = set()
+    ignored: list[Failure] = []
+    top = listing(root, "", ignored, seen, False)
+    for run in walk_runs(root, top, None, ignored, seen, False):
+        hashes = np.fromiter((hash(rel) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
+        at = np.minimum(np.searchsorted(rowed, hashes), max(len(rowed) - 1, 0))
+        missing = rowed[at] != hashes if len(rowed) else np.ones(len(hashes), dtype=bool)
+        skipped.extend(skip(rel, f"no row in {name}") for rel, gone in zip(run.relpaths, missing, strict=False) if gone)

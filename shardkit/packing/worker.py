@@ -1,0 +1,232 @@
+"""The unit of work of a pack: one shard, from its items to a file in the output, in one worker.
+
+`write_shard` writes under a temporary name, then the shard's part of index.parquet, its done
+marker, the format's index file and the shard itself are renamed into place, in that order, so
+every shard in the output is on record. An input that cannot be packed becomes a Failure; a
+failure to write the output raises OutputError and leaves no part of the shard behind. The worker
+knows nothing of who runs it (a local process pool or Ray: packing/running.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
+from ..core.errors import Failure, ImageError, OutputError, ShardFormatError, describe
+from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
+from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
+from ..core.safeio import open_regular
+from ..formats import get_format
+from ..formats.base import Backend, Record, ShardWriter
+from .encode import STAGES, check_pixels, process_image, record_too_big
+from .index import part_path, write_part
+from .index import row as index_row
+from .output import done_path, state_dir, temp_dir, writing
+from .plan import ShardSpec
+from .sources import Item, display
+from .sources.sidecars import Sidecars, read_sidecars
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    spec: ShardSpec
+    output: str
+    format: str
+    resize: ResizeConfig
+    encode: EncodeConfig
+    plan: str  # fingerprint, stored with the result so a resume can trust it
+    confine: str | None = None  # a table's rows may only name files under this (real) folder
+
+
+@dataclass
+class ShardResult:
+    shard: ShardInfo
+    errors: list[Failure]
+    input_bytes: int
+    timings: dict[str, float]
+    plan: str = ""
+    reused: bool = False
+    worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
+    companion: ShardInfo | None = None  # the shard's index for other readers (Backend.index_file)
+
+
+# Set in each worker process by the executor; counts images as they are done, for live progress.
+_progress_counter: Any = None
+
+
+def init_worker(counter: Any) -> None:
+    global _progress_counter
+    _progress_counter = counter
+
+
+def write_shard(job: ShardJob) -> ShardResult:
+    """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
+    output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
+    backend = get_format(job.format)
+    spec = job.spec
+    if not os.path.isdir(state_dir(job.output)) or not os.access(job.output, os.W_OK):
+        raise OutputError(
+            f"{job.output}: not visible or not writable from worker {socket.gethostname()}:{os.getpid()}; "
+            "with --executor ray the output folder must be on storage that every node shares"
+        )
+    temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
+    index_temp = temp_dir(job.output) / f"{idx_name(spec.name)}.{os.getpid()}.tmp"
+    timings = dict.fromkeys(STAGES, 0.0)
+    errors: list[Failure] = []
+    input_bytes = 0
+    rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
+    with writing(job.output, spec.name):
+        temp.parent.mkdir(parents=True, exist_ok=True)
+        writer: ShardWriter = backend.writer(str(temp))
+    closed = False
+    try:
+        for item in spec.items:
+            record, size = _pack_one(item, job, timings, errors)
+            if record is not None:
+                input_bytes += size
+                written = time.perf_counter()
+                with writing(job.output, spec.name):
+                    writer.add(record)
+                rows.append(index_row(record, spec.name, len(rows)))
+                timings["write"] += time.perf_counter() - written
+            if _progress_counter is not None:
+                with _progress_counter.get_lock():
+                    _progress_counter.value += 1
+        closing = time.perf_counter()
+        with writing(job.output, spec.name):
+            count = writer.close()
+            closed = True
+            info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
+            companion = _write_index_file(backend, temp, index_temp, info)
+            worker = f"{socket.gethostname()}:{os.getpid()}"
+            result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion)
+            write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
+            # The marker goes first: no shard is ever in the output without a record of it (what
+            # --overwrite may delete); a marker whose shard is missing is simply written again.
+            # The index goes before its shard: a shard in the output always has its index.
+            write_json_atomic(done_path(job.output, spec.name), asdict(result))
+            if companion is not None:
+                os.replace(index_temp, Path(job.output) / companion.name)
+            os.replace(temp, Path(job.output) / spec.name)
+        timings["write"] += time.perf_counter() - closing
+    except BaseException:
+        if not closed:  # the first failure is the one to report; the abort's own is not
+            with contextlib.suppress(Exception):
+                writer.abort()
+        raise
+    finally:
+        temp.unlink(missing_ok=True)
+        index_temp.unlink(missing_ok=True)
+    return result
+
+
+def _write_index_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
+    """The format's index of the shard just written, for other readers (a tar's DALI index)."""
+    if backend.index_file is None:
+        return None
+    try:
+        data = backend.index_file(str(shard))
+    except ShardFormatError as error:  # our own writer's tar: a bug, never the input's fault
+        raise OutputError(f"{shard}: cannot index the shard just written ({error}); a shardkit bug") from None
+    if data is None:  # a tar DALI's index cannot describe (an extension with a space, no sample)
+        return None
+    path.write_bytes(data)
+    return info_of(idx_name(info.name), info.count, data)
+
+
+def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
+    """One source file to a record, or (None, 0) with the reason appended to `errors`."""
+    started = time.perf_counter()
+    try:
+        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
+        data, header = read_source(item.path, job.encode.max_pixels)
+        timings["read"] += time.perf_counter() - started
+        encoded = process_image(data, job.resize, job.encode, timings, header)
+        if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
+            raise ImageError("encode", record_too_big(len(encoded.data)))
+        # the source file's hash: `shardkit duplicates OUT --against OTHER` finds copies without reading them
+        meta = {**encoded.meta, "source": display(item.relpath), "source_sha256": hashlib.sha256(data).hexdigest()}
+        if item.sidecars is None:
+            return Record(item.key, encoded.data, encoded.ext, item.label, meta, item.text, item.columns), len(data)
+        found = _sidecars(item, item.sidecars, encoded.meta, job, timings)
+        if encoded.ext in found.files:
+            raise ImageError("read", f"a field named .{encoded.ext} would take the image's place")
+        record = Record(
+            item.key, encoded.data, encoded.ext, found.label, meta, found.text, found.columns, found.files or None
+        )
+        return record, len(data) + sum(len(blob) for blob in found.files.values())
+    except OSError as error:
+        errors.append(_error(item.relpath, "read", describe(error)))
+    except ImageError as error:
+        errors.append(_error(item.relpath, error.stage, error.reason))
+    except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
+        errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
+    return None, 0
+
+
+def _sidecars(
+    item: Item, parts: dict[str, str], meta: dict[str, Any], job: ShardJob, timings: dict[str, float]
+) -> Sidecars:
+    started = time.perf_counter()
+    try:
+        return read_sidecars(os.path.dirname(item.path), parts, meta, job.resize, job.encode.max_pixels)
+    finally:
+        timings["read"] += time.perf_counter() - started
+
+
+def max_source_bytes(max_pixels: int) -> int:
+    """The largest source file worth reading for an image of at most `max_pixels` pixels: 8 bytes a
+    pixel (16-bit RGBA, uncompressed) and 16 MiB of metadata. Anything bigger is not read whole."""
+    return max_pixels * 8 + (16 << 20)
+
+
+def read_source(path: str, max_pixels: int) -> tuple[bytes, ImageHeader]:
+    """A source file's bytes and header: the header is read and checked first, so neither a bomb
+    nor a multi-GB file is read into memory; FIFOs and devices are refused, never waited on."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+        try:
+            header = parse_header(head, lambda offset, n: os.pread(fd, n, offset), size, path)
+        except HeaderError as error:
+            raise ImageError("header", str(error)) from None
+        check_pixels(header, max_pixels)
+        if size > max_source_bytes(max_pixels):
+            raise ImageError("read", f"{size:,} bytes is more than an image of {max_pixels:,} pixels needs; not read")
+        data = head if len(head) == size else _read_all(fd)
+    finally:
+        os.close(fd)
+    return data, header
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", buffering=0, closefd=False) as source:
+        return source.readall()
+
+
+def _error(relpath: str, stage: str, reason: str) -> Failure:
+    return Failure(display(relpath), stage, reason)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # shardkit/, not packing/
+
+
+def _blame(error: BaseException) -> str:
+    """ "decode" when the exception came out of a codec (Pillow, libjpeg-turbo: their own types for
+    a file they cannot read), "internal" when shardkit's own code raised it: a bug must not pass
+    for a bad image in errors.jsonl."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    where = os.path.abspath(trace.tb_frame.f_code.co_filename) if trace is not None else ""
+    return "internal" if where.startswith(_PACKAGE) else "decode"
