@@ -11,7 +11,9 @@ import pytest
 
 from shardkit.core.config import (
     DEFAULT_SHARD_SIZE,
+    PACK_OPTION_TABLE,
     PACK_OPTIONS,
+    PRESET_KEYS,
     EncodeConfig,
     PackConfig,
     ResizeConfig,
@@ -80,3 +82,29 @@ def test_a_library_user_with_a_preset_gets_auto_resize_resolved(sample_dataset: 
 
     result = pack(pack_config(sample_dataset, tmp_path / "out", "imagenet-256", resize="auto", shard_size=100))
     assert result.resize == 256 and result.records == 60
+
+
+def test_each_pack_option_is_one_row_that_the_cli_presets_and_config_follow(tmp_path) -> None:
+    """A pack option is written once (PACK_OPTION_TABLE): its flag, its preset key and the field
+    it sets all come from that row, so none can be forgotten."""
+    import inspect
+
+    from shardkit.cli.pack import pack as command
+
+    flags = inspect.signature(command).parameters
+    for option in PACK_OPTION_TABLE:
+        assert option.name in flags and option.name in PRESET_KEYS, option.name
+        assert option.field in {f.name for f in fields(option.owner)}, option.name
+    given = {"format": "lmdb", "resize": "96", "resize_mode": "long", "upscale": True, "max_aspect": 3,
+             "resample": "lanczos", "quality": 70, "encode": "raw", "shard_size": 7, "shard_bytes": "2KB",
+             "workers": 3, "shuffle": True, "seed": 9, "labels": "none", "train_size": 160, "max_pixels": 1000,
+             "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4}  # fmt: skip
+    assert set(given) == {option.name for option in PACK_OPTION_TABLE}
+    built = pack_config("src", "out", **given)
+    owners = {PackConfig: built, ResizeConfig: built.resize, EncodeConfig: built.encode}
+    for option in PACK_OPTION_TABLE:
+        value = getattr(owners[option.owner], option.field)
+        assert value != option.default, option.name  # the flat option reached its field
+    preset = tmp_path / "all.toml"
+    preset.write_text("".join(f"{key} = {value!r}\n".replace("True", "true") for key, value in given.items()))
+    assert pack_config("src", "out", preset) == built

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
-from ..core.config import DEFAULT_SHARD_SIZE, PACK_OPTIONS, PackConfig, TableConfig
+from ..core.config import PACK_OPTION_TABLE, PackConfig, PackOption, TableConfig
 from ..core.config import pack_config as make_pack_config
 from ..formats import available_formats
 
@@ -21,33 +22,24 @@ if TYPE_CHECKING:
 
 from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
 
-FormatName = Enum("FormatName", {name: name for name in available_formats()}, type=str)  # type: ignore[misc]
+
+def _choice(name: str, choices: tuple[str, ...] | list[str]) -> Any:
+    return Enum(name, {choice: choice for choice in choices}, type=str)
 
 
-class ResizeMode(str, Enum):
-    short = "short"
-    long = "long"
-    center_crop = "center-crop"
-
-
-class Encoding(str, Enum):
-    jpeg = "jpeg"
-    raw = "raw"
-    original = "original"
-
-
-class Dedup(str, Enum):
-    none = "none"
-    exact = "exact"
-    near = "near"
-
-
-class Executor(str, Enum):
-    local = "local"
-    ray = "ray"
-
-
-D = PACK_OPTIONS  # the defaults shown in --help come from the one place they are set
+def _flag(option: PackOption) -> inspect.Parameter:
+    """The CLI parameter of one pack option, from its row in PACK_OPTION_TABLE (None: not given, so
+    a preset or the dataclass's default applies)."""
+    choices = available_formats() if option.name == "format" else option.choices
+    kind: Any = option.types[0] if isinstance(option.types, tuple) else option.types
+    if choices is not None:  # typer offers an Enum's values as the choices
+        kind = _choice(option.name.title().replace("_", ""), choices)
+    shown = str(option.default) if option.default_help is None else option.default_help
+    text = f"{option.help} \\[default: {shown}]" if shown else option.help
+    flag = typer.Option(*option.flags, help=text)
+    return inspect.Parameter(
+        option.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[kind], flag]
+    )
 
 
 def pack(
@@ -61,64 +53,7 @@ def pack(
         str,
         typer.Argument(help="Output folder for shards, manifest.json and errors.jsonl, or a URL (s3://bucket/prefix)."),
     ],
-    format: Annotated[
-        Optional[FormatName], typer.Option("--format", "-f", help=f"Shard format. \\[default: {D['format']}]")
-    ] = None,
-    resize: Annotated[
-        Optional[str],
-        typer.Option(
-            help=f"Target size in pixels, 'auto' (probe's advice) or 'none'. \\[default: {str(D['resize']).lower()}]"
-        ),
-    ] = None,
-    resize_mode: Annotated[
-        Optional[ResizeMode], typer.Option(help=f"Which side --resize sets. \\[default: {D['resize_mode']}]")
-    ] = None,
-    upscale: Annotated[
-        Optional[bool], typer.Option("--upscale/--no-upscale", help="Allow enlarging small images.")
-    ] = None,
-    max_aspect: Annotated[
-        Optional[float], typer.Option(help=f"Cap the long side at resize x this. \\[default: {D['max_aspect']:g}]")
-    ] = None,
-    resample: Annotated[
-        Optional[str], typer.Option(help=f"bilinear, bicubic or lanczos. \\[default: {D['resample']}]")
-    ] = None,
-    quality: Annotated[Optional[int], typer.Option(help=f"JPEG quality 1-100. \\[default: {D['quality']}]")] = None,
-    encode: Annotated[
-        Optional[Encoding],
-        typer.Option(help=f"jpeg, original (keep untouched JPEGs) or raw pixels. \\[default: {D['encode']}]"),
-    ] = None,
-    shard_size: Annotated[
-        Optional[int], typer.Option(help=f"Records per shard. \\[default: {DEFAULT_SHARD_SIZE}, unless --shard-bytes]")
-    ] = None,
-    shard_bytes: Annotated[Optional[str], typer.Option(help="Or: source bytes per shard, e.g. 256MB.")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Writer processes. \\[default: one per core]")] = None,
-    shuffle: Annotated[
-        Optional[bool], typer.Option("--shuffle/--no-shuffle", help="Seeded shuffle before sharding.")
-    ] = None,
-    seed: Annotated[Optional[int], typer.Option(help=f"Seed for --shuffle. \\[default: {D['seed']}]")] = None,
-    labels: Annotated[Optional[str], typer.Option(help=f"auto, folders or none. \\[default: {D['labels']}]")] = None,
-    train_size: Annotated[
-        Optional[int], typer.Option(help=f"Training size that --resize auto aims at. \\[default: {D['train_size']}]")
-    ] = None,
-    max_pixels: Annotated[Optional[int], typer.Option(help="Refuse images with more pixels (bombs).")] = None,
-    executor: Annotated[
-        Optional[Executor], typer.Option(help=f"local processes or a ray cluster. \\[default: {D['executor']}]")
-    ] = None,
-    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster: auto or ray://host:port.")] = None,
-    dedup: Annotated[
-        Optional[Dedup],
-        typer.Option(
-            help="Pack the first of each set of copies (in the source's order) and list the others in errors.jsonl: "
-            f"exact (the same bytes) or near (re-encoded, resized, grey, brighter...). \\[default: {D['dedup']}]"
-        ),
-    ] = None,
-    dedup_threshold: Annotated[
-        Optional[int],
-        typer.Option(
-            help=f"--dedup near: the largest Hamming distance of two DCT hashes (0-32). "
-            f"\\[default: {D['dedup_threshold']}]"
-        ),
-    ] = None,
+    *,
     config: Annotated[
         Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
     ] = None,
@@ -156,10 +91,10 @@ def pack(
             "\\[default: under ~/.cache/shardkit/staging]"
         ),
     ] = None,
+    **flags: Any,  # one per row of PACK_OPTION_TABLE: the signature below names them for typer
 ) -> None:
     """Pre-resize, re-encode and pack images into WebDataset, LMDB or HDF5 shards."""
     with user_errors(on_stop="run the same command with --resume to finish"):
-        flags = {key: value for key, value in locals().items() if key in PACK_OPTIONS}
         given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
         table = TableConfig(
             path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column,
@@ -170,10 +105,21 @@ def pack(
             source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
             staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
-        if dedup_threshold is not None and pack_config.dedup != "near":
+        if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
             raise typer.BadParameter("--dedup-threshold is for --dedup near")
         result = _run(pack_config)
         render(result)
+
+
+def _signature() -> inspect.Signature:
+    """pack's parameters as typer reads them: SOURCE and OUTPUT, the table's options in its order,
+    then the command's own."""
+    written = list(inspect.signature(pack, eval_str=True).parameters.values())
+    own = [parameter for parameter in written if parameter.kind != inspect.Parameter.VAR_KEYWORD]
+    return inspect.Signature([*own[:2], *(_flag(option) for option in PACK_OPTION_TABLE), *own[2:]])
+
+
+pack.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _run(config: PackConfig) -> PackResult:

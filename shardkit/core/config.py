@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
@@ -206,34 +207,82 @@ def parse_bytes(text: str | int) -> int:
     return int(Decimal(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-def _default(config: type, name: str) -> Any:
-    return next(f.default for f in fields(config) if f.name == name)
+@dataclass(frozen=True)
+class PackOption:
+    """One flat option of `pack`: its CLI flag (`--name`, '_' for '-'), the preset key of the same
+    name, and the dataclass field that owns its default. The CLI, `pack_config` and presets are all
+    derived from `PACK_OPTION_TABLE`: a new option is one row here, plus its use."""
+
+    name: str
+    owner: type  # PackConfig, ResizeConfig or EncodeConfig
+    field: str  # the owner's field: its default is the option's
+    types: type | tuple[type, ...]  # what a preset may give (and the CLI's value type: the first)
+    help: str
+    default_help: str | None = None  # how --help shows the default (None: the default itself; "": not shown)
+    choices: tuple[str, ...] | None = None  # offered by the CLI as a choice
+    flags: tuple[str, ...] = ()  # the CLI's own spelling, where it is not `--name` (a short flag, --x/--no-x)
+    parse: Callable[[Any], Any] | None = None  # flat value (a flag's text, a preset's value) to the field's
+
+    @property
+    def default(self) -> Any:
+        return next(f.default for f in fields(self.owner) if f.name == self.field)
 
 
-# The flat options of `pack` (CLI flags, '_' for '-', and preset keys), each with its default read
-# from the dataclass that owns it: the defaults are written once, in the dataclasses above.
-PACK_OPTIONS: dict[str, Any] = {
-    "format": _default(PackConfig, "format"),
-    "resize": _default(ResizeConfig, "size"),
-    "resize_mode": _default(ResizeConfig, "mode"),
-    "upscale": _default(ResizeConfig, "upscale"),
-    "max_aspect": _default(ResizeConfig, "max_aspect"),
-    "resample": _default(ResizeConfig, "resample"),
-    "quality": _default(EncodeConfig, "quality"),
-    "encode": _default(EncodeConfig, "encode"),
-    "shard_size": _default(PackConfig, "shard_size"),
-    "shard_bytes": _default(PackConfig, "shard_bytes"),
-    "workers": _default(PackConfig, "workers"),
-    "shuffle": _default(PackConfig, "shuffle"),
-    "seed": _default(PackConfig, "seed"),
-    "labels": _default(PackConfig, "labels"),
-    "train_size": _default(PackConfig, "train_size"),
-    "max_pixels": _default(EncodeConfig, "max_pixels"),
-    "executor": _default(PackConfig, "executor"),
-    "ray_address": _default(PackConfig, "ray_address"),
-    "dedup": _default(PackConfig, "dedup"),
-    "dedup_threshold": _default(PackConfig, "dedup_threshold"),
-}
+def _parse_resize(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    if text in ("none", "0", ""):
+        return None
+    if text == "auto":
+        return "auto"
+    if re.fullmatch(r"[0-9]{1,9}", text):
+        return int(text)
+    raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {value!r}")
+
+
+def _parse_optional_bytes(value: Any) -> int | None:
+    return None if value is None else parse_bytes(value)
+
+
+PACK_OPTION_TABLE: tuple[PackOption, ...] = (
+    PackOption("format", PackConfig, "format", str, "Shard format.", flags=("--format", "-f")),
+    PackOption("resize", ResizeConfig, "size", (str, int), "Target size in pixels, 'auto' (probe's advice) or 'none'.",
+               default_help="none", parse=_parse_resize),
+    PackOption("resize_mode", ResizeConfig, "mode", str, "Which side --resize sets.", choices=RESIZE_MODES),
+    PackOption("upscale", ResizeConfig, "upscale", bool, "Allow enlarging small images.", default_help="",
+               flags=("--upscale/--no-upscale",)),
+    PackOption("max_aspect", ResizeConfig, "max_aspect", (float, int), "Cap the long side at resize x this.",
+               default_help="4", parse=float),
+    PackOption("resample", ResizeConfig, "resample", str, "bilinear, bicubic or lanczos."),
+    PackOption("quality", EncodeConfig, "quality", int, "JPEG quality 1-100."),
+    PackOption("encode", EncodeConfig, "encode", str, "jpeg, original (keep untouched JPEGs) or raw pixels.",
+               choices=ENCODINGS),
+    PackOption("shard_size", PackConfig, "shard_size", int, "Records per shard.",
+               default_help=f"{DEFAULT_SHARD_SIZE}, unless --shard-bytes"),
+    PackOption("shard_bytes", PackConfig, "shard_bytes", (str, int), "Or: source bytes per shard, e.g. 256MB.",
+               default_help="", parse=_parse_optional_bytes),
+    PackOption("workers", PackConfig, "workers", int, "Writer processes.", default_help="one per core"),
+    PackOption("shuffle", PackConfig, "shuffle", bool, "Seeded shuffle before sharding.", default_help="",
+               flags=("--shuffle/--no-shuffle",)),
+    PackOption("seed", PackConfig, "seed", int, "Seed for --shuffle."),
+    PackOption("labels", PackConfig, "labels", str, "auto, folders or none."),
+    PackOption("train_size", PackConfig, "train_size", int, "Training size that --resize auto aims at."),
+    PackOption("max_pixels", EncodeConfig, "max_pixels", int, "Refuse images with more pixels (bombs).",
+               default_help=""),
+    PackOption("executor", PackConfig, "executor", str, "local processes or a ray cluster.", choices=EXECUTORS),
+    PackOption("ray_address", PackConfig, "ray_address", str, "Ray cluster: auto or ray://host:port.", default_help=""),
+    PackOption("dedup", PackConfig, "dedup", str,
+               "Pack the first of each set of copies (in the source's order) and list the others in errors.jsonl: "
+               "exact (the same bytes) or near (re-encoded, resized, grey, brighter...).", choices=DEDUP_MODES),
+    PackOption("dedup_threshold", PackConfig, "dedup_threshold", int,
+               "--dedup near: the largest Hamming distance of two DCT hashes (0-32)."),
+)  # fmt: skip
+
+# The flat options of `pack` (CLI flags, '_' for '-', and preset keys) and their defaults, and the
+# type each preset key must have: both read from the table above.
+PACK_OPTIONS: dict[str, Any] = {option.name: option.default for option in PACK_OPTION_TABLE}
+PRESET_KEYS: dict[str, type | tuple[type, ...]] = {option.name: option.types for option in PACK_OPTION_TABLE}
 PROBE_OPTIONS: dict[str, Any] = {"train_size": DEFAULT_TRAIN_SIZE, "workers": None, "max_pixels": DEFAULT_MAX_PIXELS}
 
 
@@ -266,59 +315,23 @@ def pack_config(
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
     "auto" or "none", `shard_bytes="256MB"`, ...): what `shardkit pack` runs, for library users too."""
     values = options(PACK_OPTIONS, preset, **given)
-    size = values["resize"]
-    if isinstance(size, str):
-        text = size.strip().lower()
-        if text in ("none", "0", ""):
-            size = None
-        elif text == "auto":
-            size = "auto"
-        elif re.fullmatch(r"[0-9]{1,9}", text):
-            size = int(text)
-        else:
-            raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {values['resize']!r}")
-    shard_bytes = parse_bytes(values["shard_bytes"]) if values["shard_bytes"] is not None else None
-    resize = ResizeConfig(
-        size=size,
-        mode=values["resize_mode"],
-        upscale=values["upscale"],
-        max_aspect=float(values["max_aspect"]),
-        resample=values["resample"],
-    )
-    encode = EncodeConfig(encode=values["encode"], quality=values["quality"], max_pixels=values["max_pixels"])
+    owned: dict[type, dict[str, Any]] = {PackConfig: {}, ResizeConfig: {}, EncodeConfig: {}}
+    for option in PACK_OPTION_TABLE:
+        value = values[option.name]
+        owned[option.owner][option.field] = option.parse(value) if option.parse is not None else value
     return PackConfig(
         source=str(source),
         output=str(output),
-        format=values["format"],
-        resize=resize,
-        encode=encode,
-        shard_size=values["shard_size"],
-        shard_bytes=shard_bytes,
-        workers=values["workers"],
-        shuffle=values["shuffle"],
-        seed=values["seed"],
-        labels=values["labels"],
+        resize=ResizeConfig(**owned[ResizeConfig]),
+        encode=EncodeConfig(**owned[EncodeConfig]),
         resume=resume,
         overwrite=overwrite,
-        executor=values["executor"],
-        ray_address=values["ray_address"],
-        train_size=values["train_size"],
         storage_options=storage_options,
         staging=None if staging is None else str(staging),
         table=table or TableConfig(),
         sidecars=sidecars,
-        dedup=values["dedup"],
-        dedup_threshold=values["dedup_threshold"],
+        **owned[PackConfig],
     )
-
-
-# Keys a preset may set, with the type each must have. They are the CLI flag names, '_' for '-'.
-PRESET_KEYS: dict[str, type | tuple[type, ...]] = {
-    "format": str, "resize": (int, str), "resize_mode": str, "upscale": bool, "max_aspect": (int, float),
-    "resample": str, "quality": int, "encode": str, "shard_size": int, "shard_bytes": (int, str), "workers": int,
-    "shuffle": bool, "seed": int, "labels": str, "train_size": int, "max_pixels": int,
-    "executor": str, "ray_address": str, "dedup": str, "dedup_threshold": int,
-}  # fmt: skip
 
 
 def preset_names() -> list[str]:
