@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ..core.codecs import turbojpeg
 from ..core.config import check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
-from ..core.executors import map_pool, process_pool, stop_pool
+from ..core.pools import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.discover import display
 from ..readers.dataset import open_shards

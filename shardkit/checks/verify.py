@@ -30,7 +30,6 @@ from ..core.errors import (
     StorageError,
     describe,
 )
-from ..core.executors import default_workers, map_local_surviving_crashes
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
@@ -44,6 +43,7 @@ from ..core.manifest import (
     sha256_file,
     wids_index,
 )
+from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record

@@ -19,8 +19,8 @@ from typing import IO
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.executors import default_workers, map_local
 from ..core.phash import distances, near_pairs
+from ..core.pools import default_workers, map_local
 from ..core.safeio import open_regular
 from .discover import Item, display
 from .hashes import hash_files

@@ -20,18 +20,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from ..core.errors import Failure, ImageError, ManifestError, OutputError, ShardFormatError, describe
-from ..core.executors import (
-    check_ray,
-    connect_ray,
-    default_workers,
-    disconnect_ray,
-    map_local,
-    map_ray,
-    mp_context,
-    start_resource_tracker,
-)
 from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
 from ..core.manifest import (
     ERRORS_NAME,
@@ -48,6 +39,8 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
+from ..core.pools import default_workers, map_local
+from ..core.processes import mp_context, start_resource_tracker
 from ..core.safeio import load_json_file, open_regular
 from ..core.version import __version__
 from ..formats import get_format
