@@ -11,8 +11,8 @@ from pathlib import Path
 
 from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.core.errors import Failure
-from shardkit.core.executors import map_local, map_threads
 from shardkit.core.manifest import iter_errors
+from shardkit.core.pools import map_local, map_threads
 from shardkit.packing.probe import (
     CHUNK_FILES,
     PARALLEL_MIN_FILES,

@@ -4,8 +4,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from shardkit.checks.bench import BASELINE, bench
-from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.config import MAX_SIDE, PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError
 from shardkit.packing.pack import pack
 
 
@@ -59,3 +62,11 @@ def test_bench_train_measures_the_loader_and_its_device_path(sample_dataset: Pat
     rows = {row.name: row for row in report.rows}
     for name in ("train 48: folder + torchvision", "train 48: shards loader", "train 48: shards loader, cpu"):
         assert rows[name].images == 60 and rows[name].images_per_second > 0, name
+
+
+@pytest.mark.parametrize("train", [7, MAX_SIDE + 1])
+def test_bench_refuses_a_training_size_by_the_one_rule(tmp_path: Path, train: int) -> None:
+    """The training size is bounded by core.config's rule, the one probe and pack use, and refused
+    before anything is opened (the output here does not exist)."""
+    with pytest.raises(ConfigError, match=f"train size must be between 8 and {MAX_SIDE} pixels, not {train}"):
+        bench(tmp_path / "nothing", train=train)

@@ -16,6 +16,7 @@ import pytest
 from shardkit.checks.verify import verify
 from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.manifest import WIDS_NAME, idx_name, read_manifest, write_json_atomic
+from shardkit.formats import get_format
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image
@@ -55,6 +56,8 @@ def test_pack_lists_an_index_per_tar_and_the_wids_shard_list(tars: Path) -> None
     assert [(s["url"], s["nsamples"], s["filesize"]) for s in listed["shardlist"]] == [
         (shard.name, shard.count, shard.bytes) for shard in manifest.shards
     ]
+    produce = get_format("webdataset").output_files  # what the format declares is what pack wrote
+    assert produce is not None and produce(manifest.shards) == [(WIDS_NAME, (tars / WIDS_NAME).read_bytes())]
     assert verify(tars).ok
 
 

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from shardkit.core.executors import WorkerDiedError, map_local, map_local_surviving_crashes, run_alone
+from shardkit.core.errors import WorkerDiedError
+from shardkit.core.pools import map_local, map_local_surviving_crashes, run_alone
 
 
 def square_or_die(value: int) -> int:
@@ -44,7 +45,7 @@ def test_the_forkserver_preloads_modules_that_exist() -> None:
     would then import the job modules itself (a rename once did that)."""
     import importlib
 
-    from shardkit.core.executors import FORKSERVER_PRELOAD
+    from shardkit.core.processes import FORKSERVER_PRELOAD
 
     for name in FORKSERVER_PRELOAD:
         importlib.import_module(name)

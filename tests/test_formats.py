@@ -378,3 +378,47 @@ def test_an_hdf5_shard_read_through_its_descriptor_outlives_its_name(tmp_path: P
         reader.close()
     finally:
         os.close(fd)
+
+
+def test_output_files_are_the_formats_own() -> None:
+    """A format declares the files for other readers beside the whole output: WebDataset's is wids'
+    shardindex.json, listing the shards in manifest order with their counts and sizes; the others
+    have none."""
+    from shardkit.core.manifest import WIDS_NAME, ShardInfo
+
+    shards = [ShardInfo("shard-000000.tar", 20, 4096, "a" * 64), ShardInfo("shard-000001.tar", 7, 2048, "b" * 64)]
+    produce = get_format("webdataset").output_files
+    assert produce is not None
+    ((name, data),) = produce(shards)
+    listed = json.loads(data)
+    assert name == WIDS_NAME and data.endswith(b"\n") and data == produce(list(shards))[0][1]
+    assert listed["__kind__"] == "wids-shard-index-v1" and listed["wids_version"] == 1
+    assert listed["shardlist"] == [
+        {"url": "shard-000000.tar", "nsamples": 20, "filesize": 4096},
+        {"url": "shard-000001.tar", "nsamples": 7, "filesize": 2048},
+    ]
+    assert get_format("lmdb").output_files is None and get_format("hdf5").output_files is None
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_a_plain_reader_leaves_only_what_the_format_declares(tmp_path: Path, name: str) -> None:
+    """Each format's own library, read with its defaults, leaves beside a shard only the files its
+    Backend declares as leftovers (verify notes those and goes on): LMDB's lock file."""
+    path = write(tmp_path / f"s{FORMATS[name].suffix}", name)
+    if name == "lmdb":
+        import lmdb
+
+        lmdb.open(str(path), subdir=False, readonly=True).close()  # the library's defaults: lock=True
+    elif name == "hdf5":
+        import h5py
+
+        h5py.File(path, "r").close()
+    else:
+        import tarfile
+
+        with tarfile.open(path) as tar:
+            tar.getmembers()
+    declared = {path.name + leftover.suffix for leftover in get_format(name).leftovers}
+    assert set(os.listdir(tmp_path)) == {path.name} | declared
+    assert all(leftover.what for leftover in get_format(name).leftovers)
+    assert (name == "lmdb") == bool(declared)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit.core.executors import map_local, map_threads
+from shardkit.core.pools import map_local, map_threads
 from shardkit.packing.plan import PlanDigest, fingerprint, plan_shards, settings_hash
 from shardkit.packing.sources import Item
 

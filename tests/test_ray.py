@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.core.cluster import map_ray
 from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import OutputError
-from shardkit.core.executors import map_ray
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.packing.plan import plan_shards

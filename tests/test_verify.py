@@ -10,7 +10,7 @@ import pytest
 
 from shardkit.checks.verify import verify
 from shardkit.core.config import PackConfig, ResizeConfig
-from shardkit.core.manifest import read_manifest, write_json_atomic
+from shardkit.core.manifest import WIDS_NAME, info_of, read_manifest, wids_index, write_json_atomic
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
@@ -163,3 +163,18 @@ def test_a_key_stored_in_two_shards_is_named(copy: Path) -> None:
     assert [p.kind for p in report.problems] == ["duplicate-key"] * first.count
     assert sorted(p.key for p in duplicates) == sorted(r.key for r in open_shards(copy).records(0))
     assert all(p.detail == "key stored 2 times" for p in duplicates)
+
+
+def test_a_listed_output_file_the_format_does_not_write_is_caught(copy: Path) -> None:
+    """Files beside the whole output are checked as their format declares them (Backend.output_files):
+    one the manifest lists that the format does not write (wids' shard list in an LMDB output) is a
+    problem, not a file taken on the manifest's word."""
+    manifest = read_manifest(copy)
+    if manifest.format == "webdataset":  # it writes one: checked against what the format derives
+        assert [c.name for c in manifest.companions if c.name == WIDS_NAME] == [WIDS_NAME] and verify(copy).ok
+        return
+    data = wids_index(manifest.shards)
+    (copy / WIDS_NAME).write_bytes(data)
+    listed = [*manifest.companions, info_of(WIDS_NAME, manifest.records, data)]
+    write_json_atomic(copy / "manifest.json", replace(manifest, companions=listed).sealed().to_json())
+    assert [(p.kind, p.shard) for p in verify(copy).problems] == [("companion", WIDS_NAME)]

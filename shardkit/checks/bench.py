@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.codecs import turbojpeg
-from ..core.config import check_workers
+from ..core.config import check_train_size, check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
-from ..core.executors import map_pool, process_pool, stop_pool
+from ..core.pools import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.sources import display
 from ..readers.dataset import open_shards
@@ -340,8 +340,8 @@ def bench(
     check_workers(workers, most=MAX_WORKERS)
     if repeat < 1:
         raise ConfigError(f"repeat must be at least 1, not {repeat}")
-    if train is not None and not 8 <= train <= 16384:
-        raise ShardkitError(f"the training crop must be 8 to 16384 pixels, not {train}")
+    if train is not None:
+        check_train_size(train)
     if device is not None:
         if train is None:
             raise ConfigError("--device measures the training input's device path: give --train SIZE too")

@@ -30,23 +30,21 @@ from ..core.errors import (
     StorageError,
     describe,
 )
-from ..core.executors import default_workers, map_local_surviving_crashes
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
-    WIDS_NAME,
     Manifest,
     ShardInfo,
     idx_name,
     iter_errors,
     read_manifest,
     sha256_file,
-    wids_index,
 )
+from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular
 from ..formats import get_format
-from ..formats.base import Record
+from ..formats.base import Backend, Record
 from ..packing.sources import SourceWalk, display, walk
 from ..readers.decode import decode
 from ..storage.http import TooLong
@@ -73,7 +71,7 @@ class VerifyReport:
     decoded: int = 0
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what was seen and is fine (e.g. LMDB lock files)
+    notes: list[str] = field(default_factory=list)  # what was seen and is fine (e.g. a reader's lock files)
 
     @property
     def ok(self) -> bool:
@@ -346,10 +344,9 @@ def _verify(
         return report
     report.format = manifest.format
     report.shards = len(manifest.shards)
-    sealed = _check_manifest(root, manifest, output.held, report)
+    sealed = _check_manifest(root, manifest, get_format(manifest.format), output.held, report)
     companions = {companion.name: companion for companion in manifest.companions}
-    if WIDS_NAME in companions:
-        _check_wids_index(output, manifest, companions[WIDS_NAME], report)
+    _check_output_files(output, manifest, companions, report)
     jobs = [
         _ShardJob(
             output.work,
@@ -404,26 +401,40 @@ def _verify(
     return report
 
 
-def _check_wids_index(output: _Output, manifest: Manifest, listed: ShardInfo, report: VerifyReport) -> None:
-    """shardindex.json lists the manifest's shards, their counts and sizes, as wids reads them."""
-    expected = wids_index(manifest.shards)
+def _check_output_files(
+    output: _Output, manifest: Manifest, companions: dict[str, ShardInfo], report: VerifyReport
+) -> None:
+    """The files for other readers beside the whole output (`Backend.output_files`: wids'
+    shardindex.json) that the manifest lists are what the format derives from its shards now, and
+    the files there are that, byte for byte. A listed file the format does not write, and that is
+    no shard's index, is a problem."""
+    produce = get_format(manifest.format).output_files
+    expected = dict(produce(manifest.shards)) if produce is not None else {}
+    indexes = {idx_name(shard.name) for shard in manifest.shards}  # checked with their shards
+    for name, listed in companions.items():
+        if name in expected:
+            _check_output_file(output, name, expected[name], listed, report)
+        elif name not in indexes:
+            report.problems.append(Problem("companion", f"not a file the {manifest.format} format writes", name))
+
+
+def _check_output_file(output: _Output, name: str, expected: bytes, listed: ShardInfo, report: VerifyReport) -> None:
+    """One output-level file: the manifest's entry is `expected`'s hash, and the file is that."""
     if hashlib.sha256(expected).hexdigest() != listed.sha256:
-        report.problems.append(Problem("companion", "does not list the manifest's shards", WIDS_NAME))
+        report.problems.append(Problem("companion", "does not list the manifest's shards", name))
         return
-    path = output.meta / WIDS_NAME
+    path = output.meta / name
     if output.store is not None:
         try:
-            output.store.get(WIDS_NAME, str(path), limit=listed.bytes)
+            output.store.get(name, str(path), limit=listed.bytes)
         except FileNotFoundError:
-            report.problems.append(Problem("missing", "listed in the manifest but not in the bucket", WIDS_NAME))
+            report.problems.append(Problem("missing", "listed in the manifest but not in the bucket", name))
             return
         except TooLong:
-            report.problems.append(
-                Problem("size", f"more than the {listed.bytes:,} bytes the manifest says", WIDS_NAME)
-            )
+            report.problems.append(Problem("size", f"more than the {listed.bytes:,} bytes the manifest says", name))
             return
         except StorageError as error:
-            report.problems.append(Problem("unreadable", str(error), WIDS_NAME))
+            report.problems.append(Problem("unreadable", str(error), name))
             return
     problem = _file_problem(str(path), listed)
     if problem is not None:
@@ -472,7 +483,9 @@ def _check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray]
             )
 
 
-def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report: VerifyReport) -> bool:
+def _check_manifest(
+    root: Path, manifest: Manifest, backend: Backend, held: Iterable[str], report: VerifyReport
+) -> bool:
     """The manifest against itself, errors.jsonl and the folder; whether its checksum holds."""
     sealed = manifest.checksum == manifest.computed_checksum()
     if not sealed:
@@ -503,17 +516,14 @@ def _check_manifest(root: Path, manifest: Manifest, held: Iterable[str], report:
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
     listed = {s.name for s in manifest.shards} | {c.name for c in manifest.companions}
     listed |= {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}
-    # py-lmdb's lmdb.open(shard, subdir=False) locks by default, leaving `<shard>-lock` beside it:
-    # a reader's trace, not a change to the output
-    locks = {f"{s.name}-lock" for s in manifest.shards} if manifest.format == "lmdb" else set()
+    # what a plain reader of the format may leave beside a shard: its trace, not a change to the output
+    leftovers = {f"{s.name}{leftover.suffix}": leftover.what for s in manifest.shards for leftover in backend.leftovers}
     others = 0
     for name in sorted(held):
         if adopted and (name in left_out or not name.endswith((".tar", ".idx"))):
             others += name not in listed and not name.startswith(".")
-        elif name in locks:
-            report.notes.append(
-                f"{name}: LMDB's lock file, left by a reader that opened the shard with lock=True; ignored"
-            )
+        elif name in leftovers:
+            report.notes.append(f"{name}: {leftovers[name]}; ignored")
         elif name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))
     if others:

@@ -1,4 +1,4 @@
-"""Imported by the forkserver process only, never elsewhere (a preload of `executors.mp_context`):
+"""Imported by the forkserver process only, never elsewhere (a preload of `processes.mp_context`):
 it removes the driver's multiprocessing temp folder (/tmp/pymp-*, which holds the forkserver's
 socket) when the forkserver exits. The driver removes it on a normal exit; after a kill -9 of the
 driver nothing did, and every killed run left a folder behind. The forkserver outlives the driver by design: it
@@ -11,7 +11,7 @@ import os
 import shutil
 import time
 
-from .executors import FORKSERVER_TEMP_ENV
+from .processes import FORKSERVER_TEMP_ENV
 
 
 def _register() -> None:

@@ -14,11 +14,14 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from ..core.config import MAX_RECORD_BYTES
 from ..core.errors import ConfigError, ShardFormatError
 from ..core.safeio import loads
+
+if TYPE_CHECKING:
+    from ..core.manifest import ShardInfo
 
 
 class Record(NamedTuple):
@@ -225,6 +228,14 @@ class ShardReader(ABC):
             raise ShardFormatError(f"{self.path}: record {record} is over the size limit")
 
 
+class Leftover(NamedTuple):
+    """A file a plain reader of the format may leave beside a shard, named `<shard><suffix>`: a
+    reader's trace, not a change to the output (verify notes it and goes on)."""
+
+    suffix: str
+    what: str  # what it is and who left it, for a person reading verify's notes
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -235,3 +246,8 @@ class Backend:
     # a shard's index for other readers, written beside it (core.manifest.idx_name): its bytes, or
     # None where the shard cannot have one; None for formats that need none
     index_file: Callable[[str], bytes | None] | None = None
+    # files other readers may leave beside a shard (LMDB's lock file)
+    leftovers: tuple[Leftover, ...] = ()
+    # the files for other readers beside the whole output, derived from its shards in manifest order:
+    # (name, bytes) pairs, written with the manifest and listed in it (wids' shardindex.json)
+    output_files: Callable[[list[ShardInfo]], list[tuple[str, bytes]]] | None = None

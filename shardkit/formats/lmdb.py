@@ -17,7 +17,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..core.errors import ShardFormatError, describe
 from ..core.safeio import loads, open_regular
-from .base import Backend, Record, ShardReader, ShardWriter, checked, files_layout, json_objects, split_files
+from .base import Backend, Leftover, Record, ShardReader, ShardWriter, checked, files_layout, json_objects, split_files
 
 INFO_KEY = b"__shardkit__"
 VERSION = 1
@@ -411,4 +411,6 @@ class LmdbShardReader(ShardReader):
         self._env = None
 
 
-BACKEND = Backend("lmdb", ".lmdb", True, LmdbShardWriter, LmdbShardReader)
+# py-lmdb's lmdb.open(shard, subdir=False) locks by default, leaving `<shard>-lock` beside it
+LOCK_FILE = Leftover("-lock", "LMDB's lock file, left by a reader that opened the shard with lock=True")
+BACKEND = Backend("lmdb", ".lmdb", True, LmdbShardWriter, LmdbShardReader, leftovers=(LOCK_FILE,))

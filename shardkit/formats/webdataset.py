@@ -20,6 +20,7 @@ from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES
 from ..core.errors import ShardFormatError, describe
+from ..core.manifest import WIDS_NAME, ShardInfo, wids_index
 from ..core.safeio import loads, open_regular
 from .base import (
     Backend,
@@ -518,4 +519,12 @@ def _spaced(text: str) -> bool:
     return any(c.isspace() for c in text)
 
 
-BACKEND = Backend("webdataset", ".tar", True, TarShardWriter, TarShardReader, dali_index)
+def wids_files(shards: list[ShardInfo]) -> list[tuple[str, bytes]]:
+    """The output's files for other readers: wids' shardindex.json, so that
+    `wids.ShardListDataset(OUT/shardindex.json)` opens the output."""
+    return [(WIDS_NAME, wids_index(shards))]
+
+
+BACKEND = Backend(
+    "webdataset", ".tar", True, TarShardWriter, TarShardReader, index_file=dali_index, output_files=wids_files
+)

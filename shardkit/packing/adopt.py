@@ -29,7 +29,6 @@ import numpy as np
 
 from ..core.config import check_workers
 from ..core.errors import ConfigError, Failure, OutputError, ShardFormatError, ShardkitError, StorageError, describe
-from ..core.executors import default_workers, map_local_surviving_crashes
 from ..core.manifest import (
     ERRORS_NAME,
     MANIFEST_NAME,
@@ -43,6 +42,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
+from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
 from ..formats.webdataset import _NOT_IMAGE, _READ_AHEAD, TarShardReader, _Bytes, dali_index_of, dali_samples

@@ -19,8 +19,8 @@ from typing import IO
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.executors import default_workers, map_local
 from ..core.phash import distances, near_pairs
+from ..core.pools import default_workers, map_local
 from ..core.safeio import file_stamp, open_regular
 from .hashes import hash_files
 from .sources import Item, display

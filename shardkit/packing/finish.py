@@ -15,11 +15,9 @@ from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
     MANIFEST_NAME,
-    WIDS_NAME,
     Manifest,
     ShardInfo,
     info_of,
-    wids_index,
     write_json_atomic,
     write_text_atomic,
 )
@@ -119,13 +117,17 @@ def _stage_seconds(ordered: list[ShardResult]) -> dict[str, float]:
 
 
 def _output_companions(format: str, shards: list[ShardInfo], output: Path, state: Path) -> list[ShardInfo]:
-    """The files a format wants beside the whole output for other readers (wids' shard list)."""
-    if format != "webdataset":
+    """The files the format wants beside the whole output for other readers (`Backend.output_files`:
+    wids' shard list for WebDataset), written before the manifest that lists them."""
+    output_files = get_format(format).output_files
+    if output_files is None:
         return []
-    with writing(output, WIDS_NAME):
-        data = wids_index(shards)
-        write_text_atomic(output / WIDS_NAME, data.decode(), temp_dir=state)
-    return [info_of(WIDS_NAME, sum(shard.count for shard in shards), data)]
+    companions = []
+    for name, data in output_files(shards):
+        with writing(output, name):
+            write_text_atomic(output / name, data.decode(), temp_dir=state)
+        companions.append(info_of(name, sum(shard.count for shard in shards), data))
+    return companions
 
 
 def _index_part(output: Path, format: str, shard: ShardInfo) -> Path:

@@ -22,9 +22,9 @@ import numpy as np
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import Failure, describe
-from ..core.executors import default_workers, map_local, map_threads
 from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, file_identity, read_head, read_header
 from ..core.manifest import sha256_of
+from ..core.pools import default_workers, map_local, map_threads
 from ..core.safeio import open_regular
 from .sources import Item, SourceWalk, display, walk
 

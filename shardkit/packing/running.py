@@ -9,17 +9,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import PackConfig
-from ..core.executors import (
-    check_ray,
-    connect_ray,
-    default_workers,
-    disconnect_ray,
-    map_local,
-    map_ray,
-    mp_context,
-    start_resource_tracker,
-)
+from ..core.pools import default_workers, map_local
+from ..core.processes import mp_context, start_resource_tracker
 from .worker import ShardJob, ShardResult, init_worker, write_shard
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
@@ -53,7 +46,7 @@ def _run_local(
 ) -> Iterator[tuple[int, ShardResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
     while shards are in flight."""
-    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as executors says
+    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as core/processes says
     counter = mp_context().Value("q", 0)
     errors = [0]
     stop = threading.Event()

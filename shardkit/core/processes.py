@@ -1,0 +1,129 @@
+"""How shardkit's worker processes start and end: multiprocessing's context (forkserver, else
+spawn), its helper processes started with the signals a stop to the whole group needs blocked, and
+every worker's start (`start_worker`): Ctrl-C left to the driver, and a pidfd watchdog that ends it
+within a second of its driver.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.resource_tracker
+import multiprocessing.util
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+# "<driver pid>:<folder>": the driver's multiprocessing temp folder, for core/forkserver_exit.py.
+FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
+# Modules the forkserver imports once, so that every worker forks with them loaded (a name that
+# does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
+FORKSERVER_PRELOAD = ("shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.probe")
+
+
+def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
+    # Never fork a big parent: forkserver children start from a small clean process.
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The server imports the job modules (numpy, PIL, codecs) once; every worker forks ready to run.
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return context
+
+
+def started_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
+    """mp_context, with multiprocessing's helper processes started the way a stop signal to the
+    whole group needs. Both are started with SIGINT and SIGHUP blocked, which they keep:
+    - the resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP killed it, the
+      driver started a new one, and that one printed a KeyError traceback for every semaphore
+      the old one had been told of;
+    - the forkserver ignores SIGINT only once its preload imports are done: a Ctrl-C during them
+      printed its KeyboardInterrupt traceback.
+    Workers unblock both (start_worker). SIGTERM still ends either at once: it prints nothing."""
+    context = mp_context()
+    if context.get_start_method() != "forkserver":
+        return context
+    import multiprocessing.forkserver
+
+    # The folder the forkserver's socket goes in (created now, the one multiprocessing will use):
+    # the forkserver removes it when it exits after this process, even after a kill -9 of it.
+    os.environ[FORKSERVER_TEMP_ENV] = f"{os.getpid()}:{_temp_dir()}"
+    start_resource_tracker()
+    _start_blocked(multiprocessing.forkserver.ensure_running)
+    return context
+
+
+# A Unix socket's path holds at most 107 bytes, and the forkserver's is TMP/pymp-XXXXXXXX/listener-XXXXXXXX:
+# under a longer TMPDIR (SLURM's per-job scratch folders, pytest's) it could not be made at all
+# ("OSError: AF_UNIX path too long", a traceback).
+_LONGEST_TMP = 70
+
+
+def _temp_dir() -> str:
+    """multiprocessing's temp folder for this process (made now: the one the forkserver will use),
+    under /tmp when TMPDIR is too long for the forkserver's socket."""
+    import tempfile
+
+    config = cast(Any, multiprocessing.process.current_process())._config  # where get_temp_dir keeps it
+    if config.get("tempdir") is None and len(os.fsencode(tempfile.gettempdir())) > _LONGEST_TMP:
+        import shutil
+
+        folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
+    return multiprocessing.util.get_temp_dir()
+
+
+def start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, started as `started_context` says (before anything
+    that makes a semaphore starts it the usual way)."""
+    _start_blocked(multiprocessing.resource_tracker.ensure_running)
+
+
+def _start_blocked(start: Callable[[], None]) -> None:
+    # One helper a call: the tracker's own start unblocks SIGINT and SIGTERM in this thread after it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _HELPER_BLOCKED)
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+_HELPER_BLOCKED = {signal.SIGINT, signal.SIGHUP}
+
+
+def start_worker(driver: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
+    """Runs first in every worker process. Ctrl-C, which a terminal sends to every process, is the
+    driver's to handle (it stops the workers itself); a SIGTERM ends a worker as usual. When the
+    driver dies (even by kill -9) the worker exits within a second instead of working for nobody."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELPER_BLOCKED)  # (blocked in the forkserver)
+    threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _exit_when_gone(pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)  # readable once the process has ended (Linux 5.3+)
+    except (AttributeError, OSError):
+        handle = None
+    if handle is not None:
+        select.select([handle], [], [])
+    else:
+        while _alive(pid) and os.getppid() != 1:
+            time.sleep(0.5)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
