@@ -366,4 +366,4 @@ def load_preset(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(PRESET_KEYS))})")
         if not isinstance(value, PRESET_KEYS[key]) or (isinstance(value, bool) and PRESET_KEYS[key] is int):
             raise ConfigError(f"{path}: {key} has the wrong type ({type(value).__name__})")
-    return data
+    return dict(data)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -97,7 +97,7 @@ def hash_paths(
     return result
 
 
-def _take(result: Hashed, at: int, row: Sequence) -> None:
+def _take(result: Hashed, at: int, row: Sequence[Any]) -> None:
     digest, value, why = row
     result.digests[at] = digest
     if value is not None:
@@ -107,13 +107,15 @@ def _take(result: Hashed, at: int, row: Sequence) -> None:
 
 
 _STAMP_FIELDS = 4  # file_stamp's
+# a cached row: (path, file_stamp, (sha256, DCT hash or None, why not hashed or None))
+CachedRow = tuple[str, tuple[int, ...], tuple[str, Any, Any]]
 
 
 _CACHE_VERSION = 2
 _SHA256 = re.compile("[0-9a-f]{64}")
 
 
-def _read_cache(cache: Path, near: bool, max_pixels: int) -> Generator[tuple[str, tuple, tuple]] | None:
+def _read_cache(cache: Path, near: bool, max_pixels: int) -> Generator[CachedRow] | None:
     """The rows cached with the same options, as (path, stamp, (sha256, DCT hash or None, why or
     None)), streamed; None when the cache cannot be read or was made with other options. A row
     that does not parse (the last, cut by a stop; a damaged file) is left out."""
@@ -131,7 +133,7 @@ def _read_cache(cache: Path, near: bool, max_pixels: int) -> Generator[tuple[str
     return _cache_rows(lines)
 
 
-def _cache_rows(lines: IO[str]) -> Generator[tuple[str, tuple, tuple]]:
+def _cache_rows(lines: IO[str]) -> Generator[CachedRow]:
     with lines:
         try:
             for line in lines:

@@ -22,8 +22,8 @@ from PIL import Image
 
 from ..core.codecs import DCT_FACTORS, pil_build, turbojpeg
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
-from ..core.errors import ImageError
-from ..core.headers import HeaderError, ImageHeader, parse_bytes
+from ..core.errors import HeaderError, ImageError
+from ..core.headers import ImageHeader, parse_bytes
 from ..core.phash import THUMBNAIL, dct_hash
 
 _TRANSPOSE = {

@@ -21,8 +21,8 @@ import numpy as np
 
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
-from ..core.errors import Failure, describe
-from ..core.headers import EXTENSION_FORMATS, HeaderError, ImageHeader, file_identity, read_head, read_header
+from ..core.errors import Failure, HeaderError, describe
+from ..core.headers import EXTENSION_FORMATS, ImageHeader, file_identity, read_head, read_header
 from ..core.manifest import sha256_of
 from ..core.pools import default_workers, map_local, map_threads
 from ..core.safeio import open_regular
@@ -32,6 +32,10 @@ CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.
 PARALLEL_MIN_FILES = 50_000
 SHORT_SIDE_BINS = (0, 64, 128, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 4096)
+
+# One file as the scanner (or its Python twin) reports it: (bytes, header tuple or None, error,
+# warnings, head hash, file identity).
+ScanRow = tuple[Any, ...]
 
 
 class ProbeRecord(NamedTuple):
@@ -66,7 +70,7 @@ class FileProblem(str):
         problem.kind = kind
         return problem
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:
         return (FileProblem, (str(self), self.kind))
 
 
@@ -114,7 +118,7 @@ class ProbeReport:
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("size_counts")
         data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
@@ -155,7 +159,7 @@ def _size_or_zero(path: str) -> int:
         return 0
 
 
-def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
+def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[ScanRow]:
     """Probe one chunk of files; rows are plain tuples (size, header tuple, error, warnings, head hash,
     file identity).
 
@@ -168,7 +172,7 @@ def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[tuple]:
     scanner = header_scanner()
     # Clamped to what C takes: a smaller limit only sends more files to Python, never other answers.
     limit = min(max_pixels, 2**63 - 1)
-    rows: list = scanner.scan_batch(paths, limit) if scanner is not None else [None] * len(paths)
+    rows: list[Any] = scanner.scan_batch(paths, limit) if scanner is not None else [None] * len(paths)
     for index, row in enumerate(rows):
         if row is None:
             record = probe_file(paths[index], relpaths[index], max_pixels)
@@ -182,13 +186,13 @@ class ProbeChunk(NamedTuple):
     error, warnings, head hash, file identity), one per relpath. records() builds the ProbeRecords."""
 
     relpaths: list[str]
-    rows: list[tuple]
+    rows: list[ScanRow]
 
     def records(self) -> list[ProbeRecord]:
         return _records_from_rows(self.relpaths, self.rows)
 
 
-def _records_from_rows(relpaths: Sequence[str], rows: list[tuple]) -> list[ProbeRecord]:
+def _records_from_rows(relpaths: Sequence[str], rows: list[ScanRow]) -> list[ProbeRecord]:
     make_header, make_record = ImageHeader._make, ProbeRecord._make
     return [
         make_record((rel, size, None if header is None else make_header(header), *rest))
@@ -270,7 +274,7 @@ def probe(
             jobs_by_index[index] = job[1]
             yield job
 
-    finished: dict[int, list[tuple]] = {}
+    finished: dict[int, list[ScanRow]] = {}
     next_index = 0
     for index, rows in mapper(_probe_chunk, numbered(), workers):
         finished[index] = rows
@@ -469,11 +473,11 @@ class Census:
     bytes: int = 0
     sizes: Counts = field(default_factory=Counts)  # width << 32 | height, weighted by file bytes
     file_sizes: Counts = field(default_factory=Counts)
-    formats: Counter = field(default_factory=Counter)
-    modes: Counter = field(default_factory=Counter)
+    formats: Counter[str] = field(default_factory=Counter)
+    modes: Counter[str] = field(default_factory=Counter)
     rotated: int = 0
     progressive: int = 0
-    problems: dict[str, list] = field(default_factory=dict)  # kind -> [count, examples]
+    problems: dict[str, list[Any]] = field(default_factory=dict)  # kind -> [count, examples]
     # each readable image's position in the walk, its key (head hash ^ size) and its file's
     # identity: 24 bytes an image, what finding exact copies without reading every file costs
     copy_places: list[np.ndarray] = field(default_factory=list)
@@ -486,7 +490,7 @@ class Census:
             [(r.bytes, r.header, r.error, r.warnings, r.head, r.identity) for r in records],
         )
 
-    def add_rows(self, relpaths: Sequence[str], rows: Sequence[tuple]) -> None:
+    def add_rows(self, relpaths: Sequence[str], rows: Sequence[ScanRow]) -> None:
         """The hot path: rows as the scanner gives them, (bytes, header tuple or None, error,
         warnings, head hash, file identity), with no object built for a clean image. Taken by
         columns (one zip), so that a chunk of clean images costs no Python step per file."""
@@ -527,7 +531,7 @@ class Census:
         self.copy_identities.append(np.array(identities, np.uint64))
         self.copy_places.append(np.array(places, np.int64))
 
-    def _readable(self, relpath: str, row: tuple) -> bool:
+    def _readable(self, relpath: str, row: ScanRow) -> bool:
         """Notes a row's problems; whether its image counts (a header, under the pixel limit)."""
         size, header, error, warnings = row[:4]
         if error is None and not warnings:
@@ -648,7 +652,8 @@ def counted_quantiles(values: np.ndarray, counts: np.ndarray, quantiles: np.ndar
     upper = values[np.searchsorted(ends, np.minimum(rank + 1, total - 1), side="right")]
     difference = upper - lower
     # numpy's _lerp: from the nearer end, so that the result is exact at both ends
-    return np.where(gamma >= 0.5, upper - difference * (1 - gamma), lower + difference * gamma)
+    quantile: np.ndarray = np.where(gamma >= 0.5, upper - difference * (1 - gamma), lower + difference * gamma)
+    return quantile
 
 
 def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | None, int]]:

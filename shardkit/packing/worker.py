@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
-from ..core.errors import Failure, ImageError, OutputError, ShardFormatError, describe
-from ..core.headers import HEAD_BYTES, HeaderError, ImageHeader, parse_header
+from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, describe
+from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
 from ..core.safeio import open_regular
 from ..formats import get_format
