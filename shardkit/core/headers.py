@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from .errors import HeaderError
+from .errors import HeaderError as HeaderError  # re-exported: what the parsers here raise
 from .safeio import not_regular
 
 HEAD_BYTES = 4096
