@@ -31,7 +31,8 @@ def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, 
     if protocol in ("s3", "s3a"):
         options = _s3_defaults(options)
     try:
-        return fsspec.core.url_to_fs(url, **options)
+        found: tuple[Any, str] = fsspec.core.url_to_fs(url, **options)  # fsspec is untyped: (filesystem, path)
+        return found
     except ImportError:
         extra = PROTOCOL_EXTRAS.get(protocol)
         hint = f"pip install 'shardkit[{extra}]'" if extra else f"install the fsspec filesystem for {protocol}://"
@@ -202,7 +203,8 @@ class Store:
             with contextlib.suppress(AttributeError, NotImplementedError):
                 fs.invalidate_cache(self._root)
             try:
-                return fs.ls(self._root, detail=True)
+                listed: list[dict[str, Any]] = fs.ls(self._root, detail=True)  # fsspec is untyped
+                return listed
             except FileNotFoundError:
                 return []
 
