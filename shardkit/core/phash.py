@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 THUMBNAIL = 32
 _BITS = 64
@@ -52,9 +56,12 @@ _BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], np.int64)
 def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Hamming distances between uint64 hashes, elementwise."""
     xor = np.bitwise_xor(a, b)
+    counts: np.ndarray  # numpy's stubs type a ufunc's result, and a sum over an axis, as Any
     if hasattr(np, "bitwise_count"):  # numpy 2
-        return np.bitwise_count(xor).astype(np.int64)
-    return _BYTE_BITS[np.ascontiguousarray(xor).view(np.uint8).reshape(-1, 8)].sum(axis=1)
+        counts = np.bitwise_count(xor).astype(np.int64)
+    else:
+        counts = _BYTE_BITS[np.ascontiguousarray(xor).view(np.uint8).reshape(-1, 8)].sum(axis=1)
+    return counts
 
 
 def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
@@ -66,7 +73,7 @@ def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
     def work(bands: int) -> float:
         width = _BITS // bands
         variants = sum(math.comb(width, bits) for bits in range(threshold // bands + 1))
-        return count * bands * variants * (1 + 4 * count / 2**width)
+        return count * bands * variants * (1 + 4 * count / (1 << width))
 
     bands = min(range(3, 9), key=work)
     edges = np.linspace(0, _BITS, bands + 1).round().astype(int)
@@ -117,7 +124,7 @@ def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.n
     return np.unique(np.concatenate(found), axis=0)
 
 
-def components(count: int, pairs: np.ndarray) -> np.ndarray:
+def components(count: int, pairs: np.ndarray) -> npt.NDArray[np.int64]:
     """The group of each of `count` items joined through `pairs` (union-find): an int64 array
     holding, per item, the smallest item of its group."""
     parent = list(range(count))
