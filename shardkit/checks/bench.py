@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from ..core.codecs import turbojpeg
 from ..core.config import check_workers
@@ -158,7 +158,7 @@ def _folder_turbo(paths: list[str]) -> tuple[int, int]:
     return count, size
 
 
-def _source(path: str) -> Any:
+def _source(path: str) -> BinaryIO:
     """A raw-folder file, opened for reading: a regular file (a FIFO would hang the pass)."""
     try:
         return open(open_regular(path), "rb")
