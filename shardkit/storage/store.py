@@ -113,7 +113,9 @@ class Store:
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
-        self.protocol = URL_SCHEME.match(self.url).group(1).lower()  # type: ignore[union-attr]
+        match = URL_SCHEME.match(self.url)
+        assert match is not None, f"a Store is made from a URL (locate() asks is_remote), not {self.url!r}"
+        self.protocol = match.group(1).lower()
         self._http = self.protocol in ("http", "https")
         self._fs: Any = None
         self._root = ""
