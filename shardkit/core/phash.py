@@ -28,7 +28,7 @@ THUMBNAIL = 32
 _BITS = 64
 
 
-def _dct_matrix(size: int) -> np.ndarray:
+def _dct_matrix(size: int) -> npt.NDArray[np.float64]:
     """The orthonormal DCT-II matrix (rows: frequencies)."""
     k = np.arange(size)[:, None]
     n = np.arange(size)[None, :]
@@ -53,10 +53,10 @@ def dct_hash(thumbnail: np.ndarray) -> int:
 _BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], np.int64)
 
 
-def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def distances(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:
     """Hamming distances between uint64 hashes, elementwise."""
     xor = np.bitwise_xor(a, b)
-    counts: np.ndarray  # numpy's stubs type a ufunc's result, and a sum over an axis, as Any
+    counts: npt.NDArray[np.int64]  # numpy's stubs type a ufunc's result, and a sum over an axis, as Any
     if hasattr(np, "bitwise_count"):  # numpy 2
         counts = np.bitwise_count(xor).astype(np.int64)
     else:
@@ -80,7 +80,7 @@ def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
     return [(int(edges[i]), int(edges[i + 1] - edges[i])) for i in range(bands)]
 
 
-def _variants(width: int, radius: int) -> np.ndarray:
+def _variants(width: int, radius: int) -> npt.NDArray[np.uint64]:
     """Every mask of `width` bits with at most `radius` bits set."""
     masks = [0]
     for bits in range(1, radius + 1):
@@ -88,7 +88,7 @@ def _variants(width: int, radius: int) -> np.ndarray:
     return np.array(masks, np.uint64)
 
 
-def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.ndarray:
+def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> npt.NDArray[np.int64]:
     """Every pair (i, j), i < j, of `hashes` (uint64) within Hamming distance `threshold`, as an
     (n, 2) int64 array (each pair once). Work arrays hold about `chunk` lookups at a time."""
     hashes = np.ascontiguousarray(hashes, np.uint64)
