@@ -9,9 +9,13 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 # Width x height shares that resemble ImageNet's mix (most are 500x375 or 375x500).
 _IMAGENET_LIKE = [((500, 375), 0.45), ((375, 500), 0.15), ((500, 333), 0.12), ((333, 500), 0.04),
@@ -19,7 +23,7 @@ _IMAGENET_LIKE = [((500, 375), 0.45), ((375, 500), 0.15), ((500, 333), 0.12), ((
                   ((1600, 1200), 0.02), ((500, 500), 0.02)]  # fmt: skip
 
 
-def picture(width: int, height: int, seed: int = 0, channels: int = 3) -> np.ndarray:
+def picture(width: int, height: int, seed: int = 0, channels: int = 3) -> npt.NDArray[np.uint8]:
     """An HxWxC uint8 array that compresses like a photo."""
     rng = np.random.default_rng(seed)
     y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
@@ -36,7 +40,9 @@ def picture(width: int, height: int, seed: int = 0, channels: int = 3) -> np.nda
     disc = ((y - cy) ** 2 + (x - cx) ** 2) < radius**2
     image[disc] = rng.uniform(0, 1, channels)
     image += rng.normal(0, 0.03, image.shape).astype(np.float32)
-    return (np.clip(image, 0, 1) * 255).astype(np.uint8)
+    # numpy's stubs type np.clip of an array of unknown dtype as Any; astype makes it uint8
+    pixels: npt.NDArray[np.uint8] = (np.clip(image, 0, 1) * 255).astype(np.uint8)
+    return pixels
 
 
 def encode(array: np.ndarray, fmt: str = "JPEG", **options: object) -> bytes:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from ..core.codecs import turbojpeg
 from ..core.config import check_train_size, check_workers
@@ -33,6 +33,9 @@ from ..storage.location import locate
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024
 MEMORY = "memory: same bytes, libjpeg-turbo"
+
+# A pass: one worker's part in, (images, bytes) out
+_PassFunction = Callable[[Any], tuple[int, int]]
 
 
 @dataclass
@@ -155,7 +158,7 @@ def _folder_turbo(paths: list[str]) -> tuple[int, int]:
     return count, size
 
 
-def _source(path: str) -> Any:
+def _source(path: str) -> BinaryIO:
     """A raw-folder file, opened for reading: a regular file (a FIFO would hang the pass)."""
     try:
         return open(open_regular(path), "rb")
@@ -304,7 +307,7 @@ def _torchvision_available() -> bool:
     return True
 
 
-def _run_split(pool: ProcessPoolExecutor | None, function: Callable, parts: list[Any]) -> tuple[int, int, float]:
+def _run_split(pool: ProcessPoolExecutor | None, function: _PassFunction, parts: list[Any]) -> tuple[int, int, float]:
     started = time.perf_counter()
     if function is _train_loader:  # threads of its own, in this process
         pool = None
@@ -377,7 +380,7 @@ def bench(
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
         return [(where, part, mode, scale) for part in shard_splits]
 
-    passes: list[tuple[str, Callable, list[Any], list[str]]] = []
+    passes: list[tuple[str, _PassFunction, list[Any], list[str]]] = []
     if files:
         passes.append((BASELINE, _folder_pil, _split(files, workers), files))
         if turbojpeg() is not None:

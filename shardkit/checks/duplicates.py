@@ -375,7 +375,7 @@ def _draw_rows(
     from ..core.codecs import RECORD_FORMATS
     from ..readers.decode import decode_npy
 
-    def picture(name: str) -> Any:
+    def picture(name: str) -> Image.Image:
         if name in report.records:
             output, key = report.records[name]
             if output not in opened:

@@ -77,7 +77,7 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
 

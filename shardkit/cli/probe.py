@@ -91,7 +91,7 @@ def probe(
 
 def _run(
     source: Path,
-    settings: dict,
+    settings: dict[str, Any],
     on_chunk: Callable[[ProbeChunk], None] | None,
     table: TableConfig | None = None,
     sidecars: bool = False,
@@ -187,7 +187,7 @@ def _render_copies(report: ProbeReport) -> None:
         console.print("  " + " = ".join(escape(name) for name in group[:4]) + (" = ..." if len(group) > 4 else ""))
 
 
-def _render_table(table: dict) -> None:
+def _render_table(table: dict[str, Any]) -> None:
     """A metadata table's census: what pack will take, and what it will list in errors.jsonl."""
     console.print(
         f"[bold]{escape(table['name'])}[/]: {table['rows']:,} rows, {table['rows_without_file']:,} without a file, "
@@ -229,7 +229,7 @@ FIELDS = ("path", "bytes", "format", "width", "height", "displayed_width", "disp
           "progressive", "orientation", "error", "warnings")  # fmt: skip
 
 
-def _rows(relpaths: list[str], rows: list[tuple]) -> Iterator[list]:
+def _rows(relpaths: list[str], rows: list[tuple[Any, ...]]) -> Iterator[list[Any]]:
     """Each file's row, values in FIELDS order; built from the raw rows (no object per file)."""
     for relpath, (size, h, error, warnings, *_) in zip(relpaths, rows, strict=True):
         if h is None:
@@ -271,7 +271,7 @@ _NEEDS_QUOTES = re.compile(r'[,"\r\n]|^\s|\s$')
 _SORTED = sorted(range(len(FIELDS)), key=FIELDS.__getitem__)
 
 
-def _json_line(values: list) -> str:
+def _json_line(values: list[Any]) -> str:
     return json.dumps({FIELDS[i]: values[i] for i in _SORTED}) + "\n"
 
 

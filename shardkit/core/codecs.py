@@ -51,7 +51,7 @@ def header_scanner() -> Any | None:
     if os.environ.get("SHARDKIT_NO_CSCAN"):
         return None
     try:
-        from . import _scan  # type: ignore[attr-defined]
+        from . import _scan  # type: ignore[attr-defined]  # a C extension with no stub, maybe not built
 
         return _scan
     except ImportError:
@@ -68,7 +68,7 @@ def crop_kernel() -> Any | None:
     if os.environ.get("SHARDKIT_NO_CROP_KERNEL"):
         return None
     try:
-        from . import _crop  # type: ignore[attr-defined]
+        from . import _crop  # type: ignore[attr-defined]  # a C extension with no stub, maybe not built
 
         return _crop
     except ImportError:

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from .errors import HeaderError
+from .errors import HeaderError as HeaderError  # re-exported: what the parsers here raise
 from .safeio import not_regular
 
 HEAD_BYTES = 4096
@@ -169,10 +169,10 @@ def parse_bytes(data: bytes) -> ImageHeader:
     return parse_header(data[:HEAD_BYTES], lambda offset, n: data[offset : offset + n], len(data), None)
 
 
-def parse_header(head: bytes, fetch: Fetch, size: int, path: object) -> ImageHeader:
+def parse_header(head: bytes, fetch: Fetch, size: int, path: str | os.PathLike[str] | None) -> ImageHeader:
     if size == 0:
         raise HeaderError("empty file", "empty file")
-    parser = _PARSERS.get(format_from_magic(head))  # type: ignore[arg-type]
+    parser = _PARSERS.get(format_from_magic(head))
     if parser is not None:
         return parser(head, fetch, size)
     return _pil_header(head, fetch, size, path)
@@ -444,13 +444,15 @@ def _bmp(head: bytes, fetch: Fetch, size: int) -> ImageHeader:
     return ImageHeader("bmp", width, height, mode, 8 if bits >= 8 else bits)
 
 
+# Keyed by str | None: parse_header looks up what format_from_magic says, None included.
+_PARSERS: dict[str | None, Callable[[bytes, Fetch, int], ImageHeader]]
 _PARSERS = {"jpeg": _jpeg, "png": _png, "gif": _gif, "webp": _webp, "bmp": _bmp}
 
 
 # --- anything else: PIL's lazy open -----------------------------------------------------------
 
 
-def _pil_header(head: bytes, fetch: Fetch, size: int, path: object) -> ImageHeader:
+def _pil_header(head: bytes, fetch: Fetch, size: int, path: str | os.PathLike[str] | None) -> ImageHeader:
     import io
     import warnings
 
@@ -460,7 +462,7 @@ def _pil_header(head: bytes, fetch: Fetch, size: int, path: object) -> ImageHead
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(source) as image:  # type: ignore[arg-type]
+            with Image.open(source) as image:
                 width, height = image.size
                 orientation = image.getexif().get(0x0112, 1)
                 fmt = (image.format or "unknown").lower()

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import ManifestError, describe
 from .safeio import loads, open_regular, read_regular
@@ -131,7 +131,10 @@ def wids_index(shards: list[ShardInfo]) -> bytes:
     return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _typed(data: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+_T = TypeVar("_T")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type[_T], default: Any = None) -> _T:
     value = data.get(key, default)
     if not isinstance(value, kind):
         raise ValueError(f"{key} must be a {kind.__name__}, not {type(value).__name__}")

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 THUMBNAIL = 32
 _BITS = 64
 
 
-def _dct_matrix(size: int) -> np.ndarray:
+def _dct_matrix(size: int) -> npt.NDArray[np.float64]:
     """The orthonormal DCT-II matrix (rows: frequencies)."""
     k = np.arange(size)[:, None]
     n = np.arange(size)[None, :]
@@ -49,12 +53,15 @@ def dct_hash(thumbnail: np.ndarray) -> int:
 _BYTE_BITS = np.array([bin(i).count("1") for i in range(256)], np.int64)
 
 
-def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def distances(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:
     """Hamming distances between uint64 hashes, elementwise."""
     xor = np.bitwise_xor(a, b)
+    counts: npt.NDArray[np.int64]  # numpy's stubs type a ufunc's result, and a sum over an axis, as Any
     if hasattr(np, "bitwise_count"):  # numpy 2
-        return np.bitwise_count(xor).astype(np.int64)
-    return _BYTE_BITS[np.ascontiguousarray(xor).view(np.uint8).reshape(-1, 8)].sum(axis=1)
+        counts = np.bitwise_count(xor).astype(np.int64)
+    else:
+        counts = _BYTE_BITS[np.ascontiguousarray(xor).view(np.uint8).reshape(-1, 8)].sum(axis=1)
+    return counts
 
 
 def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
@@ -66,14 +73,14 @@ def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
     def work(bands: int) -> float:
         width = _BITS // bands
         variants = sum(math.comb(width, bits) for bits in range(threshold // bands + 1))
-        return count * bands * variants * (1 + 4 * count / 2**width)
+        return count * bands * variants * (1 + 4 * count / (1 << width))
 
     bands = min(range(3, 9), key=work)
     edges = np.linspace(0, _BITS, bands + 1).round().astype(int)
     return [(int(edges[i]), int(edges[i + 1] - edges[i])) for i in range(bands)]
 
 
-def _variants(width: int, radius: int) -> np.ndarray:
+def _variants(width: int, radius: int) -> npt.NDArray[np.uint64]:
     """Every mask of `width` bits with at most `radius` bits set."""
     masks = [0]
     for bits in range(1, radius + 1):
@@ -81,7 +88,7 @@ def _variants(width: int, radius: int) -> np.ndarray:
     return np.array(masks, np.uint64)
 
 
-def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.ndarray:
+def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> npt.NDArray[np.int64]:
     """Every pair (i, j), i < j, of `hashes` (uint64) within Hamming distance `threshold`, as an
     (n, 2) int64 array (each pair once). Work arrays hold about `chunk` lookups at a time."""
     hashes = np.ascontiguousarray(hashes, np.uint64)
@@ -117,7 +124,7 @@ def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> np.n
     return np.unique(np.concatenate(found), axis=0)
 
 
-def components(count: int, pairs: np.ndarray) -> np.ndarray:
+def components(count: int, pairs: np.ndarray) -> npt.NDArray[np.int64]:
     """The group of each of `count` items joined through `pairs` (union-find): an int64 array
     holding, per item, the smallest item of its group."""
     parent = list(range(count))

@@ -273,7 +273,8 @@ class Hdf5ShardReader(ShardReader):
 
     def _data(self, start: int, end: int) -> bytes:
         try:
-            return self._open()["data"][start:end].tobytes()
+            data: bytes = self._open()["data"][start:end].tobytes()  # h5py is untyped: a numpy slice
+            return data
         except (OSError, ValueError, TypeError, RuntimeError, KeyError) as error:
             where = f"{self.path}: damaged data at bytes {start:,}-{end:,}"
             raise ShardFormatError(f"{where} ({describe(error)})") from None

@@ -329,7 +329,8 @@ class LmdbShardReader(ShardReader):
 
         try:
             with self._open().begin(buffers=False) as txn:
-                return txn.get(key)
+                value: bytes | None = txn.get(key)  # lmdb is untyped; buffers=False gives bytes
+                return value
         except lmdb.Error as error:
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
 

@@ -11,10 +11,13 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin
 
 from ..core.errors import ConfigError, ShardFormatError
+
+if TYPE_CHECKING:
+    import urllib3  # imported where a GET is made: plain imports of this module stay light
 
 _DIRECT_BUFFER = 1 << 20
 
@@ -95,11 +98,11 @@ class NotDirect(Exception):
     """The direct GET was redirected or refused in a way the filesystem's own path handles."""
 
 
-_POOLS: dict[int, Any] = {}  # pid -> urllib3.PoolManager: a pool's sockets must not cross a fork
+_POOLS: dict[int, urllib3.PoolManager] = {}  # pid -> pool: a pool's sockets must not cross a fork
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool() -> Any:
+def _pool() -> urllib3.PoolManager:
     pool = _POOLS.get(os.getpid())
     if pool is None:
         import urllib3
@@ -111,7 +114,7 @@ def _pool() -> Any:
     return pool
 
 
-def _get(url: str, retries: Any, decode_content: bool) -> tuple[Any, Pace]:
+def _get(url: str, retries: urllib3.Retry | bool, decode_content: bool) -> tuple[urllib3.BaseHTTPResponse, Pace]:
     """A streamed GET of `url` and the pace it is held to; any trouble reaching it as OSError."""
     import urllib3
 
@@ -128,7 +131,7 @@ def _get(url: str, retries: Any, decode_content: bool) -> tuple[Any, Pace]:
     return response, pace
 
 
-def _refusal(response: Any) -> OSError | None:
+def _refusal(response: urllib3.BaseHTTPResponse) -> OSError | None:
     """What a status other than 200 means: absence (404), refusal (401, 403), a passing failure
     (5xx, 429); None for the rest (the caller says)."""
     status = response.status

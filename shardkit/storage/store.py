@@ -31,7 +31,8 @@ def _filesystem(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, 
     if protocol in ("s3", "s3a"):
         options = _s3_defaults(options)
     try:
-        return fsspec.core.url_to_fs(url, **options)
+        found: tuple[Any, str] = fsspec.core.url_to_fs(url, **options)  # fsspec is untyped: (filesystem, path)
+        return found
     except ImportError:
         extra = PROTOCOL_EXTRAS.get(protocol)
         hint = f"pip install 'shardkit[{extra}]'" if extra else f"install the fsspec filesystem for {protocol}://"
@@ -112,7 +113,9 @@ class Store:
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
-        self.protocol = URL_SCHEME.match(self.url).group(1).lower()  # type: ignore[union-attr]
+        match = URL_SCHEME.match(self.url)
+        assert match is not None, f"a Store is made from a URL (locate() asks is_remote), not {self.url!r}"
+        self.protocol = match.group(1).lower()
         self._http = self.protocol in ("http", "https")
         self._fs: Any = None
         self._root = ""
@@ -202,7 +205,8 @@ class Store:
             with contextlib.suppress(AttributeError, NotImplementedError):
                 fs.invalidate_cache(self._root)
             try:
-                return fs.ls(self._root, detail=True)
+                listed: list[dict[str, Any]] = fs.ls(self._root, detail=True)  # fsspec is untyped
+                return listed
             except FileNotFoundError:
                 return []
 
