@@ -9,7 +9,7 @@ folder is missing), then, alternating, --rounds times each, with every tar read 
 (warm page cache; this machine evicts pages untouched for ~30 s):
   read once: every tar read start to end in 8 MiB chunks, in --workers processes (the floor: the
              bytes index must at least read to hash them);
-  index:     index_tars(folder, workers=--workers, overwrite=True): sha256, header walk, the records
+  index:     adopt_tars(folder, workers=--workers, overwrite=True): sha256, header walk, the records
              as open_shards reads them, DALI's index, wids' list, the manifest.
 Prints GB/s of each and the median of per-round ratios index / read with their range.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from benchkit import environment, ratios, span, warm
 
 from shardkit.core.version import __version__
-from shardkit.packing.adopt import index_tars
+from shardkit.packing.adopt import adopt_tars
 from shardkit.synthetic import write_image
 
 CHUNK = 8 << 20
@@ -95,7 +95,7 @@ def main() -> None:
                 if name == "read":
                     read_once(folder, args.workers)
                 else:
-                    records = index_tars(folder, workers=args.workers, overwrite=True).records
+                    records = adopt_tars(folder, workers=args.workers, overwrite=True).records
                 runs[name].append(time.perf_counter() - started)
             print(f"round {round_number + 1}/{args.rounds} done", file=sys.stderr)
         gigabytes = size / 1e9

@@ -298,9 +298,9 @@ def test_an_output_without_hashes_is_hashed_record_by_record(planted, tmp_path: 
     with tarfile.open(adopted / "part-0.tar", "w") as tar:
         for _original, copy in expected["exact"] + expected["half"]:
             tar.add(copy, arcname=f"{Path(copy).stem}.{Path(copy).suffix[1:]}")
-    from shardkit.packing.adopt import index_tars
+    from shardkit.packing.adopt import adopt_tars
 
-    index_tars(adopted)
+    adopt_tars(adopted)
     _pack(train, tmp_path / "train_out")
     report = find_duplicates([tmp_path / "train_out"], against=[adopted], near=True)
     assert len(report.groups) == 6 and {g.kind for g in report.groups} == {"exact", "near"}

@@ -19,7 +19,7 @@ from shardkit.checks.verify import verify
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import WIDS_NAME, idx_name, read_manifest
 from shardkit.formats.webdataset import dali_index
-from shardkit.packing.adopt import index_tars
+from shardkit.packing.adopt import adopt_tars
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image
 
@@ -70,7 +70,7 @@ def gnu_tars(tmp_path: Path) -> Path:
 
 def test_gnu_tars_are_adopted_and_read_as_our_own(gnu_tars: Path) -> None:
     before = fingerprint(gnu_tars)
-    result = index_tars(gnu_tars, workers=2)
+    result = adopt_tars(gnu_tars, workers=2)
     assert fingerprint(gnu_tars) == before  # never modified or moved
     manifest = read_manifest(gnu_tars)
     assert (result.tars, result.adopted, result.records, result.errors) == (2, 2, 12, 3)  # c0/ c1/ c2/
@@ -102,7 +102,7 @@ def test_an_unsorted_tar_s_split_samples_are_named_with_the_fix(gnu_tars: Path, 
     out.mkdir()
     members = ["c0/img_000.cls", "c0/img_003.jpg", "c0/img_003.cls", "c0/img_000.jpg"]
     subprocess.run(["tar", "-cf", str(out / "x.tar"), *members], cwd=source, check=True)
-    result = index_tars(out)
+    result = adopt_tars(out)
     assert result.records == 2
     rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert [(row["path"], row["stage"]) for row in rows] == [("x.tar/c0/img_000", "index")]
@@ -135,7 +135,7 @@ def test_what_readers_leave_out_is_listed_not_fatal(tmp_path: Path) -> None:
         add(archive, "x.jpg", jpeg(5))
     (folder / "c.tar").write_bytes(whole.getvalue()[:700])  # cut inside its image
     (folder / "notes.md").write_text("the folder's own file")
-    result = index_tars(folder)
+    result = adopt_tars(folder)
     assert (result.adopted, result.records) == (2, 4)
     rows = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
     stages = sorted((row["stage"], row["path"]) for row in rows)
@@ -159,12 +159,12 @@ def test_what_readers_leave_out_is_listed_not_fatal(tmp_path: Path) -> None:
 
 def test_index_refuses_before_any_work(tmp_path: Path, gnu_tars: Path) -> None:
     with pytest.raises(ConfigError, match=r"no \.tar files"):
-        index_tars(tmp_path / "photos")  # class folders of photos, no tars
-    index_tars(gnu_tars)
+        adopt_tars(tmp_path / "photos")  # class folders of photos, no tars
+    adopt_tars(gnu_tars)
     with pytest.raises(OutputError, match=r"already has a manifest\.json; use --overwrite"):
-        index_tars(gnu_tars)
+        adopt_tars(gnu_tars)
     before = fingerprint(gnu_tars)
-    assert index_tars(gnu_tars, overwrite=True).records == 12
+    assert adopt_tars(gnu_tars, overwrite=True).records == 12
     assert fingerprint(gnu_tars) == before and verify(gnu_tars).ok
 
 
@@ -198,7 +198,7 @@ def test_img2dataset_output_is_adopted(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar", "00001.tar", "00002.tar"]
     before = fingerprint(out)
-    result = index_tars(out)
+    result = adopt_tars(out)
     assert fingerprint(out) == before
     assert (result.adopted, result.records, result.errors) == (3, 30, 0)
     assert result.extensions == {"jpg": 30, "json": 30}  # img2dataset writes .txt only for captions
@@ -218,7 +218,7 @@ def test_a_bucket_of_tars_is_adopted_in_place(s3, gnu_tars: Path, tmp_path: Path
     store = Store("s3://data/adopt", options)
     for path in sorted(gnu_tars.glob("*.tar")):
         store.upload(str(path), path.name)
-    result = index_tars("s3://data/adopt", storage_options=options)
+    result = adopt_tars("s3://data/adopt", storage_options=options)
     assert (result.adopted, result.records) == (2, 12), store.read("errors.jsonl", 1 << 20)
     assert {"manifest.json", "errors.jsonl", "part-0.idx", "part-1.idx", WIDS_NAME} <= set(store.listing())
     assert verify("s3://data/adopt", storage_options=options).ok

@@ -185,9 +185,9 @@ def _check_companion(job: _ShardJob, shard: str, check: _ShardCheck) -> None:
     """The shard's index for other readers is what the format derives from the shard now, and the
     file beside it is that, byte for byte."""
     companion = job.companion
-    index_file = get_format(job.format).index_file
+    idx_file = get_format(job.format).idx_file
     assert companion is not None
-    expected = index_file(shard) if index_file is not None else None
+    expected = idx_file(shard) if idx_file is not None else None
     if expected is None or hashlib.sha256(expected).hexdigest() != companion.sha256:
         check.problems.append(Problem("companion", "does not match the shard's members", companion.name))
         return

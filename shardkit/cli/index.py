@@ -31,14 +31,14 @@ def index(
     """Adopt tars someone else wrote (img2dataset, `tar` of a folder): scan each once and write
     manifest.json, errors.jsonl and the indexes beside them, never touching the tars. Then verify,
     open_shards, the loader and bench work on them."""
-    from ..packing.adopt import index_tars  # here: `shardkit --help` need not import it
+    from ..packing.adopt import adopt_tars  # here: `shardkit --help` need not import it
 
     with user_errors():
         check_report_path(json_path)
         options = storage_options(storage_option)
         with progress_bar(unit="tars") as bar:
             task = bar.add_task("indexing", total=None, rate="")
-            result = index_tars(
+            result = adopt_tars(
                 folder, workers=workers, overwrite=overwrite, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip

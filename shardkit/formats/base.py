@@ -243,9 +243,9 @@ class Backend:
     random_access: bool  # by index and key without reading the shard from the start
     writer: Callable[..., ShardWriter]  # (path, **options): unknown options are a ConfigError
     reader: Callable[[str], ShardReader]
-    # a shard's index for other readers, written beside it (core.manifest.idx_name): its bytes, or
-    # None where the shard cannot have one; None for formats that need none
-    index_file: Callable[[str], bytes | None] | None = None
+    # a shard's .idx file for other readers (DALI's), written beside it (core.manifest.idx_name): its
+    # bytes, or None where the shard cannot have one; None for formats that need none
+    idx_file: Callable[[str], bytes | None] | None = None
     # files other readers may leave beside a shard (LMDB's lock file)
     leftovers: tuple[Leftover, ...] = ()
     # the files for other readers beside the whole output, derived from its shards in manifest order:

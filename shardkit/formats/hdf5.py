@@ -196,7 +196,7 @@ class Hdf5ShardReader(ShardReader):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._file: Any = None
-        self._index: tuple[list[int], list[str], list[str], list[int]] | None = None
+        self._directory: tuple[list[int], list[str], list[str], list[int]] | None = None
         self._meta: list[Any] = []
         self._extras: list[Any] | None = None
         self._chunks: tuple[int, list[int]] | None = None  # (chunk bytes, file offset of each chunk)
@@ -223,16 +223,16 @@ class Hdf5ShardReader(ShardReader):
             self.opened()
         return self._file
 
-    def _load_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
-        if self._index is None:
+    def _load_directory(self) -> tuple[list[int], list[str], list[str], list[int]]:
+        if self._directory is None:
             try:
-                self._index = self._read_index()
+                self._directory = self._read_directory()
             except (KeyError, OSError, ValueError, TypeError, AttributeError, RuntimeError, IndexError) as error:
                 # h5py reports a damaged B-tree or heap as any of these
                 raise ShardFormatError(f"{self.path}: not a shardkit HDF5 shard ({describe(error)})") from None
-        return self._index
+        return self._directory
 
-    def _read_index(self) -> tuple[list[int], list[str], list[str], list[int]]:
+    def _read_directory(self) -> tuple[list[int], list[str], list[str], list[int]]:
         h5 = self._open()
         _refuse_links_outside(h5, self.path)
         _check_index_datasets(h5, self.path)
@@ -266,10 +266,10 @@ class Hdf5ShardReader(ShardReader):
         return offsets.tolist(), keys, exts, labels.tolist()
 
     def __len__(self) -> int:
-        return len(self._load_index()[1])
+        return len(self._load_directory()[1])
 
     def keys(self) -> list[str]:
-        return list(self._load_index()[1])
+        return list(self._load_directory()[1])
 
     def _data(self, start: int, end: int) -> bytes:
         try:
@@ -280,7 +280,7 @@ class Hdf5ShardReader(ShardReader):
             raise ShardFormatError(f"{where} ({describe(error)})") from None
 
     def _record(self, index: int, data: bytes, meta: Any = None) -> Record:
-        _, keys, exts, labels = self._load_index()
+        _, keys, exts, labels = self._load_directory()
         if meta is None:
             meta = parse_meta(self._meta[index], f"{self.path}: record {keys[index]}")
         label = labels[index]
@@ -328,7 +328,7 @@ class Hdf5ShardReader(ShardReader):
         return data
 
     def read(self, index: int) -> Record:
-        offsets, keys, _, _ = self._load_index()
+        offsets, keys, _, _ = self._load_directory()
         if not 0 <= index < len(keys):
             raise IndexError(index)
         start, end = offsets[index], offsets[index + 1]
@@ -339,7 +339,7 @@ class Hdf5ShardReader(ShardReader):
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop): straight from the file's chunks where the layout allows, else
         through h5py in windows of ~8 MiB (one h5py call per window, not per record)."""
-        offsets, keys, _, _ = self._load_index()
+        offsets, keys, _, _ = self._load_directory()
         index, stop = max(0, start), min(stop, len(keys))
         chunks = self._chunks
         while chunks and index < stop:

@@ -5,7 +5,7 @@ and `<key>.columns.json` (the user's columns), which stock webdataset and `datas
 The reader parses tar headers itself (ustar, pax, GNU long names) instead of going through
 `tarfile`, which costs ~10 us per member in Python: iteration reads headers and small members with a
 small read-ahead and each image exactly once; a range that starts inside a shard walks on from the
-nearest record offset an earlier range left (`marks`), and random access uses an index of member
+nearest record offset an earlier range left (`marks`), and random access uses a table of member
 offsets built from the headers.
 """
 
@@ -275,7 +275,7 @@ def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
 
 class TarShardReader(ShardReader):
     """Reads tars from any WebDataset writer: sequentially with read-ahead, or by index and key
-    through an index of member offsets built from the headers on first random access."""
+    through a table of member offsets built from the headers on first random access."""
 
     TRANSIENT = ("_fd",)
 
@@ -285,7 +285,7 @@ class TarShardReader(ShardReader):
         self._fd: int | None = None
         # Record number -> offset of its first header, where ranges stopped and started: a range
         # walks the headers on from the nearest mark before it, so a shard read in pieces (a
-        # shuffled epoch reads it in a few per lane) needs no index. An index costs a header walk
+        # shuffled epoch reads it in a few per lane) needs no member table. A member table costs a header walk
         # of the whole shard and ~1 KB per record held until close, which also made the garbage
         # collector run ~10x as often (measured 1.35x slower, 3x the memory); a mark is two ints.
         self._marks: dict[int, int] = {0: 0}
@@ -304,7 +304,7 @@ class TarShardReader(ShardReader):
         fd = self._descriptor()
         return _Bytes(fd, os.fstat(fd).st_size, chunk)
 
-    def _index(self) -> list[Entry]:
+    def _members(self) -> list[Entry]:
         if self._entries is None:
             entries = list(_group(tar_members(self._bytes(_READ_AHEAD), self.path), self.path))
             if len({key for key, _, _ in entries}) != len(entries):
@@ -313,10 +313,10 @@ class TarShardReader(ShardReader):
         return self._entries
 
     def __len__(self) -> int:
-        return len(self._index())
+        return len(self._members())
 
     def keys(self) -> list[str]:
-        return [key for key, _, _ in self._index()]
+        return [key for key, _, _ in self._members()]
 
     def _member(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
         offset, size = members[ext]
@@ -405,10 +405,10 @@ class TarShardReader(ShardReader):
         return image_ext, label, blob, total, text, columns, files
 
     def read(self, index: int) -> Record:
-        return next(self._records(self._bytes(), iter([self._index()[index]])))
+        return next(self._records(self._bytes(), iter([self._members()[index]])))
 
     def __iter__(self) -> Iterator[Record]:
-        return self._stream(0, None)  # no index needed from the first record
+        return self._stream(0, None)  # no member table needed from the first record
 
     def _stream(self, start: int, stop: int | None) -> Iterator[Record]:
         """Records [start, stop), walking the headers on from the nearest mark at or before `start`
@@ -448,8 +448,8 @@ class TarShardReader(ShardReader):
         self._marks[record] = offset
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
-        """Records [start, stop) with read-ahead: through the index once random access built one,
-        else by a walk from the nearest mark (no index needed)."""
+        """Records [start, stop) with read-ahead: through the member table once random access built
+        one, else by a walk from the nearest mark (no member table needed)."""
         if self._entries is not None:
             return self._records(self._bytes(_READ_AHEAD), iter(self._entries[start:stop]))
         return self._stream(start, stop)
@@ -460,7 +460,7 @@ class TarShardReader(ShardReader):
         self._fd = None
 
 
-# --- DALI's index ---------------------------------------------------------------------------------
+# --- DALI's .idx file ---------------------------------------------------------------------------------
 # What DALI's wds2idx writes (v1.2), so DALI need not scan each tar: a first line `v1.2 <samples>`,
 # then a line per sample of its members as `<ext> <data offset> <size> <member name>` joined by
 # spaces, members grouped as consecutive ones with the same key (hidden files, a name starting
@@ -526,5 +526,5 @@ def wids_files(shards: list[ShardInfo]) -> list[tuple[str, bytes]]:
 
 
 BACKEND = Backend(
-    "webdataset", ".tar", True, TarShardWriter, TarShardReader, index_file=dali_index, output_files=wids_files
+    "webdataset", ".tar", True, TarShardWriter, TarShardReader, idx_file=dali_index, output_files=wids_files
 )

@@ -155,7 +155,7 @@ def _scanned(path: str, name: str) -> TarScan:
     return scan
 
 
-def index_tars(
+def adopt_tars(
     folder: str | os.PathLike[str],
     *,
     workers: int | None = None,

@@ -54,7 +54,7 @@ class ShardResult:
     plan: str = ""
     reused: bool = False
     worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
-    companion: ShardInfo | None = None  # the shard's index for other readers (Backend.index_file)
+    companion: ShardInfo | None = None  # the shard's .idx file for other readers (Backend.idx_file)
 
 
 # Set in each worker process by the executor; counts images as they are done, for live progress.
@@ -77,7 +77,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             "with --executor ray the output folder must be on storage that every node shares"
         )
     temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
-    index_temp = temp_dir(job.output) / f"{idx_name(spec.name)}.{os.getpid()}.tmp"
+    idx_temp = temp_dir(job.output) / f"{idx_name(spec.name)}.{os.getpid()}.tmp"
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[Failure] = []
     input_bytes = 0
@@ -104,7 +104,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             count = writer.close()
             closed = True
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
-            companion = _write_index_file(backend, temp, index_temp, info)
+            companion = _write_idx_file(backend, temp, idx_temp, info)
             worker = f"{socket.gethostname()}:{os.getpid()}"
             result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion)
             write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
@@ -113,7 +113,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             # The index goes before its shard: a shard in the output always has its index.
             write_json_atomic(done_path(job.output, spec.name), asdict(result))
             if companion is not None:
-                os.replace(index_temp, Path(job.output) / companion.name)
+                os.replace(idx_temp, Path(job.output) / companion.name)
             os.replace(temp, Path(job.output) / spec.name)
         timings["write"] += time.perf_counter() - closing
     except BaseException:
@@ -123,16 +123,16 @@ def write_shard(job: ShardJob) -> ShardResult:
         raise
     finally:
         temp.unlink(missing_ok=True)
-        index_temp.unlink(missing_ok=True)
+        idx_temp.unlink(missing_ok=True)
     return result
 
 
-def _write_index_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
-    """The format's index of the shard just written, for other readers (a tar's DALI index)."""
-    if backend.index_file is None:
+def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
+    """The format's .idx file of the shard just written, for other readers (DALI's, for a tar)."""
+    if backend.idx_file is None:
         return None
     try:
-        data = backend.index_file(str(shard))
+        data = backend.idx_file(str(shard))
     except ShardFormatError as error:  # our own writer's tar: a bug, never the input's fault
         raise OutputError(f"{shard}: cannot index the shard just written ({error}); a shardkit bug") from None
     if data is None:  # a tar DALI's index cannot describe (an extension with a space, no sample)
