@@ -1,8 +1,8 @@
 """A census of an image folder from headers alone, and the pre-resize recommendation.
 
-`probe()` reads every header in parallel chunks (no per-file IPC) into a `Census`, which turns the
-records into distributions. `recommend()` is the one function that picks a pre-resize size;
-`pack --resize auto` calls it too. Nothing here prints.
+`probe()` reads every header in parallel chunks (no per-file IPC) into a `Census` (census.py), which
+turns the records into distributions and the recommendation; the exact copies among the files are
+confirmed by copies.py. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -14,116 +14,43 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
-from ..core.errors import Failure, HeaderError, describe
-from ..core.headers import EXTENSION_FORMATS, ImageHeader, file_identity, read_head, read_header
-from ..core.manifest import sha256_of
+from ..core.errors import HeaderError, describe
+from ..core.headers import EXTENSION_FORMATS, ImageHeader, read_head, read_header
 from ..core.pools import default_workers, map_local, map_threads
-from ..core.safeio import open_regular
-from .sources import Item, SourceWalk, display, walk
+from .census import (
+    CANNOT_READ,
+    SHORT_SIDE_BINS,
+    Census,
+    Counts,
+    ExactCopies,
+    FileProblem,
+    ProbeRecord,
+    ProbeReport,
+    Recommendation,
+    ScanRow,
+    counted_percentiles,
+    counted_quantiles,
+    recommend,
+)
+from .copies import candidate_names, confirm_copies
+from .sources import Item, SourceWalk, walk
+
+__all__ = [
+    "CHUNK_FILES", "PARALLEL_MIN_FILES", "SHORT_SIDE_BINS", "Census", "Counts", "ExactCopies", "FileProblem",
+    "ProbeChunk", "ProbeRecord", "ProbeReport", "Recommendation", "ScanRow", "confirm_copies", "counted_percentiles",
+    "counted_quantiles", "parallelism", "probe", "probe_file", "recommend",
+]  # fmt: skip
 
 CHUNK_FILES = 2048
 # Below this many files a process pool costs more to start than it saves.
 PARALLEL_MIN_FILES = 50_000
-SHORT_SIDE_BINS = (0, 64, 128, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 4096)
-
-# One file as the scanner (or its Python twin) reports it: (bytes, header tuple or None, error,
-# warnings, head hash, file identity).
-ScanRow = tuple[Any, ...]
-
-
-class ProbeRecord(NamedTuple):
-    relpath: str
-    bytes: int
-    header: ImageHeader | None
-    error: str | None = None  # why the header could not be read
-    warnings: tuple[str, ...] = ()  # "truncated", "extension-mismatch", "too-many-pixels"
-    head: int | None = None  # headers.head_hash of a readable image's first bytes
-    identity: int | None = None  # headers.file_identity: the same for every name of one file
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    train_size: int
-    resize: int | None  # short side to pre-resize to; None keeps the originals
-    reason: str
-    shrink_share: float  # share of readable images this would make smaller
-    bytes_before: int
-    bytes_after_estimate: int
-    decode_work_saved: float  # share of decoded pixels saved per epoch (decode time ~ pixels)
-
-
-class FileProblem(str):
-    """A file's problem as probe reports it: the reason (a str, so it prints and serializes as one)
-    with its kind attached by whoever found it, never guessed from the wording."""
-
-    kind: str
-
-    def __new__(cls, reason: str, kind: str) -> FileProblem:
-        problem = super().__new__(cls, reason)
-        problem.kind = kind
-        return problem
-
-    def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:
-        return (FileProblem, (str(self), self.kind))
-
-
-@dataclass(frozen=True)
-class ProblemSummary:
-    count: int
-    examples: list[str]
-
-
-@dataclass(frozen=True)
-class ExactCopies:
-    """Files whose bytes copy another file's: found from (size, head hash) and confirmed by the
-    sha256 of each file. Names of one file (symlinks, hard links, a table naming a file twice) are
-    one file, counted apart as `links`."""
-
-    files: int  # copies beyond the first of each group
-    groups: int
-    bytes: int  # what the copies hold
-    links: int = 0
-    examples: list[list[str]] = field(default_factory=list)  # the first groups, as paths in the source
-
-
-@dataclass
-class ProbeReport:
-    root: str
-    files: int  # every file looked at, readable or not
-    images: int  # readable headers
-    bytes: int
-    seconds: float
-    workers: int
-    percentiles: dict[str, dict[str, float]]
-    short_side_histogram: list[tuple[int, int | None, int]]
-    formats: dict[str, int]
-    modes: dict[str, int]
-    rotated: int
-    progressive: int
-    problems: dict[str, ProblemSummary]
-    recommendation: Recommendation | None
-    worker_kind: str = "process"  # "thread" with the compiled scanner
-    # a metadata table's census: rows, rows without a file, images without a row, bad rows, the
-    # columns found and caption lengths in characters (percentiles)
-    table: dict[str, Any] | None = None
-    duplicates: ExactCopies | None = None
-    skipped: list[Failure] = field(default_factory=list, repr=False)
-    # every distinct displayed size with its count: the distribution itself, for plots
-    size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("size_counts")
-        data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
-        data["root"] = display(self.root)
-        return data
 
 
 def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> ProbeRecord:
@@ -235,72 +162,95 @@ def probe(
     started = time.perf_counter()
     found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)  # the samples pack would take
     census = Census()
-    captions: Counter[int] = Counter()  # caption length in characters -> rows
-    without_file = 0
-    walked = 0
-    chunk_count = 0
-    walk_done = False
-
-    def chunks() -> Iterator[tuple[list[str], list[str], int]]:
-        nonlocal walked, walk_done, chunk_count
-        paths: list[str] = []
-        relpaths: list[str] = []
-        for prefix, run_paths, run_relpaths in _runs(found, captions):
-            paths += run_paths if run_paths is not None else [prefix + rel for rel in run_relpaths]
-            relpaths += run_relpaths
-            while len(paths) >= chunk_files:
-                walked += chunk_files
-                chunk_count += 1
-                yield paths[:chunk_files], relpaths[:chunk_files], max_pixels
-                del paths[:chunk_files], relpaths[:chunk_files]
-        if paths:
-            walked += len(paths)
-            chunk_count += 1
-            yield paths, relpaths, max_pixels
-        walk_done = True
-
+    chunking = _Chunking(found, Counter(), chunk_files, max_pixels)
     workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
-    jobs = chunks()
+    jobs: Iterator[Job] = iter(chunking)
     if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
         ahead = list(itertools.islice(jobs, math.ceil(PARALLEL_MIN_FILES / chunk_files)))
         if len(ahead) * chunk_files < PARALLEL_MIN_FILES:
             workers = 1
         jobs = itertools.chain(ahead, jobs)
-    mapper = map_threads if kind == "thread" else map_local
-    jobs_by_index: dict[int, list[str]] = {}
-
-    def numbered() -> Iterator[tuple[list[str], list[str], int]]:
-        for index, job in enumerate(jobs):
-            jobs_by_index[index] = job[1]
-            yield job
-
-    finished: dict[int, list[ScanRow]] = {}
-    next_index = 0
-    for index, rows in mapper(_probe_chunk, numbered(), workers):
-        finished[index] = rows
-        if found.table is not None:
-            without_file += sum(1 for row in rows if row[2] is not None and row[2].startswith(_MISSING))
-        while next_index in finished:  # in walk order, whatever order the chunks finish in
-            chunk = ProbeChunk(jobs_by_index.pop(next_index), finished.pop(next_index))
-            census.add_rows(chunk.relpaths, chunk.rows)
-            if on_chunk is not None:
-                on_chunk(chunk)
-            next_index += 1
-            if progress is not None:
-                progress(census.files, walked if walk_done else None)
+    without_file = _scan(jobs, kind, workers, census, chunking, on_chunk, progress)
     report = census.report(train_size=train_size, root=os.fspath(source))
     places, keys, identities, links = census.copy_candidates()
     report.duplicates = ExactCopies(0, 0, 0, links)
     if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
         again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)
-        names = _candidate_names(again, places, keys, identities)
+        names = candidate_names(_runs(again, Counter()), places, keys, identities)
         report.duplicates = confirm_copies(names, workers, links, progress=copies_progress)
     report.seconds = time.perf_counter() - started
-    report.workers, report.worker_kind = (workers if chunk_count > 1 else 1), kind  # one chunk runs inline
+    report.workers, report.worker_kind = (workers if chunking.chunks > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     if found.table is not None:
-        report.table = _table_census(found, captions, without_file)
+        report.table = _table_census(found, chunking.captions, without_file)
     return report
+
+
+Job = tuple[list[str], list[str], int]  # a chunk's paths, relpaths, and the pixel limit
+
+
+@dataclass
+class _Chunking:
+    """The walk cut into chunks of `chunk_files` files as it goes, counting what it has cut (the
+    total is known once `done`) and the caption lengths of a table's rows."""
+
+    found: SourceWalk
+    captions: Counter[int]  # caption length in characters -> rows
+    chunk_files: int
+    max_pixels: int
+    walked: int = 0
+    chunks: int = 0
+    done: bool = False
+
+    def __iter__(self) -> Iterator[Job]:
+        size = self.chunk_files
+        paths: list[str] = []
+        relpaths: list[str] = []
+        for prefix, run_paths, run_relpaths in _runs(self.found, self.captions):
+            paths += run_paths if run_paths is not None else [prefix + rel for rel in run_relpaths]
+            relpaths += run_relpaths
+            while len(paths) >= size:
+                self.walked += size
+                self.chunks += 1
+                yield paths[:size], relpaths[:size], self.max_pixels
+                del paths[:size], relpaths[:size]
+        if paths:
+            self.walked += len(paths)
+            self.chunks += 1
+            yield paths, relpaths, self.max_pixels
+        self.done = True
+
+
+def _scan(
+    jobs: Iterator[Job], kind: str, workers: int, census: Census, chunking: _Chunking,
+    on_chunk: Callable[[ProbeChunk], None] | None, progress: Callable[[int, int | None], None] | None,
+) -> int:  # fmt: skip
+    """Every chunk through the scanner on `workers` threads or processes, added to the census in
+    walk order whatever order they finish in; returns how many of a table's rows name no file."""
+    mapper = map_threads if kind == "thread" else map_local
+    relpaths_of: dict[int, list[str]] = {}
+
+    def numbered() -> Iterator[Job]:
+        for index, job in enumerate(jobs):
+            relpaths_of[index] = job[1]
+            yield job
+
+    without_file = 0
+    finished: dict[int, list[ScanRow]] = {}
+    next_index = 0
+    for index, rows in mapper(_probe_chunk, numbered(), workers):
+        finished[index] = rows
+        if chunking.found.table is not None:
+            without_file += sum(1 for row in rows if row[2] is not None and row[2].startswith(_MISSING))
+        while next_index in finished:
+            chunk = ProbeChunk(relpaths_of.pop(next_index), finished.pop(next_index))
+            census.add_rows(chunk.relpaths, chunk.rows)
+            if on_chunk is not None:
+                on_chunk(chunk)
+            next_index += 1
+            if progress is not None:
+                progress(census.files, chunking.walked if chunking.done else None)
+    return without_file
 
 
 def _runs(found: SourceWalk, captions: Counter[int]) -> Iterable[tuple[str, list[str] | None, list[str]]]:
@@ -312,75 +262,6 @@ def _runs(found: SourceWalk, captions: Counter[int]) -> Iterable[tuple[str, list
         listed = list(found.items)
         return [("", [item.path for item in listed], [item.relpath for item in listed])]
     return ((run.prefix, None, run.relpaths) for run in found.runs)
-
-
-def _candidate_names(
-    found: SourceWalk, places: np.ndarray, keys: np.ndarray, identities: np.ndarray
-) -> list[tuple[int, int, str, str]]:
-    """(key, file identity, path, relpath) of the files at `places` (sorted positions in walk
-    order). A folder changed since the first walk may put other files there: confirm_copies reads
-    only a file whose identity is the one counted."""
-    names: list[tuple[int, int, str, str]] = []
-    at = 0
-    for prefix, run_paths, run_relpaths in _runs(found, Counter()):
-        first, end = np.searchsorted(places, [at, at + len(run_relpaths)])
-        for j in range(int(first), int(end)):
-            i = int(places[j]) - at
-            path = run_paths[i] if run_paths is not None else prefix + run_relpaths[i]
-            names.append((int(keys[j]), int(identities[j]), path, run_relpaths[i]))
-        at += len(run_relpaths)
-        if end == len(places):
-            break
-    return names
-
-
-def confirm_copies(
-    names: Sequence[tuple[int, int, str, str]], workers: int, links: int = 0, examples: int = 5,
-    progress: Callable[[int, int], None] | None = None,
-) -> ExactCopies:  # fmt: skip
-    """Which of the candidate files (key, identity, path, relpath), distinct files in walk order,
-    really copy each other: those with the same key and the same sha256. A file gone, unreadable,
-    or no longer the file counted (its identity changed) since the scan is left out."""
-    jobs = [[(path, identity) for _, identity, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
-    read: list[tuple[str, int] | None] = [None] * len(names)
-    done = 0
-    for index, found in map_threads(_digests, jobs, workers):
-        read[index * 64 : index * 64 + len(found)] = found
-        done += len(found)
-        if progress is not None:
-            progress(done, len(names))
-    groups: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (key, sha256) -> (name, size) of each file
-    for i, ((key, *_), digest) in enumerate(zip(names, read, strict=True)):
-        if digest is not None:
-            groups.setdefault((key, digest[0]), []).append((i, digest[1]))
-    copies = [group for group in groups.values() if len(group) > 1]
-    return ExactCopies(
-        files=sum(len(group) - 1 for group in copies),
-        groups=len(copies),
-        bytes=sum(group[0][1] * (len(group) - 1) for group in copies),
-        links=links,
-        examples=[[display(names[i][3]) for i, _ in group] for group in copies[:examples]],
-    )
-
-
-def _digests(files: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
-    """The sha256 and size of each (path, identity), read through one descriptor whose file must
-    be the one the scan counted; None where it cannot be read or is another file."""
-    found: list[tuple[str, int] | None] = []
-    for path, identity in files:
-        try:
-            fd = open_regular(path)  # a FIFO put in a candidate's place is refused, not waited on
-        except OSError:
-            found.append(None)
-            continue
-        try:
-            status = os.fstat(fd)
-            found.append((sha256_of(fd), status.st_size) if file_identity(status) == identity else None)
-        except OSError:
-            found.append(None)
-        finally:
-            os.close(fd)
-    return found
 
 
 _MISSING = f"cannot read: {os.strerror(2)}"  # ENOENT, as probe_file words it
@@ -420,301 +301,3 @@ def _table_census(found: SourceWalk, captions: Counter[int], without_file: int) 
         "captions": int(counts.sum()),
         "caption_chars": counted_percentiles(lengths, counts) if len(counts) else {},
     }
-
-
-class Counts:
-    """A multiset of integers kept exactly and compactly: sorted distinct values, each with its
-    count and the sum of a weight. Memory grows with the distinct values (image sizes: thousands),
-    not with the number of files; additions are buffered and merged in large batches."""
-
-    def __init__(self) -> None:
-        self.values = np.empty(0, np.uint64)
-        self.counts = np.empty(0, np.int64)
-        self.weights = np.empty(0, np.int64)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
-        self._pending_size = 0
-
-    def add(self, values: np.ndarray, weights: np.ndarray) -> None:
-        self._pending.append((values.astype(np.uint64, copy=False), weights.astype(np.int64, copy=False)))
-        self._pending_size += len(values)
-        if self._pending_size >= 1 << 18:
-            self.merge()
-
-    def merge(self) -> Counts:
-        if self._pending:
-            values = np.concatenate([self.values, *(v for v, _ in self._pending)])
-            counts = np.concatenate([self.counts, *(np.ones(len(v), np.int64) for v, _ in self._pending)])
-            weights = np.concatenate([self.weights, *(w for _, w in self._pending)])
-            self.values, inverse = np.unique(values, return_inverse=True)
-            self.counts = _sum_by(inverse, counts, len(self.values))
-            self.weights = _sum_by(inverse, weights, len(self.values))
-            self._pending, self._pending_size = [], 0
-        return self
-
-
-def _sum_by(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """Integer sums of `values` per group; exact while a sum is under 2**53 (8 PiB of files)."""
-    return np.rint(np.bincount(groups, weights=values, minlength=size)).astype(np.int64)
-
-
-_KEY_STEP = np.uint64(0x9E3779B97F4A7C15)  # spreads the size over the key's bits
-_SIDE_BITS = 32  # a size is kept as width << 32 | height
-_SIDE_LIMIT = (1 << _SIDE_BITS) - 1
-_SIDE_BITS_U = np.uint64(_SIDE_BITS)
-
-
-@dataclass
-class Census:
-    """What probe keeps while it streams: totals, exact counts of each displayed size (with the
-    bytes of its files) and of each file size, and up to `examples` names per problem."""
-
-    examples: int = 5
-    files: int = 0
-    bytes: int = 0
-    sizes: Counts = field(default_factory=Counts)  # width << 32 | height, weighted by file bytes
-    file_sizes: Counts = field(default_factory=Counts)
-    formats: Counter[str] = field(default_factory=Counter)
-    modes: Counter[str] = field(default_factory=Counter)
-    rotated: int = 0
-    progressive: int = 0
-    problems: dict[str, list[Any]] = field(default_factory=dict)  # kind -> [count, examples]
-    # each readable image's position in the walk, its key (head hash ^ size) and its file's
-    # identity: 24 bytes an image, what finding exact copies without reading every file costs
-    copy_places: list[np.ndarray] = field(default_factory=list)
-    copy_keys: list[np.ndarray] = field(default_factory=list)
-    copy_identities: list[np.ndarray] = field(default_factory=list)
-
-    def add(self, records: Sequence[ProbeRecord]) -> None:
-        self.add_rows(
-            [r.relpath for r in records],
-            [(r.bytes, r.header, r.error, r.warnings, r.head, r.identity) for r in records],
-        )
-
-    def add_rows(self, relpaths: Sequence[str], rows: Sequence[ScanRow]) -> None:
-        """The hot path: rows as the scanner gives them, (bytes, header tuple or None, error,
-        warnings, head hash, file identity), with no object built for a clean image. Taken by
-        columns (one zip), so that a chunk of clean images costs no Python step per file."""
-        base = self.files
-        self.files += len(rows)
-        if not rows:
-            return
-        sizes, headers, errors, warned, heads, identities = zip(*rows, strict=True)
-        self.bytes += sum(sizes)
-        places: Sequence[int] = range(base, base + len(rows))
-        if errors.count(None) != len(errors) or any(warned):
-            kept = [index for index, row in enumerate(rows) if self._readable(relpaths[index], row)]
-            sizes, headers = tuple(sizes[i] for i in kept), tuple(headers[i] for i in kept)
-            heads, identities = tuple(heads[i] for i in kept), tuple(identities[i] for i in kept)
-            places = [base + i for i in kept]
-            if not kept:
-                return
-        # header tuples: (format, width, height, mode, bits, progressive, orientation, complete)
-        formats, widths, heights, modes, _, progressive, orientations, _ = zip(*headers, strict=True)
-        turned = np.array(orientations, np.int64) >= 5  # EXIF quarter turns: displayed with the sides swapped
-        across = np.minimum(np.array(widths, np.uint64), _SIDE_LIMIT)
-        down = np.minimum(np.array(heights, np.uint64), _SIDE_LIMIT)
-        packed = np.where(turned, down, across) << _SIDE_BITS_U | np.where(turned, across, down)
-        self.formats.update(formats)
-        self.modes.update(modes)
-        self.rotated += len(orientations) - orientations.count(1)
-        self.progressive += sum(progressive)
-        weights = np.array(sizes, np.int64)
-        self.sizes.add(packed, weights)
-        self.file_sizes.add(weights, np.zeros(len(weights), np.int64))
-        if None in heads or None in identities:  # a file gone between its header and its head
-            hashed = [
-                i for i, (h, f) in enumerate(zip(heads, identities, strict=True)) if h is not None and f is not None
-            ]
-            heads, identities = tuple(heads[i] for i in hashed), tuple(identities[i] for i in hashed)
-            places, weights = [places[i] for i in hashed], weights[hashed]
-        self.copy_keys.append(np.array(heads, np.uint64) ^ (weights.astype(np.uint64) * _KEY_STEP))
-        self.copy_identities.append(np.array(identities, np.uint64))
-        self.copy_places.append(np.array(places, np.int64))
-
-    def _readable(self, relpath: str, row: ScanRow) -> bool:
-        """Notes a row's problems; whether its image counts (a header, under the pixel limit)."""
-        size, header, error, warnings = row[:4]
-        if error is None and not warnings:
-            return True
-        self._note_problems(
-            ProbeRecord(relpath, size, None if header is None else ImageHeader._make(header), error, warnings)
-        )
-        return header is not None and "too-many-pixels" not in warnings
-
-    def copy_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """The positions (ascending), keys and identities of the files whose key another file shares, each
-        file at its first name, and how many names are more names of a file already counted. The
-        census lets its columns go here (they are joined, not copied): call it once, at the end."""
-        if not self.copy_keys:
-            return np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.uint64), 0
-        # one array at a time, each list let go as it is joined: the peak stays near twice the columns
-        keys = np.concatenate(self.copy_keys)
-        self.copy_keys = []
-        identities = np.concatenate(self.copy_identities)
-        self.copy_identities = []
-        places = np.concatenate(self.copy_places)
-        self.copy_places = []
-        order = np.lexsort((places, identities, keys))  # by key, then file, then walk order
-        keys = keys[order]
-        identities = identities[order]
-        places = places[order]
-        del order
-        first = np.ones(len(keys), bool)  # a file's first name
-        first[1:] = (keys[1:] != keys[:-1]) | (identities[1:] != identities[:-1])
-        links = int(len(keys) - first.sum())
-        keys, identities, places = keys[first], identities[first], places[first]
-        same = keys[1:] == keys[:-1]
-        shared = np.zeros(len(keys), bool)
-        shared[1:] |= same
-        shared[:-1] |= same
-        chosen = np.argsort(places[shared], kind="stable")
-        return places[shared][chosen], keys[shared][chosen], identities[shared][chosen], links
-
-    def _note_problems(self, record: ProbeRecord) -> None:
-        found = []
-        if record.error is not None:
-            kind = getattr(record.error, "kind", "corrupt header")  # a plain str: from outside probe_file
-            found.append((kind, f"{display(record.relpath)}: {record.error}"))
-        for warning in record.warnings:
-            note = ""
-            if warning == "extension-mismatch" and record.header is not None:
-                note = f": content is {record.header.format}"
-            elif warning == "too-many-pixels" and record.header is not None:
-                note = f": {record.header.width}x{record.header.height}"
-            found.append((_PROBLEM_KINDS[warning], display(record.relpath) + note))
-        for kind, example in found:
-            entry = self.problems.setdefault(kind, [0, []])
-            entry[0] += 1
-            if len(entry[1]) < self.examples:
-                entry[1].append(example)
-
-    def report(self, *, train_size: int = 224, root: str = "") -> ProbeReport:
-        sizes, file_sizes = self.sizes.merge(), self.file_sizes.merge()
-        widths = (sizes.values >> np.uint64(_SIDE_BITS)).astype(np.float64)
-        heights = (sizes.values & np.uint64(_SIDE_LIMIT)).astype(np.float64)
-        shorts, longs = np.minimum(widths, heights), np.maximum(widths, heights)
-        counts = sizes.counts
-        metrics = {
-            "width": (widths, counts),
-            "height": (heights, counts),
-            "short_side": (shorts, counts),
-            "megapixels": (widths * heights / 1e6, counts),
-            "aspect": (longs / np.maximum(shorts, 1), counts),
-            "kilobytes": (file_sizes.values.astype(np.float64) / 1024, file_sizes.counts),
-        }
-        images = int(counts.sum())
-        return ProbeReport(
-            root=root,
-            files=self.files,
-            images=images,
-            bytes=self.bytes,
-            seconds=0.0,
-            workers=1,
-            percentiles={name: counted_percentiles(values, n) for name, (values, n) in metrics.items()},
-            short_side_histogram=_histogram(shorts, counts),
-            formats=dict(self.formats.most_common()),
-            modes=dict(self.modes.most_common()),
-            rotated=self.rotated,
-            progressive=self.progressive,
-            problems={kind: ProblemSummary(count, examples) for kind, (count, examples) in self.problems.items()},
-            recommendation=recommend(widths, heights, sizes.weights, train_size, counts=counts) if images else None,
-            size_counts=[(int(w), int(h), int(n)) for w, h, n in zip(widths, heights, counts, strict=True)],
-        )
-
-
-PERCENTILES = (1, 5, 25, 50, 75, 95, 99)
-
-
-def counted_percentiles(values: np.ndarray, counts: np.ndarray) -> dict[str, float]:
-    """What np.percentile and np.mean say of the multiset where each value appears `counts` times,
-    without expanding it (percentiles to the last bit; the mean from sums, to rounding)."""
-    total = int(counts.sum())
-    if total == 0:
-        return {}
-    found = counted_quantiles(values, counts, np.true_divide(np.asarray(PERCENTILES), 100))
-    summary = {f"p{q}": round(float(v), 3) for q, v in zip(PERCENTILES, found, strict=True)}
-    mean = float((values * counts).sum() / total)
-    summary.update(min=float(values.min()), max=float(values.max()), mean=round(mean, 3))
-    return summary
-
-
-def counted_quantiles(values: np.ndarray, counts: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
-    """np.quantile's default method ('linear') over a multiset given as values and their counts."""
-    order = np.argsort(values, kind="stable")
-    values, counts = values[order], counts[order]
-    ends = np.cumsum(counts)  # ranks ends[i-1] .. ends[i]-1 of the sorted multiset hold values[i]
-    total = int(ends[-1])
-    virtual = (total - 1) * quantiles
-    previous = np.floor(virtual)
-    gamma = virtual - previous
-    rank = previous.astype(np.int64)
-    lower = values[np.searchsorted(ends, rank, side="right")]
-    upper = values[np.searchsorted(ends, np.minimum(rank + 1, total - 1), side="right")]
-    difference = upper - lower
-    # numpy's _lerp: from the nearer end, so that the result is exact at both ends
-    quantile: np.ndarray = np.where(gamma >= 0.5, upper - difference * (1 - gamma), lower + difference * gamma)
-    return quantile
-
-
-def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | None, int]]:
-    edges = [*list(SHORT_SIDE_BINS), math.inf]
-    binned, _ = np.histogram(shorts, bins=edges, weights=counts)
-    bins = zip(SHORT_SIDE_BINS, edges[1:], binned, strict=True)
-    return [(lo, None if math.isinf(hi) else int(hi), int(n)) for lo, hi, n in bins if n]
-
-
-CANNOT_READ = "cannot read (permissions, I/O)"
-_PROBLEM_KINDS = {
-    "truncated": "truncated (no end marker)",
-    "extension-mismatch": "extension does not match content",
-    "too-many-pixels": "over the pixel limit (decompression bomb?)",
-}
-
-
-def recommend(
-    widths: np.ndarray,
-    heights: np.ndarray,
-    file_bytes: np.ndarray,
-    train_size: int = 224,
-    crop_ratio: float = 0.875,
-    *,
-    counts: np.ndarray | None = None,
-) -> Recommendation:
-    """The short side to pre-resize to for training at `train_size`, from displayed sizes.
-
-    One entry per image, or with `counts` one per distinct size: `counts[i]` images of that size,
-    whose files hold `file_bytes[i]` bytes in all.
-
-    The classic recipe resizes to train_size / 0.875 (224 -> 256) and crops. We never pick a size
-    above what most images have: below the median short side, images would be stored upscaled.
-    """
-    widths = np.asarray(widths, dtype=np.float64)
-    heights = np.asarray(heights, dtype=np.float64)
-    file_bytes = np.asarray(file_bytes, dtype=np.float64)
-    counts = np.ones(len(widths), np.int64) if counts is None else np.asarray(counts, np.int64)
-    short_sides = np.minimum(widths, heights)
-    target = int(math.ceil(train_size / crop_ratio / 8) * 8)
-    median = float(counted_quantiles(short_sides, counts, np.array([0.5]))[0])
-    if median >= target:
-        resize: int | None = target
-        reason = f"{train_size}/{crop_ratio} rounded up to a multiple of 8; the median short side is {median:.0f}"
-    elif median >= train_size:
-        resize = max(train_size, int(median // 8 * 8))
-        reason = f"the median short side ({median:.0f}) is below {target}, so stay at or under it"
-    else:
-        resize = None
-        reason = f"the median short side ({median:.0f}) is below the training size {train_size}: keep originals"
-    scale = np.ones_like(short_sides) if resize is None else np.minimum(1.0, resize / np.maximum(short_sides, 1))
-    area = scale**2
-    pixels = widths * heights * counts
-    return Recommendation(
-        train_size=train_size,
-        resize=resize,
-        reason=reason,
-        shrink_share=round(float(counts[scale < 1].sum() / counts.sum()), 4),
-        bytes_before=int(file_bytes.sum()),
-        # Assumes the stored bits per pixel stay the same: JPEG size is close to linear in pixels.
-        bytes_after_estimate=int((file_bytes * area).sum()),
-        # Decode time is close to linear in pixels, so this is also the decode time saved.
-        decode_work_saved=round(float(1 - (pixels * area).sum() / pixels.sum()), 4),
-    )
