@@ -31,6 +31,7 @@ from ..formats.base import Record, ShardReader
 from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
+from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, lanes_for
 
@@ -85,8 +86,7 @@ class ShardDataset(EpochIteration):
             raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
         if scale is not None and not any(abs(scale - s) < 1e-9 for s in SCALES):
             raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be raise or skip, not {on_error!r}")
+        handler = OnError(on_error)
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
         if decode == "torch":
@@ -97,7 +97,7 @@ class ShardDataset(EpochIteration):
         self.decode = decode
         self.scale = None if scale in (None, 1) else scale
         self.transform = transform
-        self.on_error = on_error
+        self.on_error = handler
         self.shuffle = shuffle
         self.seed = seed
         self.shuffle_buffer = max(1, shuffle_buffer)
@@ -252,10 +252,8 @@ class ShardDataset(EpochIteration):
         for record in self._range(shard, start, stop):
             try:
                 yield self._finish(record, name)
-            except ShardReadError:
-                if self.on_error == "raise":
-                    raise
-                self.skipped += 1
+            except ShardReadError as error:
+                self.on_error(error, self)
 
     def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
         """The records [start, stop) of one shard, checked against the manifest's count; a damaged
@@ -264,6 +262,7 @@ class ShardDataset(EpochIteration):
         stop = count if stop is None else stop
         wanted = stop - start
         read = 0
+        failure: ShardReadError | None = None
         try:
             # A run to the shard's end asks for one record more: there must be none (cheap: one header)
             for record in self._readers[shard].read_range(start, stop + 1 if stop == count else stop):
@@ -274,9 +273,9 @@ class ShardDataset(EpochIteration):
             if read < wanted:  # the manifest promised more: never end an epoch short in silence
                 raise ShardFormatError(f"{where}: ends after {start + read:,} records, the manifest says {count:,}")
         except ShardFormatError as error:
-            if self.on_error == "raise":
-                raise ShardReadError(str(error)) from None
-            self.skipped += 1
+            failure = ShardReadError(str(error))
+        if failure is not None:  # (raised here, not in the except: the ShardFormatError is no context of it)
+            self.on_error(failure, self)
 
     def close(self) -> None:
         for reader in self._readers:

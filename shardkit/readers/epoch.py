@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ShardReadError
 from ..formats.base import Record
+from .handlers import OnError
 from .order import Progress, Stream, runs
 from .split import rank_and_world, record_ranges, worker_slot
 
@@ -238,7 +239,7 @@ def _records(sizes: list[int]) -> str:
     return " + ".join(f"{n:,}" for n in sizes) + " records"
 
 
-def decoded(position: Cursor, items: Iterator[Item | None], on_error: str) -> Iterator[Any]:
+def decoded(position: Cursor, items: Iterator[Item | None], on_error: OnError) -> Iterator[Any]:
     """Samples of a stream's items, each position counted as it is handed out."""
     for item in items:
         position.advance()
@@ -246,7 +247,5 @@ def decoded(position: Cursor, items: Iterator[Item | None], on_error: str) -> It
             continue
         try:
             yield item.dataset._finish(item.record, item.shard_name)
-        except ShardReadError:
-            if on_error == "raise":
-                raise
-            item.dataset.skipped += 1
+        except ShardReadError as error:
+            on_error(error, item.dataset)

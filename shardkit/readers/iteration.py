@@ -9,6 +9,7 @@ from typing import Any
 
 from ..core.errors import require
 from .epoch import Cursor, Item, Space, check_sizes, cursor, decoded, stream_items
+from .handlers import OnError
 from .order import Progress
 from .split import rank_and_world
 
@@ -17,7 +18,7 @@ class EpochIteration:
     rank: int | None
     world_size: int | None
     drop_last: bool
-    on_error: str
+    on_error: OnError
     epoch: int
 
     def __len__(self) -> int:

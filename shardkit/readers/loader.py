@@ -494,11 +494,13 @@ class BatchLoader:
         """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""
         if not failures:
             return None
-        if self.dataset.on_error == "raise":
-            i = min(failures)
-            raise ShardReadError(f"{chunk[i].shard_name}: record {chunk[i].record.key}: cannot decode ({failures[i]})")
-        for i in failures:
-            chunk[i].dataset.skipped += 1
+        on_error = self.dataset.on_error
+        for i in sorted(failures):  # (on_error="raise" raises for the first)
+            item = chunk[i]
+            on_error(
+                ShardReadError(f"{item.shard_name}: record {item.record.key}: cannot decode ({failures[i]})"),
+                item.dataset,
+            )
         return [i for i in range(len(chunk)) if i not in failures]
 
     def _buffer(self, n: int) -> np.ndarray:

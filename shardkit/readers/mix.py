@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from .epoch import Item, ShardDataset, ShardSpace
+from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, lanes_for
 
@@ -164,7 +165,8 @@ class MixedDataset(EpochIteration):
         self.length = sum(len(s) for s in sources) if length is None else length
         self.exhausted = exhausted
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, max(1, shuffle_buffer)
-        self.rank, self.world_size, self.drop_last, self.on_error = rank, world_size, drop_last, on_error
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.on_error = OnError(on_error)
         self.epoch = 0
         self.max_pixels = min(s.max_pixels for s in sources)
         self.classes = [list(s.classes) for s in sources]  # labels are each source's own
