@@ -179,7 +179,7 @@ class ShardDataset(EpochIteration):
         try:
             self._check_count(shard)
             record = read(self._readers[shard])
-            return self._finish(record, name)
+            return self.decode_record(record, name)
         except ShardFormatError as error:
             raise ShardReadError(f"{error} (reading record {what})") from None
         finally:
@@ -195,7 +195,10 @@ class ShardDataset(EpochIteration):
             oldest, _ = self._open_remote.popitem(last=False)
             self._readers[oldest].close()
 
-    def _finish(self, record: Record, shard_name: str) -> Any:
+    def decode_record(self, record: Record, shard_name: str) -> Any:
+        """A record of shard `shard_name` as this dataset hands it out: decoded as `decode` says, its
+        fields, then `transform`. A record that does not decode raises ShardReadError (naming the
+        shard and key) whatever on_error says: the caller's OnError decides."""
         try:
             image = self._decoded(record)
         except (ImageError, ValueError) as error:
@@ -239,6 +242,17 @@ class ShardDataset(EpochIteration):
         info = self.manifest.shards[shard]
         return info.name, info.bytes, info.sha256
 
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Starts downloading the first shards of `shards` a remote output fetches ahead (its
+        `Remote.ahead`) into the cache, in the background; nothing for a local output."""
+        if self.remote is not None:
+            self.remote.prefetch([self._shard_id(shard) for shard in shards[: self.remote.ahead]])
+
+    def close_shard(self, shard: int) -> None:
+        """Closes one shard's reader (it opens again when next read): the cache may then evict a
+        remote shard's copy."""
+        self._readers[shard].close()
+
     def _where(self, shard: int) -> str:
         return self._readers[shard].path
 
@@ -249,15 +263,16 @@ class ShardDataset(EpochIteration):
     def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
         name = self.manifest.shards[shard].name
-        for record in self._range(shard, start, stop):
+        for record in self.read_range(shard, start, stop):
             try:
-                yield self._finish(record, name)
+                yield self.decode_record(record, name)
             except ShardReadError as error:
                 self.on_error(error, self)
 
-    def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
-        """The records [start, stop) of one shard, checked against the manifest's count; a damaged
-        shard raises ShardReadError, or with on_error="skip" ends the run (counted in `skipped`)."""
+    def read_range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """The records [start, stop) of one shard, undecoded, checked against the manifest's count:
+        a damaged shard raises ShardReadError, or with on_error="skip" ends the run early (counted in
+        `skipped`; the caller sees fewer records than it asked for)."""
         where, count = self._where(shard), self.manifest.shards[shard].count
         stop = count if stop is None else stop
         wanted = stop - start

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
-from .epoch import Item, ShardDataset, ShardSpace
+from .epoch import Item, ShardSource, ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, lanes_for
@@ -124,7 +124,7 @@ class MixSpace:
                 items[at] = item
         yield from items
 
-    def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]:
+    def shards(self, positions: np.ndarray) -> list[tuple[ShardSource, int]]:
         return [pair for space, _, local in self._split(positions) for pair in space.shards(local)]
 
 
