@@ -17,6 +17,7 @@ import os
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -63,48 +64,57 @@ def _register_collate() -> None:
     _collate_registered = True
 
 
-class ShardDataset(EpochIteration):
-    def __init__(
-        self,
-        folder: Path | str,
-        manifest: Manifest,
-        *,
-        decode: str = "rgb",
-        scale: float | None = None,
-        transform: Callable[[Sample], Any] | None = None,
-        on_error: str = "raise",
-        shuffle: bool = False,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        remote: Remote | None = None,
-    ) -> None:
-        if decode not in DECODE_MODES:
-            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
-        if scale is not None and not any(abs(scale - s) < 1e-9 for s in SCALES):
-            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
-        handler = OnError(on_error)
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a dataset reads: open_shards' keywords of that name (see it for each), made once from
+    them and handed down, checked here (each refusal a ConfigError saying why). No defaults: those
+    are open_shards' own, written once there."""
+
+    decode: str
+    scale: float | None
+    transform: Callable[[Sample], Any] | None
+    on_error: str
+    shuffle: bool
+    seed: int
+    shuffle_buffer: int
+    rank: int | None
+    world_size: int | None
+    drop_last: bool
+    max_pixels: int
+    handler: OnError = field(init=False, repr=False, compare=False)  # made from on_error
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
+        if self.scale is not None and not any(abs(self.scale - s) < 1e-9 for s in SCALES):
+            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {self.scale}")
+        object.__setattr__(self, "handler", OnError(self.on_error))
+        max_pixels = self.max_pixels
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
-        if decode == "torch":
+        if self.decode == "torch":
             require("torch", "torch")
+
+
+class ShardDataset(EpochIteration):
+    def __init__(
+        self, folder: Path | str, manifest: Manifest, options: ReadOptions, *, remote: Remote | None = None
+    ) -> None:
         self.folder = folder
         self.manifest = manifest
+        self.options = options
         self.classes = list(manifest.classes)
-        self.decode = decode
-        self.scale = None if scale in (None, 1) else scale
-        self.transform = transform
-        self.on_error = handler
-        self.shuffle = shuffle
-        self.seed = seed
-        self.shuffle_buffer = max(1, shuffle_buffer)
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = drop_last
-        self.max_pixels = max_pixels
+        self.decode = options.decode
+        self.scale = None if options.scale in (None, 1) else options.scale
+        self.transform = options.transform
+        self.on_error = options.handler
+        self.shuffle = options.shuffle
+        self.seed = options.seed
+        self.shuffle_buffer = max(1, options.shuffle_buffer)
+        self.rank = options.rank
+        self.world_size = options.world_size
+        self.drop_last = options.drop_last
+        self.max_pixels = options.max_pixels
         self.epoch = 0
         self.skipped = 0  # records skipped with on_error="skip" (in this process)
         try:
@@ -346,7 +356,7 @@ def open_shards(
     give (exhausted="stop"). Ranks, workers, the loader and checkpoints work on a mix as on one
     output; labels are each output's own (`ds.classes` is a list per output).
     """
-    common: dict[str, Any] = dict(
+    options = ReadOptions(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
@@ -355,7 +365,7 @@ def open_shards(
 
         if not path:
             raise ConfigError("open_shards needs at least one output to mix")
-        per_source = {**common, "shuffle": False, "rank": None, "world_size": None, "drop_last": False}
+        per_source = replace(options, shuffle=False, rank=None, world_size=None, drop_last=False)
         sources = [_open_one(p, per_source, storage_options, cache_dir, cache_limit) for p in path]
         return MixedDataset(
             sources, weights, length=length, exhausted=exhausted, shuffle=shuffle, seed=seed,
@@ -363,12 +373,12 @@ def open_shards(
         )  # fmt: skip
     if weights is not None or length is not None:
         raise ConfigError("weights and length are for a mix: pass a list of outputs")
-    return _open_one(path, common, storage_options, cache_dir, cache_limit)
+    return _open_one(path, options, storage_options, cache_dir, cache_limit)
 
 
 def _open_one(
     path: str | os.PathLike[str],
-    common: dict[str, Any],
+    options: ReadOptions,
     storage_options: dict[str, Any] | None,
     cache_dir: str | os.PathLike[str] | None,
     cache_limit: str | int | None,
@@ -383,7 +393,7 @@ def _open_one(
 
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(folder, cache)
-        return ShardDataset(folder.url, read_remote_manifest(folder), **common, remote=remote)
+        return ShardDataset(folder.url, read_remote_manifest(folder), options, remote=remote)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
@@ -397,4 +407,4 @@ def _open_one(
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
-    return ShardDataset(folder, manifest, **common)
+    return ShardDataset(folder, manifest, options)

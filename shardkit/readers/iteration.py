@@ -110,13 +110,14 @@ class EpochIteration:
         a side stream meanwhile (see shardkit.readers.device). dtype (torch.float16, bfloat16 or
         float32) with mean and std (per channel, on the 0..1 scale) normalizes them on the device.
         """
-        from .loader import BatchLoader
+        from .loader import BatchLoader, LoaderOptions
 
-        return BatchLoader(
-            self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
+        options = LoaderOptions(
+            batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
             device=device, dtype=dtype, mean=mean, std=std,
         )  # fmt: skip
+        return BatchLoader(self, options)
 
     def iterable(self) -> Any:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode), checkpointable

@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -175,33 +176,37 @@ def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
     return size
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The batch loader's keywords (see `loader()` for each), made once from them and handed to
+    BatchLoader, which checks them. No defaults: those are `loader()`'s own, written once there."""
+
+    batch_size: int
+    size: int | tuple[int, int]
+    crop: str | None
+    flip: bool
+    workers: int | None
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    resize: int | None
+    output: str
+    pin_memory: bool
+    prefetch: int | None
+    drop_last: bool
+    device: Any
+    dtype: Any
+    mean: Sequence[float] | None
+    std: Sequence[float] | None
+
+
 class BatchLoader:
     """Iterable of `Batch`es over one epoch of a ShardDataset for this rank (see ShardDataset.loader)."""
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        batch_size: int,
-        size: int | tuple[int, int],
-        crop: str | None = "random",
-        flip: bool = False,
-        workers: int | None = None,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        resize: int | None = None,
-        output: str = "torch",
-        pin_memory: bool = False,
-        prefetch: int | None = None,
-        drop_last: bool = False,
-        device: Any = None,
-        dtype: Any = None,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-    ) -> None:
+    def __init__(self, dataset: Any, options: LoaderOptions) -> None:
         self.dataset = dataset
-        self.batch_size = _positive("batch_size", batch_size)
-        self.size = _size(size)
+        self.batch_size = _positive("batch_size", options.batch_size)
+        self.size = _size(options.size)
+        crop, scale, ratio, output = options.crop, options.scale, options.ratio, options.output
         if crop not in CROPS:
             raise ConfigError(f"crop must be 'random', 'center' or None, not {crop!r}")
         if output not in OUTPUTS:
@@ -211,30 +216,31 @@ class BatchLoader:
         if not (0 < ratio[0] <= ratio[1]) or not all(math.isfinite(v) for v in ratio):
             raise ConfigError(f"ratio must be 0 < low <= high, not {ratio}")
         default_resize = round(min(self.size) / 0.875)
-        self.resize = default_resize if resize is None else _positive("resize", resize)
+        self.resize = default_resize if options.resize is None else _positive("resize", options.resize)
         if crop == "center" and self.resize < max(self.size):
             raise ConfigError(f"resize {self.resize} is smaller than the center crop {self.size}")
-        self.crop, self.flip = crop, bool(flip)
+        self.crop, self.flip = crop, bool(options.flip)
         self.scale, self.ratio = (scale[0], scale[1]), (ratio[0], ratio[1])
+        workers, prefetch = options.workers, options.prefetch
         self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
         self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
-        self.output, self.drop_last = output, drop_last
+        self.output, self.drop_last = output, options.drop_last
         if output == "torch":
             self._torch = require("torch", "torch")
-            self.pin_memory = pin_memory and self._pinning_possible()
+            self.pin_memory = options.pin_memory and self._pinning_possible()
         else:
             self._torch, self.pin_memory = None, False
         self.kernel = crop_kernel()
         self.device = None  # None: the CPU path; else a torch.device (readers/device.py)
-        if device is not None:
+        if options.device is not None:
             from .device import check_device, check_normalize
 
             if output != "torch":
                 raise ConfigError("device= gives torch tensors on that device: leave output='torch'")
-            self.device = check_device(self._torch, device)
-            self.dtype, self.mean, self.std = check_normalize(self._torch, dtype, mean, std)
+            self.device = check_device(self._torch, options.device)
+            self.dtype, self.mean, self.std = check_normalize(self._torch, options.dtype, options.mean, options.std)
             self.pin_memory = False
-        elif dtype is not None or mean is not None or std is not None:
+        elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
         self._stream: Any = None  # the device path's CUDA side stream
         self._ahead: Any = None  # the device path's batch made and not yet handed out
