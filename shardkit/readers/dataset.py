@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from .order import Progress, lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
+    from .mix import MixedDataset
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
@@ -131,7 +132,7 @@ class ShardDataset(EpochIteration):
             self._readers = [
                 CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
             ]
-        self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
+        self._starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
         self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
@@ -309,8 +310,12 @@ class ShardDataset(EpochIteration):
             self.remote.close()
 
 
+Location = str | os.PathLike[str]  # an output's folder, its manifest.json, or a URL
+
+
+@overload
 def open_shards(
-    path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
+    path: Location,
     *,
     decode: str = "rgb",
     scale: float | None = None,
@@ -324,12 +329,59 @@ def open_shards(
     drop_last: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     storage_options: dict[str, Any] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: Location | None = None,
     cache_limit: str | int | None = None,
     weights: Sequence[float] | None = None,
     length: int | None = None,
     exhausted: str = "resample",
-) -> Any:
+) -> ShardDataset: ...
+
+
+@overload
+def open_shards(
+    path: list[Location] | tuple[Location, ...],
+    *,
+    decode: str = "rgb",
+    scale: float | None = None,
+    transform: Callable[[Sample], Any] | None = None,
+    on_error: str = "raise",
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: Location | None = None,
+    cache_limit: str | int | None = None,
+    weights: Sequence[float] | None = None,
+    length: int | None = None,
+    exhausted: str = "resample",
+) -> MixedDataset: ...
+
+
+def open_shards(
+    path: Location | list[Location] | tuple[Location, ...],
+    *,
+    decode: str = "rgb",
+    scale: float | None = None,
+    transform: Callable[[Sample], Any] | None = None,
+    on_error: str = "raise",
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: Location | None = None,
+    cache_limit: str | int | None = None,
+    weights: Sequence[float] | None = None,
+    length: int | None = None,
+    exhausted: str = "resample",
+) -> ShardDataset | MixedDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
     decode: "rgb" (HWC uint8 numpy), "bytes", "pil" or "torch" (CHW uint8 tensor). scale: 1/2, 1/4
@@ -377,10 +429,10 @@ def open_shards(
 
 
 def _open_one(
-    path: str | os.PathLike[str],
+    path: Location,
     options: ReadOptions,
     storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
+    cache_dir: Location | None,
     cache_limit: str | int | None,
 ) -> ShardDataset:
     from ..storage.location import locate

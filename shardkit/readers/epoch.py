@@ -211,6 +211,34 @@ def _prefetch(shards: list[tuple[ShardSource, int]]) -> None:
         dataset.prefetch(wanted)
 
 
+class Epochs(Protocol):
+    """What iterates an epoch, of one output or of a mix: readers.iteration.EpochIteration (named
+    here, not imported, so that the batch loader and the torch glue, which it imports, sit below it)."""
+
+    rank: int | None
+    world_size: int | None
+    drop_last: bool
+    on_error: OnError
+    epoch: int
+    max_pixels: int
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def samples_per_rank(self) -> int: ...
+
+    def fresh_progress(self) -> Progress: ...
+
+    def space(self, progress: Progress) -> Space: ...
+
+    def epoch_items(
+        self, progress: Progress | None = None, workers: tuple[int, int] | None = None
+    ) -> tuple[Cursor, Iterator[Item | None]]: ...
+
+    def iterate(self, progress: Progress | None = None) -> Iterator[Any]: ...
+
+
 class Cursor(NamedTuple):
     """Where this process's stream is: the progress it advances, its split and worker."""
 
@@ -230,7 +258,7 @@ class Cursor(NamedTuple):
         layout.done[self.worker] = self.done + count
 
 
-def cursor(owner: Any, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
+def cursor(owner: Epochs, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
     """This rank's and worker's stream of `progress`, the split started or continued (`owner` is a
     ShardDataset or a MixedDataset: its rank, world_size and drop_last)."""
     rank, world = rank_and_world(owner.rank, owner.world_size)

@@ -5,13 +5,17 @@ IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import require
 from .epoch import Cursor, Item, Space, check_sizes, cursor, decoded, stream_items
 from .handlers import OnError
 from .order import Progress
 from .split import rank_and_world
+
+if TYPE_CHECKING:
+    from .loader import BatchLoader
+    from .torch_data import ShardIterableDataset
 
 
 class EpochIteration:
@@ -20,6 +24,7 @@ class EpochIteration:
     drop_last: bool
     on_error: OnError
     epoch: int
+    max_pixels: int  # the largest image a record may claim (a mix: its sources' smallest)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -89,7 +94,7 @@ class EpochIteration:
         dtype: Any = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
-    ) -> Any:
+    ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
         Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
@@ -119,7 +124,7 @@ class EpochIteration:
         )  # fmt: skip
         return BatchLoader(self, options)
 
-    def iterable(self) -> Any:
+    def iterable(self) -> ShardIterableDataset:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode), checkpointable
         (torchdata's Stateful protocol: StatefulDataLoader saves and restores it)."""
         require("torch", "torch")

@@ -32,7 +32,7 @@ from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from ..core.headers import jpeg_size
 from ..formats.base import Record
 from .decode import npy_layout, record_fields, refuse_over, stored_size
-from .epoch import Cursor, Item, check_sizes
+from .epoch import Cursor, Epochs, Item, check_sizes
 from .order import Progress
 
 CROPS = ("random", "center", None)
@@ -41,7 +41,7 @@ _JPEG = ("jpg", "jpeg")
 _FAILED, _UNSUPPORTED = 1, 2
 
 
-class Batch(tuple):
+class Batch(tuple[Any, Any]):
     """(images, labels), as `for images, labels in loader` wants, with `.keys`, `.texts` and
     `.fields` alongside (lists, one per image, in the order of the images).
 
@@ -199,10 +199,19 @@ class LoaderOptions:
     std: Sequence[float] | None
 
 
+@dataclass
+class _Ahead:
+    """The device path's batch made ahead: handed out when the next is made (or the epoch ends)."""
+
+    batch: Batch
+    done: Any  # the CUDA event its side stream records when it is made (None on the CPU)
+    positions: int  # the epoch's positions it stands for, skipped ones included
+
+
 class BatchLoader:
     """Iterable of `Batch`es over one epoch of a ShardDataset for this rank (see ShardDataset.loader)."""
 
-    def __init__(self, dataset: Any, options: LoaderOptions) -> None:
+    def __init__(self, dataset: Epochs, options: LoaderOptions) -> None:
         self.dataset = dataset
         self.batch_size = _positive("batch_size", options.batch_size)
         self.size = _size(options.size)
@@ -243,7 +252,7 @@ class BatchLoader:
         elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
         self._stream: Any = None  # the device path's CUDA side stream
-        self._ahead: Any = None  # the device path's batch made and not yet handed out
+        self._ahead: _Ahead | None = None  # the device path's batch made and not yet handed out
         self._progress: Progress | None = None  # where the running (or last) epoch stands
         self._resume: Progress | None = None  # a loaded state, for the next iteration
 
@@ -324,14 +333,15 @@ class BatchLoader:
             if self._ahead is None:
                 position.advance(positions)
             else:
-                self._ahead[2] += positions
+                self._ahead.positions += positions
             return
         if self._ahead is not None:
             yield self._handed_out(position)
-        self._ahead = [batch, done, positions]
+        self._ahead = _Ahead(batch, done, positions)
 
     def _handed_out(self, position: Cursor) -> Batch:
-        batch, done, positions = self._ahead
+        assert self._ahead is not None
+        batch, done, positions = self._ahead.batch, self._ahead.done, self._ahead.positions
         self._ahead = None
         if done is not None:  # the consumer's stream waits for the side stream, and owns the memory after
             current = self._torch.cuda.current_stream(self.device)
@@ -357,7 +367,9 @@ class BatchLoader:
         boxes, flips = self._windows(key, number, sizes)
         return chunk, boxes, flips, failures
 
-    def _on_device(self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]) -> Any:
+    def _on_device(
+        self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]
+    ) -> Batch | None:
         """A Batch on the device from what `_gather` read (readers/device.py), or None when every
         record failed and on_error skips them."""
         from .device import decode_batch, finish, resample_batch
@@ -512,7 +524,8 @@ class BatchLoader:
     def _buffer(self, n: int) -> np.ndarray:
         shape = (n, *self.size, 3)
         if self.pin_memory:
-            return self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
+            pinned: np.ndarray = self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
+            return pinned
         return np.empty(shape, np.uint8)
 
     def _batch(self, images: np.ndarray, labels: np.ndarray, keys: list[str]) -> Batch:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -87,6 +88,19 @@ class Draws:
         return end
 
 
+class MixSource(ShardSource, Protocol):
+    """What a mix needs of each of its outputs beyond reading an epoch of it
+    (readers.dataset.ShardDataset, named here, not imported: the dataset imports the mix)."""
+
+    folder: Path | str
+    classes: list[str]
+    max_pixels: int
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class MixSpace:
     """A mix's epoch positions as records of its sources (each in its own epoch order, a fresh
     order for each time a source starts again)."""
@@ -133,7 +147,7 @@ class MixedDataset(EpochIteration):
 
     def __init__(
         self,
-        sources: list[Any],
+        sources: Sequence[MixSource],
         weights: Sequence[float] | None,
         *,
         length: int | None = None,
