@@ -1,6 +1,7 @@
 """What a dataset and a weighted mix share: one epoch's iteration, the batch loader and the torch
-IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error`, `epoch`,
-`len()`, `fresh_progress()` and `space()` (readers/epoch, readers/order)."""
+IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error` (an OnError,
+readers/handlers), `epoch`, `max_pixels`, `len()`, `fresh_progress()` and `space()` (readers/epoch,
+readers/order); what it offers the loader and the torch glue is readers.epoch.Epochs."""
 
 from __future__ import annotations
 
