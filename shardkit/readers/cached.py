@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.errors import ShardFormatError
-from ..formats.base import ShardReader
+from ..formats.base import Record, ShardReader
 from ..storage.remote import Remote
+
+T = TypeVar("T")
 
 
 class CachedShardReader(ShardReader):
@@ -24,7 +26,7 @@ class CachedShardReader(ShardReader):
         super().__init__(remote.store.child(name))
         self._open_reader, self._remote = open_reader, remote
         self._shard = (name, size, sha256)
-        self._inner: Any = None
+        self._inner: ShardReader | None = None
         self._fd = -1
         self._local = ""
         self._pid = 0
@@ -32,45 +34,47 @@ class CachedShardReader(ShardReader):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_inner": None, "_fd": -1, "_pid": 0}
 
-    def _reader(self) -> Any:
-        if self._inner is None or self._pid != os.getpid():  # after a fork, open our own
+    def _reader(self) -> ShardReader:
+        inner = self._inner
+        if inner is None or self._pid != os.getpid():  # after a fork, open our own
             self._fd = self._remote.open(*self._shard)
             self._local = f"/dev/fd/{self._fd}"
-            self._inner, self._pid = self._open_reader(self._local), os.getpid()
-        return self._inner
+            inner = self._inner = self._open_reader(self._local)
+            self._pid = os.getpid()
+        return inner
 
     def _named(self, error: ShardFormatError) -> ShardFormatError:
         text = str(error)
         return type(error)(text.replace(self._local, self.path)) if self._local else error
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: Callable[[ShardReader], T]) -> T:
         try:
-            return getattr(self._reader(), method)(*args)
+            return method(self._reader())
         except ShardFormatError as error:
             raise self._named(error) from None
 
     def __len__(self) -> int:
-        return self._call("__len__")
+        return self._call(len)
 
     def keys(self) -> list[str]:
-        return self._call("keys")
+        return self._call(lambda reader: reader.keys())
 
-    def read(self, index: int) -> Any:
-        return self._call("read", index)
+    def read(self, index: int) -> Record:
+        return self._call(lambda reader: reader.read(index))
 
-    def read_key(self, key: str) -> Any:
-        return self._call("read_key", key)
+    def read_key(self, key: str) -> Record:
+        return self._call(lambda reader: reader.read_key(key))
 
     def positions(self) -> dict[str, int]:
-        return self._call("positions")
+        return self._call(lambda reader: reader.positions())
 
-    def read_range(self, start: int, stop: int) -> Iterator[Any]:
+    def read_range(self, start: int, stop: int) -> Iterator[Record]:
         try:
             yield from self._reader().read_range(start, stop)
         except ShardFormatError as error:
             raise self._named(error) from None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Record]:
         try:
             yield from iter(self._reader())
         except ShardFormatError as error:

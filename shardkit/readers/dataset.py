@@ -17,8 +17,9 @@ import os
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 import numpy as np
 
@@ -31,11 +32,13 @@ from ..formats.base import Record, ShardReader
 from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
+from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
+    from .mix import MixedDataset
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
@@ -62,49 +65,57 @@ def _register_collate() -> None:
     _collate_registered = True
 
 
-class ShardDataset(EpochIteration):
-    def __init__(
-        self,
-        folder: Path | str,
-        manifest: Manifest,
-        *,
-        decode: str = "rgb",
-        scale: float | None = None,
-        transform: Callable[[Sample], Any] | None = None,
-        on_error: str = "raise",
-        shuffle: bool = False,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        remote: Remote | None = None,
-    ) -> None:
-        if decode not in DECODE_MODES:
-            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {decode!r}")
-        if scale is not None and not any(abs(scale - s) < 1e-9 for s in SCALES):
-            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {scale}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be raise or skip, not {on_error!r}")
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a dataset reads: open_shards' keywords of that name (see it for each), made once from
+    them and handed down, checked here (each refusal a ConfigError saying why). No defaults: those
+    are open_shards' own, written once there."""
+
+    decode: str
+    scale: float | None
+    transform: Callable[[Sample], Any] | None
+    on_error: str
+    shuffle: bool
+    seed: int
+    shuffle_buffer: int
+    rank: int | None
+    world_size: int | None
+    drop_last: bool
+    max_pixels: int
+    handler: OnError = field(init=False, repr=False, compare=False)  # made from on_error
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
+        if self.scale is not None and not any(abs(self.scale - s) < 1e-9 for s in SCALES):
+            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {self.scale}")
+        object.__setattr__(self, "handler", OnError(self.on_error))
+        max_pixels = self.max_pixels
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
-        if decode == "torch":
+        if self.decode == "torch":
             require("torch", "torch")
+
+
+class ShardDataset(EpochIteration):
+    def __init__(
+        self, folder: Path | str, manifest: Manifest, options: ReadOptions, *, remote: Remote | None = None
+    ) -> None:
         self.folder = folder
         self.manifest = manifest
+        self.options = options
         self.classes = list(manifest.classes)
-        self.decode = decode
-        self.scale = None if scale in (None, 1) else scale
-        self.transform = transform
-        self.on_error = on_error
-        self.shuffle = shuffle
-        self.seed = seed
-        self.shuffle_buffer = max(1, shuffle_buffer)
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = drop_last
-        self.max_pixels = max_pixels
+        self.decode = options.decode
+        self.scale = None if options.scale in (None, 1) else options.scale
+        self.transform = options.transform
+        self.on_error = options.handler
+        self.shuffle = options.shuffle
+        self.seed = options.seed
+        self.shuffle_buffer = max(1, options.shuffle_buffer)
+        self.rank = options.rank
+        self.world_size = options.world_size
+        self.drop_last = options.drop_last
+        self.max_pixels = options.max_pixels
         self.epoch = 0
         self.skipped = 0  # records skipped with on_error="skip" (in this process)
         try:
@@ -121,7 +132,7 @@ class ShardDataset(EpochIteration):
             self._readers = [
                 CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
             ]
-        self._starts = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
+        self._starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
         self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
@@ -179,7 +190,7 @@ class ShardDataset(EpochIteration):
         try:
             self._check_count(shard)
             record = read(self._readers[shard])
-            return self._finish(record, name)
+            return self.decode_record(record, name)
         except ShardFormatError as error:
             raise ShardReadError(f"{error} (reading record {what})") from None
         finally:
@@ -195,7 +206,10 @@ class ShardDataset(EpochIteration):
             oldest, _ = self._open_remote.popitem(last=False)
             self._readers[oldest].close()
 
-    def _finish(self, record: Record, shard_name: str) -> Any:
+    def decode_record(self, record: Record, shard_name: str) -> Any:
+        """A record of shard `shard_name` as this dataset hands it out: decoded as `decode` says, its
+        fields, then `transform`. A record that does not decode raises ShardReadError (naming the
+        shard and key) whatever on_error says: the caller's OnError decides."""
         try:
             image = self._decoded(record)
         except (ImageError, ValueError) as error:
@@ -239,6 +253,17 @@ class ShardDataset(EpochIteration):
         info = self.manifest.shards[shard]
         return info.name, info.bytes, info.sha256
 
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Starts downloading the first shards of `shards` a remote output fetches ahead (its
+        `Remote.ahead`) into the cache, in the background; nothing for a local output."""
+        if self.remote is not None:
+            self.remote.prefetch([self._shard_id(shard) for shard in shards[: self.remote.ahead]])
+
+    def close_shard(self, shard: int) -> None:
+        """Closes one shard's reader (it opens again when next read): the cache may then evict a
+        remote shard's copy."""
+        self._readers[shard].close()
+
     def _where(self, shard: int) -> str:
         return self._readers[shard].path
 
@@ -249,21 +274,21 @@ class ShardDataset(EpochIteration):
     def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
         name = self.manifest.shards[shard].name
-        for record in self._range(shard, start, stop):
+        for record in self.read_range(shard, start, stop):
             try:
-                yield self._finish(record, name)
-            except ShardReadError:
-                if self.on_error == "raise":
-                    raise
-                self.skipped += 1
+                yield self.decode_record(record, name)
+            except ShardReadError as error:
+                self.on_error(error, self)
 
-    def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
-        """The records [start, stop) of one shard, checked against the manifest's count; a damaged
-        shard raises ShardReadError, or with on_error="skip" ends the run (counted in `skipped`)."""
+    def read_range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """The records [start, stop) of one shard, undecoded, checked against the manifest's count:
+        a damaged shard raises ShardReadError, or with on_error="skip" ends the run early (counted in
+        `skipped`; the caller sees fewer records than it asked for)."""
         where, count = self._where(shard), self.manifest.shards[shard].count
         stop = count if stop is None else stop
         wanted = stop - start
         read = 0
+        failure: ShardReadError | None = None
         try:
             # A run to the shard's end asks for one record more: there must be none (cheap: one header)
             for record in self._readers[shard].read_range(start, stop + 1 if stop == count else stop):
@@ -274,9 +299,9 @@ class ShardDataset(EpochIteration):
             if read < wanted:  # the manifest promised more: never end an epoch short in silence
                 raise ShardFormatError(f"{where}: ends after {start + read:,} records, the manifest says {count:,}")
         except ShardFormatError as error:
-            if self.on_error == "raise":
-                raise ShardReadError(str(error)) from None
-            self.skipped += 1
+            failure = ShardReadError(str(error))
+        if failure is not None:  # (raised here, not in the except: the ShardFormatError is no context of it)
+            self.on_error(failure, self)
 
     def close(self) -> None:
         for reader in self._readers:
@@ -285,8 +310,12 @@ class ShardDataset(EpochIteration):
             self.remote.close()
 
 
+Location = str | os.PathLike[str]  # an output's folder, its manifest.json, or a URL
+
+
+@overload
 def open_shards(
-    path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
+    path: Location,
     *,
     decode: str = "rgb",
     scale: float | None = None,
@@ -300,12 +329,59 @@ def open_shards(
     drop_last: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     storage_options: dict[str, Any] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: Location | None = None,
     cache_limit: str | int | None = None,
     weights: Sequence[float] | None = None,
     length: int | None = None,
     exhausted: str = "resample",
-) -> Any:
+) -> ShardDataset: ...
+
+
+@overload
+def open_shards(
+    path: list[Location] | tuple[Location, ...],
+    *,
+    decode: str = "rgb",
+    scale: float | None = None,
+    transform: Callable[[Sample], Any] | None = None,
+    on_error: str = "raise",
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: Location | None = None,
+    cache_limit: str | int | None = None,
+    weights: Sequence[float] | None = None,
+    length: int | None = None,
+    exhausted: str = "resample",
+) -> MixedDataset: ...
+
+
+def open_shards(
+    path: Location | list[Location] | tuple[Location, ...],
+    *,
+    decode: str = "rgb",
+    scale: float | None = None,
+    transform: Callable[[Sample], Any] | None = None,
+    on_error: str = "raise",
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: Location | None = None,
+    cache_limit: str | int | None = None,
+    weights: Sequence[float] | None = None,
+    length: int | None = None,
+    exhausted: str = "resample",
+) -> ShardDataset | MixedDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
     decode: "rgb" (HWC uint8 numpy), "bytes", "pil" or "torch" (CHW uint8 tensor). scale: 1/2, 1/4
@@ -332,7 +408,7 @@ def open_shards(
     give (exhausted="stop"). Ranks, workers, the loader and checkpoints work on a mix as on one
     output; labels are each output's own (`ds.classes` is a list per output).
     """
-    common: dict[str, Any] = dict(
+    options = ReadOptions(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
     )  # fmt: skip
@@ -341,7 +417,7 @@ def open_shards(
 
         if not path:
             raise ConfigError("open_shards needs at least one output to mix")
-        per_source = {**common, "shuffle": False, "rank": None, "world_size": None, "drop_last": False}
+        per_source = replace(options, shuffle=False, rank=None, world_size=None, drop_last=False)
         sources = [_open_one(p, per_source, storage_options, cache_dir, cache_limit) for p in path]
         return MixedDataset(
             sources, weights, length=length, exhausted=exhausted, shuffle=shuffle, seed=seed,
@@ -349,14 +425,14 @@ def open_shards(
         )  # fmt: skip
     if weights is not None or length is not None:
         raise ConfigError("weights and length are for a mix: pass a list of outputs")
-    return _open_one(path, common, storage_options, cache_dir, cache_limit)
+    return _open_one(path, options, storage_options, cache_dir, cache_limit)
 
 
 def _open_one(
-    path: str | os.PathLike[str],
-    common: dict[str, Any],
+    path: Location,
+    options: ReadOptions,
     storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
+    cache_dir: Location | None,
     cache_limit: str | int | None,
 ) -> ShardDataset:
     from ..storage.location import locate
@@ -369,7 +445,7 @@ def _open_one(
 
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(folder, cache)
-        return ShardDataset(folder.url, read_remote_manifest(folder), **common, remote=remote)
+        return ShardDataset(folder.url, read_remote_manifest(folder), options, remote=remote)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
@@ -383,4 +459,4 @@ def _open_one(
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
-    return ShardDataset(folder, manifest, **common)
+    return ShardDataset(folder, manifest, options)

@@ -15,8 +15,8 @@ from PIL import Image
 
 from ..core.codecs import DCT_FACTORS, RECORD_FORMATS, turbojpeg
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ImageError, describe
-from ..core.headers import HeaderError, jpeg_size, parse_bytes
+from ..core.errors import HeaderError, ImageError, describe
+from ..core.headers import jpeg_size, parse_bytes
 from ..formats.base import Record
 
 _TJPF_RGB = 0  # turbojpeg.TJPF_RGB, without importing the binding on every read
@@ -41,7 +41,8 @@ def decode(data: bytes, ext: str, scale: float | None = None, max_pixels: int = 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # libjpeg-turbo only warns on corrupt data: make it count
-                return tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
+                pixels: np.ndarray = tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
+                return pixels
         except (OSError, Warning) as error:
             if not _four_channel(tj, data):
                 raise ImageError("decode", f"corrupt JPEG: {error}") from None
@@ -148,9 +149,13 @@ def npy_layout(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS) -
 def decode_npy(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """A raw record's pixels (see npy_layout), nothing allocated before they are checked."""
     offset, columns, height, fortran = npy_layout(data, max_pixels)
+    flat = np.frombuffer(data, np.uint8, offset=offset)
+    pixels: np.ndarray  # (numpy's stubs type reshape's result as Any)
     if fortran:
-        return np.frombuffer(data, np.uint8, offset=offset).reshape(3, columns, height).transpose(2, 1, 0).copy()
-    return np.frombuffer(data, np.uint8, offset=offset).reshape(height, columns, 3).copy()
+        pixels = flat.reshape(3, columns, height).transpose(2, 1, 0).copy()
+    else:
+        pixels = flat.reshape(height, columns, 3).copy()
+    return pixels
 
 
 def _scale_factor(scale: float | None) -> tuple[int, int] | None:

@@ -2,43 +2,59 @@
 IterableDataset and the batch loader alike, over one dataset or a weighted mix of several.
 
 A *space* maps an epoch's positions to records: `ShardSpace` for one output (shards in stored or
-seeded order), `readers.mix.MixSpace` for a mix. Reads go through `ShardDataset._range`, so counts are
-checked against the manifest and on_error applies; a position whose record could not be read (a
-damaged shard, skipped) comes out as None, so positions are still counted.
+seeded order), `readers.mix.MixSpace` for a mix. What it needs of an output is `ShardSource`, which
+`readers.dataset.ShardDataset` implements: reads go through its `read_range`, so counts are checked
+against the manifest and on_error applies; a position whose record could not be read (a damaged
+shard, skipped) comes out as None, so positions are still counted.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..core.errors import ConfigError, ShardReadError
+from ..core.manifest import Manifest
 from ..formats.base import Record
+from .handlers import OnError
 from .order import Progress, Stream, runs
 from .split import rank_and_world, record_ranges, worker_slot
 
+if TYPE_CHECKING:
+    from ..storage.remote import Remote
 
-class ShardDataset(Protocol):
-    """What reading an epoch needs of one output (readers.dataset.ShardDataset; named here, not
-    imported, so this module sits below it)."""
 
-    manifest: Any
-    remote: Any
-    skipped: int
-    _readers: list[Any]
+class ShardSource(Protocol):
+    """What reading an epoch needs of one output: its manifest, its records by range, a record made
+    a sample, and for a remote output its shards fetched ahead and let go. Implemented by
+    readers.dataset.ShardDataset (named here, not imported, so this module sits below it)."""
 
-    def _range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]: ...
+    manifest: Manifest
+    remote: Remote | None  # None for a local output
+    skipped: int  # records skipped under on_error="skip" (readers.handlers.OnError counts them)
 
-    def _finish(self, record: Record, shard_name: str) -> Any: ...
+    def read_range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """The records [start, stop) of a shard, in stored order; fewer when a damaged shard was skipped."""
+        ...
 
-    def _shard_id(self, shard: int) -> tuple[str, int, str]: ...
+    def decode_record(self, record: Record, shard_name: str) -> Any:
+        """The sample made of a record (decoded, transformed); ShardReadError when it cannot be."""
+        ...
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Starts fetching these shards of a remote output ahead of their reading."""
+        ...
+
+    def close_shard(self, shard: int) -> None:
+        """Lets a shard go until it is read again."""
+        ...
 
 
 class Item(NamedTuple):
-    dataset: ShardDataset  # the output the record comes from (one of a mix's sources)
+    dataset: ShardSource  # the output the record comes from (one of a mix's sources)
     shard: int
     record: Record
 
@@ -53,14 +69,14 @@ class Space(Protocol):
 
     def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
 
-    def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]: ...
+    def shards(self, positions: np.ndarray) -> list[tuple[ShardSource, int]]: ...
 
 
 class ShardSpace:
     """One output's epoch: its shards in stored order, or shuffled by (seed, epoch); records in
     stored order. Position p is the p-th record of that sequence."""
 
-    def __init__(self, dataset: ShardDataset, seed: Any, shuffle: bool) -> None:
+    def __init__(self, dataset: ShardSource, seed: Any, shuffle: bool) -> None:
         self.dataset = dataset
         self.remote = dataset.remote is not None
         self.order = list(range(len(dataset.manifest.shards)))
@@ -76,13 +92,13 @@ class ShardSpace:
         for begin, end in runs(positions):
             for shard, start, stop in record_ranges(self.order, self.counts, begin, end):
                 read = 0
-                for record in self.dataset._range(shard, start, stop):
+                for record in self.dataset.read_range(shard, start, stop):
                     read += 1
                     yield Item(self.dataset, shard, record)
                 for _ in range(stop - start - read):  # a damaged shard, skipped: the positions still count
                     yield None
 
-    def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]:
+    def shards(self, positions: np.ndarray) -> list[tuple[ShardSource, int]]:
         at = np.searchsorted(self.starts, positions, side="right") - 1
         return [(self.dataset, self.order[i]) for i in dict.fromkeys(at.tolist())]
 
@@ -168,7 +184,7 @@ def _fetched(space: Space, blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]
     it). A consumer asks for block k once it has read every record of block k - 1 (`emitted`)."""
     current = next(blocks, None)
     needed = space.shards(current) if current is not None else []
-    earlier: list[tuple[ShardDataset, int]] = []
+    earlier: list[tuple[ShardSource, int]] = []
     while current is not None:
         following = next(blocks, None)
         upcoming = space.shards(following) if following is not None else []
@@ -179,21 +195,48 @@ def _fetched(space: Space, blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]
     _close_unneeded(earlier, [])
 
 
-def _close_unneeded(shards: list[tuple[ShardDataset, int]], needed: list[tuple[ShardDataset, int]]) -> None:
+def _close_unneeded(shards: list[tuple[ShardSource, int]], needed: list[tuple[ShardSource, int]]) -> None:
     keep = {(id(dataset), shard) for dataset, shard in needed}
     for dataset, shard in shards:
         if dataset.remote is not None and (id(dataset), shard) not in keep:
-            dataset._readers[shard].close()
+            dataset.close_shard(shard)
 
 
-def _prefetch(shards: list[tuple[ShardDataset, int]]) -> None:
-    by_dataset: dict[int, tuple[ShardDataset, list[int]]] = {}
+def _prefetch(shards: list[tuple[ShardSource, int]]) -> None:
+    by_dataset: dict[int, tuple[ShardSource, list[int]]] = {}
     for dataset, shard in shards:
         if dataset.remote is not None:
             by_dataset.setdefault(id(dataset), (dataset, []))[1].append(shard)
     for dataset, wanted in by_dataset.values():
-        assert dataset.remote is not None
-        dataset.remote.prefetch([dataset._shard_id(s) for s in wanted[: dataset.remote.ahead]])
+        dataset.prefetch(wanted)
+
+
+class Epochs(Protocol):
+    """What iterates an epoch, of one output or of a mix: readers.iteration.EpochIteration (named
+    here, not imported, so that the batch loader and the torch glue, which it imports, sit below it)."""
+
+    rank: int | None
+    world_size: int | None
+    drop_last: bool
+    on_error: OnError
+    epoch: int
+    max_pixels: int
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def samples_per_rank(self) -> int: ...
+
+    def fresh_progress(self) -> Progress: ...
+
+    def space(self, progress: Progress) -> Space: ...
+
+    def epoch_items(
+        self, progress: Progress | None = None, workers: tuple[int, int] | None = None
+    ) -> tuple[Cursor, Iterator[Item | None]]: ...
+
+    def iterate(self, progress: Progress | None = None) -> Iterator[Any]: ...
 
 
 class Cursor(NamedTuple):
@@ -215,7 +258,7 @@ class Cursor(NamedTuple):
         layout.done[self.worker] = self.done + count
 
 
-def cursor(owner: Any, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
+def cursor(owner: Epochs, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
     """This rank's and worker's stream of `progress`, the split started or continued (`owner` is a
     ShardDataset or a MixedDataset: its rank, world_size and drop_last)."""
     rank, world = rank_and_world(owner.rank, owner.world_size)
@@ -238,15 +281,13 @@ def _records(sizes: list[int]) -> str:
     return " + ".join(f"{n:,}" for n in sizes) + " records"
 
 
-def decoded(position: Cursor, items: Iterator[Item | None], on_error: str) -> Iterator[Any]:
+def decoded(position: Cursor, items: Iterator[Item | None], on_error: OnError) -> Iterator[Any]:
     """Samples of a stream's items, each position counted as it is handed out."""
     for item in items:
         position.advance()
         if item is None:
             continue
         try:
-            yield item.dataset._finish(item.record, item.shard_name)
-        except ShardReadError:
-            if on_error == "raise":
-                raise
-            item.dataset.skipped += 1
+            yield item.dataset.decode_record(item.record, item.shard_name)
+        except ShardReadError as error:
+            on_error(error, item.dataset)

@@ -1,24 +1,31 @@
 """What a dataset and a weighted mix share: one epoch's iteration, the batch loader and the torch
-IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error`, `epoch`,
-`len()`, `fresh_progress()` and `space()` (readers/epoch, readers/order)."""
+IterableDataset over it. Each needs `rank`, `world_size`, `drop_last`, `on_error` (an OnError,
+readers/handlers), `epoch`, `max_pixels`, `len()`, `fresh_progress()` and `space()` (readers/epoch,
+readers/order); what it offers the loader and the torch glue is readers.epoch.Epochs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import require
 from .epoch import Cursor, Item, Space, check_sizes, cursor, decoded, stream_items
+from .handlers import OnError
 from .order import Progress
 from .split import rank_and_world
+
+if TYPE_CHECKING:
+    from .loader import BatchLoader
+    from .torch_data import ShardIterableDataset
 
 
 class EpochIteration:
     rank: int | None
     world_size: int | None
     drop_last: bool
-    on_error: str
+    on_error: OnError
     epoch: int
+    max_pixels: int  # the largest image a record may claim (a mix: its sources' smallest)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -88,7 +95,7 @@ class EpochIteration:
         dtype: Any = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
-    ) -> Any:
+    ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
         Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
@@ -109,15 +116,16 @@ class EpochIteration:
         a side stream meanwhile (see shardkit.readers.device). dtype (torch.float16, bfloat16 or
         float32) with mean and std (per channel, on the 0..1 scale) normalizes them on the device.
         """
-        from .loader import BatchLoader
+        from .loader import BatchLoader, LoaderOptions
 
-        return BatchLoader(
-            self, batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
+        options = LoaderOptions(
+            batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
             device=device, dtype=dtype, mean=mean, std=std,
         )  # fmt: skip
+        return BatchLoader(self, options)
 
-    def iterable(self) -> Any:
+    def iterable(self) -> ShardIterableDataset:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode), checkpointable
         (torchdata's Stateful protocol: StatefulDataLoader saves and restores it)."""
         require("torch", "torch")

@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -31,7 +32,7 @@ from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from ..core.headers import jpeg_size
 from ..formats.base import Record
 from .decode import npy_layout, record_fields, refuse_over, stored_size
-from .epoch import Cursor, Item, check_sizes
+from .epoch import Cursor, Epochs, Item, check_sizes
 from .order import Progress
 
 CROPS = ("random", "center", None)
@@ -40,7 +41,7 @@ _JPEG = ("jpg", "jpeg")
 _FAILED, _UNSUPPORTED = 1, 2
 
 
-class Batch(tuple):
+class Batch(tuple[Any, Any]):
     """(images, labels), as `for images, labels in loader` wants, with `.keys`, `.texts` and
     `.fields` alongside (lists, one per image, in the order of the images).
 
@@ -175,33 +176,46 @@ def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
     return size
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The batch loader's keywords (see `loader()` for each), made once from them and handed to
+    BatchLoader, which checks them. No defaults: those are `loader()`'s own, written once there."""
+
+    batch_size: int
+    size: int | tuple[int, int]
+    crop: str | None
+    flip: bool
+    workers: int | None
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    resize: int | None
+    output: str
+    pin_memory: bool
+    prefetch: int | None
+    drop_last: bool
+    device: Any
+    dtype: Any
+    mean: Sequence[float] | None
+    std: Sequence[float] | None
+
+
+@dataclass
+class _Ahead:
+    """The device path's batch made ahead: handed out when the next is made (or the epoch ends)."""
+
+    batch: Batch
+    done: Any  # the CUDA event its side stream records when it is made (None on the CPU)
+    positions: int  # the epoch's positions it stands for, skipped ones included
+
+
 class BatchLoader:
     """Iterable of `Batch`es over one epoch of a ShardDataset for this rank (see ShardDataset.loader)."""
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        batch_size: int,
-        size: int | tuple[int, int],
-        crop: str | None = "random",
-        flip: bool = False,
-        workers: int | None = None,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        resize: int | None = None,
-        output: str = "torch",
-        pin_memory: bool = False,
-        prefetch: int | None = None,
-        drop_last: bool = False,
-        device: Any = None,
-        dtype: Any = None,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-    ) -> None:
+    def __init__(self, dataset: Epochs, options: LoaderOptions) -> None:
         self.dataset = dataset
-        self.batch_size = _positive("batch_size", batch_size)
-        self.size = _size(size)
+        self.batch_size = _positive("batch_size", options.batch_size)
+        self.size = _size(options.size)
+        crop, scale, ratio, output = options.crop, options.scale, options.ratio, options.output
         if crop not in CROPS:
             raise ConfigError(f"crop must be 'random', 'center' or None, not {crop!r}")
         if output not in OUTPUTS:
@@ -211,33 +225,34 @@ class BatchLoader:
         if not (0 < ratio[0] <= ratio[1]) or not all(math.isfinite(v) for v in ratio):
             raise ConfigError(f"ratio must be 0 < low <= high, not {ratio}")
         default_resize = round(min(self.size) / 0.875)
-        self.resize = default_resize if resize is None else _positive("resize", resize)
+        self.resize = default_resize if options.resize is None else _positive("resize", options.resize)
         if crop == "center" and self.resize < max(self.size):
             raise ConfigError(f"resize {self.resize} is smaller than the center crop {self.size}")
-        self.crop, self.flip = crop, bool(flip)
+        self.crop, self.flip = crop, bool(options.flip)
         self.scale, self.ratio = (scale[0], scale[1]), (ratio[0], ratio[1])
+        workers, prefetch = options.workers, options.prefetch
         self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
         self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
-        self.output, self.drop_last = output, drop_last
+        self.output, self.drop_last = output, options.drop_last
         if output == "torch":
             self._torch = require("torch", "torch")
-            self.pin_memory = pin_memory and self._pinning_possible()
+            self.pin_memory = options.pin_memory and self._pinning_possible()
         else:
             self._torch, self.pin_memory = None, False
         self.kernel = crop_kernel()
         self.device = None  # None: the CPU path; else a torch.device (readers/device.py)
-        if device is not None:
+        if options.device is not None:
             from .device import check_device, check_normalize
 
             if output != "torch":
                 raise ConfigError("device= gives torch tensors on that device: leave output='torch'")
-            self.device = check_device(self._torch, device)
-            self.dtype, self.mean, self.std = check_normalize(self._torch, dtype, mean, std)
+            self.device = check_device(self._torch, options.device)
+            self.dtype, self.mean, self.std = check_normalize(self._torch, options.dtype, options.mean, options.std)
             self.pin_memory = False
-        elif dtype is not None or mean is not None or std is not None:
+        elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
         self._stream: Any = None  # the device path's CUDA side stream
-        self._ahead: Any = None  # the device path's batch made and not yet handed out
+        self._ahead: _Ahead | None = None  # the device path's batch made and not yet handed out
         self._progress: Progress | None = None  # where the running (or last) epoch stands
         self._resume: Progress | None = None  # a loaded state, for the next iteration
 
@@ -318,14 +333,15 @@ class BatchLoader:
             if self._ahead is None:
                 position.advance(positions)
             else:
-                self._ahead[2] += positions
+                self._ahead.positions += positions
             return
         if self._ahead is not None:
             yield self._handed_out(position)
-        self._ahead = [batch, done, positions]
+        self._ahead = _Ahead(batch, done, positions)
 
     def _handed_out(self, position: Cursor) -> Batch:
-        batch, done, positions = self._ahead
+        assert self._ahead is not None
+        batch, done, positions = self._ahead.batch, self._ahead.done, self._ahead.positions
         self._ahead = None
         if done is not None:  # the consumer's stream waits for the side stream, and owns the memory after
             current = self._torch.cuda.current_stream(self.device)
@@ -351,7 +367,9 @@ class BatchLoader:
         boxes, flips = self._windows(key, number, sizes)
         return chunk, boxes, flips, failures
 
-    def _on_device(self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]) -> Any:
+    def _on_device(
+        self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]
+    ) -> Batch | None:
         """A Batch on the device from what `_gather` read (readers/device.py), or None when every
         record failed and on_error skips them."""
         from .device import decode_batch, finish, resample_batch
@@ -494,17 +512,20 @@ class BatchLoader:
         """on_error: raise for the first failed record, or the rows to keep (None: all of them)."""
         if not failures:
             return None
-        if self.dataset.on_error == "raise":
-            i = min(failures)
-            raise ShardReadError(f"{chunk[i].shard_name}: record {chunk[i].record.key}: cannot decode ({failures[i]})")
-        for i in failures:
-            chunk[i].dataset.skipped += 1
+        on_error = self.dataset.on_error
+        for i in sorted(failures):  # (on_error="raise" raises for the first)
+            item = chunk[i]
+            on_error(
+                ShardReadError(f"{item.shard_name}: record {item.record.key}: cannot decode ({failures[i]})"),
+                item.dataset,
+            )
         return [i for i in range(len(chunk)) if i not in failures]
 
     def _buffer(self, n: int) -> np.ndarray:
         shape = (n, *self.size, 3)
         if self.pin_memory:
-            return self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
+            pinned: np.ndarray = self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
+            return pinned
         return np.empty(shape, np.uint8)
 
     def _batch(self, images: np.ndarray, labels: np.ndarray, keys: list[str]) -> Batch:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from ..core.errors import ConfigError
-from .epoch import Item, ShardDataset, ShardSpace
+from .epoch import Item, ShardSource, ShardSpace
+from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, lanes_for
 
@@ -86,6 +88,19 @@ class Draws:
         return end
 
 
+class MixSource(ShardSource, Protocol):
+    """What a mix needs of each of its outputs beyond reading an epoch of it
+    (readers.dataset.ShardDataset, named here, not imported: the dataset imports the mix)."""
+
+    folder: Path | str
+    classes: list[str]
+    max_pixels: int
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class MixSpace:
     """A mix's epoch positions as records of its sources (each in its own epoch order, a fresh
     order for each time a source starts again)."""
@@ -123,7 +138,7 @@ class MixSpace:
                 items[at] = item
         yield from items
 
-    def shards(self, positions: np.ndarray) -> list[tuple[ShardDataset, int]]:
+    def shards(self, positions: np.ndarray) -> list[tuple[ShardSource, int]]:
         return [pair for space, _, local in self._split(positions) for pair in space.shards(local)]
 
 
@@ -132,7 +147,7 @@ class MixedDataset(EpochIteration):
 
     def __init__(
         self,
-        sources: list[Any],
+        sources: Sequence[MixSource],
         weights: Sequence[float] | None,
         *,
         length: int | None = None,
@@ -164,7 +179,8 @@ class MixedDataset(EpochIteration):
         self.length = sum(len(s) for s in sources) if length is None else length
         self.exhausted = exhausted
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, max(1, shuffle_buffer)
-        self.rank, self.world_size, self.drop_last, self.on_error = rank, world_size, drop_last, on_error
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.on_error = OnError(on_error)
         self.epoch = 0
         self.max_pixels = min(s.max_pixels for s in sources)
         self.classes = [list(s.classes) for s in sources]  # labels are each source's own

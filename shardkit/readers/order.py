@@ -134,7 +134,8 @@ def run_offsets(run: list[Span], cuts: np.ndarray) -> np.ndarray:
     first, counts = np.searchsorted(cuts, begins), np.searchsorted(cuts, spans[:, 1]) - np.searchsorted(cuts, begins)
     owner = np.repeat(np.arange(len(spans)), counts)
     within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return cuts[np.repeat(first, counts) + within] - begins[owner] + at[owner]
+    starts: np.ndarray = cuts[np.repeat(first, counts) + within] - begins[owner] + at[owner]
+    return starts
 
 
 def lane_starts(run: list[Span], lanes: int, cuts: np.ndarray | None) -> list[int]:

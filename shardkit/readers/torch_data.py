@@ -9,12 +9,12 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .epoch import check_sizes
+from .epoch import Epochs, check_sizes
 from .order import Progress, round_robin_counts
 from .split import rank_and_world
 
 
-class ShardIterableDataset(IterableDataset):
+class ShardIterableDataset(IterableDataset[Any]):
     """Iterable-mode wrapper: each DataLoader worker and rank reads its own run of the epoch.
 
     The epoch lives in shared memory: with persistent_workers=True the workers keep their copy of
@@ -26,7 +26,7 @@ class ShardIterableDataset(IterableDataset):
     training loop consumed; `load_state_dict` before the DataLoader's next iteration resumes there.
     """
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Epochs) -> None:
         super().__init__()
         self.dataset = dataset
         self._epoch: Any = multiprocessing.RawValue("q", dataset.epoch)
@@ -78,7 +78,7 @@ class ShardIterableDataset(IterableDataset):
         progress.splits[split].done, progress.splits[split].turn = list(counts), turn
         return progress.to_state()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # Shared memory travels only to processes being started (DataLoader workers); pickled any
         # other way (Ray, a file), the epoch goes as a number and gets shared memory of its own.
         state = dict(self.__dict__)
@@ -86,7 +86,7 @@ class ShardIterableDataset(IterableDataset):
             state["_epoch"] = self._epoch.value
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         if isinstance(state["_epoch"], int):
             state["_epoch"] = multiprocessing.RawValue("q", state["_epoch"])
         self.__dict__.update(state)
