@@ -100,7 +100,8 @@ def map_ray(
     remote: Any = ray.remote(num_cpus=1, max_retries=max_retries, scheduling_strategy="SPREAD")(_on_ray_node)
     # Jobs are drawn as tasks finish (a plan still being walked feeds them): enough in flight to
     # keep every CPU of the cluster busy, and never the whole plan in the driver.
-    in_flight = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]  # (ray has no hints for it)
+    in_flight = max(4, 2 * int(cpus))
     numbered = enumerate(jobs)
     pending: dict[Any, int] = {}
     try:
