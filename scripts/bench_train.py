@@ -110,7 +110,7 @@ import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from shardkit.core import _crop
-from shardkit.readers.loader import random_resized_boxes
+from shardkit.readers.windows import random_resized_boxes
 from shardkit.core.headers import jpeg_size
 from shardkit.readers import open_shards
 shards, size, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

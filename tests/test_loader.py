@@ -23,7 +23,8 @@ from shardkit.formats import get_format
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
-from shardkit.readers.loader import BatchLoader, center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
+from shardkit.readers.loader import BatchLoader
+from shardkit.readers.windows import center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
 from shardkit.synthetic import picture, write_image
 
 from .conftest import IMAGENET_SAMPLE
