@@ -459,12 +459,11 @@ def _measure(read: _Output, passes: list[_Pass], report: BenchReport, progress: 
     try:
         if pool is not None:
             map_pool(pool, _folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
-        report.rows = _rounds(pool, passes, workers, cold, report.repeat, progress)
+        report.rows = _rounds(pool, passes, report, progress)
         if workers == 1 and not cold and turbojpeg() is not None:
             if progress is not None:
                 progress("reader overhead, paired")
-            dataset = read.dataset
-            by_shard = [[(r.data, r.ext) for r in dataset.records(shard)] for shard in range(len(read.paths))]
+            by_shard = [[(r.data, r.ext) for r in read.dataset.records(shard)] for shard in range(len(read.paths))]
             report.paired_overhead = _paired_overhead(read.where, by_shard, report.repeat)
         finished = True
     finally:
@@ -474,17 +473,13 @@ def _measure(read: _Output, passes: list[_Pass], report: BenchReport, progress: 
 
 
 def _rounds(
-    pool: ProcessPoolExecutor | None,
-    passes: list[_Pass],
-    workers: int,
-    cold: bool,
-    repeat: int,
-    progress: Callable[[str], None] | None,
+    pool: ProcessPoolExecutor | None, passes: list[_Pass], report: BenchReport, progress: Callable[[str], None] | None
 ) -> list[BenchRow]:
     """A warm-up (not with `cold`), then `repeat` rounds. Round-robin: every round runs each pass
     once, so a noisy neighbour slows the passes of a round alike, and ratios taken within rounds
     hold still."""
-    rows = [BenchRow(name, 0, 0, [], workers) for name, *_ in passes]
+    cold, repeat = report.cold, report.repeat
+    rows = [BenchRow(name, 0, 0, [], report.workers) for name, *_ in passes]
     if not cold:
         for _, function, parts, _paths in passes:
             _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
