@@ -20,7 +20,7 @@ _EXPORTS = {
     "ProbeReport": "packing.probe",
     "recommend": "packing.probe",
     "verify": "checks.verify",
-    "VerifyReport": "checks.verify",
+    "VerifyReport": "checks.verify_report",
     "PackConfig": "core.config",
     "ResizeConfig": "core.config",
     "EncodeConfig": "core.config",
@@ -80,7 +80,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .checks.verify import VerifyReport, verify
+    from .checks.verify import verify
+    from .checks.verify_report import VerifyReport
     from .core.config import EncodeConfig, PackConfig, ResizeConfig, load_preset
     from .core.errors import (
         ConfigError,

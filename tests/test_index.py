@@ -18,7 +18,7 @@ import pytest
 from shardkit.checks.verify import verify
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import WIDS_NAME, idx_name, read_manifest
-from shardkit.formats.webdataset import dali_index
+from shardkit.formats.tar_companions import dali_index
 from shardkit.packing.adopt import adopt_tars
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image

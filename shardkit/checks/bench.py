@@ -320,6 +320,22 @@ def _split(items: list[Any], parts: int) -> list[list[Any]]:
     return [items[i::parts] for i in range(parts)]
 
 
+# A pass as bench runs it: its name, its function, each worker's part, the files it reads (evicted
+# before each run with `cold`)
+_Pass = tuple[str, _PassFunction, list[Any], list[str]]
+
+
+class _Output(NamedTuple):
+    """The output as the passes read it: where it is, the dataset open on it, its shard files on
+    this machine, and every record's bytes and source path, in stored order."""
+
+    where: Where
+    dataset: Any
+    paths: list[str]
+    blobs: list[tuple[bytes, str]]
+    sources: list[str]
+
+
 def bench(
     output: str | os.PathLike[str],
     *,
@@ -340,6 +356,23 @@ def bench(
     `device` ("cuda", or "cpu" for its torch code on the CPU) the loader's device path too. `output` may
     be a URL (see open_shards): the passes then read through the local cache, which the warm-up
     fills (with `cold`, the cached copies are evicted from the page cache before each run)."""
+    _check_options(workers, repeat, train, device)
+    read = _read(output, storage_options, cache_dir, cache_limit)
+    manifest, root = read.dataset.manifest, read.dataset.folder
+    report = BenchReport(str(root), None if against is None else display(os.fspath(against)), manifest.format,
+                         len(read.blobs), workers, cold, repeat)  # fmt: skip
+    files: list[str] = []
+    if against is not None:
+        if not all(read.sources):
+            raise ShardkitError(f"{root}: records carry no source paths; cannot bench against a folder")
+        files = source_files(against, read.sources)
+    passes = _passes(read, files, workers, cold, train, device)
+    _measure(read, passes, report, progress)
+    return report
+
+
+def _check_options(workers: int, repeat: int, train: int | None, device: str | None) -> None:
+    """Refuse what cannot be measured before any work: workers, rounds, the crop size, the device."""
     check_workers(workers, most=MAX_WORKERS)
     if repeat < 1:
         raise ConfigError(f"repeat must be at least 1, not {repeat}")
@@ -351,90 +384,111 @@ def bench(
         from ..readers.device import check_device
 
         check_device(require("torch", "torch"), device)  # refused before any work
+
+
+def _read(
+    output: str | os.PathLike[str],
+    storage_options: dict[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: str | int | None,
+) -> _Output:
+    """Open the output and read every record once: the bytes the memory pass decodes, the source
+    paths that name the raw files; a remote output's shard files are its cached copies."""
     location = locate(output, storage_options)
-    remote = not isinstance(location, Path)
     where = Where(
         str(location) if isinstance(location, Path) else location.url, storage_options,
         None if cache_dir is None else os.fspath(cache_dir), cache_limit,
     )  # fmt: skip
     dataset = _open(where, decode="bytes")
     manifest = dataset.manifest
-    root = dataset.folder
-    if remote:
+    if not isinstance(location, Path):
         cache = ShardCache.at(cache_dir, cache_limit)
-        shard_paths = [str(cache.path_of(shard.sha256, shard.name)) for shard in manifest.shards]
+        paths = [str(cache.path_of(shard.sha256, shard.name)) for shard in manifest.shards]
     else:
-        shard_paths = [os.path.join(root, shard.name) for shard in manifest.shards]
+        paths = [os.path.join(dataset.folder, shard.name) for shard in manifest.shards]
     records = [record for shard in range(len(manifest.shards)) for record in dataset.records(shard)]
     blobs = [(record.data, record.ext) for record in records]
     sources = [str(record.meta.get("source", "")) for record in records]
-    report = BenchReport(str(root), None if against is None else display(os.fspath(against)), manifest.format,
-                         len(blobs), workers, cold, repeat)  # fmt: skip
-    files: list[str] = []
-    if against is not None:
-        if not all(sources):
-            raise ShardkitError(f"{root}: records carry no source paths; cannot bench against a folder")
-        files = source_files(against, sources)
-    shard_splits = worker_parts([shard.count for shard in manifest.shards], workers)
+    return _Output(where, dataset, paths, blobs, sources)
+
+
+def _passes(
+    read: _Output, files: list[str], workers: int, cold: bool, train: int | None, device: str | None
+) -> list[_Pass]:
+    """The passes to time, in the report's order: the raw folder's (when there is one), the
+    shards' decoders, the same bytes from memory (not with `cold`), and the training input."""
+    shard_splits = worker_parts([shard.count for shard in read.dataset.manifest.shards], workers)
 
     def shard_pass(mode: str, scale: float | None = None) -> list[Any]:
-        return [(where, part, mode, scale) for part in shard_splits]
+        return [(read.where, part, mode, scale) for part in shard_splits]
 
-    passes: list[tuple[str, _PassFunction, list[Any], list[str]]] = []
+    passes: list[_Pass] = []
     if files:
         passes.append((BASELINE, _folder_pil, _split(files, workers), files))
         if turbojpeg() is not None:
             passes.append(("folder: libjpeg-turbo", _folder_turbo, _split(files, workers), files))
     if turbojpeg() is not None:
-        passes.append(("shards: libjpeg-turbo", _shards, shard_pass("rgb"), shard_paths))
-    passes.append(("shards: Pillow", _shards, shard_pass("pil"), shard_paths))
-    passes.append(("shards: bytes only (I/O)", _shards, shard_pass("bytes"), shard_paths))
-    passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), shard_paths))
+        passes.append(("shards: libjpeg-turbo", _shards, shard_pass("rgb"), read.paths))
+    passes.append(("shards: Pillow", _shards, shard_pass("pil"), read.paths))
+    passes.append(("shards: bytes only (I/O)", _shards, shard_pass("bytes"), read.paths))
+    passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), read.paths))
     if not cold:
-        passes.append((MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(blobs, workers), []))
+        passes.append(
+            (MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(read.blobs, workers), [])
+        )
     if train is not None:
         if files and _torchvision_available():
             parts = [(part, train) for part in _split(files, workers)]
             passes.append((f"train {train}: folder + torchvision", _folder_torchvision, parts, files))
-        passes.append((f"train {train}: shards loader", _train_loader, [(where, train, workers, None)], shard_paths))
+        passes.append(
+            (f"train {train}: shards loader", _train_loader, [(read.where, train, workers, None)], read.paths)
+        )
         if device is not None:
-            passes.append(
-                (
-                    f"train {train}: shards loader, {device}",
-                    _train_loader,
-                    [(where, train, workers, device)],
-                    shard_paths,
-                )
-            )
+            loader = [(read.where, train, workers, device)]
+            passes.append((f"train {train}: shards loader, {device}", _train_loader, loader, read.paths))
+    return passes
 
+
+def _measure(read: _Output, passes: list[_Pass], report: BenchReport, progress: Callable[[str], None] | None) -> None:
+    """Time the passes into `report` on one pool of `report.workers` processes (started before
+    timing), then the paired reader overhead where it applies; the pool and the dataset are
+    closed whatever happens."""
+    workers, cold = report.workers, report.cold
     pool = process_pool(workers) if workers > 1 else None
     finished = False
     try:
         if pool is not None:
             map_pool(pool, _folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
-        rows = [BenchRow(name, 0, 0, [], workers) for name, *_ in passes]
-        if not cold:
-            for _, function, parts, _paths in passes:
-                _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
-        # Round-robin: every round runs each pass once, so a noisy neighbour slows the passes of a
-        # round alike, and ratios taken within rounds hold still.
-        for round_number in range(repeat):
-            if progress is not None:
-                progress(f"round {round_number + 1} of {repeat}")
-            for row, (_, function, parts, paths) in zip(rows, passes, strict=True):
-                if cold:
-                    _evict(paths)
-                row.images, row.bytes, seconds = _run_split(pool, function, parts)
-                row.seconds.append(seconds)
-        report.rows = rows
+        report.rows = _rounds(pool, passes, report, progress)
         if workers == 1 and not cold and turbojpeg() is not None:
             if progress is not None:
                 progress("reader overhead, paired")
-            by_shard = [[(r.data, r.ext) for r in dataset.records(shard)] for shard in range(len(shard_paths))]
-            report.paired_overhead = _paired_overhead(where, by_shard, repeat)
+            by_shard = [[(r.data, r.ext) for r in read.dataset.records(shard)] for shard in range(len(read.paths))]
+            report.paired_overhead = _paired_overhead(read.where, by_shard, report.repeat)
         finished = True
     finally:
         if pool is not None:
             stop_pool(pool, abandon=not finished)
-        dataset.close()
-    return report
+        read.dataset.close()
+
+
+def _rounds(
+    pool: ProcessPoolExecutor | None, passes: list[_Pass], report: BenchReport, progress: Callable[[str], None] | None
+) -> list[BenchRow]:
+    """A warm-up (not with `cold`), then `repeat` rounds. Round-robin: every round runs each pass
+    once, so a noisy neighbour slows the passes of a round alike, and ratios taken within rounds
+    hold still."""
+    cold, repeat = report.cold, report.repeat
+    rows = [BenchRow(name, 0, 0, [], report.workers) for name, *_ in passes]
+    if not cold:
+        for _, function, parts, _paths in passes:
+            _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
+    for round_number in range(repeat):
+        if progress is not None:
+            progress(f"round {round_number + 1} of {repeat}")
+        for row, (_, function, parts, paths) in zip(rows, passes, strict=True):
+            if cold:
+                _evict(paths)
+            row.images, row.bytes, seconds = _run_split(pool, function, parts)
+            row.seconds.append(seconds)
+    return rows

@@ -33,7 +33,7 @@ from ..core.safeio import read_regular
 from ..packing.dedup import hash_paths
 from ..packing.encode import picture_hash
 from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail
-from ..packing.sources import walk
+from ..packing.sources import SourceWalk, walk
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
 
@@ -135,37 +135,78 @@ def find_duplicates(
     packed = [_is_output(source) for source in typed]
     walks = {n: walk(source, labels="none", keys=False) for n, source in enumerate(typed) if not packed[n]}
     found = _Found()
-    paths: list[str] = []  # the folders' files, hashed together in one pool
-    positions: list[int] = []
-    first_of: dict[tuple[int, int], int] = {}  # a file (device, inode) -> where it was first reached
+    files = _Files()
     for number, source in enumerate(typed):
         if packed[number]:
             _add_records(found, number, source, near, max_pixels, storage_options)
+        else:
+            _add_files(found, files, number, source, walks[number])
+    _hash_files(found, files, near, max_pixels, workers, progress)
+    groups = _groups(found, near, threshold)
+    if against:
+        split = len(sources)
+        groups = [g for g in groups if min(g.sources) < split <= max(g.sources)]
+    groups.sort(key=lambda group: (-len(group.files), group.kind, group.files[0]))
+    return DuplicatesReport(
+        typed, len(found.shown), groups, found.failures, near, threshold if near else None,
+        time.perf_counter() - started, against=len(against), records=found.records, storage_options=storage_options,
+    )  # fmt: skip
+
+
+@dataclass
+class _Files:
+    """The folders' files to hash, together in one pool: each one's path, its place in `_Found`,
+    and where each file (device, inode) was first reached."""
+
+    paths: list[str] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    first_of: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def _add_files(found: _Found, files: _Files, number: int, source: str, walked: SourceWalk) -> None:
+    """Source `number`'s walked files into `found`, to be hashed; a file already reached (a link)
+    is not hashed again, and what could not be read or walked is a failure."""
+    for item in walked.items:
+        try:
+            status = os.stat(item.path)
+        except OSError as error:
+            found.failures.append(Failure(os.path.join(source, item.relpath), "read", describe(error)))
             continue
-        for item in walks[number].items:
-            try:
-                status = os.stat(item.path)
-            except OSError as error:
-                found.failures.append(Failure(os.path.join(source, item.relpath), "read", describe(error)))
-                continue
-            first = first_of.get((status.st_dev, status.st_ino))
-            if first is not None:
-                # A link to a file already taken is that file: within a source it counts once (not
-                # a duplicate), but one file in train and val (a symlink farm, cp -al) is leakage.
-                taken = [found.origin[first], *(o for _, o in found.aliases.get(first, []))]
-                if number not in taken:
-                    found.aliases.setdefault(first, []).append((os.path.join(source, item.relpath), number))
-                continue
-            first_of[(status.st_dev, status.st_ino)] = len(found.shown)
-            positions.append(len(found.shown))
-            paths.append(item.path)
-            found.add(os.path.join(source, item.relpath), number, None, None)
-        found.failures.extend(walks[number].skipped)
-    table = hash_paths(paths, near, max_pixels, workers, progress)
-    for i, at in enumerate(positions):
+        first = files.first_of.get((status.st_dev, status.st_ino))
+        if first is not None:
+            # A link to a file already taken is that file: within a source it counts once (not
+            # a duplicate), but one file in train and val (a symlink farm, cp -al) is leakage.
+            taken = [found.origin[first], *(o for _, o in found.aliases.get(first, []))]
+            if number not in taken:
+                found.aliases.setdefault(first, []).append((os.path.join(source, item.relpath), number))
+            continue
+        files.first_of[(status.st_dev, status.st_ino)] = len(found.shown)
+        files.positions.append(len(found.shown))
+        files.paths.append(item.path)
+        found.add(os.path.join(source, item.relpath), number, None, None)
+    found.failures.extend(walked.skipped)
+
+
+def _hash_files(
+    found: _Found,
+    files: _Files,
+    near: bool,
+    max_pixels: int,
+    workers: int | None,
+    progress: Callable[[int], None] | None,
+) -> None:
+    """Hash the folders' files in one pool, into their places in `found`; a file that could not
+    be hashed is a failure."""
+    table = hash_paths(files.paths, near, max_pixels, workers, progress)
+    for i, at in enumerate(files.positions):
         found.digests[at] = table.digests[i]
         found.hashes[at], found.hashed[at] = int(table.hashes[i]), bool(table.hashed[i])
-    found.failures += [Failure(found.shown[positions[i]], stage, why) for i, stage, why in table.problems]
+    found.failures += [Failure(found.shown[files.positions[i]], stage, why) for i, stage, why in table.problems]
+
+
+def _groups(found: _Found, near: bool, threshold: int) -> list[DuplicateGroup]:
+    """The groups of `found`: exact copies, one file reached from two sources with no other copy,
+    and with `near` the near copies; each file followed by its links from other sources."""
 
     def files(members: list[int]) -> tuple[list[str], list[int]]:
         """The files at `members`, each followed by its links from other sources."""
@@ -188,14 +229,7 @@ def find_duplicates(
             distance = int(distances(hashes[members], hashes[members[0]]).max())
             names, origins = files(members)
             groups.append(DuplicateGroup("near", names, origins, distance=distance))
-    if against:
-        split = len(sources)
-        groups = [g for g in groups if min(g.sources) < split <= max(g.sources)]
-    groups.sort(key=lambda group: (-len(group.files), group.kind, group.files[0]))
-    return DuplicatesReport(
-        typed, len(found.shown), groups, found.failures, near, threshold if near else None,
-        time.perf_counter() - started, against=len(against), records=found.records, storage_options=storage_options,
-    )  # fmt: skip
+    return groups
 
 
 def exact_sets(digests: Sequence[str | None]) -> list[list[int]]:

@@ -12,7 +12,7 @@ from rich.table import Table
 from ..core.config import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
-    from ..checks.verify import VerifyReport
+    from ..checks.verify_report import VerifyReport
 
 from .common import (
     STORAGE_OPTION_HELP,

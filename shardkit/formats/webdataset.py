@@ -6,21 +6,20 @@ The reader parses tar headers itself (ustar, pax, GNU long names) instead of goi
 `tarfile`, which costs ~10 us per member in Python: iteration reads headers and small members with a
 small read-ahead and each image exactly once; a range that starts inside a shard walks on from the
 nearest record offset an earlier range left (`marks`), and random access uses a table of member
-offsets built from the headers.
+offsets built from the headers. The tar's headers themselves are `tar_headers`' (written and
+walked); the files other readers want beside the tars are `tar_companions`'.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import re
 import tarfile
 from collections.abc import Iterator
 from typing import Any
 
 from ..core.config import MAX_RECORD_BYTES
 from ..core.errors import ShardFormatError, describe
-from ..core.manifest import WIDS_NAME, ShardInfo, wids_index
 from ..core.safeio import loads, open_regular
 from .base import (
     Backend,
@@ -33,6 +32,14 @@ from .base import (
     json_objects,
     parse_meta,
 )
+from .tar_companions import dali_index, wids_files
+from .tar_companions import dali_index_of as dali_index_of  # (packing/adopt imports these from here)
+from .tar_companions import dali_samples as dali_samples
+from .tar_headers import BLOCK, READ_AHEAD, FileBytes, Member, member_header, split_name, tar_members
+
+# the names packing/adopt.py imports from here, from before the tar's headers had a module of their own
+_Bytes = FileBytes
+_READ_AHEAD = READ_AHEAD
 
 
 class TarShardWriter(ShardWriter):
@@ -62,7 +69,7 @@ class TarShardWriter(ShardWriter):
             members.append((f"{record.key}.{name}", payload))
         parts: list[bytes] = []
         for name, payload in members:
-            parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
+            parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % BLOCK))
         block = b"".join(parts)
         self._file.write(block)
         self._offset += len(block)
@@ -70,7 +77,7 @@ class TarShardWriter(ShardWriter):
 
     def close(self) -> int:
         # tarfile's ending: two zero blocks, then zeros up to a whole 10 KiB record
-        end = 2 * _BLOCK + -(self._offset + 2 * _BLOCK) % tarfile.RECORDSIZE
+        end = 2 * BLOCK + -(self._offset + 2 * BLOCK) % tarfile.RECORDSIZE
         self._file.write(bytes(end))
         self._file.close()
         return self._count
@@ -79,34 +86,8 @@ class TarShardWriter(ShardWriter):
         self._file.close()
 
 
-def member_header(name: str, size: int) -> bytes:
-    """The header tarfile writes for a regular member (PAX format, mtime 0, mode 0444, no owner)."""
-    raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) > 100 or not name.isascii() or size > 0o77777777777:  # pax: tarfile's own code
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o444, 0, 0, "", ""
-        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-    header = b"".join((raw.ljust(100, b"\0"), _HEAD_MIDDLE, b"%011o\0" % size, _HEAD_TAIL))
-    checksum = sum(header)  # the checksum field holds 8 spaces while it is summed
-    return header[:148] + b"%06o\0 " % checksum + header[156:]
-
-
-_HEAD_MIDDLE = b"0000444\0" + b"0000000\0" * 2  # mode, uid, gid
-# mtime, checksum placeholder, type (regular), link name, magic and version, user, group, device
-# numbers (tarfile writes them empty for a regular file), prefix, padding
-_HEAD_TAIL = b"00000000000\0" + b" " * 8 + b"0" + bytes(100) + b"ustar\x0000" + bytes(64 + 16 + 155 + 12)
-
-
-_BLOCK = 512
-_ZERO_BLOCK = bytes(_BLOCK)
-# Read-ahead for headers and small members (.cls, .json): 4 KiB holds a record's small members and
-# their headers in one read, while images, read exactly, are copied once. A 1 MiB read-ahead copied
-# every image twice (page cache -> buffer -> member) and measured ~25% slower per record.
-_READ_AHEAD = 4096
 _BATCH = 64  # records read together (see _records)
 _BATCH_BYTES = 8 << 20  # ... or fewer, when their images add up to this
-_MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
-Member = tuple[str, int, int, int]  # name, offset of its data, size, offset of its first header
 Entry = tuple[
     str, dict[str, tuple[int, int]], int
 ]  # key, (data offset, size) by extension, where the next record starts
@@ -120,134 +101,6 @@ _Small = tuple[
 ]
 
 
-def _octal(field: bytes, where: str) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for large numbers
-        return int.from_bytes(field[1:], "big")
-    digits = field.split(b"\0", 1)[0].strip(b" ")
-    if not digits:
-        return 0
-    # isdigit: ASCII digits only, so no sign (int() would take "-1000": a loop backwards), no "_"
-    if digits.isdigit() and b"8" not in digits and b"9" not in digits:
-        return int(digits, 8)
-    raise ShardFormatError(f"{where}: corrupt tar header (bad number {digits[:12]!r})")
-
-
-class _Bytes:
-    """pread with an optional read-ahead buffer for small reads; larger ones are read exactly."""
-
-    def __init__(self, fd: int, size: int, chunk: int = 0) -> None:
-        self.fd, self.size, self.chunk = fd, size, chunk
-        self.buffer, self.start = b"", 0
-
-    def get(self, offset: int, n: int) -> bytes:
-        end = offset + n
-        if self.start <= offset and end <= self.start + len(self.buffer):
-            return self.buffer[offset - self.start : end - self.start]
-        if not self.chunk or n >= self.chunk:
-            return os.pread(self.fd, n, offset)
-        self.buffer, self.start = os.pread(self.fd, self.chunk, offset), offset
-        return self.buffer[:n]
-
-
-def tar_members(
-    data: _Bytes, where: str, pos: int = 0, skipped: list[tuple[str, str]] | None = None
-) -> Iterator[Member]:
-    """Regular-file members of a ustar/pax/GNU tar, from the headers alone (nothing is extracted),
-    from the header at byte `pos` on (the start, or where a member's headers begin); the others
-    (folders, links, devices) are left out, and listed in `skipped` as (name, kind) when given."""
-    pax_path: str | None = None
-    pax_size: int | None = None
-    first = pos  # where the current member's headers (pax or GNU long name, then its own) begin
-    while pos + _BLOCK <= data.size:
-        header = data.get(pos, _BLOCK)
-        if len(header) < _BLOCK:
-            raise ShardFormatError(f"{where}: truncated tar header")
-        if header == _ZERO_BLOCK:  # end-of-archive marker
-            return
-        if header[257:262] != b"ustar":
-            raise ShardFormatError(f"{where}: not a tar file (no ustar header at byte {pos:,})")
-        size = _octal(header[124:136], where)
-        kind = header[156:157]
-        start = pos + _BLOCK
-        pos = start + -(-size // _BLOCK) * _BLOCK
-        if kind in (b"x", b"L"):
-            if size > _MAX_HEADER_PAYLOAD:
-                raise ShardFormatError(f"{where}: tar extended header of {size:,} bytes")
-            payload = data.get(start, size)
-            if kind == b"L":
-                pax_path = _name(payload.split(b"\0", 1)[0], where)
-            else:
-                fields = _pax_fields(payload, where)
-                pax_path = fields.get("path", pax_path)
-                if "size" in fields:
-                    if not re.fullmatch(r"[0-9]+", fields["size"]):
-                        raise ShardFormatError(f"{where}: corrupt pax size {fields['size'][:20]!r}")
-                    pax_size = int(fields["size"])
-            continue
-        if kind not in (b"0", b"\0", b"7"):
-            if skipped is not None:
-                other = pax_path or _name(header[:100].split(b"\0", 1)[0], where)
-                skipped.append((other, _KINDS.get(kind, f"type {kind.decode('latin-1')!r}")))
-            pax_path = pax_size = None
-            first = pos
-            continue
-        name = pax_path
-        if name is None:
-            name = _name(header[:100].split(b"\0", 1)[0], where)
-            prefix = header[345:500].split(b"\0", 1)[0]
-            if prefix and header[257:263] == b"ustar\0":
-                name = _name(prefix, where) + "/" + name
-        if pax_size is not None:
-            size, pos = pax_size, start + -(-pax_size // _BLOCK) * _BLOCK
-        pax_path = pax_size = None
-        if start + size > data.size:
-            raise ShardFormatError(f"{where}: member {name} runs past the end of the file (truncated shard)")
-        yield name, start, size, first
-        first = pos
-    # Every tar writer ends with zero blocks; without them the file was cut (possibly between
-    # members, where the walk above alone would take a shorter shard for a whole one).
-    raise ShardFormatError(f"{where}: no end-of-archive marker (truncated shard)")
-
-
-_KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
-          b"5": "a folder", b"6": "a FIFO"}  # fmt: skip
-
-
-def _name(raw: bytes, where: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ShardFormatError(f"{where}: member name {raw[:80]!r} is not UTF-8") from None
-
-
-def _pax_fields(payload: bytes, where: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    pos = 0
-    while pos < len(payload):
-        space = payload.find(b" ", pos)
-        try:
-            length = int(payload[pos:space])
-        except ValueError:
-            raise ShardFormatError(f"{where}: corrupt pax header") from None
-        if space < 0 or length <= 0:
-            raise ShardFormatError(f"{where}: corrupt pax header")
-        key, _, value = payload[space + 1 : pos + length - 1].partition(b"=")
-        fields[key.decode("utf-8", "replace")] = _name(value, where) if key == b"path" else value.decode("latin-1")
-        pos += length
-    return fields
-
-
-def _split_name(name: str) -> tuple[str, str] | None:
-    """webdataset's rule: the key is the path up to the first '.' of the last component. None for
-    a name with no extension, and for a hidden file (one starting with '.'), which DALI and
-    webdataset leave out too."""
-    head, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem:
-        return None
-    return (f"{head}/{stem}" if head else stem), ext
-
-
 def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
     """Consecutive members with the same key form one record; a member repeated within a record is
     damage (which of the two would a reader take?). Each record comes with the offset the next one
@@ -258,7 +111,7 @@ def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
     parts: dict[str, tuple[int, int]] = {}
     end = 0
     for name, offset, size, first in members:
-        split = _split_name(name)
+        split = split_name(name)
         if split is None:
             continue
         if split[0] != key:
@@ -268,7 +121,7 @@ def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
         if split[1] in parts:
             raise ShardFormatError(f"{where}: record {key} has two {split[1]} members")
         parts[split[1]] = (offset, size)
-        end = offset + -(-size // _BLOCK) * _BLOCK
+        end = offset + -(-size // BLOCK) * BLOCK
     if key is not None and not parts.keys() <= _NOT_IMAGE:
         yield key, parts, end
 
@@ -300,13 +153,13 @@ class TarShardReader(ShardReader):
         assert self._fd is not None  # opened above, or earlier in this process
         return self._fd
 
-    def _bytes(self, chunk: int = 0) -> _Bytes:
+    def _bytes(self, chunk: int = 0) -> FileBytes:
         fd = self._descriptor()
-        return _Bytes(fd, os.fstat(fd).st_size, chunk)
+        return FileBytes(fd, os.fstat(fd).st_size, chunk)
 
     def _members(self) -> list[Entry]:
         if self._entries is None:
-            entries = list(_group(tar_members(self._bytes(_READ_AHEAD), self.path), self.path))
+            entries = list(_group(tar_members(self._bytes(READ_AHEAD), self.path), self.path))
             if len({key for key, _, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
@@ -318,14 +171,14 @@ class TarShardReader(ShardReader):
     def keys(self) -> list[str]:
         return [key for key, _, _ in self._members()]
 
-    def _member(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
+    def _member(self, data: FileBytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
         offset, size = members[ext]
         payload = data.get(offset, size)
         if len(payload) != size:
             raise ShardFormatError(f"{self.path}: record {key} is cut short (truncated shard)")
         return payload
 
-    def _records(self, data: _Bytes, entries: Iterator[Entry]) -> Iterator[Record]:
+    def _records(self, data: FileBytes, entries: Iterator[Entry]) -> Iterator[Record]:
         """Records from (key, members) entries, a batch at a time (up to 64 records or 8 MiB):
         small members are read as the entries come (straight after their headers, so from the
         read-ahead buffer that just read those), the batch's metadata is parsed together, each
@@ -363,7 +216,7 @@ class TarShardReader(ShardReader):
             if not batch:
                 return
 
-    def _small_members(self, data: _Bytes, key: str, members: dict[str, tuple[int, int]]) -> _Small:
+    def _small_members(self, data: FileBytes, key: str, members: dict[str, tuple[int, int]]) -> _Small:
         """(image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
         of one record; checks sizes before any read."""
         image_ext = None
@@ -417,7 +270,7 @@ class TarShardReader(ShardReader):
         within each walk (a walk of the whole shard, as verify's, checks them all)."""
         marks = dict(self._marks)  # a copy: another thread's range may add marks meanwhile
         mark = max(record for record in marks if record <= start)
-        data = self._bytes(_READ_AHEAD)
+        data = self._bytes(READ_AHEAD)
         reached = [mark, marks[mark]]  # records walked past, and the offset where the next one starts
         entries = self._walked(_group(tar_members(data, self.path, marks[mark]), self.path), reached)
         if start > mark:
@@ -451,78 +304,13 @@ class TarShardReader(ShardReader):
         """Records [start, stop) with read-ahead: through the member table once random access built
         one, else by a walk from the nearest mark (no member table needed)."""
         if self._entries is not None:
-            return self._records(self._bytes(_READ_AHEAD), iter(self._entries[start:stop]))
+            return self._records(self._bytes(READ_AHEAD), iter(self._entries[start:stop]))
         return self._stream(start, stop)
 
     def close(self) -> None:
         if self._fd is not None and self.in_this_process(self._fd):
             os.close(self._fd)
         self._fd = None
-
-
-# --- DALI's .idx file ---------------------------------------------------------------------------------
-# What DALI's wds2idx writes (v1.2), so DALI need not scan each tar: a first line `v1.2 <samples>`,
-# then a line per sample of its members as `<ext> <data offset> <size> <member name>` joined by
-# spaces, members grouped as consecutive ones with the same key (hidden files, a name starting
-# with '.', and names without an extension left out). DALI splits lines on whitespace, so a tar
-# with a member name holding some (a file "my photo.jpg") gets the older v1.1, which DALI also
-# reads: the same without names (they only label DALI's samples). shardkit does not read either.
-
-
-def dali_samples(
-    data: _Bytes, where: str, skipped: list[tuple[str, str]] | None = None
-) -> Iterator[list[tuple[str, int, int, str]]]:
-    """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them (and
-    as the reader does, which also leaves out samples with no image member)."""
-    group: list[tuple[str, int, int, str]] = []
-    key: str | None = None
-    for name, offset, size, _ in tar_members(data, where, 0, skipped):
-        split = _split_name(name)
-        if split is None:
-            continue
-        if split[0] != key and group:
-            yield group
-            group = []
-        key = split[0]
-        group.append((split[1], offset, size, name))
-    if group:
-        yield group
-
-
-def dali_index(path: str) -> bytes | None:
-    """DALI's index of the tar at `path` (v1.2 byte for byte what wds2idx writes; v1.1 when a
-    member name holds whitespace), or None when an extension holds some (no version can say it)
-    or the tar has no sample. Raises ShardFormatError on a damaged tar, OSError when unreadable."""
-    fd = open_regular(path)
-    try:
-        return dali_index_of(list(dali_samples(_Bytes(fd, os.fstat(fd).st_size, _READ_AHEAD), path)))
-    finally:
-        os.close(fd)
-
-
-def dali_index_of(samples: list[list[tuple[str, int, int, str]]]) -> bytes | None:
-    """dali_index from a tar's samples as dali_samples gave them."""
-    members = [member for sample in samples for member in sample]
-    if not samples or any(_spaced(ext) for ext, _, _, _ in members):
-        return None  # (DALI refuses an index of no samples)
-    named = not any(_spaced(name) for _, _, _, name in members)
-    lines = [f"{'v1.2' if named else 'v1.1'} {len(samples)}"]
-    for sample in samples:
-        if named:
-            lines.append(" ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in sample))
-        else:
-            lines.append(" ".join(f"{ext} {offset} {size}" for ext, offset, size, _ in sample))
-    return "".join(line + "\n" for line in lines).encode()
-
-
-def _spaced(text: str) -> bool:
-    return any(c.isspace() for c in text)
-
-
-def wids_files(shards: list[ShardInfo]) -> list[tuple[str, bytes]]:
-    """The output's files for other readers: wids' shardindex.json, so that
-    `wids.ShardListDataset(OUT/shardindex.json)` opens the output."""
-    return [(WIDS_NAME, wids_index(shards))]
 
 
 BACKEND = Backend(
