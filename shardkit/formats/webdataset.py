@@ -33,13 +33,7 @@ from .base import (
     parse_meta,
 )
 from .tar_companions import dali_index, wids_files
-from .tar_companions import dali_index_of as dali_index_of  # (packing/adopt imports these from here)
-from .tar_companions import dali_samples as dali_samples
 from .tar_headers import BLOCK, READ_AHEAD, FileBytes, Member, member_header, split_name, tar_members
-
-# the names packing/adopt.py imports from here, from before the tar's headers had a module of their own
-_Bytes = FileBytes
-_READ_AHEAD = READ_AHEAD
 
 
 class TarShardWriter(ShardWriter):
@@ -92,7 +86,7 @@ Entry = tuple[
     str, dict[str, tuple[int, int]], int
 ]  # key, (data offset, size) by extension, where the next record starts
 _MAX_MARKS = 4096  # record offsets a reader remembers (a few per range read; forgotten all at once past this)
-_NOT_IMAGE = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
+OTHER_PARTS = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
 
 
 # (image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
@@ -115,14 +109,14 @@ def _group(members: Iterator[Member], where: str) -> Iterator[Entry]:
         if split is None:
             continue
         if split[0] != key:
-            if key is not None and not parts.keys() <= _NOT_IMAGE:
+            if key is not None and not parts.keys() <= OTHER_PARTS:
                 yield key, parts, first
             key, parts = split[0], {}
         if split[1] in parts:
             raise ShardFormatError(f"{where}: record {key} has two {split[1]} members")
         parts[split[1]] = (offset, size)
         end = offset + -(-size // BLOCK) * BLOCK
-    if key is not None and not parts.keys() <= _NOT_IMAGE:
+    if key is not None and not parts.keys() <= OTHER_PARTS:
         yield key, parts, end
 
 
@@ -223,7 +217,7 @@ class TarShardReader(ShardReader):
         total = 0
         for ext, (_, size) in members.items():
             total += size
-            if image_ext is None and ext not in _NOT_IMAGE:
+            if image_ext is None and ext not in OTHER_PARTS:
                 image_ext = ext
         if image_ext is None:  # _group leaves such samples out
             raise ShardFormatError(f"{self.path}: record {key} has no image member")
@@ -253,7 +247,7 @@ class TarShardReader(ShardReader):
         columns = None
         if "columns.json" in members:
             columns = parse_meta(self._member(data, key, members, "columns.json"), f"{where}: columns")
-        others = [ext for ext in members if ext != image_ext and ext not in _NOT_IMAGE]
+        others = [ext for ext in members if ext != image_ext and ext not in OTHER_PARTS]
         files = {ext: self._member(data, key, members, ext) for ext in others} if others else None
         return image_ext, label, blob, total, text, columns, files
 

@@ -45,7 +45,9 @@ from ..core.manifest import (
 from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
-from ..formats.webdataset import _NOT_IMAGE, _READ_AHEAD, TarShardReader, _Bytes, dali_index_of, dali_samples
+from ..formats.tar_companions import dali_index_of, dali_samples
+from ..formats.tar_headers import READ_AHEAD, FileBytes
+from ..formats.webdataset import OTHER_PARTS, TarShardReader
 from ..storage.location import locate
 from ..storage.store import Store
 
@@ -118,10 +120,10 @@ def _scanned(path: str, name: str) -> TarScan:
         fd = open_regular(path)
         try:  # the samples and their members, from the headers, as DALI and webdataset group them
             skipped: list[tuple[str, str]] = []
-            samples = list(dali_samples(_Bytes(fd, scan.size, _READ_AHEAD), path, skipped))  # (~100 B a member)
+            samples = list(dali_samples(FileBytes(fd, scan.size, READ_AHEAD), path, skipped))  # (~100 B a member)
             for sample in samples:
                 extensions.update(ext for ext, _, _, _ in sample)
-                if {ext for ext, _, _, _ in sample} <= _NOT_IMAGE:
+                if {ext for ext, _, _, _ in sample} <= OTHER_PARTS:
                     key = sample[0][3][: -len(sample[0][0]) - 1]  # the member name less its extension
                     imageless.setdefault(key, []).extend(f".{ext}" for ext, _, _, _ in sample)
             for member, kind in skipped:
