@@ -9,7 +9,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..core.errors import ShardFormatError, StorageError
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name, iter_errors
+from ..core.manifest import (
+    ERRORS_NAME,
+    IDX_SUFFIX,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    idx_name,
+    iter_errors,
+)
 from ..formats import get_format
 from ..formats.base import Backend
 from ..storage.http import TooLong
@@ -53,7 +62,8 @@ def check_manifest(root: Path, manifest: Manifest, backend: Backend, held: Itera
     leftovers = {f"{s.name}{leftover.suffix}": leftover.what for s in manifest.shards for leftover in backend.leftovers}
     others = 0
     for name in sorted(held):
-        if adopted and (name in left_out or not name.endswith((".tar", ".idx"))):
+        own_kind = name.endswith(backend.suffix) or (backend.idx_file is not None and name.endswith(IDX_SUFFIX))
+        if adopted and (name in left_out or not own_kind):
             others += name not in listed and not name.startswith(".")
         elif name in leftovers:
             report.notes.append(f"{name}: {leftovers[name]}; ignored")

@@ -106,10 +106,13 @@ class Manifest:
         return manifest
 
 
+IDX_SUFFIX = ".idx"
+
+
 def idx_name(shard: str) -> str:
     """The DALI index of `shard-000000.tar` is `shard-000000.idx` (as DALI's wds2idx names it)."""
     stem, dot, _ = shard.rpartition(".")
-    return f"{stem if dot else shard}.idx"
+    return f"{stem if dot else shard}{IDX_SUFFIX}"
 
 
 def companion_names(shards: list[ShardInfo]) -> set[str]:

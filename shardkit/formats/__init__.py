@@ -7,12 +7,14 @@ not here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.manifest import idx_name
 from .base import Backend
 
-__all__ = ["Backend", "available_formats", "get_format"]
+__all__ = ["Backend", "available_formats", "get_format", "idx_files", "output_file_names"]
 
 
 # Each format is a module that declares its own BACKEND (name, suffix, random access, writer,
@@ -47,3 +49,20 @@ def get_format(name: str) -> Backend:
         return _backends()[name]
     except KeyError:
         raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMAT_NAMES)}") from None
+
+
+def idx_files(shards: Iterable[str]) -> set[str]:
+    """The .idx files other readers want beside these shards: one for each shard whose format
+    writes one (`Backend.idx_file`: a tar's, for DALI)."""
+    with_idx = tuple(backend.suffix for backend in _backends().values() if backend.idx_file is not None)
+    return {idx_name(name) for name in shards if name.endswith(with_idx)}
+
+
+def output_file_names() -> frozenset[str]:
+    """The names any format writes beside a whole output for other readers (wids'
+    shardindex.json): what `Backend.output_files` makes, whose names do not depend on the shards."""
+    names: set[str] = set()
+    for backend in _backends().values():
+        if backend.output_files is not None:
+            names.update(name for name, _ in backend.output_files([]))
+    return frozenset(names)

@@ -26,12 +26,11 @@ from ..core.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
     STATE_DIR,
-    WIDS_NAME,
-    idx_name,
     read_manifest,
     write_json_atomic,
 )
 from ..core.safeio import NotRegularFileError, load_json_file, open_regular
+from ..formats import idx_files, output_file_names
 
 LOCK_NAME = "lock"
 STATE_NAME = "state.json"
@@ -40,24 +39,31 @@ CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
-OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME, WIDS_NAME)  # what a pack writes beside its shards
+# what a pack writes beside its shards (and the formats' files for other readers: own_files())
+OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
 
 
 def shard_name(index: int, suffix: str) -> str:
     return f"{SHARD_PREFIX}{index:06d}{suffix}"
 
 
+def own_files() -> tuple[str, ...]:
+    """The names a pack writes beside its shards: the manifest, errors.jsonl, the index, and the
+    files its formats write for other readers (`formats.output_file_names`)."""
+    return (*OWN_FILES, *sorted(output_file_names()))
+
+
 def is_shard_name(name: str) -> bool:
     """A name shardkit gives shards (shard-NNNNNN and a format's suffix): the only names a record
     of the output may make --overwrite delete, besides manifest.json and errors.jsonl."""
-    from ..formats import FORMATS
+    from ..formats import FORMATS  # (the registry's modules, imported on first use)
 
     match = re.fullmatch(r"shard-\d{6,}(\.[a-z0-9]+)", name)
     return match is not None and any(match.group(1) == backend.suffix for backend in FORMATS.values())
 
 
-def is_index_name(name: str) -> bool:
-    """A name shardkit gives a shard's index for other readers (a tar's DALI index)."""
+def is_idx_name(name: str) -> bool:
+    """A name shardkit gives a shard's .idx file for other readers (a tar's, for DALI)."""
     return re.fullmatch(r"shard-\d{6,}\.idx", name) is not None
 
 
@@ -142,7 +148,7 @@ def precheck(output: str | os.PathLike[str]) -> None:
         raise OutputError(f"{path}: cannot write here (read-only file system)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"{path}: cannot write here (permission denied)")
-    for name in OWN_FILES:
+    for name in own_files():
         target = path / name
         if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
             raise OutputError(f"{target}: is not a regular file; shardkit did not write it, and would write there")
@@ -251,7 +257,7 @@ def ledger(output: Path) -> set[str]:
     shardindex.json. Every name must be a name shardkit gives: a crafted record cannot make
     anything else deletable."""
     ours: set[str] = set()
-    for name in OWN_FILES:
+    for name in own_files():
         if (output / name).is_file():
             ours.add(name)  # a pack writes these names anyway
     if (output / MANIFEST_NAME).is_file():
@@ -269,9 +275,9 @@ def ledger(output: Path) -> set[str]:
         ours.update(
             name
             for name in clearing
-            if isinstance(name, str) and (is_shard_name(name) or is_index_name(name) or name in OWN_FILES)
+            if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name) or name in own_files())
         )
-    ours.update([idx_name(name) for name in ours if is_shard_name(name) and name.endswith(".tar")])  # its DALI index
+    ours.update(idx_files(name for name in ours if is_shard_name(name)))  # their .idx files
     ours.update(entry.name for entry in os.scandir(output) if _old_temp_file(entry.name))
     # Only regular files are what shardkit writes: a folder or link under a shard's name is not ours.
     return {name for name in ours if os.path.lexists(output / name) and stat.S_ISREG(os.lstat(output / name).st_mode)}

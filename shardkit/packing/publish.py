@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import OutputError, ShardkitError
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, WIDS_NAME, Manifest, idx_name, read_manifest
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, read_manifest
 from ..core.safeio import loads
+from ..formats import idx_files, output_file_names
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
 
@@ -56,10 +57,10 @@ def claim_remote(store: Store, *, resume: bool, overwrite: bool) -> RemoteOutput
             if not overwrite:
                 raise OutputError(f"{error}; use --overwrite to replace it") from None
     state.uploaded, state.begun = _markers(store)
-    ours = {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME, WIDS_NAME} | state.begun
+    ours = {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME, *output_file_names()} | state.begun
     if state.manifest is not None:
         ours |= {shard.name for shard in state.manifest.shards} | {c.name for c in state.manifest.companions}
-    ours |= {idx_name(name) for name in ours if name.endswith(".tar")}  # and each tar's DALI index
+    ours |= idx_files(ours)  # and each shard's .idx file
     foreign = sorted(name for name in held if name not in ours)
     if foreign and MANIFEST_NAME in held and state.manifest is None:
         raise OutputError(
@@ -164,8 +165,8 @@ def publish(
     earlier = {shard.name for shard in remote.manifest.shards} if remote.manifest is not None else set()
     earlier |= set(earlier_companions)
     stale = (earlier | remote.begun) - current
-    stale |= {idx_name(name) for name in stale if name.endswith(".tar")} - current  # their DALI indexes
-    stale |= {WIDS_NAME} - current
+    stale |= idx_files(stale) - current  # their .idx files
+    stale |= output_file_names() - current
     for name in sorted(stale):
         store.delete(name)  # named by shardkit's own earlier records only
     for name in sorted(remote.begun | current):
