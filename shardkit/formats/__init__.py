@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..core.manifest import idx_name
 from .base import Backend
 
 __all__ = ["Backend", "available_formats", "get_format", "idx_files", "output_file_names"]
@@ -54,6 +53,8 @@ def get_format(name: str) -> Backend:
 def idx_files(shards: Iterable[str]) -> set[str]:
     """The .idx files other readers want beside these shards: one for each shard whose format
     writes one (`Backend.idx_file`: a tar's, for DALI)."""
+    from ..core.manifest import idx_name  # here: `shardkit --help` loads no hashing (libcrypto)
+
     with_idx = tuple(backend.suffix for backend in _backends().values() if backend.idx_file is not None)
     return {idx_name(name) for name in shards if name.endswith(with_idx)}
 
