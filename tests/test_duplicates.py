@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.core.phash import distances, near_components, near_pairs
-from shardkit.packing.dedup import Hashed, keep_first
+from shardkit.packing.dedup import Fallbacks, Hashed, keep_first
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
 from shardkit.packing.sources import Item
@@ -368,11 +369,16 @@ def test_dedup_drops_only_copies_of_a_kept_file_never_through_a_chain() -> None:
     items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in "ABCDE"]
     digests = ["a", "b", "c", "d", "b"]  # E: the same bytes as B (left out with it, as a copy of A)
     table = Hashed(digests, np.array([*chain, chain[1]], np.uint64), np.ones(5, bool), [])
-    kept, dropped = keep_first(items, table, 10)
+    kept, dropped, fallbacks = keep_first(items, table, 10)
     assert [item.key for item in kept] == ["A", "C"]
     assert [(row.path, row.duplicate_of) for row in dropped] == [("B.jpg", "A"), ("D.jpg", "C"), ("E.jpg", "A")]
     assert "8 bits apart" in dropped[0].reason and "near copy of A.jpg" in dropped[2].reason
-    exact_kept, exact_dropped = keep_first(items, table, None)
+    # each kept file's copies, in walk order, with their rows: what the worker tries if it fails
+    assert fallbacks == {
+        "A": Fallbacks("A.jpg", [(items[1], 0), (items[4], 2)]),
+        "C": Fallbacks("C.jpg", [(items[3], 1)]),
+    }
+    exact_kept, exact_dropped, _ = keep_first(items, table, None)
     assert [item.key for item in exact_kept] == list("ABCD") and exact_dropped[0].reason == "the same bytes as B.jpg"
 
 
@@ -468,3 +474,114 @@ def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_fil
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert limited.digests == truth and cache.stat().st_size <= 200
+
+
+# --- pack --dedup when the file kept cannot be packed: one of its copies is, in its place ----
+
+
+def _sidecar_copies(source: Path, captions: dict[str, bytes]) -> Image.Image:
+    """a.jpg, b.jpg (its bytes) and c.jpg (a near copy), each with the caption given (a.txt: bytes
+    that are not UTF-8 fail in the worker, after the hashes were taken), and z.jpg, distinct."""
+    source.mkdir()
+    image = photos(2)[0]
+    image.save(source / "a.jpg", quality=90)
+    (source / "b.jpg").write_bytes((source / "a.jpg").read_bytes())
+    image.save(source / "c.jpg", quality=40)
+    photos(2)[1].save(source / "z.jpg", quality=90)
+    for name, data in captions.items():
+        (source / f"{name}.txt").write_bytes(data)
+    return image
+
+
+@pytest.mark.parametrize("mode", ["exact", "near"])
+def test_a_kept_file_that_fails_in_the_worker_leaves_its_copy_packed(tmp_path: Path, mode: str) -> None:
+    """Issue #32: b and c are copies of a; a's caption is not UTF-8, so a fails in the worker.
+    Dropping b and c for a lost the picture: one of them is packed in a's place, in a's slot, and
+    errors.jsonl names only keys that are in the output. Inputs = records + errors."""
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff\xfe not text", "b": b"the copy", "c": b"near", "z": b"other"})
+    result = _pack(tmp_path / "src", tmp_path / "out", dedup=mode, sidecars=True)
+    rows = {row["path"]: row for row in _errors(tmp_path / "out")}
+    records = list(open_shards(tmp_path / "out").records(0))
+    keys = [record.key for record in records]
+    # b in a's slot, before the others: the plan's order is kept (c's bytes are its own: exact keeps it)
+    assert keys == (["b", "z"] if mode == "near" else ["b", "c", "z"]), keys
+    assert rows["a.jpg"]["stage"] == "read" and "not UTF-8" in rows["a.jpg"]["reason"]
+    assert records[0].text == "the copy"
+    duplicates = {path: row for path, row in rows.items() if row["stage"] == "duplicate"}
+    assert all(row["duplicate_of"] in keys for row in duplicates.values()), duplicates
+    if mode == "near":  # c: a near copy of a, left out for b, which stands in for a
+        assert set(duplicates) == {"c.jpg"} and duplicates["c.jpg"]["duplicate_of"] == "b"
+        assert "a.jpg could not be packed" in duplicates["c.jpg"]["reason"]
+    assert (
+        result.records + result.errors == result.inputs == 4
+        and len(rows) == 4 - len(keys)
+        and result.duplicates == len(duplicates)
+    )
+    assert verify(tmp_path / "out").ok
+
+
+def test_when_every_copy_fails_each_has_its_own_row_and_none_a_duplicate_row(tmp_path: Path) -> None:
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff bad", "b": b"\xfe bad too", "c": b"\xfd", "z": b"other"})
+    result = _pack(tmp_path / "src", tmp_path / "out", dedup="near", sidecars=True)
+    rows = _errors(tmp_path / "out")
+    assert [(row["path"], row["stage"]) for row in rows] == [("a.jpg", "read"), ("b.jpg", "read"), ("c.jpg", "read")]
+    assert result.records == 1 and result.duplicates == 0 and result.records + result.errors == result.inputs == 4
+    assert read_manifest(tmp_path / "out").totals["duplicates"] == 0 and verify(tmp_path / "out").ok
+
+
+def test_a_kept_file_changed_after_it_was_hashed_leaves_its_copy_packed(tmp_path: Path) -> None:
+    """a.jpg is hashed, then overwritten with bytes no decoder takes before the worker reads it
+    (the last hash reported is the moment): its byte copy b.jpg is packed in its place."""
+    _sidecar_copies(tmp_path / "src", {})
+
+    def spoil(done: int, total: int) -> None:
+        if done == total:
+            (tmp_path / "src" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a JPEG any more")
+
+    config = pack_config(tmp_path / "src", tmp_path / "out", resize=96, workers=2, dedup="exact")
+    result = pack(config, dedup_progress=spoil)
+    rows = _errors(tmp_path / "out")
+    assert [record.key for record in open_shards(tmp_path / "out").records(0)] == ["b", "c", "z"]
+    assert [row["path"] for row in rows] == ["a.jpg"] and rows[0]["stage"] != "duplicate"
+    assert result.records + result.errors == result.inputs == 4 and result.duplicates == 0
+
+
+KILLED_AT_MANIFEST = """
+import os, signal, sys
+from shardkit.core.config import pack_config
+from shardkit.packing.pack import pack
+
+rename = os.replace
+
+def replace(source, destination, *args, **kwargs):
+    if os.path.basename(destination) == "manifest.json":  # every shard done: die before the manifest
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(source, destination, *args, **kwargs)
+
+if __name__ == "__main__":
+    os.replace = replace
+    pack(pack_config(sys.argv[1], sys.argv[2], resize=96, workers=1, dedup="near", sidecars=True, shard_size=1))
+"""
+
+
+def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path) -> None:
+    """Killed before the manifest, a pack whose kept file failed resumes from its done markers:
+    every shard reused, and errors.jsonl says again that b was packed in a's place."""
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff\xfe not text", "b": b"the copy", "c": b"near", "z": b"other"})
+    clean = tmp_path / "clean"
+    pack(pack_config(tmp_path / "src", clean, resize=96, workers=1, dedup="near", sidecars=True, shard_size=1))
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AT_MANIFEST)
+    killed = subprocess.run([sys.executable, str(script), str(tmp_path / "src"), str(tmp_path / "out")],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert killed.returncode == -9 and not (tmp_path / "out" / "manifest.json").exists()
+    config = pack_config(tmp_path / "src", tmp_path / "out", resize=96, workers=1, dedup="near", sidecars=True,
+                         shard_size=1, resume=True)  # fmt: skip
+    resumed = pack(config)
+    assert resumed.reused_shards == resumed.shards == 2
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(tmp_path / "out") == files(clean)
+    assert [(row["path"], row.get("duplicate_of")) for row in _errors(clean)] == [("c.jpg", "b"), ("a.jpg", None)]
