@@ -22,7 +22,7 @@ from shardkit.checks.verify import verify
 from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
-from shardkit.core.phash import distances, near_components, near_pairs
+from shardkit.core.phash import components, distances, near_components, near_pairs
 from shardkit.packing.dedup import Fallbacks, Hashed, keep_first
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
@@ -585,3 +585,95 @@ def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path) -> 
 
     assert files(tmp_path / "out") == files(clean)
     assert [(row["path"], row.get("duplicate_of")) for row in _errors(clean)] == [("c.jpg", "b"), ("a.jpg", None)]
+
+
+# --- near copies that cluster: memory in the hashes, not in their pairs ------------------------
+
+
+def clustered_hashes(count: int, seed: int = 0, bits: int = 4) -> np.ndarray:
+    """`count` hashes each at most `bits` bits from one centre, so all within 2 * `bits` of one
+    another: burst shots, video frames, near-identical product photos."""
+    rng = np.random.default_rng(seed)
+    flips = np.zeros(count, np.uint64)
+    for column in rng.integers(0, 64, (bits, count)):
+        flips |= np.uint64(1) << column.astype(np.uint64)
+    return rng.integers(0, 2**63, dtype=np.uint64) ^ flips
+
+
+def test_a_dense_cluster_is_grouped_in_memory_linear_in_its_size() -> None:
+    """Issue #32: 20,000 hashes all within 8 bits of one another make 200 million pairs; listing
+    them took 575 MB for 2,000 and 970 MB for 3,000. Grouping must take memory in the hashes."""
+    import tracemalloc
+
+    hashes = clustered_hashes(20_000)
+    tracemalloc.start()
+    try:
+        group = near_components(hashes, 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(set(group.tolist())) == 1
+    assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB"  # about 130 MiB: one band's table, 1 M candidates
+    items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in range(len(hashes))]
+    table = Hashed([f"{n}" for n in range(len(hashes))], hashes, np.ones(len(hashes), bool), [])
+    tracemalloc.start()
+    try:
+        kept, dropped, _ = keep_first(items, table, 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [item.key for item in kept] == ["0"] and {row.duplicate_of for row in dropped} == {"0"}
+    assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB"
+
+
+def _keep_first_by_pairs(hashes: np.ndarray, threshold: int) -> list[tuple[int, int | None]]:
+    """What keep_first decided when it listed every pair: per item, the kept item it is a copy
+    of (None: kept), each value's neighbours from near_pairs."""
+    values, value_of = np.unique(hashes, return_inverse=True)
+    neighbours: dict[int, list[int]] = {}
+    for a, b in near_pairs(values, threshold).tolist():
+        neighbours.setdefault(a, []).append(b)
+        neighbours.setdefault(b, []).append(a)
+    kept_with_value: dict[int, int] = {}
+    decided: list[tuple[int, int | None]] = []
+    for at, value in enumerate(value_of.ravel().tolist()):
+        found = [kept_with_value[v] for v in [value, *neighbours.get(value, [])] if v in kept_with_value]
+        decided.append((at, min(found) if found else None))
+        if not found:
+            kept_with_value.setdefault(value, at)
+    return decided
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_and_kept_files_are_those_of_all_pairs_on_ordinary_hashes(seed: int) -> None:
+    """Random hashes with planted near copies (some chained, some past the threshold), a small
+    cluster and repeated values: the groups are the components of every pair, and keep_first keeps
+    and drops exactly what it did when it listed the pairs."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 2**63, 3000, dtype=np.uint64)
+    copies = []
+    for value in base[:600]:  # chains: a copy of a copy, each a few bits on
+        for _ in range(int(rng.integers(1, 4))):
+            for bit in rng.choice(64, int(rng.integers(0, 9)), replace=False):
+                value ^= np.uint64(1) << np.uint64(bit)
+            copies.append(value)
+    hashes = np.concatenate([base, np.array(copies, np.uint64), clustered_hashes(300, seed), base[:50]])
+    hashes = hashes[rng.permutation(len(hashes))]
+    for threshold in (0, 6, 10):
+        pairs = near_pairs(np.unique(hashes), threshold)
+        want = components(len(np.unique(hashes)), pairs)
+        _, first_index, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        got = near_components(hashes, threshold)
+        assert (got == first_index[want][inverse.ravel()]).all()
+        for chunk in (1 << 10, 1 << 14):  # small work arrays: the same answer
+            assert (near_components(hashes, threshold, chunk) == got).all()
+            assert np.array_equal(near_pairs(np.unique(hashes), threshold, chunk), pairs)
+        items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in range(len(hashes))]
+        table = Hashed([None] * len(hashes), hashes, np.ones(len(hashes), bool), [])
+        kept, dropped, _ = keep_first(items, table, threshold)
+        decided = _keep_first_by_pairs(hashes, threshold)
+        assert [item.key for item in kept] == [str(at) for at, keeper in decided if keeper is None]
+        assert [(row.path, row.duplicate_of) for row in dropped] == [
+            (f"{at}.jpg", str(keeper)) for at, keeper in decided if keeper is not None
+        ]
+        assert threshold == 0 or len(dropped) > 300

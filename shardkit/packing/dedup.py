@@ -21,7 +21,7 @@ from typing import IO, Any, NamedTuple
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.phash import distances, near_pairs
+from ..core.phash import distances, near_components
 from ..core.pools import default_workers, map_local
 from ..core.safeio import file_stamp, open_regular
 from .hashes import hash_files
@@ -249,17 +249,15 @@ def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> D
     """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only)."""
     near = threshold is not None
     digests, hashes, hashed = table.digests, table.hashes, table.hashed
-    # Distinct hash values and their pairs within the threshold: each value's neighbours.
+    # Distinct hash values and their groups (joined through pairs within the threshold): a kept
+    # item within the threshold of a value is in its group, and the pairs are never listed (a
+    # burst of k near-identical shots has k^2 / 2 of them).
     values, value_of = np.unique(hashes[hashed], return_inverse=True)
-    neighbours: dict[int, list[int]] = {}
-    if threshold is not None:
-        for a, b in near_pairs(values, threshold).tolist():
-            neighbours.setdefault(a, []).append(b)
-            neighbours.setdefault(b, []).append(a)
+    group_of = near_components(values, threshold).tolist() if threshold is not None else []
     value_at = np.full(len(items), -1, np.int64)
     value_at[np.flatnonzero(hashed)] = value_of.ravel()
     first_of_digest: dict[str, tuple[int, bool]] = {}  # a digest -> the item kept for it, and whether its bytes
-    kept_with_value: dict[int, int] = {}  # a hash value -> the first kept item with it
+    kept_in_group: dict[int, list[tuple[int, int]]] = {}  # a group -> (hash, item) of each item kept in it
     kept: list[Item] = []
     dropped: list[Failure] = []
     fallbacks: dict[str, Fallbacks] = {}
@@ -276,10 +274,8 @@ def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> D
             drop(item, items[original], why)
             continue
         keeper = None
-        if near and value_at[at] >= 0:
-            value = int(value_at[at])
-            found = [kept_with_value[v] for v in [value, *neighbours.get(value, [])] if v in kept_with_value]
-            keeper = min(found) if found else None
+        if threshold is not None and value_at[at] >= 0:
+            keeper = _first_within(kept_in_group.get(group_of[value_at[at]], ()), int(hashes[at]), threshold)
         if keeper is not None:
             drop(item, items[keeper], _near(item, items[keeper], hashes, at, keeper))
             if digest is not None:  # its own exact copies are near copies of the same kept item
@@ -288,9 +284,18 @@ def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> D
         kept.append(item)
         if digest is not None:
             first_of_digest[digest] = (at, True)
-        if value_at[at] >= 0:
-            kept_with_value.setdefault(int(value_at[at]), at)
+        if near and value_at[at] >= 0:
+            kept_in_group.setdefault(group_of[value_at[at]], []).append((int(hashes[at]), at))
     return Deduplicated(kept, dropped, fallbacks)
+
+
+def _first_within(kept: Sequence[tuple[int, int]], value: int, threshold: int) -> int | None:
+    """The first kept item (of `kept`: (hash, item), in walk order) within `threshold` bits of
+    `value`, or None. Kept items are more than the threshold apart: a dense cluster keeps one."""
+    for other, at in kept:
+        if (other ^ value).bit_count() <= threshold:
+            return at
+    return None
 
 
 def settle(rows: Sequence[Failure], fallbacks: Mapping[str, Fallbacks], stand_ins: Mapping[str, str]) -> list[Failure]:
