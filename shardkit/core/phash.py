@@ -215,6 +215,7 @@ def _union(parent: npt.NDArray[np.int64], a: npt.NDArray[np.int64], b: npt.NDArr
 
 
 _SEED_MEMBERS = 2  # the first members of each bucket, compared in a first pass
+_DENSE_BUCKET = 64  # a bucket of more members than this makes the first pass worth its lookups
 
 
 def _near_groups(values: npt.NDArray[np.uint64], threshold: int, chunk: int) -> npt.NDArray[np.int64]:
@@ -229,6 +230,14 @@ def _near_groups(values: npt.NDArray[np.uint64], threshold: int, chunk: int) -> 
     if count < 2:
         return parent
     for number, band in enumerate(_band_tables(values, threshold)):
+        # Seeding and skipping whole buckets pay off only where buckets are crowded (a dense
+        # cluster); with scattered hashes (buckets of one or two) they would cost a second pass of
+        # lookups and a regrouping per step for nothing: such a band is simply joined.
+        crowded = int(band.sizes.max()) > _DENSE_BUCKET
+        if not crowded:
+            for items, targets in _lookups(band, count, chunk):
+                _join_near(parent, values, threshold, _members(band, items, targets, chunk))
+            continue
         if number == 0:
             for items, targets in _lookups(band, count, chunk):
                 _join_near(parent, values, threshold, _members(band, items, targets, chunk, 0, _SEED_MEMBERS))
