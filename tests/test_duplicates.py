@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ from shardkit.checks.verify import verify
 from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
-from shardkit.core.phash import distances, near_components, near_pairs
-from shardkit.packing.dedup import Hashed, keep_first
+from shardkit.core.phash import components, distances, near_components, near_pairs
+from shardkit.packing.dedup import Fallbacks, Hashed, keep_first
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
 from shardkit.packing.sources import Item
@@ -368,11 +369,16 @@ def test_dedup_drops_only_copies_of_a_kept_file_never_through_a_chain() -> None:
     items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in "ABCDE"]
     digests = ["a", "b", "c", "d", "b"]  # E: the same bytes as B (left out with it, as a copy of A)
     table = Hashed(digests, np.array([*chain, chain[1]], np.uint64), np.ones(5, bool), [])
-    kept, dropped = keep_first(items, table, 10)
+    kept, dropped, fallbacks = keep_first(items, table, 10)
     assert [item.key for item in kept] == ["A", "C"]
     assert [(row.path, row.duplicate_of) for row in dropped] == [("B.jpg", "A"), ("D.jpg", "C"), ("E.jpg", "A")]
     assert "8 bits apart" in dropped[0].reason and "near copy of A.jpg" in dropped[2].reason
-    exact_kept, exact_dropped = keep_first(items, table, None)
+    # each kept file's copies, in walk order, with their rows: what the worker tries if it fails
+    assert fallbacks == {
+        "A": Fallbacks("A.jpg", [(items[1], 0), (items[4], 2)]),
+        "C": Fallbacks("C.jpg", [(items[3], 1)]),
+    }
+    exact_kept, exact_dropped, _ = keep_first(items, table, None)
     assert [item.key for item in exact_kept] == list("ABCD") and exact_dropped[0].reason == "the same bytes as B.jpg"
 
 
@@ -468,3 +474,206 @@ def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_fil
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert limited.digests == truth and cache.stat().st_size <= 200
+
+
+# --- pack --dedup when the file kept cannot be packed: one of its copies is, in its place ----
+
+
+def _sidecar_copies(source: Path, captions: dict[str, bytes]) -> Image.Image:
+    """a.jpg, b.jpg (its bytes) and c.jpg (a near copy), each with the caption given (a.txt: bytes
+    that are not UTF-8 fail in the worker, after the hashes were taken), and z.jpg, distinct."""
+    source.mkdir()
+    image = photos(2)[0]
+    image.save(source / "a.jpg", quality=90)
+    (source / "b.jpg").write_bytes((source / "a.jpg").read_bytes())
+    image.save(source / "c.jpg", quality=40)
+    photos(2)[1].save(source / "z.jpg", quality=90)
+    for name, data in captions.items():
+        (source / f"{name}.txt").write_bytes(data)
+    return image
+
+
+@pytest.mark.parametrize("mode", ["exact", "near"])
+def test_a_kept_file_that_fails_in_the_worker_leaves_its_copy_packed(tmp_path: Path, mode: str) -> None:
+    """Issue #32: b and c are copies of a; a's caption is not UTF-8, so a fails in the worker.
+    Dropping b and c for a lost the picture: one of them is packed in a's place, in a's slot, and
+    errors.jsonl names only keys that are in the output. Inputs = records + errors."""
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff\xfe not text", "b": b"the copy", "c": b"near", "z": b"other"})
+    result = _pack(tmp_path / "src", tmp_path / "out", dedup=mode, sidecars=True)
+    rows = {row["path"]: row for row in _errors(tmp_path / "out")}
+    records = list(open_shards(tmp_path / "out").records(0))
+    keys = [record.key for record in records]
+    # b in a's slot, before the others: the plan's order is kept (c's bytes are its own: exact keeps it)
+    assert keys == (["b", "z"] if mode == "near" else ["b", "c", "z"]), keys
+    assert rows["a.jpg"]["stage"] == "read" and "not UTF-8" in rows["a.jpg"]["reason"]
+    assert records[0].text == "the copy"
+    duplicates = {path: row for path, row in rows.items() if row["stage"] == "duplicate"}
+    assert all(row["duplicate_of"] in keys for row in duplicates.values()), duplicates
+    if mode == "near":  # c: a near copy of a, left out for b, which stands in for a
+        assert set(duplicates) == {"c.jpg"} and duplicates["c.jpg"]["duplicate_of"] == "b"
+        assert "a.jpg could not be packed" in duplicates["c.jpg"]["reason"]
+    assert (
+        result.records + result.errors == result.inputs == 4
+        and len(rows) == 4 - len(keys)
+        and result.duplicates == len(duplicates)
+    )
+    assert verify(tmp_path / "out").ok
+
+
+def test_when_every_copy_fails_each_has_its_own_row_and_none_a_duplicate_row(tmp_path: Path) -> None:
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff bad", "b": b"\xfe bad too", "c": b"\xfd", "z": b"other"})
+    result = _pack(tmp_path / "src", tmp_path / "out", dedup="near", sidecars=True)
+    rows = _errors(tmp_path / "out")
+    assert [(row["path"], row["stage"]) for row in rows] == [("a.jpg", "read"), ("b.jpg", "read"), ("c.jpg", "read")]
+    assert result.records == 1 and result.duplicates == 0 and result.records + result.errors == result.inputs == 4
+    assert read_manifest(tmp_path / "out").totals["duplicates"] == 0 and verify(tmp_path / "out").ok
+
+
+def test_a_kept_file_changed_after_it_was_hashed_leaves_its_copy_packed(tmp_path: Path) -> None:
+    """a.jpg is hashed, then overwritten with bytes no decoder takes before the worker reads it
+    (the last hash reported is the moment): its byte copy b.jpg is packed in its place."""
+    _sidecar_copies(tmp_path / "src", {})
+
+    def spoil(done: int, total: int) -> None:
+        if done == total:
+            (tmp_path / "src" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a JPEG any more")
+
+    config = pack_config(tmp_path / "src", tmp_path / "out", resize=96, workers=2, dedup="exact")
+    result = pack(config, dedup_progress=spoil)
+    rows = _errors(tmp_path / "out")
+    assert [record.key for record in open_shards(tmp_path / "out").records(0)] == ["b", "c", "z"]
+    assert [row["path"] for row in rows] == ["a.jpg"] and rows[0]["stage"] != "duplicate"
+    assert result.records + result.errors == result.inputs == 4 and result.duplicates == 0
+
+
+KILLED_AT_MANIFEST = """
+import os, signal, sys
+from shardkit.core.config import pack_config
+from shardkit.packing.pack import pack
+
+rename = os.replace
+
+def replace(source, destination, *args, **kwargs):
+    if os.path.basename(destination) == "manifest.json":  # every shard done: die before the manifest
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(source, destination, *args, **kwargs)
+
+if __name__ == "__main__":
+    os.replace = replace
+    pack(pack_config(sys.argv[1], sys.argv[2], resize=96, workers=1, dedup="near", sidecars=True, shard_size=1))
+"""
+
+
+def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path) -> None:
+    """Killed before the manifest, a pack whose kept file failed resumes from its done markers:
+    every shard reused, and errors.jsonl says again that b was packed in a's place."""
+    _sidecar_copies(tmp_path / "src", {"a": b"\xff\xfe not text", "b": b"the copy", "c": b"near", "z": b"other"})
+    clean = tmp_path / "clean"
+    pack(pack_config(tmp_path / "src", clean, resize=96, workers=1, dedup="near", sidecars=True, shard_size=1))
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AT_MANIFEST)
+    killed = subprocess.run([sys.executable, str(script), str(tmp_path / "src"), str(tmp_path / "out")],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert killed.returncode == -9 and not (tmp_path / "out" / "manifest.json").exists()
+    config = pack_config(tmp_path / "src", tmp_path / "out", resize=96, workers=1, dedup="near", sidecars=True,
+                         shard_size=1, resume=True)  # fmt: skip
+    resumed = pack(config)
+    assert resumed.reused_shards == resumed.shards == 2
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(tmp_path / "out") == files(clean)
+    assert [(row["path"], row.get("duplicate_of")) for row in _errors(clean)] == [("c.jpg", "b"), ("a.jpg", None)]
+
+
+# --- near copies that cluster: memory in the hashes, not in their pairs ------------------------
+
+
+def clustered_hashes(count: int, seed: int = 0, bits: int = 4) -> np.ndarray:
+    """`count` hashes each at most `bits` bits from one centre, so all within 2 * `bits` of one
+    another: burst shots, video frames, near-identical product photos."""
+    rng = np.random.default_rng(seed)
+    flips = np.zeros(count, np.uint64)
+    for column in rng.integers(0, 64, (bits, count)):
+        flips |= np.uint64(1) << column.astype(np.uint64)
+    return rng.integers(0, 2**63, dtype=np.uint64) ^ flips
+
+
+def test_a_dense_cluster_is_grouped_in_memory_linear_in_its_size() -> None:
+    """Issue #32: 20,000 hashes all within 8 bits of one another make 200 million pairs; listing
+    them took 575 MB for 2,000 and 970 MB for 3,000. Grouping must take memory in the hashes."""
+    import tracemalloc
+
+    hashes = clustered_hashes(20_000)
+    tracemalloc.start()
+    try:
+        group = near_components(hashes, 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(set(group.tolist())) == 1
+    assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB"  # about 130 MiB: one band's table, 1 M candidates
+    items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in range(len(hashes))]
+    table = Hashed([f"{n}" for n in range(len(hashes))], hashes, np.ones(len(hashes), bool), [])
+    tracemalloc.start()
+    try:
+        kept, dropped, _ = keep_first(items, table, 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [item.key for item in kept] == ["0"] and {row.duplicate_of for row in dropped} == {"0"}
+    assert peak < 256 << 20, f"{peak / 2**20:.0f} MiB"
+
+
+def _keep_first_by_pairs(hashes: np.ndarray, threshold: int) -> list[tuple[int, int | None]]:
+    """What keep_first decided when it listed every pair: per item, the kept item it is a copy
+    of (None: kept), each value's neighbours from near_pairs."""
+    values, value_of = np.unique(hashes, return_inverse=True)
+    neighbours: dict[int, list[int]] = {}
+    for a, b in near_pairs(values, threshold).tolist():
+        neighbours.setdefault(a, []).append(b)
+        neighbours.setdefault(b, []).append(a)
+    kept_with_value: dict[int, int] = {}
+    decided: list[tuple[int, int | None]] = []
+    for at, value in enumerate(value_of.ravel().tolist()):
+        found = [kept_with_value[v] for v in [value, *neighbours.get(value, [])] if v in kept_with_value]
+        decided.append((at, min(found) if found else None))
+        if not found:
+            kept_with_value.setdefault(value, at)
+    return decided
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_and_kept_files_are_those_of_all_pairs_on_ordinary_hashes(seed: int) -> None:
+    """Random hashes with planted near copies (some chained, some past the threshold), a small
+    cluster and repeated values: the groups are the components of every pair, and keep_first keeps
+    and drops exactly what it did when it listed the pairs."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 2**63, 3000, dtype=np.uint64)
+    copies = []
+    for value in base[:600]:  # chains: a copy of a copy, each a few bits on
+        for _ in range(int(rng.integers(1, 4))):
+            for bit in rng.choice(64, int(rng.integers(0, 9)), replace=False):
+                value ^= np.uint64(1) << np.uint64(bit)
+            copies.append(value)
+    hashes = np.concatenate([base, np.array(copies, np.uint64), clustered_hashes(300, seed), base[:50]])
+    hashes = hashes[rng.permutation(len(hashes))]
+    for threshold in (0, 6, 10):
+        pairs = near_pairs(np.unique(hashes), threshold)
+        want = components(len(np.unique(hashes)), pairs)
+        _, first_index, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        got = near_components(hashes, threshold)
+        assert (got == first_index[want][inverse.ravel()]).all()
+        for chunk in (1 << 10, 1 << 14):  # small work arrays: the same answer
+            assert (near_components(hashes, threshold, chunk) == got).all()
+            assert np.array_equal(near_pairs(np.unique(hashes), threshold, chunk), pairs)
+        items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in range(len(hashes))]
+        table = Hashed([None] * len(hashes), hashes, np.ones(len(hashes), bool), [])
+        kept, dropped, _ = keep_first(items, table, threshold)
+        decided = _keep_first_by_pairs(hashes, threshold)
+        assert [item.key for item in kept] == [str(at) for at, keeper in decided if keeper is None]
+        assert [(row.path, row.duplicate_of) for row in dropped] == [
+            (f"{at}.jpg", str(keeper)) for at, keeper in decided if keeper is not None
+        ]
+        assert threshold == 0 or len(dropped) > 300

@@ -2,28 +2,30 @@
 them here too), and what `pack --dedup` keeps: in walk order (sorted paths for a folder, rows or
 lines for a table or list: never --shuffle's order or the workers'), each file that is not a copy
 of one kept before (the same bytes, or a DCT hash within the threshold, found by multi-index
-hashing, not all pairs).
+hashing, not all pairs). A kept file that then fails in the worker has its copies as fallbacks,
+tried in its place in walk order (`Fallbacks`, `settle`): one of each set that packs is packed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.phash import distances, near_pairs
+from ..core.phash import distances, near_components
 from ..core.pools import default_workers, map_local
 from ..core.safeio import file_stamp, open_regular
 from .hashes import hash_files
-from .sources import Item, display
+from .sources import Item, display, payload
 
 CHUNK_FILES = 256
 
@@ -204,11 +206,26 @@ def _cache_writer(cache: Path | None, near: bool, max_pixels: int, fresh: bool) 
                 writer.out.close()
 
 
+class Fallbacks(NamedTuple):
+    """The copies left out for one kept item: what the worker tries, in this order, in its place
+    when it cannot be packed (a sidecar that fails, a decode the hash did not need, a file changed
+    since it was hashed)."""
+
+    name: str  # the kept file, as errors.jsonl shows it
+    copies: list[tuple[Item, int]]  # each copy, in walk order, and the place of its row in the pack's skipped rows
+
+
+class Deduplicated(NamedTuple):
+    kept: list[Item]
+    dropped: list[Failure]  # a row at stage "duplicate" for each copy left out, in walk order
+    fallbacks: dict[str, Fallbacks]  # by the key of each kept item that has copies; places index `dropped`
+
+
 def dedup_items(
     items: Sequence[Item], mode: str, threshold: int, max_pixels: int, workers: int | None = None,
     progress: Callable[[int], None] | None = None, confine: str | None = None, cache: Path | None = None,
     reuse: bool = True,
-) -> tuple[list[Item], list[Failure]]:  # fmt: skip
+) -> Deduplicated:  # fmt: skip
     """The items to pack and a Failure at stage "duplicate" for each other one, naming the key and
     file it copies. Decided in walk order: an item is left out when it is a copy of one already
     kept (the same bytes, or with `near` a DCT hash within `threshold` bits of it), never through
@@ -228,46 +245,99 @@ def dedup_items(
     return keep_first(items, Hashed(digests, hashes, hashed, []), threshold if near else None)
 
 
-def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> tuple[list[Item], list[Failure]]:
+def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> Deduplicated:
     """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only)."""
     near = threshold is not None
     digests, hashes, hashed = table.digests, table.hashes, table.hashed
-    # Distinct hash values and their pairs within the threshold: each value's neighbours.
+    # Distinct hash values and their groups (joined through pairs within the threshold): a kept
+    # item within the threshold of a value is in its group, and the pairs are never listed (a
+    # burst of k near-identical shots has k^2 / 2 of them).
     values, value_of = np.unique(hashes[hashed], return_inverse=True)
-    neighbours: dict[int, list[int]] = {}
-    if threshold is not None:
-        for a, b in near_pairs(values, threshold).tolist():
-            neighbours.setdefault(a, []).append(b)
-            neighbours.setdefault(b, []).append(a)
+    group_of = near_components(values, threshold).tolist() if threshold is not None else []
     value_at = np.full(len(items), -1, np.int64)
     value_at[np.flatnonzero(hashed)] = value_of.ravel()
     first_of_digest: dict[str, tuple[int, bool]] = {}  # a digest -> the item kept for it, and whether its bytes
-    kept_with_value: dict[int, int] = {}  # a hash value -> the first kept item with it
+    kept_in_group: dict[int, list[tuple[int, int]]] = {}  # a group -> (hash, item) of each item kept in it
     kept: list[Item] = []
     dropped: list[Failure] = []
+    fallbacks: dict[str, Fallbacks] = {}
+
+    def drop(item: Item, original: Item, why: str) -> None:
+        fallbacks.setdefault(original.key, Fallbacks(display(original.relpath), [])).copies.append((item, len(dropped)))
+        dropped.append(_duplicate(item, original, why))
+
     for at, item in enumerate(items):
         digest = digests[at]
         if digest is not None and digest in first_of_digest:
             original, exact = first_of_digest[digest]
             why = _same_bytes(item, items[original]) if exact else _near(item, items[original], hashes, at, original)
-            dropped.append(_duplicate(item, items[original], why))
+            drop(item, items[original], why)
             continue
         keeper = None
-        if near and value_at[at] >= 0:
-            value = int(value_at[at])
-            found = [kept_with_value[v] for v in [value, *neighbours.get(value, [])] if v in kept_with_value]
-            keeper = min(found) if found else None
+        if threshold is not None and value_at[at] >= 0:
+            keeper = _first_within(kept_in_group.get(group_of[value_at[at]], ()), int(hashes[at]), threshold)
         if keeper is not None:
-            dropped.append(_duplicate(item, items[keeper], _near(item, items[keeper], hashes, at, keeper)))
+            drop(item, items[keeper], _near(item, items[keeper], hashes, at, keeper))
             if digest is not None:  # its own exact copies are near copies of the same kept item
                 first_of_digest[digest] = (keeper, False)
             continue
         kept.append(item)
         if digest is not None:
             first_of_digest[digest] = (at, True)
-        if value_at[at] >= 0:
-            kept_with_value.setdefault(int(value_at[at]), at)
-    return kept, dropped
+        if near and value_at[at] >= 0:
+            kept_in_group.setdefault(group_of[value_at[at]], []).append((int(hashes[at]), at))
+    return Deduplicated(kept, dropped, fallbacks)
+
+
+def _first_within(kept: Sequence[tuple[int, int]], value: int, threshold: int) -> int | None:
+    """The first kept item (of `kept`: (hash, item), in walk order) within `threshold` bits of
+    `value`, or None. Kept items are more than the threshold apart: a dense cluster keeps one."""
+    for other, at in kept:
+        if (other ^ value).bit_count() <= threshold:
+            return at
+    return None
+
+
+def settle(rows: Sequence[Failure], fallbacks: Mapping[str, Fallbacks], stand_ins: Mapping[str, str]) -> list[Failure]:
+    """The pack's skipped rows as it turned out, from what the workers did: for each kept item that
+    failed (`stand_ins`: its key -> the key of the copy packed in its place, "" when none was), the
+    rows of the copies tried are gone (one was packed; the others failed and have rows of their
+    own), and those not tried name the copy packed (`Fallbacks`' places index `rows`). Nothing
+    failed: `rows` as they were."""
+    if not stand_ins:
+        return list(rows)
+    rows = list(rows)
+    gone: set[int] = set()
+    for key, packed in stand_ins.items():
+        fallback = fallbacks.get(key)
+        if fallback is None:
+            continue
+        keys = [item.key for item, _ in fallback.copies]
+        tried = keys.index(packed) + 1 if packed in keys else len(keys)
+        gone.update(place for _, place in fallback.copies[:tried])
+        if tried < len(keys):
+            name = display(fallback.copies[tried - 1][0].relpath)
+            for _, place in fallback.copies[tried:]:
+                row = rows[place]
+                why = f"{row.reason}; {fallback.name} could not be packed, {name} is packed in its place"
+                rows[place] = replace(row, reason=why, duplicate_of=packed)
+    return [row for at, row in enumerate(rows) if at not in gone]
+
+
+def fallback_stamps(shard_hash: str, copies: Mapping[str, Sequence[Item]]) -> str:
+    """A shard's own hash (its done marker's) with its fallbacks' files folded in: a copy changed
+    since a shard packed it in a failed file's place writes the shard again. A shard without
+    fallbacks keeps its hash."""
+    if not copies:
+        return shard_hash
+    digest = hashlib.sha256(shard_hash.encode())
+    for key in sorted(copies):
+        for item in copies[key]:
+            folder = os.path.dirname(item.path)
+            files = [item.path, *(os.path.join(folder, name) for _, name in sorted((item.sidecars or {}).items()))]
+            stamps = "\0".join(str(file_stamp(path)) for path in files)
+            digest.update(f"\0{key}\0{item.key}\0{payload(item)}\0{stamps}".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
 
 def _same_bytes(item: Item, original: Item) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..core.manifest import MANIFEST_NAME
 from ..formats import get_format
 from ..storage.location import locate
 from ..storage.store import Store
-from .dedup import dedup_items
+from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .finish import PackResult, already_complete, finish
 from .output import (
     HASHES_NAME,
@@ -82,7 +82,8 @@ def pack(
         try:
             remove_temp_shards(output)  # half shards of workers killed in an earlier run
             remove_old_temp_files(output)
-            result = _write_all(config, found, _plan(config, found.items), settings, output, progress)
+            specs = _plan(config, found.items)
+            result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks)
         except BaseException:
             remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
             raise
@@ -95,11 +96,13 @@ def pack(
 @dataclass
 class Prepared:
     """A pack's inputs, settled before anything is written: the config with resize resolved, the
-    walk (less --dedup's copies) and the settings that decide the output's bytes."""
+    walk (less --dedup's copies, each kept item's copies as its fallbacks) and the settings that
+    decide the output's bytes."""
 
     config: PackConfig
     found: SourceWalk
     settings: dict[str, Any]
+    fallbacks: dict[str, Fallbacks] = field(default_factory=dict)  # places index found.skipped
 
 
 def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None) -> Prepared:
@@ -110,10 +113,11 @@ def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Pat
     if found.listed is not None and output is not None:
         refuse_sources_inside([item.path for item in found.listed.items], config.output)
     config = resolve_resize(config)
+    fallbacks: dict[str, Fallbacks] = {}
     if config.dedup != "none":
         cache = None if output is None else state_dir(output) / HASHES_NAME
-        found = _deduplicated(found, config, dedup_progress, cache)
-    return Prepared(config, found, settings_of(config))
+        found, fallbacks = _deduplicated(found, config, dedup_progress, cache)
+    return Prepared(config, found, settings_of(config), fallbacks)
 
 
 def resolve_resize(config: PackConfig) -> PackConfig:
@@ -184,22 +188,26 @@ def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
 
 def _deduplicated(
     found: SourceWalk, config: PackConfig, progress: HashProgress | None, cache: Path | None = None
-) -> SourceWalk:
+) -> tuple[SourceWalk, dict[str, Fallbacks]]:
     """The walk with the copies left out (each a Failure at stage "duplicate", beside the walk's
-    own skips): every file is hashed first, so the walk is read whole, as --shuffle reads it. The
+    own skips), and each kept item's copies, its fallbacks (their places in the walk's skipped
+    rows): every file is hashed first, so the walk is read whole, as --shuffle reads it. The
     hashes are kept in `cache` as they come (the output's state folder), for a resume."""
     items = list(found.items)
     total = len(items)
-    kept, dropped = dedup_items(
+    kept, dropped, fallbacks = dedup_items(
         items, config.dedup, config.dedup_threshold, config.encode.max_pixels, config.workers,
         None if progress is None else lambda done: progress(done, total),
         # a table's rows may only name files in its folder: one outside is never the copy kept
         confine=found.confine, cache=cache,
         reuse=config.resume,  # an --overwrite starts over: nothing of an earlier run is taken
     )  # fmt: skip
+    offset = len(found.skipped)  # the walk is read whole: its skipped rows are all in
     skipped = [*found.skipped, *dropped]
     listed = SourceList(found.root, found.layout, kept, found.classes, skipped)
-    return replace(found, items=kept, skipped=skipped, listed=listed, runs=None)
+    moved = {key: fallback._replace(copies=[(item, offset + place) for item, place in fallback.copies])
+             for key, fallback in fallbacks.items()}  # fmt: skip
+    return replace(found, items=kept, skipped=skipped, listed=listed, runs=None), moved
 
 
 def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
@@ -220,10 +228,13 @@ def _write_all(
     settings: dict[str, Any],
     output: Path,
     progress: ProgressCallback | None,
+    fallbacks: dict[str, Fallbacks] | None = None,
 ) -> PackResult:
     """Write the shards not done yet as the plan is cut, then finish. On --resume, a shard is
     reused when its done marker has its own hash: the same settings and the same files (names,
-    sizes, mtimes); a shard whose files changed is written again."""
+    sizes, mtimes; and its fallbacks'); a shard whose files changed is written again. With
+    --dedup, errors.jsonl says what the workers did with the fallbacks (`settle`)."""
+    fallbacks = fallbacks or {}
     digest = PlanDigest(settings)
     results: dict[int, ShardResult] = {}
     job_specs: list[int] = []  # job number -> shard index
@@ -232,7 +243,9 @@ def _write_all(
 
     def jobs() -> Iterator[ShardJob]:
         for spec in specs:
-            shard_hash = digest.add(spec)
+            copies = {item.key: tuple(c for c, _ in fallbacks[item.key].copies) for item in spec.items
+                      if item.key in fallbacks}  # fmt: skip
+            shard_hash = fallback_stamps(digest.add(spec), copies)
             planned.shards += 1
             planned.images += len(spec.items)
             previous = reused_shard(output, spec, shard_hash) if config.resume else None
@@ -242,7 +255,7 @@ def _write_all(
                 planned.reused_errors += len(previous.errors)
                 continue
             job_specs.append(spec.index)
-            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash, confine)
+            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies)
         planned.walked = True
 
     for job_number, result in run_jobs(config, jobs(), planned, progress):
@@ -250,4 +263,7 @@ def _write_all(
     remove_stale_shards(output, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
     inputs = planned.images + len(found.skipped)
+    stand_ins = {key: packed for result in ordered for key, packed in result.stand_ins.items()}
+    if stand_ins:
+        found = replace(found, skipped=settle(found.skipped, fallbacks, stand_ins))
     return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output)

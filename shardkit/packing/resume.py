@@ -114,6 +114,9 @@ def reused_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardRe
         info = ShardInfo(**result["shard"])
         for row in result["errors"]:  # well-formed, or the marker is not trusted
             Failure(**row)
+        stand_ins = result.get("stand_ins", {})
+        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+            return None
         if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
             return None
         if sha256_file(shard) != info.sha256:
@@ -133,6 +136,7 @@ def _result_from_json(data: dict[str, Any]) -> ShardResult:
         plan=data["plan"],
         reused=True,
         companion=None if companion is None else ShardInfo(**companion),
+        stand_ins=data.get("stand_ins", {}),
     )
 
 

@@ -2,7 +2,8 @@
 
 `write_shard` writes under a temporary name, then the shard's part of index.parquet, its done
 marker, the format's index file and the shard itself are renamed into place, in that order, so
-every shard in the output is on record. An input that cannot be packed becomes a Failure; a
+every shard in the output is on record. An input that cannot be packed becomes a Failure (and
+where --dedup left out copies of it, the first of them that packs takes its slot); a
 failure to write the output raises OutputError and leaves no part of the shard behind. The worker
 knows nothing of who runs it (a local process pool or Ray: packing/running.py).
 """
@@ -14,7 +15,7 @@ import hashlib
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class ShardJob:
     encode: EncodeConfig
     plan: str  # fingerprint, stored with the result so a resume can trust it
     confine: str | None = None  # a table's rows may only name files under this (real) folder
+    # --dedup: by an item's key, the copies left out for it, tried in its slot (in this order) when it fails
+    copies: dict[str, tuple[Item, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,6 +58,8 @@ class ShardResult:
     reused: bool = False
     worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
     companion: ShardInfo | None = None  # the shard's .idx file for other readers (Backend.idx_file)
+    # by the key of each item that failed and had copies: the key of the copy packed in its place ("" none)
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
 
 # Set in each worker process by the executor; counts images as they are done, for live progress.
@@ -82,6 +87,7 @@ def write_shard(job: ShardJob) -> ShardResult:
     errors: list[Failure] = []
     input_bytes = 0
     rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
+    stand_ins: dict[str, str] = {}
     with writing(job.output, spec.name):
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
@@ -89,6 +95,8 @@ def write_shard(job: ShardJob) -> ShardResult:
     try:
         for item in spec.items:
             record, size = _pack_one(item, job, timings, errors)
+            if record is None and item.key in job.copies:
+                record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, errors)
             if record is not None:
                 input_bytes += size
                 written = time.perf_counter()
@@ -106,7 +114,9 @@ def write_shard(job: ShardJob) -> ShardResult:
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
             companion = _write_idx_file(backend, temp, idx_temp, info)
             worker = f"{socket.gethostname()}:{os.getpid()}"
-            result = ShardResult(info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion)
+            result = ShardResult(
+                info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion, stand_ins=stand_ins
+            )
             write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
             # The marker goes first: no shard is ever in the output without a record of it (what
             # --overwrite may delete); a marker whose shard is missing is simply written again.
@@ -170,6 +180,18 @@ def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list
     except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
         errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
     return None, 0
+
+
+def _stand_in(
+    copies: tuple[Item, ...], job: ShardJob, timings: dict[str, float], errors: list[Failure]
+) -> tuple[Record | None, int, str]:
+    """The first of an item's copies that packs, in its slot (the plan and its shards stay as
+    they were), with its key; each one that fails before it has its row in `errors`."""
+    for copy in copies:
+        record, size = _pack_one(copy, job, timings, errors)
+        if record is not None:
+            return record, size, copy.key
+    return None, 0, ""
 
 
 def _sidecars(
