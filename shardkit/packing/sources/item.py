@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,6 +22,12 @@ Caption = str | list[str]  # one caption, or several (a table's list column)
 # Characters kept as they are in keys; everything else (and '.') is percent-escaped so keys are
 # ASCII, unique, and safe for tar member names where '.' separates the key from the extension.
 _KEY_SAFE = "/ _-'()+,;=@!~&$[]"
+
+# The one label rule of every source convention (a table's column, a list file, a .cls sidecar) and
+# of adopted tars: a whole number that an int64 holds, as every format and index.parquet store it.
+MAX_LABEL = 2**63 - 1
+LABEL_RULE = "a whole number from 0 to 2**63-1"
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit takes '²', which int() refuses)
 
 
 class Item(NamedTuple):
@@ -111,6 +118,23 @@ class SourceWalk:
         """The real folder a table's rows may name files in (a link among them must not lead
         outside the source); None for conventions that only walk the folder."""
         return os.path.realpath(self.root) if self.layout == "table" else None
+
+
+def parse_label(text: str) -> int | None:
+    """A label written as text (a list file's, a CSV cell, a .cls file's), or None when it is not one
+    under the label rule."""
+    if not _DIGITS.fullmatch(text):
+        return None
+    number = int(text)
+    return number if number <= MAX_LABEL else None
+
+
+def label_problem(number: int) -> str:
+    """Why a whole-number label breaks the label rule ("" when it does not)."""
+    if 0 <= number <= MAX_LABEL:
+        return ""
+    shown = str(number) if len(str(number)) <= 24 else f"{str(number)[:20]}..."
+    return f"label {shown} is negative" if number < 0 else f"label {shown} is over 2**63-1, the largest (int64)"
 
 
 def display(name: str) -> str:
