@@ -132,7 +132,7 @@ def test_every_odd_file_is_accounted_for_and_verify_agrees(tmp_path: Path) -> No
     assert reasons["badtxt.jpg"] == "badtxt.txt: not UTF-8 text"
     assert reasons["badjson.jpg"].startswith("badjson.json: not valid JSON")
     assert reasons["listjson.jpg"].startswith("listjson.json: not a JSON object")
-    assert reasons["badcls.jpg"] == "badcls.cls: a label must be a whole number 0 or more"
+    assert reasons["badcls.jpg"] == "badcls.cls: a label must be a whole number from 0 to 2**63-1"
     assert "61x40, its image 60x40: cannot keep it aligned" in reasons["bigmask.jpg"]
     assert "a name shardkit's own parts take" in reasons["reserved.jpg"]
     assert reasons["noext"].startswith("no suffix")

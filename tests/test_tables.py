@@ -453,3 +453,26 @@ def test_the_probe_cli_takes_a_table_from_elsewhere(tmp_path: Path) -> None:
     )  # fmt: skip
     assert census["columns"] == ["img", "alt"] and census["caption_chars"]["max"] == len("second one")
     assert "rows.csv: 2 rows, 1 without a file" in done.stdout
+
+
+@pytest.mark.parametrize("format", ["webdataset", "hdf5"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_label_past_int64_is_an_error_row_and_the_pack_finishes(tmp_path: Path, format: str, suffix: str) -> None:
+    """Labels are int64 in every format and in index.parquet: one past it failed the pack after its
+    shards were written (no manifest, and --resume ended the same way). It is an error row, by the
+    label rule every source shares (a whole number from 0 to 2**63-1)."""
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg", "2.jpg", "3.jpg"])
+    big = 99999999999999999999
+    labels = [1, big, 2**63 - 1, "9" * 5000] if suffix == ".csv" else [1, big, 2**63 - 1, 2**63]
+    write_table(source / f"metadata{suffix}", [{"file_name": f"{i}.jpg", "y": y} for i, y in enumerate(labels)])
+    result = pack(
+        PackConfig(str(source), str(tmp_path / "out"), format=format, resize=ResizeConfig(size=None),
+                   table=TableConfig(label_column="y"))
+    )  # fmt: skip
+    reasons = {row["path"]: row["reason"] for row in read_errors(tmp_path / "out")}
+    assert (result.records, result.inputs) == (2, 4)
+    first = 2 if suffix == ".csv" else 1  # the line of the first row (a CSV's header is line 1)
+    assert reasons["1.jpg"] == f"metadata{suffix} line {first + 1}: label {big} is over 2**63-1, the largest (int64)"
+    assert f"metadata{suffix} line {first + 3}: label " in reasons["3.jpg"] and "over 2**63-1" in reasons["3.jpg"]
+    assert sorted(s.label for s in open_shards(tmp_path / "out", decode="bytes")) == [1, 2**63 - 1]

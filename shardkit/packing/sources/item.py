@@ -133,8 +133,29 @@ def label_problem(number: int) -> str:
     """Why a whole-number label breaks the label rule ("" when it does not)."""
     if 0 <= number <= MAX_LABEL:
         return ""
-    shown = str(number) if len(str(number)) <= 24 else f"{str(number)[:20]}..."
-    return f"label {shown} is negative" if number < 0 else f"label {shown} is over 2**63-1, the largest (int64)"
+    return _label_over(str(number)) if number > 0 else f"label {_shown(str(number))} is negative"
+
+
+def whole_label(value: int | str) -> tuple[int | None, str]:
+    """A label given as a number or as text of ASCII digits: (the label, "") under the label rule,
+    else (None, why). Text is never given to int() past 19 digits (Python refuses 4,300)."""
+    if isinstance(value, int):
+        problem = label_problem(value)
+        return (None, problem) if problem else (value, "")
+    number = parse_label(value)
+    if number is not None:
+        return number, ""
+    if value.isascii() and value.isdigit():
+        return None, _label_over(value)
+    return None, f"label {_shown(value)!r} is not {LABEL_RULE}"
+
+
+def _label_over(digits: str) -> str:
+    return f"label {_shown(digits)} is over 2**63-1, the largest (int64)"
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:20]}..."
 
 
 def display(name: str) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import listing, walk_runs
-from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip
+from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, clean_relpath, read_rows
 
 
@@ -147,8 +147,7 @@ def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
     if rows.class_index:
         index = rows.class_index.get(value) if isinstance(value, str) else None
         return (index, "") if index is not None else (None, f"label {str(value)[:40]!r} is not a class name")
-    number = int(value)
-    return (number, "") if number >= 0 else (None, f"label {number} is negative")
+    return whole_label(value)  # (a text label here is digits: the first pass took the others as names)
 
 
 def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
