@@ -184,3 +184,14 @@ def test_a_list_file_label_past_int64_is_refused_naming_its_line(tmp_path: Path,
     assert "\n" not in str(error.value) and len(str(error.value)) < 200
     listing.write_text("a.jpg,3\nc.jpg,9223372036854775807\n")
     assert [item.label for item in discover(listing).items] == [3, 2**63 - 1]
+
+
+def test_a_list_file_with_a_byte_order_mark_names_its_first_path(tmp_path: Path) -> None:
+    """Notepad and Excel start UTF-8 text with a byte-order mark; it is not part of the first path."""
+    write_image(tmp_path / "a.jpg", 10, 10)
+    write_image(tmp_path / "b.jpg", 10, 10)
+    listing = tmp_path / "list.csv"
+    listing.write_bytes(b"\xef\xbb\xbfa.jpg,cat\nb.jpg,dog\n")
+    source = discover(listing)
+    assert [(item.relpath, item.label) for item in source.items] == [("a.jpg", 0), ("b.jpg", 1)]
+    assert source.classes == ["cat", "dog"] and not source.skipped

@@ -476,3 +476,18 @@ def test_a_label_past_int64_is_an_error_row_and_the_pack_finishes(tmp_path: Path
     assert reasons["1.jpg"] == f"metadata{suffix} line {first + 1}: label {big} is over 2**63-1, the largest (int64)"
     assert f"metadata{suffix} line {first + 3}: label " in reasons["3.jpg"] and "over 2**63-1" in reasons["3.jpg"]
     assert sorted(s.label for s in open_shards(tmp_path / "out", decode="bytes")) == [1, 2**63 - 1]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_a_byte_order_mark_is_read_as_pyarrow_pandas_and_hugging_face_read_it(tmp_path: Path, suffix: str) -> None:
+    """Excel's "CSV UTF-8" starts with a byte-order mark: the CSV's first column was '\\ufefffile_name'
+    (the table refused), a JSONL's first row was lost. A mark at the start is not part of the text."""
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg"])
+    table = source / f"metadata{suffix}"
+    write_table(table, [{"file_name": "0.jpg", "caption": "zero"}, {"file_name": "1.jpg", "caption": "one"}])
+    table.write_bytes(b"\xef\xbb\xbf" + table.read_bytes())
+    config = TableConfig(path=str(table))  # (a .tsv is not picked up by name)
+    result = pack(PackConfig(str(source), str(tmp_path / "out"), resize=ResizeConfig(size=None), table=config))
+    assert (result.records, result.errors) == (2, 0), read_errors(tmp_path / "out")
+    assert [s.text for s in open_shards(tmp_path / "out", decode="bytes")] == ["zero", "one"]

@@ -15,7 +15,8 @@ from .item import Item, SourceList, display, skip, unique_keys, whole_label
 def from_list(list_path: str) -> SourceList:
     base = os.path.dirname(os.path.abspath(list_path))
     try:
-        lines = Path(list_path).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        text = Path(list_path).read_text(encoding="utf-8-sig", errors="surrogateescape")  # (a BOM is not text)
+        lines = text.splitlines()
     except OSError as error:
         raise SourceError(f"{display(list_path)}: {error.strerror}") from None
     if any("\x00" in line for line in lines):

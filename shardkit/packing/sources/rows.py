@@ -29,6 +29,9 @@ TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "ts
 MAX_EXTRA_BYTES = 1 << 20
 _PARQUET_BATCH = 65_536
 _LINE_LIMIT = 4 * MAX_EXTRA_BYTES  # a JSONL line or CSV field longer than this is refused unread
+# UTF-8's byte-order mark, which Excel ("CSV UTF-8") and Notepad write first: not part of the text,
+# as pyarrow, pandas and Hugging Face read it.
+BOM = b"\xef\xbb\xbf"
 
 
 class Row(NamedTuple):
@@ -96,6 +99,8 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
         for number, line in enumerate(iter(lambda: handle.readline(_LINE_LIMIT + 1), b""), 1):
             if len(line) > _LINE_LIMIT:
                 raise SourceError(f"{table.path}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
+            if number == 1:
+                line = line.removeprefix(BOM)
             if not line.strip():
                 continue
             try:
@@ -120,7 +125,7 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
 def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
     csv.field_size_limit(_LINE_LIMIT)
     try:
-        handle = open(open_regular(table.path), encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+        handle = open(open_regular(table.path), encoding="utf-8-sig", errors="surrogateescape", newline="")  # noqa: SIM115
     except OSError as error:
         raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
     with handle:

@@ -26,7 +26,7 @@ from ...formats.base import RESERVED_FIELDS
 from ..encode import plan_geometry
 from .folder import entries, sort_names
 from .item import LABEL_RULE, Item, SourceWalk, make_key, parse_label, skip
-from .rows import MAX_EXTRA_BYTES
+from .rows import BOM, MAX_EXTRA_BYTES
 
 CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
 # Pillow's format for each image suffix a field may have: what an aligned field is saved back as
@@ -144,6 +144,8 @@ def read_sidecars(
             data = read_regular(os.path.join(folder, name), limit)
         except OSError as error:
             raise ImageError("read", f"{name}: {describe(error)}") from None
+        if part in (CAPTION, COLUMNS, LABEL):
+            data = data.removeprefix(BOM)  # Notepad's UTF-8 starts with one: not part of the text
         if part == CAPTION:
             try:
                 found.text = data.decode("utf-8")
