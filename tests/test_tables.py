@@ -335,7 +335,7 @@ def test_a_parquet_column_of_an_unsupported_type_is_refused(tmp_path: Path) -> N
         pa.table({"file_name": ["a.jpg"], "blob": pa.array([b"\x00\x01"], pa.binary())}), source / "metadata.parquet"
     )
     with pytest.raises(SourceError, match="column 'blob' has type binary, which shardkit cannot store"):
-        _pack(source, tmp_path / "out")
+        _pack(source, tmp_path / "out", table=TableConfig())
 
 
 def test_the_cli_takes_the_table_flags_and_refuses_in_one_line(captioned: Path, tmp_path: Path) -> None:
@@ -491,3 +491,38 @@ def test_a_byte_order_mark_is_read_as_pyarrow_pandas_and_hugging_face_read_it(tm
     result = pack(PackConfig(str(source), str(tmp_path / "out"), resize=ResizeConfig(size=None), table=config))
     assert (result.records, result.errors) == (2, 0), read_errors(tmp_path / "out")
     assert [s.text for s in open_shards(tmp_path / "out", decode="bytes")] == ["zero", "one"]
+
+
+def test_a_parquet_s_left_out_columns_are_not_checked_and_categoricals_are_text(tmp_path: Path) -> None:
+    """pandas writes a categorical as a dictionary column and a datetime as a timestamp: `--columns
+    score` refused the pack, naming a column it was told to leave out. Only the columns kept are
+    checked (and read); a categorical of strings is text, as its values read."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg"])
+    table = pa.table(
+        {
+            "file_name": ["0.jpg", "1.jpg"],
+            "score": [0.5, 0.25],
+            "kind": pa.array(["cat", "dog"]).dictionary_encode(),
+            "when": pa.array([0, 253402300800 * 10**6], pa.timestamp("us")),  # the year 10000: no datetime holds it
+        }
+    )
+    pq.write_table(table, source / "metadata.parquet")
+    configs = {"score": TableConfig(columns=("score",)), "kind": TableConfig(label_column="kind", columns=("score",))}
+    for name, config in configs.items():
+        out = tmp_path / name
+        _pack(source, out, table=config)
+        samples = list(open_shards(out, decode="bytes"))
+        assert len(samples) == 2 and not read_errors(out)
+        if name == "score":
+            assert [s.fields for s in samples] == [{"score": 0.5}, {"score": 0.25}]
+        else:
+            assert read_manifest(out).classes == ["cat", "dog"] and [s.label for s in samples] == [0, 1]
+    with pytest.raises(SourceError, match="column 'when' has type timestamp"):
+        _pack(source, tmp_path / "all", table=TableConfig(columns=("score", "when")))
+    out = tmp_path / "kinds"
+    _pack(source, out, table=TableConfig(columns=("kind",)))
+    assert [s.fields for s in open_shards(out, decode="bytes")] == [{"kind": "cat"}, {"kind": "dog"}]

@@ -19,7 +19,7 @@ from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import listing, walk_runs
 from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip, whole_label
-from .rows import MAX_EXTRA_BYTES, Table, clean_relpath, read_rows
+from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
 
 def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
@@ -95,6 +95,8 @@ def _check_columns(table: Table) -> None:
         table.columns = [name for name in config.columns if name not in taken]
     else:
         table.columns = [name for name in found if name not in taken]
+    kept = [config.path_column, table.caption, config.label_column, *table.columns]
+    check_storable(table, [name for name in kept if name is not None])
 
 
 def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
