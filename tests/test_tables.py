@@ -526,3 +526,25 @@ def test_a_parquet_s_left_out_columns_are_not_checked_and_categoricals_are_text(
     out = tmp_path / "kinds"
     _pack(source, out, table=TableConfig(columns=("kind",)))
     assert [s.fields for s in open_shards(out, decode="bytes")] == [{"kind": "cat"}, {"kind": "dog"}]
+
+
+def test_a_file_named_twice_through_a_linked_folder_is_one_file(tmp_path: Path) -> None:
+    """`a/self` links to `../a`: `a/in.jpg`, `a/self/in.jpg` and `a/self/self/in.jpg` are one file,
+    packed three times with no error row. The later rows are left out as for two spellings of one
+    path; and a file a row names only through the link has its row (it was also "no row")."""
+    source = tmp_path / "src"
+    _images(source, ["a/in.jpg", "a/other.jpg", "b/x.jpg"])
+    os.symlink("../a", source / "a" / "self")
+    os.symlink("b", source / "z")  # a link sorted after its folder: the walk lists b/x.jpg
+    rows = ["a/in.jpg", "a/self/in.jpg", "a/self/self/in.jpg", "a/self/other.jpg", "z/x.jpg"]
+    write_table(source / "metadata.jsonl", [{"file_name": name, "caption": name} for name in rows])
+    result = pack(PackConfig(str(source), str(tmp_path / "out"), resize=ResizeConfig(size=None)))
+    reasons = {row["path"]: row["reason"] for row in read_errors(tmp_path / "out")}
+    assert sorted(s.text for s in open_shards(tmp_path / "out", decode="bytes")) == [
+        "a/in.jpg", "a/self/other.jpg", "z/x.jpg"
+    ]  # fmt: skip
+    assert reasons == {
+        "metadata.jsonl line 2": "metadata.jsonl line 2: a/self/in.jpg is named by an earlier row too",
+        "metadata.jsonl line 3": "metadata.jsonl line 3: a/self/self/in.jpg is named by an earlier row too",
+    }
+    assert result.inputs == result.records + result.errors == 5
