@@ -172,3 +172,26 @@ def test_classes_are_folders_with_an_image_below_them_found_before_the_walk(tmp_
     assert found.classes == ["a-c", "b"]  # known before a single item is yielded
     assert [(item.relpath, item.label) for item in found.items] == [("a-c/1.jpg", 0), ("b/deep/er/1.jpg", 1)]
     assert [skip.path for skip in found.skipped] == ["texts/note.txt"]
+
+
+@pytest.mark.parametrize("label", ["99999999999999999999", "9223372036854775808", "9" * 5000])
+def test_a_list_file_label_past_int64_is_refused_naming_its_line(tmp_path: Path, label: str) -> None:
+    """The label rule every source shares: a whole number from 0 to 2**63-1 (int64, as stored)."""
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"a.jpg,3\nb.jpg,{label}\nc.jpg,9223372036854775807\n")
+    with pytest.raises(SourceError, match=r"list\.csv:2: label .* is over 2\*\*63-1") as error:
+        discover(listing)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 200
+    listing.write_text("a.jpg,3\nc.jpg,9223372036854775807\n")
+    assert [item.label for item in discover(listing).items] == [3, 2**63 - 1]
+
+
+def test_a_list_file_with_a_byte_order_mark_names_its_first_path(tmp_path: Path) -> None:
+    """Notepad and Excel start UTF-8 text with a byte-order mark; it is not part of the first path."""
+    write_image(tmp_path / "a.jpg", 10, 10)
+    write_image(tmp_path / "b.jpg", 10, 10)
+    listing = tmp_path / "list.csv"
+    listing.write_bytes(b"\xef\xbb\xbfa.jpg,cat\nb.jpg,dog\n")
+    source = discover(listing)
+    assert [(item.relpath, item.label) for item in source.items] == [("a.jpg", 0), ("b.jpg", 1)]
+    assert source.classes == ["cat", "dog"] and not source.skipped

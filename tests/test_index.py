@@ -225,3 +225,87 @@ def test_a_bucket_of_tars_is_adopted_in_place(s3, gnu_tars: Path, tmp_path: Path
     dataset = open_shards("s3://data/adopt", decode="bytes", cache_dir=str(tmp_path / "cache"), storage_options=options)
     keys = [s.key for s in dataset]
     assert sorted(keys) == sorted(f"c{i % 3}/img_{i:03d}" for i in range(12))
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
+    }
+
+
+def test_overwrite_refuses_an_output_that_pack_wrote_and_leaves_it_whole(tmp_path: Path) -> None:
+    """--overwrite replaces only index's own files: on pack's output it would replace pack's manifest
+    (its class names, its totals) and errors.jsonl and orphan index.parquet, so it is refused."""
+    from shardkit import PackConfig, ResizeConfig, pack
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    for i in range(6):
+        write_image(source / f"c{i % 2}" / f"{i}.jpg", 40, 30, seed=i)
+    (source / "c0" / "broken.jpg").write_bytes(b"not a jpeg")
+    pack(PackConfig(str(source), str(out), resize=ResizeConfig(size=None), shard_size=4))
+    before = _snapshot(out)
+    with pytest.raises(OutputError, match=r"written by `shardkit pack`"):
+        adopt_tars(out, overwrite=True)
+    assert _snapshot(out) == before and read_manifest(out).classes == ["c0", "c1"]
+    assert verify(out).ok
+
+
+def test_index_refuses_a_folder_where_a_pack_is_running_or_was_stopped(tmp_path: Path, gnu_tars: Path) -> None:
+    """A pack's working folder (.shardkit/) means its shards are on the way and its manifest is yet to
+    come: a manifest written there by index would claim a half-made output."""
+    (gnu_tars / ".shardkit" / "done").mkdir(parents=True)
+    before = _snapshot(gnu_tars)
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match=r"\.shardkit/.*`shardkit pack`"):
+            adopt_tars(gnu_tars, overwrite=overwrite)
+    assert _snapshot(gnu_tars) == before
+
+
+def test_labels_too_many_for_class_names_get_none_not_a_huge_list(tmp_path: Path) -> None:
+    """A `.cls` of 99999999999 must not become a list of 10^11 class names (MemoryError): past a sane
+    count the manifest has no class names, and says why."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    with tarfile.open(folder / "a.tar", "w") as archive:
+        add(archive, "x/0.jpg", jpeg(0))
+        add(archive, "x/0.cls", b"99999999999")
+        add(archive, "x/1.jpg", jpeg(1))
+        add(archive, "x/1.cls", b"3")
+    result = adopt_tars(folder)
+    manifest = read_manifest(folder)
+    assert result.records == 2 and manifest.classes == []
+    assert manifest.settings["adopted"]["labels"] == {"largest": 99999999999, "names": "too many to name"}
+    assert verify(folder).ok
+    assert sorted(s.label for s in open_shards(folder, decode="bytes")) == [3, 99999999999]
+
+
+def test_a_label_past_int64_leaves_its_tar_out(tmp_path: Path) -> None:
+    """A label no reader's int64 holds is refused as packing refuses it: the tar is left out, with why."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    for name, label in (("a.tar", b"1"), ("b.tar", b"99999999999999999999")):
+        with tarfile.open(folder / name, "w") as archive:
+            add(archive, "x/0.jpg", jpeg(0))
+            add(archive, "x/0.cls", label)
+    result = adopt_tars(folder)
+    assert (result.adopted, result.records) == (1, 1)
+    rows = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
+    assert [(row["path"], row["stage"]) for row in rows] == [("b.tar", "read")]
+    assert "label" in rows[0]["reason"] and "2**63" in rows[0]["reason"]
+    assert read_manifest(folder).classes == ["0", "1"] and verify(folder).ok
+
+
+def test_a_tar_of_many_distinct_extensions_keeps_the_manifest_small(tmp_path: Path) -> None:
+    """Each distinct member extension was a manifest entry: a stranger's tar of a million of them made
+    a manifest over the size readers take. The most common are counted, the rest summed."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    with tarfile.open(folder / "a.tar", "w") as archive:
+        add(archive, "x/0.jpg", jpeg(0))
+        for i in range(300):
+            add(archive, f"x/0.f{i:03d}", b"")
+    result = adopt_tars(folder)
+    adopted = read_manifest(folder).settings["adopted"]
+    assert len(adopted["extensions"]) == len(result.extensions) == 100
+    assert adopted["other_extensions"] == result.other_extensions == {"kinds": 201, "members": 201}
+    assert verify(folder).ok

@@ -16,6 +16,7 @@ from shardkit.core.manifest import read_manifest
 from shardkit.packing.plan import fingerprint, plan_shards
 from shardkit.packing.sources import walk
 from shardkit.readers import open_shards
+from shardkit.synthetic import write_image
 from tests.helpers import read_errors
 
 FORMATS = ("webdataset", "lmdb", "hdf5")
@@ -132,7 +133,7 @@ def test_every_odd_file_is_accounted_for_and_verify_agrees(tmp_path: Path) -> No
     assert reasons["badtxt.jpg"] == "badtxt.txt: not UTF-8 text"
     assert reasons["badjson.jpg"].startswith("badjson.json: not valid JSON")
     assert reasons["listjson.jpg"].startswith("listjson.json: not a JSON object")
-    assert reasons["badcls.jpg"] == "badcls.cls: a label must be a whole number 0 or more"
+    assert reasons["badcls.jpg"] == "badcls.cls: a label must be a whole number from 0 to 2**63-1"
     assert "61x40, its image 60x40: cannot keep it aligned" in reasons["bigmask.jpg"]
     assert "a name shardkit's own parts take" in reasons["reserved.jpg"]
     assert reasons["noext"].startswith("no suffix")
@@ -177,3 +178,18 @@ def test_probe_counts_sidecar_samples_not_their_masks(sidecar_source: Path) -> N
 
     assert probe(sidecar_source, sidecars=True).images == 3  # cat.jpg, sub/dog.png, plain.webp
     assert probe(sidecar_source).images == 5  # without --sidecars the masks are images too
+
+
+def test_sidecars_written_with_a_byte_order_mark_read_as_their_text(tmp_path: Path) -> None:
+    """Notepad's UTF-8 starts with a byte-order mark: it is not part of a caption, a JSON object or
+    a label (json refused it, the label was not a number)."""
+    source = tmp_path / "src"
+    write_image(source / "a.jpg", 40, 30)
+    bom = b"\xef\xbb\xbf"
+    (source / "a.txt").write_bytes(bom + "une légende".encode())
+    (source / "a.json").write_bytes(bom + b'{"n": 1}')
+    (source / "a.cls").write_bytes(bom + b"7\n")
+    _pack(source, tmp_path / "out")
+    assert not read_errors(tmp_path / "out")
+    [sample] = open_shards(tmp_path / "out", decode="bytes")
+    assert (sample.text, sample.fields, sample.label) == ("une légende", {"n": 1}, 7)

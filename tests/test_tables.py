@@ -335,7 +335,7 @@ def test_a_parquet_column_of_an_unsupported_type_is_refused(tmp_path: Path) -> N
         pa.table({"file_name": ["a.jpg"], "blob": pa.array([b"\x00\x01"], pa.binary())}), source / "metadata.parquet"
     )
     with pytest.raises(SourceError, match="column 'blob' has type binary, which shardkit cannot store"):
-        _pack(source, tmp_path / "out")
+        _pack(source, tmp_path / "out", table=TableConfig())
 
 
 def test_the_cli_takes_the_table_flags_and_refuses_in_one_line(captioned: Path, tmp_path: Path) -> None:
@@ -453,3 +453,98 @@ def test_the_probe_cli_takes_a_table_from_elsewhere(tmp_path: Path) -> None:
     )  # fmt: skip
     assert census["columns"] == ["img", "alt"] and census["caption_chars"]["max"] == len("second one")
     assert "rows.csv: 2 rows, 1 without a file" in done.stdout
+
+
+@pytest.mark.parametrize("format", ["webdataset", "hdf5"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_label_past_int64_is_an_error_row_and_the_pack_finishes(tmp_path: Path, format: str, suffix: str) -> None:
+    """Labels are int64 in every format and in index.parquet: one past it failed the pack after its
+    shards were written (no manifest, and --resume ended the same way). It is an error row, by the
+    label rule every source shares (a whole number from 0 to 2**63-1)."""
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg", "2.jpg", "3.jpg"])
+    big = 99999999999999999999
+    labels = [1, big, 2**63 - 1, "9" * 5000] if suffix == ".csv" else [1, big, 2**63 - 1, 2**63]
+    write_table(source / f"metadata{suffix}", [{"file_name": f"{i}.jpg", "y": y} for i, y in enumerate(labels)])
+    result = pack(
+        PackConfig(str(source), str(tmp_path / "out"), format=format, resize=ResizeConfig(size=None),
+                   table=TableConfig(label_column="y"))
+    )  # fmt: skip
+    reasons = {row["path"]: row["reason"] for row in read_errors(tmp_path / "out")}
+    assert (result.records, result.inputs) == (2, 4)
+    first = 2 if suffix == ".csv" else 1  # the line of the first row (a CSV's header is line 1)
+    assert reasons["1.jpg"] == f"metadata{suffix} line {first + 1}: label {big} is over 2**63-1, the largest (int64)"
+    assert f"metadata{suffix} line {first + 3}: label " in reasons["3.jpg"] and "over 2**63-1" in reasons["3.jpg"]
+    assert sorted(s.label for s in open_shards(tmp_path / "out", decode="bytes")) == [1, 2**63 - 1]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_a_byte_order_mark_is_read_as_pyarrow_pandas_and_hugging_face_read_it(tmp_path: Path, suffix: str) -> None:
+    """Excel's "CSV UTF-8" starts with a byte-order mark: the CSV's first column was '\\ufefffile_name'
+    (the table refused), a JSONL's first row was lost. A mark at the start is not part of the text."""
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg"])
+    table = source / f"metadata{suffix}"
+    write_table(table, [{"file_name": "0.jpg", "caption": "zero"}, {"file_name": "1.jpg", "caption": "one"}])
+    table.write_bytes(b"\xef\xbb\xbf" + table.read_bytes())
+    config = TableConfig(path=str(table))  # (a .tsv is not picked up by name)
+    result = pack(PackConfig(str(source), str(tmp_path / "out"), resize=ResizeConfig(size=None), table=config))
+    assert (result.records, result.errors) == (2, 0), read_errors(tmp_path / "out")
+    assert [s.text for s in open_shards(tmp_path / "out", decode="bytes")] == ["zero", "one"]
+
+
+def test_a_parquet_s_left_out_columns_are_not_checked_and_categoricals_are_text(tmp_path: Path) -> None:
+    """pandas writes a categorical as a dictionary column and a datetime as a timestamp: `--columns
+    score` refused the pack, naming a column it was told to leave out. Only the columns kept are
+    checked (and read); a categorical of strings is text, as its values read."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "src"
+    _images(source, ["0.jpg", "1.jpg"])
+    table = pa.table(
+        {
+            "file_name": ["0.jpg", "1.jpg"],
+            "score": [0.5, 0.25],
+            "kind": pa.array(["cat", "dog"]).dictionary_encode(),
+            "when": pa.array([0, 253402300800 * 10**6], pa.timestamp("us")),  # the year 10000: no datetime holds it
+        }
+    )
+    pq.write_table(table, source / "metadata.parquet")
+    configs = {"score": TableConfig(columns=("score",)), "kind": TableConfig(label_column="kind", columns=("score",))}
+    for name, config in configs.items():
+        out = tmp_path / name
+        _pack(source, out, table=config)
+        samples = list(open_shards(out, decode="bytes"))
+        assert len(samples) == 2 and not read_errors(out)
+        if name == "score":
+            assert [s.fields for s in samples] == [{"score": 0.5}, {"score": 0.25}]
+        else:
+            assert read_manifest(out).classes == ["cat", "dog"] and [s.label for s in samples] == [0, 1]
+    with pytest.raises(SourceError, match="column 'when' has type timestamp"):
+        _pack(source, tmp_path / "all", table=TableConfig(columns=("score", "when")))
+    out = tmp_path / "kinds"
+    _pack(source, out, table=TableConfig(columns=("kind",)))
+    assert [s.fields for s in open_shards(out, decode="bytes")] == [{"kind": "cat"}, {"kind": "dog"}]
+
+
+def test_a_file_named_twice_through_a_linked_folder_is_one_file(tmp_path: Path) -> None:
+    """`a/self` links to `../a`: `a/in.jpg`, `a/self/in.jpg` and `a/self/self/in.jpg` are one file,
+    packed three times with no error row. The later rows are left out as for two spellings of one
+    path; and a file a row names only through the link has its row (it was also "no row")."""
+    source = tmp_path / "src"
+    _images(source, ["a/in.jpg", "a/other.jpg", "b/x.jpg"])
+    os.symlink("../a", source / "a" / "self")
+    os.symlink("b", source / "z")  # a link sorted after its folder: the walk lists b/x.jpg
+    rows = ["a/in.jpg", "a/self/in.jpg", "a/self/self/in.jpg", "a/self/other.jpg", "z/x.jpg"]
+    write_table(source / "metadata.jsonl", [{"file_name": name, "caption": name} for name in rows])
+    result = pack(PackConfig(str(source), str(tmp_path / "out"), resize=ResizeConfig(size=None)))
+    reasons = {row["path"]: row["reason"] for row in read_errors(tmp_path / "out")}
+    assert sorted(s.text for s in open_shards(tmp_path / "out", decode="bytes")) == [
+        "a/in.jpg", "a/self/other.jpg", "z/x.jpg"
+    ]  # fmt: skip
+    assert reasons == {
+        "metadata.jsonl line 2": "metadata.jsonl line 2: a/self/in.jpg is named by an earlier row too",
+        "metadata.jsonl line 3": "metadata.jsonl line 3: a/self/self/in.jpg is named by an earlier row too",
+    }
+    assert result.inputs == result.records + result.errors == 5

@@ -50,7 +50,11 @@ def index(
             highlight=False,
         )
         members = ", ".join(f".{ext} {count:,}" for ext, count in result.extensions.items())
+        if result.other_extensions:
+            members += f", and {result.other_extensions['members']:,} of {result.other_extensions['kinds']:,} others"
         console.print(f"members: {escape(members)}", highlight=False)
+        if result.unnamed_labels is not None:
+            console.print(f"labels up to {result.unnamed_labels:,}: too many to name classes; the manifest lists none")
         if result.errors:
             console.print(f"[yellow]{result.errors:,} listed in errors.jsonl[/] (left out, or a key in two tars)")
         if json_path is not None:

@@ -28,15 +28,26 @@ from typing import Any
 import numpy as np
 
 from ..core.config import check_workers
-from ..core.errors import ConfigError, Failure, OutputError, ShardFormatError, ShardkitError, StorageError, describe
+from ..core.errors import (
+    ConfigError,
+    Failure,
+    ManifestError,
+    OutputError,
+    ShardFormatError,
+    ShardkitError,
+    StorageError,
+    describe,
+)
 from ..core.manifest import (
     ERRORS_NAME,
     MANIFEST_NAME,
+    STATE_DIR,
     WIDS_NAME,
     Manifest,
     ShardInfo,
     idx_name,
     info_of,
+    read_manifest,
     sha256_file,
     wids_index,
     write_json_atomic,
@@ -49,9 +60,17 @@ from ..formats.tar_companions import dali_index_of, dali_samples
 from ..formats.tar_headers import READ_AHEAD, FileBytes
 from ..formats.webdataset import OTHER_PARTS, TarShardReader
 from ..storage.location import locate
-from ..storage.store import Store
+from ..storage.store import Store, read_remote_manifest
+from .sources.item import label_problem
 
 ADOPTED_BY = f"shardkit {__version__} index"
+# Class names "0".."n-1" are written for labels below this; past it (a stranger's `.cls` of
+# 99999999999) the manifest names no classes and says why. ImageNet-21k's 21,841 fit with room.
+MAX_CLASS_NAMES = 100_000
+# The member extensions the manifest counts one by one (the most common; the rest as one count): a
+# tar of a million distinct extensions must not make a manifest no reader takes (MAX_MANIFEST_BYTES).
+MAX_EXTENSIONS = 100
+_MAX_EXTENSION_CHARS = 32
 
 
 @dataclass
@@ -80,7 +99,9 @@ class IndexResult:
     errors: int
     bytes: int
     seconds: float
-    extensions: dict[str, int]
+    extensions: dict[str, int]  # the MAX_EXTENSIONS most common
+    other_extensions: dict[str, int] = field(default_factory=dict)  # {kinds, members} of the rest
+    unnamed_labels: int | None = None  # the largest label, when there are too many to name classes
 
 
 @dataclass(frozen=True)
@@ -139,8 +160,8 @@ def _scanned(path: str, name: str) -> TarScan:
                 if record.key in imageless:
                     apart.add(record.key)
                 if record.label is not None:
-                    if record.label < 0:
-                        raise ShardFormatError(f"{path}: record {record.key} has a negative label ({record.label})")
+                    if problem := label_problem(record.label):  # the label rule a pack keeps
+                        raise ShardFormatError(f"{path}: record {record.key}: {problem}")
                     scan.labels = max(scan.labels, record.label + 1)
         finally:
             reader.close()
@@ -174,17 +195,20 @@ def adopt_tars(
     if isinstance(root, Path):
         if not root.is_dir():
             raise ConfigError(f"{root}: not a folder")
-        names = sorted(entry.name for entry in os.scandir(root) if entry.name.endswith(".tar") and entry.is_file())
+        names_here = {entry.name for entry in os.scandir(root)}
+        names = sorted(name for name in names_here if name.endswith(".tar") and (root / name).is_file())
         exists = (root / MANIFEST_NAME).exists()
         if not os.access(root, os.W_OK):
             raise OutputError(f"{root}: cannot write here (permission denied); index a copy you can write to")
     else:
         held = root.listing()
+        names_here = set(held)  # (files only: a bucket has no .shardkit/ folder to see)
         names = sorted(name for name in held if name.endswith(".tar"))
         exists = MANIFEST_NAME in held
     where = str(root) if isinstance(root, Path) else root.url
     if not names:
         raise ConfigError(f"{where}: no .tar files at the top of this folder")
+    _refuse_a_pack_s_output(root, where, names_here, exists, overwrite)
     if exists and not overwrite:
         raise OutputError(f"{where}: already has a {MANIFEST_NAME}; use --overwrite to index the tars again")
     with _work_folder(root) as work:
@@ -205,6 +229,32 @@ def adopt_tars(
                 progress(done, len(jobs))
     found = [scan for scan in scans if scan is not None]
     return _write(root, where, found, started)
+
+
+def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exists: bool, overwrite: bool) -> None:
+    """index writes only beside tars it adopts: never over what `shardkit pack` wrote (its manifest
+    holds class names, totals and index.parquet that errors.jsonl and the index account for), nor
+    beside a pack still running or stopped (its working folder, .shardkit/, is there)."""
+    if STATE_DIR in names:
+        raise OutputError(
+            f"{where}: holds {STATE_DIR}/, the working folder of `shardkit pack` (running, or stopped: "
+            "finish it with `shardkit pack --resume`); index adopts tars no pack is writing"
+        )
+    if not (exists and overwrite):
+        return
+    try:
+        manifest = read_manifest(root) if isinstance(root, Path) else read_remote_manifest(root)
+    except (ManifestError, StorageError) as error:
+        raise OutputError(
+            f"{where}: its {MANIFEST_NAME} cannot be read, so who wrote it cannot be told ({error}); "
+            f"--overwrite replaces only what `shardkit index` wrote: remove it yourself to index again"
+        ) from None
+    if not isinstance(manifest.settings.get("adopted"), dict):  # as verify tells adopted tars
+        made_by = manifest.created_by or "no created_by"
+        raise OutputError(
+            f"{where}: written by `shardkit pack` ({MANIFEST_NAME}: created_by {made_by!r}, no settings.adopted); "
+            "--overwrite replaces only what `shardkit index` wrote, so this output is left as it is"
+        )
 
 
 @contextlib.contextmanager
@@ -233,15 +283,19 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
     for scan in scans:
         extensions.update(scan.extensions)
     records = sum(shard.count for shard in shards)
-    labels = max((scan.labels for scan in adopted), default=0)
+    labels = max((scan.labels for scan in adopted), default=0)  # the largest label + 1
+    counted, others = _counted_extensions(extensions)
+    adopted_settings: dict[str, Any] = {"by": "shardkit index", "tars": len(scans), "extensions": counted}
+    if others:
+        adopted_settings["other_extensions"] = others
+    if labels > MAX_CLASS_NAMES:
+        adopted_settings["labels"] = {"largest": labels - 1, "names": "too many to name"}
     manifest = Manifest(
         format="webdataset",
         shards=shards,
-        classes=[str(label) for label in range(labels)],  # a tar's labels are numbers: their names
-        settings={
-            "adopted": {"by": "shardkit index", "tars": len(scans), "extensions": dict(sorted(extensions.items()))},
-            "source": {"path": where, "layout": "webdataset tars"},
-        },
+        # a tar's labels are numbers: their names, while there are few enough to list
+        classes=[str(label) for label in range(labels)] if labels <= MAX_CLASS_NAMES else [],
+        settings={"adopted": adopted_settings, "source": {"path": where, "layout": "webdataset tars"}},
         # inputs: the records and what errors.jsonl lists (a duplicated key is a record and listed)
         totals={"inputs": records + len(rows), "records": records, "errors": len(rows)},
         created_by=ADOPTED_BY,
@@ -251,8 +305,17 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
     _put(root, files, errors, manifest)
     return IndexResult(
         where, manifest, len(scans), len(adopted), records, len(rows), sum(s.bytes for s in shards),
-        time.perf_counter() - started, dict(sorted(extensions.items())),
+        time.perf_counter() - started, counted, others, labels - 1 if labels > MAX_CLASS_NAMES else None,
     )  # fmt: skip
+
+
+def _counted_extensions(extensions: Counter[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """(the most common extensions and their members, by name; {"kinds", "members"} of the rest, or
+    {} when none are left over): bounded whatever a tar holds."""
+    fit = [(ext, count) for ext, count in extensions.items() if len(ext) <= _MAX_EXTENSION_CHARS]
+    kept = dict(sorted(sorted(fit, key=lambda pair: (-pair[1], pair[0]))[:MAX_EXTENSIONS]))
+    rest = [count for ext, count in extensions.items() if ext not in kept]
+    return kept, ({"kinds": len(rest), "members": sum(rest)} if rest else {})
 
 
 def _duplicates(root: Path | Store, adopted: list[TarScan]) -> list[Failure]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,6 +22,12 @@ Caption = str | list[str]  # one caption, or several (a table's list column)
 # Characters kept as they are in keys; everything else (and '.') is percent-escaped so keys are
 # ASCII, unique, and safe for tar member names where '.' separates the key from the extension.
 _KEY_SAFE = "/ _-'()+,;=@!~&$[]"
+
+# The one label rule of every source convention (a table's column, a list file, a .cls sidecar) and
+# of adopted tars: a whole number that an int64 holds, as every format and index.parquet store it.
+MAX_LABEL = 2**63 - 1
+LABEL_RULE = "a whole number from 0 to 2**63-1"
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit takes '²', which int() refuses)
 
 
 class Item(NamedTuple):
@@ -111,6 +118,44 @@ class SourceWalk:
         """The real folder a table's rows may name files in (a link among them must not lead
         outside the source); None for conventions that only walk the folder."""
         return os.path.realpath(self.root) if self.layout == "table" else None
+
+
+def parse_label(text: str) -> int | None:
+    """A label written as text (a list file's, a CSV cell, a .cls file's), or None when it is not one
+    under the label rule."""
+    if not _DIGITS.fullmatch(text):
+        return None
+    number = int(text)
+    return number if number <= MAX_LABEL else None
+
+
+def label_problem(number: int) -> str:
+    """Why a whole-number label breaks the label rule ("" when it does not)."""
+    if 0 <= number <= MAX_LABEL:
+        return ""
+    return _label_over(str(number)) if number > 0 else f"label {_shown(str(number))} is negative"
+
+
+def whole_label(value: int | str) -> tuple[int | None, str]:
+    """A label given as a number or as text of ASCII digits: (the label, "") under the label rule,
+    else (None, why). Text is never given to int() past 19 digits (Python refuses 4,300)."""
+    if isinstance(value, int):
+        problem = label_problem(value)
+        return (None, problem) if problem else (value, "")
+    number = parse_label(value)
+    if number is not None:
+        return number, ""
+    if value.isascii() and value.isdigit():
+        return None, _label_over(value)
+    return None, f"label {_shown(value)!r} is not {LABEL_RULE}"
+
+
+def _label_over(digits: str) -> str:
+    return f"label {_shown(digits)} is over 2**63-1, the largest (int64)"
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:20]}..."
 
 
 def display(name: str) -> str:

@@ -1,6 +1,6 @@
-"""The list file convention: a text file with one `path[,label]` per line (labels whole numbers or
-class names); relative paths are relative to the file. Read whole: lists are small next to what
-they name, and their labels' kind is settled over every line."""
+"""The list file convention: a text file with one `path[,label]` per line (labels whole numbers, by
+the label rule of `item`, or class names); relative paths are relative to the file. Read whole:
+lists are small next to what they name, and their labels' kind is settled over every line."""
 
 from __future__ import annotations
 
@@ -9,18 +9,20 @@ import re
 from pathlib import Path
 
 from ...core.errors import Failure, SourceError
-from .item import Item, SourceList, display, skip, unique_keys
+from .item import Item, SourceList, display, skip, unique_keys, whole_label
 
 
 def from_list(list_path: str) -> SourceList:
     base = os.path.dirname(os.path.abspath(list_path))
     try:
-        lines = Path(list_path).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        text = Path(list_path).read_text(encoding="utf-8-sig", errors="surrogateescape")  # (a BOM is not text)
+        lines = text.splitlines()
     except OSError as error:
         raise SourceError(f"{display(list_path)}: {error.strerror}") from None
     if any("\x00" in line for line in lines):
         raise SourceError(f"{display(list_path)}: not a text list file (expected one path[,label] per line)")
     raw: list[tuple[str, str | None]] = []
+    numbers: list[int] = []  # each raw line's line number
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -30,6 +32,7 @@ def from_list(list_path: str) -> SourceList:
         if not path:
             raise SourceError(f"{display(list_path)}:{number}: no path before the comma")
         raw.append((path, label if sep else None))
+        numbers.append(number)
     if not raw:
         raise SourceError(f"{display(list_path)}: the list is empty")
     labelled = [label for _, label in raw if label is not None]
@@ -42,12 +45,20 @@ def from_list(list_path: str) -> SourceList:
         classes = sorted(set(labelled))
     index = {name: i for i, name in enumerate(classes)}
 
-    def to_label(label: str | None) -> int | None:
+    def to_label(number: int, label: str | None) -> int | None:
         if label is None:
             return None
-        return index[label] if classes else int(label)
+        if classes:
+            return index[label]
+        value, problem = whole_label(label)  # the label rule every source shares
+        if value is None:
+            raise SourceError(f"{display(list_path)}:{number}: {problem}")
+        return value
 
-    pairs = [(os.path.normpath(path).replace(os.sep, "/"), to_label(label)) for path, label in raw]
+    pairs = [
+        (os.path.normpath(path).replace(os.sep, "/"), to_label(number, label))
+        for number, (path, label) in zip(numbers, raw, strict=True)
+    ]
     skipped: list[Failure] = []
     items = _keyed(base, pairs, skipped)
     return SourceList(list_path, "list", items, classes, skipped)

@@ -29,6 +29,9 @@ TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "ts
 MAX_EXTRA_BYTES = 1 << 20
 _PARQUET_BATCH = 65_536
 _LINE_LIMIT = 4 * MAX_EXTRA_BYTES  # a JSONL line or CSV field longer than this is refused unread
+# UTF-8's byte-order mark, which Excel ("CSV UTF-8") and Notepad write first: not part of the text,
+# as pyarrow, pandas and Hugging Face read it.
+BOM = b"\xef\xbb\xbf"
 
 
 class Row(NamedTuple):
@@ -48,6 +51,7 @@ class Table:
     caption: str | None = None  # the caption column, resolved
     columns: list[str] | None = None  # None: every column but the path, caption and label ones
     found: list[str] = field(default_factory=list)  # the columns seen (all of a CSV or parquet header)
+    types: dict[str, Any] = field(default_factory=dict)  # a parquet column's arrow type, by name
     rows: int = 0  # rows read in the last pass, readable or not
     _known: set[str] = field(default_factory=set, repr=False)
 
@@ -96,6 +100,8 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
         for number, line in enumerate(iter(lambda: handle.readline(_LINE_LIMIT + 1), b""), 1):
             if len(line) > _LINE_LIMIT:
                 raise SourceError(f"{table.path}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
+            if number == 1:
+                line = line.removeprefix(BOM)
             if not line.strip():
                 continue
             try:
@@ -120,7 +126,7 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
 def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
     csv.field_size_limit(_LINE_LIMIT)
     try:
-        handle = open(open_regular(table.path), encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+        handle = open(open_regular(table.path), encoding="utf-8-sig", errors="surrogateescape", newline="")  # noqa: SIM115
     except OSError as error:
         raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
     with handle:
@@ -167,15 +173,10 @@ def _parquet_rows(table: Table) -> Iterator[Row]:
         raise SourceError(f"{table.path}: not a readable parquet file ({describe(error)})") from None
     schema = handle.schema_arrow
     table.found = list(schema.names)
-    for column in schema:
-        if not _storable(column.type):
-            raise SourceError(
-                f"{table.path}: column {column.name!r} has type {column.type}, which shardkit cannot store "
-                "(strings, numbers, booleans, and lists and structs of them)"
-            )
+    table.types = {column.name: column.type for column in schema}
     number = 0
     try:
-        for batch in handle.iter_batches(batch_size=_PARQUET_BATCH):
+        for batch in handle.iter_batches(batch_size=_PARQUET_BATCH, columns=_parquet_wanted(table)):
             for values in batch.to_pylist():
                 number += 1
                 yield Row(number, values)
@@ -183,9 +184,35 @@ def _parquet_rows(table: Table) -> Iterator[Row]:
         raise SourceError(f"{table.path}: unreadable after row {number} ({describe(error)})") from None
 
 
+def _parquet_wanted(table: Table) -> list[str]:
+    """The parquet columns a pass reads: only those a sample takes (a column left out is neither
+    read nor checked: its type may be one no datetime or JSON holds). The first pass, before the
+    columns are resolved, needs only the path and the label."""
+    config = table.config
+    if table.columns is None:
+        wanted = [config.path_column, config.label_column]
+    else:
+        wanted = [config.path_column, table.caption, config.label_column, *table.columns]
+    names = list(dict.fromkeys(name for name in wanted if name is not None and name in table.types))
+    return names or table.found[:1]  # (no path column: every row says so, then the table is refused)
+
+
+def check_storable(table: Table, names: list[str]) -> None:
+    """Each of these parquet columns holds values shardkit can store, else a SourceError naming it."""
+    for name in names:
+        kind = table.types.get(name)
+        if kind is not None and not _storable(kind):
+            raise SourceError(
+                f"{table.path}: column {name!r} has type {kind}, which shardkit cannot store "
+                "(strings, numbers, booleans, and lists and structs of them); leave it out with --columns"
+            )
+
+
 def _storable(kind: Any) -> bool:
     import pyarrow.types as pa_types
 
+    if pa_types.is_dictionary(kind):  # pandas' categorical: its values are what a row reads
+        return _storable(kind.value_type)
     if pa_types.is_list(kind) or pa_types.is_large_list(kind) or pa_types.is_fixed_size_list(kind):
         return _storable(kind.value_type)
     if pa_types.is_struct(kind):

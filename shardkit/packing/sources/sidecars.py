@@ -25,8 +25,8 @@ from ...core.safeio import loads, read_regular
 from ...formats.base import RESERVED_FIELDS
 from ..encode import plan_geometry
 from .folder import entries, sort_names
-from .item import Item, SourceWalk, make_key, skip
-from .rows import MAX_EXTRA_BYTES
+from .item import LABEL_RULE, Item, SourceWalk, make_key, parse_label, skip
+from .rows import BOM, MAX_EXTRA_BYTES
 
 CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
 # Pillow's format for each image suffix a field may have: what an aligned field is saved back as
@@ -144,6 +144,8 @@ def read_sidecars(
             data = read_regular(os.path.join(folder, name), limit)
         except OSError as error:
             raise ImageError("read", f"{name}: {describe(error)}") from None
+        if part in (CAPTION, COLUMNS, LABEL):
+            data = data.removeprefix(BOM)  # Notepad's UTF-8 starts with one: not part of the text
         if part == CAPTION:
             try:
                 found.text = data.decode("utf-8")
@@ -158,10 +160,10 @@ def read_sidecars(
                 raise ImageError("read", f"{name}: not a JSON object (its keys become columns)")
             found.columns = value
         elif part == LABEL:
-            text = data.strip()
-            if not text.isdigit() or len(text) > 18:
-                raise ImageError("read", f"{name}: a label must be a whole number 0 or more")
-            found.label = int(text)
+            label = parse_label(data.strip().decode("latin-1"))  # (any bytes decode; only digits parse)
+            if label is None:
+                raise ImageError("read", f"{name}: a label must be {LABEL_RULE}")
+            found.label = label
         else:
             data = (
                 _aligned(name, part, data, meta, resize, max_pixels)

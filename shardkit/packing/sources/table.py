@@ -2,7 +2,8 @@
 reads CSV, TSV, JSONL and parquet): each row names its image by a path inside the folder, with a
 caption, a label and columns. Read twice, streamed both times: the first pass keeps 8-byte hashes
 of every path and key (duplicates, key clashes, files without a row) and the class names; the
-second yields the items, in row order."""
+second yields the items, in row order. A path is compared as the file it names (`RealPaths`: its
+folder's links followed), so two rows naming one file through a linked folder are a duplicate."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import numpy as np
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import listing, walk_runs
-from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip
-from .rows import MAX_EXTRA_BYTES, Table, clean_relpath, read_rows
+from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip, whole_label
+from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
 
 def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
@@ -31,11 +32,12 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     path_hashes, key_hashes = array("q"), array("q")
     names: set[str] = set()
     numbers = False
+    real = RealPaths(root)
     for row in read_rows(table):
         rel = None if row.values is None else clean_relpath(row.values.get(config.path_column))
         if rel is None or row.values is None:
             continue
-        path_hashes.append(hash(rel))
+        path_hashes.append(hash(real(rel)))
         key_hashes.append(hash(make_key(rel)))
         if label_column is not None:
             value = row.values.get(label_column)
@@ -59,9 +61,43 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
     del stems, key_hashes
     found = SourceWalk(root, "table", [], classes, [], table=table)
-    rows = _Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, clashing, keys, before)
+    class_index = {name: i for i, name in enumerate(classes)}
+    rows = _Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
     found.items = _table_items(root, rows, found.skipped, paths)
     return found
+
+
+class RealPaths:
+    """A row's path as the file it names: its folder resolved (links followed) relative to the
+    source's real folder, its name as written. `a/self/in.jpg`, where `a/self` links to `../a`, is
+    `a/in.jpg`: one file, however many rows spell it. One realpath per folder, cached (bounded: rows
+    come folder by folder), so a row costs a dict lookup; a folder outside the source keeps its
+    spelling (the worker refuses to read there)."""
+
+    _CACHED = 65_536  # folders
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self.folders: dict[str, str] = {}  # a row's folder -> its real folder + "/" ("" at the root)
+
+    def __call__(self, rel: str) -> str:
+        folder, slash, name = rel.rpartition("/")
+        if not slash:
+            return rel  # (a file at the root: its folder is the root, resolved already)
+        real = self.folders.get(folder)
+        if real is None:
+            if len(self.folders) >= self._CACHED:
+                self.folders.clear()
+            resolved = os.path.realpath(os.path.join(self.root, folder))
+            if resolved == self.real_root:
+                real = ""
+            elif resolved.startswith(self.real_root + os.sep):
+                real = resolved[len(self.real_root) + 1 :].replace(os.sep, "/") + "/"
+            else:
+                real = folder + "/"
+            self.folders[folder] = real
+        return real + name
 
 
 @dataclass
@@ -75,6 +111,7 @@ class _Rows:
     clashing: set[int]
     keys: bool
     stamp: tuple[int, int, int, int] | None
+    real: RealPaths  # the path hashes above are of real paths
 
 
 def _check_columns(table: Table) -> None:
@@ -95,6 +132,8 @@ def _check_columns(table: Table) -> None:
         table.columns = [name for name in config.columns if name not in taken]
     else:
         table.columns = [name for name in found if name not in taken]
+    kept = [config.path_column, table.caption, config.label_column, *table.columns]
+    check_storable(table, [name for name in kept if name is not None])
 
 
 def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
@@ -114,12 +153,13 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
             why = "no path" if raw is None or raw == "" else "not a path inside the source folder"
             skipped.append(Failure(shown, "discover", f"{where}: {why} in column {path_column!r}"))
             continue
-        hashed = hash(rel)
+        real = rows.real(rel)
+        hashed = hash(real)
         if hashed in rows.repeated:
-            if rel in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
+            if real in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
                 skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
-            taken[hashed].append(rel)
+            taken[hashed].append(real)
         label, problem = _table_label(row.values, rows)
         text: Caption | None = None
         columns: dict[str, Any] | None = None
@@ -132,7 +172,7 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
         yield Item(os.path.join(root, rel), rel, key, label, text, columns)
     if file_stamp(table.path) != rows.stamp:
         raise SourceError(f"{table.path}: changed while it was being read; pack again (--resume keeps what was done)")
-    _unrowed(root, table.name, rowed, skipped)
+    _unrowed(root, table.name, rowed, skipped, rows.real)
 
 
 def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
@@ -147,8 +187,7 @@ def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
     if rows.class_index:
         index = rows.class_index.get(value) if isinstance(value, str) else None
         return (index, "") if index is not None else (None, f"label {str(value)[:40]!r} is not a class name")
-    number = int(value)
-    return (number, "") if number >= 0 else (None, f"label {number} is negative")
+    return whole_label(value)  # (a text label here is digits: the first pass took the others as names)
 
 
 def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
@@ -175,14 +214,15 @@ def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption 
     return text, columns, ""
 
 
-def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure]) -> None:
-    """Images under the source that no row names: each is an input not packed, with its reason.
-    (Other files, the table itself among them, are not samples of a table source.)"""
+def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure], real: RealPaths) -> None:
+    """Images under the source that no row names (by real path: a row may name one through a linked
+    folder): each is an input not packed, with its reason. (Other files, the table itself among
+    them, are not samples of a table source.)"""
     seen: set[tuple[int, int]] = set()
     ignored: list[Failure] = []
     top = listing(root, "", ignored, seen, False)
     for run in walk_runs(root, top, None, ignored, seen, False):
-        hashes = np.fromiter((hash(rel) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
+        hashes = np.fromiter((hash(real(rel)) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
         at = np.minimum(np.searchsorted(rowed, hashes), max(len(rowed) - 1, 0))
         missing = rowed[at] != hashes if len(rowed) else np.ones(len(hashes), dtype=bool)
         skipped.extend(skip(rel, f"no row in {name}") for rel, gone in zip(run.relpaths, missing, strict=False) if gone)
