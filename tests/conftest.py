@@ -73,7 +73,18 @@ def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def python_command() -> list[str]:
+    """The real `shardkit` process: for what needs one (signals, kills, start-up, the interpreter's
+    own exit code). What a command says and how it exits is `shardkit`'s, in-process."""
     return [sys.executable, "-m", "shardkit"]
+
+
+@pytest.fixture
+def shardkit(capfd: pytest.CaptureFixture[str]):
+    """`shardkit("pack", src, out, ...)`: the command run in-process through its entry point, a
+    CompletedProcess back (returncode, stdout, stderr); see tests/inprocess.py."""
+    from tests.inprocess import Cli
+
+    return Cli(capfd)
 
 
 @pytest.fixture(scope="session")
