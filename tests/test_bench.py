@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from shardkit.checks.bench import BASELINE, bench
@@ -22,14 +21,11 @@ def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, tmp_
     assert all(row.workers == 2 and row.images == 60 for row in parallel.rows)
 
 
-def test_bench_cli_writes_json(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+def test_bench_cli_writes_json(shardkit, sample_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64)))
     report = tmp_path / "bench.json"
-    result = subprocess.run(
-        [*python_command, "bench", str(out), "--against", str(sample_dataset), "--repeat", "1", "--json", str(report)],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    result = shardkit("bench", out, "--against", sample_dataset, "--repeat", "1", "--json", report)
     assert result.returncode == 0, result.stderr
     assert "vs folder PIL" in result.stdout
     data = json.loads(report.read_text())

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,14 +118,12 @@ def test_source_check_finds_lost_files(packed: Path, sample_dataset: Path, tmp_p
     assert [p.kind for p in report.problems] == ["lost"] and "new_after_pack" in report.problems[0].detail
 
 
-def test_cli_exit_codes_and_json(python_command, packed: Path, copy: Path, tmp_path: Path) -> None:
-    ok = subprocess.run([*python_command, "verify", str(packed), "--deep"], capture_output=True, text=True, timeout=120)
+def test_cli_exit_codes_and_json(shardkit, packed: Path, copy: Path, tmp_path: Path) -> None:
+    ok = shardkit("verify", packed, "--deep")
     assert ok.returncode == 0 and ok.stdout.startswith("OK")
     shard(copy).unlink()
     report = tmp_path / "r.json"
-    bad = subprocess.run(
-        [*python_command, "verify", str(copy), "--json", str(report)], capture_output=True, text=True, timeout=120
-    )
+    bad = shardkit("verify", copy, "--json", report)
     assert bad.returncode == 1 and "FAILED" in bad.stdout and shard(copy).name in bad.stdout
     assert json.loads(report.read_text())["ok"] is False
 
