@@ -27,6 +27,7 @@ from shardkit.readers.loader import BatchLoader, center_boxes, crop_with_pillow,
 from shardkit.synthetic import picture, write_image
 
 from .conftest import IMAGENET_SAMPLE
+from .crop_checks import crop_raw, npy, raw_crops_match_pillow
 
 torch = pytest.importorskip("torch")
 kernel = crop_kernel()
@@ -433,60 +434,23 @@ def test_every_path_gives_the_same_batches(packed: Path) -> None:
 # --- raw records: the kernel reads the window from the record's pixels, nothing decoded ----------
 
 
-def npy(array: np.ndarray, fortran: bool = False) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asfortranarray(array) if fortran else array)
-    return buffer.getvalue()
-
-
-def crop_raw(datas: list[bytes], boxes, flips, size: tuple[int, int]) -> np.ndarray:
-    from shardkit.readers.decode import npy_layout
-
-    out = np.zeros((len(datas), *size, 3), np.uint8)
-    geometry = np.array([npy_layout(data)[:3] for data in datas], np.int64)
-    results = kernel.crop_raw_batch(
-        datas, geometry, np.ascontiguousarray(boxes, np.float64), np.asarray(flips, np.uint8),
-        np.arange(len(datas), dtype=np.int32), out, size[0], size[1], 1 << 40,
-    )  # fmt: skip
-    assert results == [None] * len(datas), results
-    return out
-
-
 @needs_kernel
 @pytest.mark.parametrize("portable", [False, True])
 def test_raw_crops_are_pillows_filter_on_the_same_pixels(portable: bool) -> None:
     """Any box, any scale (no DCT step: the filter alone does the whole downscale), flips: Pillow's
     antialiased bilinear on the same pixels, within the filter's rounding (a level). The portable
     passes (ARM) are checked in a child process, where SHARDKIT_CROP_PORTABLE takes effect."""
-    if portable:
+    if portable:  # (the child imports no torch: a second or two less)
         script = (
             "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from tests.test_loader import test_raw_crops_are_pillows_filter_on_the_same_pixels as t\n"
-            "t(False)\n"
+            "from tests.crop_checks import raw_crops_match_pillow\n"
+            "raw_crops_match_pillow()\n"
         )
         env = {**os.environ, "SHARDKIT_CROP_PORTABLE": "1"}
         repo = str(Path(__file__).resolve().parent.parent)
         subprocess.run([sys.executable, "-c", script, repo], check=True, env=env)
         return
-    rng = np.random.default_rng(3)
-    pixels = [picture(500 - 37 * i, 375 + 29 * i, i, 3) for i in range(10)]
-    size = (96, 80)
-    boxes, flips = [], []
-    for array in pixels:
-        height, width = array.shape[:2]
-        w, h = int(rng.integers(8, width + 1)), int(rng.integers(8, height + 1))
-        boxes.append((float(rng.integers(0, width - w + 1)), float(rng.integers(0, height - h + 1)), w, h))
-        flips.append(bool(rng.integers(2)))
-    boxes[0] = (0.0, 0.0, pixels[0].shape[1], pixels[0].shape[0])  # the whole image, 5x down
-    boxes[1] = (10.25, 3.5, 40.0, 30.0)  # fractional, upscaled
-    got = crop_raw([npy(array) for array in pixels], boxes, flips, size)
-    for image, array, box, flip in zip(got, pixels, boxes, flips, strict=True):
-        left, top, w, h = box
-        want = Image.fromarray(array).resize(
-            (size[1], size[0]), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
-        )
-        want = np.asarray(want.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else want).astype(int)
-        assert np.abs(image.astype(int) - want).max() <= 1
+    raw_crops_match_pillow()
 
 
 @needs_kernel
