@@ -39,15 +39,34 @@ def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tar_packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample dataset packed as webdataset at 64 px, 7 records a shard: where one format is
-    enough (tar reading, processes). Read only: a test that damages it copies it first."""
+def packed_sample(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`packed_sample(format, size, shard_size)`: the sample dataset packed so, once a session (per
+    xdist worker) whichever modules ask for it. Read only: a test that damages it copies it first."""
     from shardkit.core.config import PackConfig, ResizeConfig
     from shardkit.packing.pack import pack
 
-    out = tmp_path_factory.mktemp("tar") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
-    return out
+    outputs: dict[tuple[str, int, int], Path] = {}
+
+    def packed(format: str, size: int, shard_size: int) -> Path:
+        key = (format, size, shard_size)
+        if key not in outputs:
+            out = tmp_path_factory.mktemp(f"{format}-{size}-{shard_size}") / "out"
+            pack(
+                PackConfig(
+                    str(sample_dataset), str(out), format=format, resize=ResizeConfig(size), shard_size=shard_size
+                )
+            )
+            outputs[key] = out
+        return outputs[key]
+
+    return packed
+
+
+@pytest.fixture(scope="session")
+def tar_packed(packed_sample) -> Path:
+    """The sample dataset packed as webdataset at 64 px, 7 records a shard: where one format is
+    enough (tar reading, processes). Read only: a test that damages it copies it first."""
+    return packed_sample("webdataset", 64, 7)
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats import available_formats
-from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.readers.order import Progress, Stream, round_robin_counts, span_positions, take
 
@@ -24,10 +22,8 @@ SHUFFLED = dict(shuffle=True, seed=7, shuffle_buffer=16)
 
 
 @pytest.fixture(scope="module", params=available_formats())
-def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp(request.param) / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(64), shard_size=7))
-    return out
+def packed(request, packed_sample) -> Path:
+    return packed_sample(request.param, 64, 7)  # (shared with other modules: read only)
 
 
 def roundtrip(state: dict) -> dict:

@@ -8,19 +8,15 @@ from pathlib import Path
 import pytest
 
 from shardkit.checks.verify import verify
-from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.formats import available_formats
-from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image
 
 
 @pytest.fixture(scope="module", params=available_formats())
-def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp(request.param) / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(48), shard_size=20))
-    return out
+def packed(request, packed_sample) -> Path:
+    return packed_sample(request.param, 48, 20)  # (shared with other modules: read only)
 
 
 @pytest.fixture
