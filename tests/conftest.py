@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,32 +36,43 @@ def wild() -> Path:
     return shared_or_skip(WILD)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `build(folder)` once for the whole run: under xdist the first
+    worker to ask builds it (the others wait on a lock) and every worker reads the same files. For
+    inputs the tests only read; what is built must not depend on the worker."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # (a worker that failed half way)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A class-folder dataset of 60 generated images in 4 classes, plus one corrupt file."""
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"), images=60, classes=4, seed=1)
+    return built_once(tmp_path_factory, "sample", lambda folder: make_sample_dataset(folder, 60, classes=4, seed=1))
 
 
 @pytest.fixture(scope="session")
 def packed_sample(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
-    """`packed_sample(format, size, shard_size)`: the sample dataset packed so, once a session (per
-    xdist worker) whichever modules ask for it. Read only: a test that damages it copies it first."""
+    """`packed_sample(format, size, shard_size)`: the sample dataset packed so, once a run whichever
+    modules (and xdist workers) ask for it. Read only: a test that damages it copies it first."""
     from shardkit.core.config import PackConfig, ResizeConfig
     from shardkit.packing.pack import pack
 
-    outputs: dict[tuple[str, int, int], Path] = {}
-
     def packed(format: str, size: int, shard_size: int) -> Path:
-        key = (format, size, shard_size)
-        if key not in outputs:
-            out = tmp_path_factory.mktemp(f"{format}-{size}-{shard_size}") / "out"
-            pack(
-                PackConfig(
-                    str(sample_dataset), str(out), format=format, resize=ResizeConfig(size), shard_size=shard_size
-                )
-            )
-            outputs[key] = out
-        return outputs[key]
+        def build(folder: Path) -> None:
+            config = PackConfig(str(sample_dataset), str(folder / "out"), format=format, resize=ResizeConfig(size))
+            pack(replace(config, shard_size=shard_size))
+
+        return built_once(tmp_path_factory, f"{format}-{size}-{shard_size}", build) / "out"
 
     return packed
 

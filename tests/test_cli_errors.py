@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.core.config import PackConfig, ResizeConfig
-from shardkit.packing.pack import pack
-
 
 @pytest.fixture(scope="module")
-def packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(32), shard_size=30))
-    return out
+def packed(packed_sample) -> Path:
+    return packed_sample("webdataset", 32, 30)  # (read only)
 
 
 CASES = [
