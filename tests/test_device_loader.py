@@ -20,6 +20,7 @@ from shardkit.readers.dataset import open_shards
 from shardkit.readers.device import filter_taps
 from shardkit.synthetic import picture, write_image
 
+from .conftest import built_once
 from .test_loader import foreign_output, jpeg, npy
 
 torch = pytest.importorskip("torch")
@@ -28,13 +29,21 @@ pytest.importorskip("torchvision")
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """60 labelled JPEGs between 1x and 1.9x the 96 px output: the CPU loader never DCT-scales."""
-    source = tmp_path_factory.mktemp("photos")
-    for i in range(60):
-        write_image(source / f"c{i % 3}" / f"{i:03d}.jpg", 100 + 3 * i, 96 + 2 * (i % 20), seed=i, gray=i % 11 == 0)
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(source), str(out), shard_size=25, encode=EncodeConfig(encode="original"), workers=1))
-    return out
+    """60 labelled JPEGs between 1x and 1.9x the 96 px output: the CPU loader never DCT-scales.
+    Built once a run (xdist workers share it): read only."""
+
+    def build(folder: Path) -> None:
+        source = folder / "photos"
+        for i in range(60):
+            size = (100 + 3 * i, 96 + 2 * (i % 20))
+            write_image(source / f"c{i % 3}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 11 == 0)
+        pack(
+            PackConfig(
+                str(source), str(folder / "out"), shard_size=25, encode=EncodeConfig(encode="original"), workers=1
+            )
+        )
+
+    return built_once(tmp_path_factory, "device-photos", build) / "out"
 
 
 def run(folder: Path, batch: int = 16, **options) -> list:

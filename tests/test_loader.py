@@ -26,7 +26,7 @@ from shardkit.readers.dataset import open_shards
 from shardkit.readers.loader import BatchLoader, center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
 from shardkit.synthetic import picture, write_image
 
-from .conftest import IMAGENET_SAMPLE
+from .conftest import IMAGENET_SAMPLE, built_once
 from .crop_checks import crop_raw, npy, raw_crops_match_pillow
 
 torch = pytest.importorskip("torch")
@@ -202,14 +202,21 @@ def test_center_crop_is_torchvisions_resize_then_center_crop() -> None:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """200 labelled JPEG records (odd sizes, some grey) in 4 shards, plus one PNG source."""
-    source = tmp_path_factory.mktemp("photos")
-    for i in range(200):
-        size = (180 + 7 * (i % 13), 150 + 11 * (i % 7))
-        write_image(source / f"c{i % 5}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 9 == 0)
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(source), str(out), shard_size=50, encode=EncodeConfig(encode="original"), workers=1))
-    return out
+    """200 labelled JPEG records (odd sizes, some grey) in 4 shards, plus one PNG source. Built once
+    a run (xdist workers share it): read only."""
+
+    def build(folder: Path) -> None:
+        source = folder / "photos"
+        for i in range(200):
+            size = (180 + 7 * (i % 13), 150 + 11 * (i % 7))
+            write_image(source / f"c{i % 5}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 9 == 0)
+        pack(
+            PackConfig(
+                str(source), str(folder / "out"), shard_size=50, encode=EncodeConfig(encode="original"), workers=1
+            )
+        )
+
+    return built_once(tmp_path_factory, "loader-photos", build) / "out"
 
 
 def batches(out: Path, **options) -> list:
@@ -410,7 +417,7 @@ def test_bad_options_are_refused(packed: Path, options: dict, words: str) -> Non
         open_shards(packed).loader(arguments.pop("batch_size"), arguments.pop("size"), **arguments)
 
 
-def test_every_path_gives_the_same_batches(packed: Path) -> None:
+def test_every_path_gives_the_same_batches(packed: Path, tmp_path: Path) -> None:
     """The kernel's AVX2, SSE2 and portable passes (what ARM machines run) and Pillow (what a machine
     without a compiler gets): the same crops, the same pixels within the filters' rounding."""
     script = (
@@ -422,7 +429,7 @@ def test_every_path_gives_the_same_batches(packed: Path) -> None:
     paths = {"kernel": {}, "sse2": {"SHARDKIT_NO_AVX2": "1"}, "portable": {"SHARDKIT_CROP_PORTABLE": "1"},
              "pillow": {"SHARDKIT_NO_CROP_KERNEL": "1"}}  # fmt: skip
     for name, env in paths.items():
-        target = packed.parent / f"{name}.npy"
+        target = tmp_path / f"{name}.npy"
         subprocess.run([sys.executable, "-c", script, str(packed), str(target)], check=True, env={**os.environ, **env})
         outputs[name] = np.load(target).astype(int)
     assert np.array_equal(outputs["kernel"], outputs["sse2"])  # the same integer arithmetic, wider registers
