@@ -1,6 +1,7 @@
 """`shardkit ARGS` run in the test's own process: the real entry point (shardkit.__main__.main, the
 function the `shardkit` script calls) with sys.argv set, its exit code and its output as a
-subprocess would give them, in a tenth of the time (no interpreter start, no imports again).
+subprocess would give them, without an interpreter start and the CLI's imports (torch for some
+commands) each time.
 
 For what a command says and how it exits. Whatever needs a real process (signals, kill -9, the exit
 code the interpreter itself gives, start-up time and imports, stdin and terminals) stays a
@@ -10,8 +11,9 @@ Everything the run changes in the process is put back: the signal handlers (main
 before the CLI does), the blocked signals, sys.unraisablehook (the CLI's, and pytest's before it),
 sys.argv, the working folder and the variables asked for. Warnings are shown on stderr as Python
 shows them in a fresh process (pytest would otherwise collect them), so that a test of "one line on
-stderr" still sees one. (The one trace left: the CLI registers, once, an exit handler that ignores
-stop signals while the interpreter shuts down.)"""
+stderr" still sees one. (What is left: the CLI registers, once, an exit handler that ignores stop
+signals while the interpreter shuts down, and the library's note that a command's work is over,
+which only its own stop handlers read.)"""
 
 from __future__ import annotations
 
