@@ -135,6 +135,14 @@ def test_take_wraps_around() -> None:
     assert take([(5, 8), (0, 2)], 3, 9) == [(0, 2), (5, 8), (0, 1)]
 
 
+# Ten DataLoaders with 2 or 3 worker processes for each format (some 75 processes, the slowest test
+# of the inner loop on a busy machine); the round-robin arithmetic is the same for every format:
+# `make test-fast` checks it on webdataset, `make test` on all three.
+@pytest.mark.parametrize(
+    "packed",
+    [fmt if fmt == "webdataset" else pytest.param(fmt, marks=pytest.mark.slow) for fmt in available_formats()],
+    indirect=True,
+)
 def test_round_robin_counts_match_a_dataloader(packed: Path) -> None:
     torch = pytest.importorskip("torch")
     iterable = open_shards(packed, decode="bytes", transform=lambda s: s.key, **SHUFFLED).iterable()
