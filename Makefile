@@ -42,6 +42,7 @@ test:
 	$(PY) -m pytest -q
 
 # The inner loop: the suite without the tests marked slow, on two processes (under a minute on 2 cores).
+# CLI tests run the command in-process (tests/inprocess.py); what needs a real process stays one.
 test-fast:
 	$(PY) -m pytest -q -m "not slow" -n 2
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,22 +36,52 @@ def wild() -> Path:
     return shared_or_skip(WILD)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `build(folder)` once for the whole run: under xdist the first
+    worker to ask builds it (the others wait on a lock) and every worker reads the same files. For
+    inputs the tests only read; what is built must not depend on the worker."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # (a worker that failed half way)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A class-folder dataset of 60 generated images in 4 classes, plus one corrupt file."""
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"), images=60, classes=4, seed=1)
+    return built_once(tmp_path_factory, "sample", lambda folder: make_sample_dataset(folder, 60, classes=4, seed=1))
 
 
 @pytest.fixture(scope="session")
-def tar_packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample dataset packed as webdataset at 64 px, 7 records a shard: where one format is
-    enough (tar reading, processes). Read only: a test that damages it copies it first."""
+def packed_sample(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`packed_sample(format, size, shard_size)`: the sample dataset packed so, once a run whichever
+    modules (and xdist workers) ask for it. Read only: a test that damages it copies it first."""
     from shardkit.core.config import PackConfig, ResizeConfig
     from shardkit.packing.pack import pack
 
-    out = tmp_path_factory.mktemp("tar") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(64), shard_size=7))
-    return out
+    def packed(format: str, size: int, shard_size: int) -> Path:
+        def build(folder: Path) -> None:
+            config = PackConfig(str(sample_dataset), str(folder / "out"), format=format, resize=ResizeConfig(size))
+            pack(replace(config, shard_size=shard_size))
+
+        return built_once(tmp_path_factory, f"{format}-{size}-{shard_size}", build) / "out"
+
+    return packed
+
+
+@pytest.fixture(scope="session")
+def tar_packed(packed_sample) -> Path:
+    """The sample dataset packed as webdataset at 64 px, 7 records a shard: where one format is
+    enough (tar reading, processes). Read only: a test that damages it copies it first."""
+    return packed_sample("webdataset", 64, 7)
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +107,18 @@ def odd_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def python_command() -> list[str]:
+    """The real `shardkit` process: for what needs one (signals, kills, start-up, the interpreter's
+    own exit code). What a command says and how it exits is `shardkit`'s, in-process."""
     return [sys.executable, "-m", "shardkit"]
+
+
+@pytest.fixture
+def shardkit(capfd: pytest.CaptureFixture[str]):
+    """`shardkit("pack", src, out, ...)`: the command run in-process through its entry point, a
+    CompletedProcess back (returncode, stdout, stderr); see tests/inprocess.py."""
+    from tests.inprocess import Cli
+
+    return Cli(capfd)
 
 
 @pytest.fixture(scope="session")

@@ -1,20 +1,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from shardkit.checks.bench import BASELINE, bench
-from shardkit.core.config import MAX_SIDE, PackConfig, ResizeConfig
+from shardkit.core.config import MAX_SIDE
 from shardkit.core.errors import ConfigError
-from shardkit.packing.pack import pack
 
 
-def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=16))
+def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, packed_sample) -> None:
+    out = packed_sample("webdataset", 64, 16)
     report = bench(out, against=sample_dataset, repeat=2)
     names = [row.name for row in report.rows]
     assert names[0] == BASELINE and "shards: bytes only (I/O)" in names and "shards: scale 1/2" in names
@@ -25,14 +22,10 @@ def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, tmp_
     assert all(row.workers == 2 and row.images == 60 for row in parallel.rows)
 
 
-def test_bench_cli_writes_json(python_command, sample_dataset: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64)))
+def test_bench_cli_writes_json(shardkit, sample_dataset: Path, packed_sample, tmp_path: Path) -> None:
+    out = packed_sample("webdataset", 64, 16)
     report = tmp_path / "bench.json"
-    result = subprocess.run(
-        [*python_command, "bench", str(out), "--against", str(sample_dataset), "--repeat", "1", "--json", str(report)],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    result = shardkit("bench", out, "--against", sample_dataset, "--repeat", "1", "--json", report)
     assert result.returncode == 0, result.stderr
     assert "vs folder PIL" in result.stdout
     data = json.loads(report.read_text())
@@ -50,14 +43,13 @@ def test_workers_share_records_not_whole_shards() -> None:
     )
 
 
-def test_bench_train_measures_the_loader_and_its_device_path(sample_dataset: Path, tmp_path: Path) -> None:
+def test_bench_train_measures_the_loader_and_its_device_path(sample_dataset: Path, packed_sample) -> None:
     """--train with --device: the CPU loader and the device path each run a whole epoch (device
     "cpu" here, the torch code a GPU runs), beside torchvision on the raw folder."""
     import pytest
 
     pytest.importorskip("torchvision")
-    out = tmp_path / "out"
-    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=16))
+    out = packed_sample("webdataset", 64, 16)
     report = bench(out, against=sample_dataset, repeat=1, train=48, device="cpu")
     rows = {row.name: row for row in report.rows}
     for name in ("train 48: folder + torchvision", "train 48: shards loader", "train 48: shards loader, cpu"):

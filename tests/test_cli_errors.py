@@ -4,24 +4,14 @@ line, with exit code 1, before any work (so a mistake never costs the run it fol
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from shardkit.core.config import PackConfig, ResizeConfig
-from shardkit.packing.pack import pack
-
 
 @pytest.fixture(scope="module")
-def packed(sample_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(32), shard_size=30))
-    return out
-
-
-def run(command: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+def packed(packed_sample) -> Path:
+    return packed_sample("webdataset", 32, 30)  # (read only)
 
 
 CASES = [
@@ -58,17 +48,17 @@ CASES = [
 
 
 @pytest.mark.parametrize(("arguments", "words"), CASES)
-def test_bad_input_is_one_line_before_any_work(python_command, sample_dataset, packed, tmp_path, arguments, words):
+def test_bad_input_is_one_line_before_any_work(shardkit, sample_dataset, packed, tmp_path, arguments, words):
     (tmp_path / "nan.toml").write_text("max_aspect = nan\n")
     filled = [a.format(src=sample_dataset, out=packed, tmp=tmp_path) for a in arguments.split()]
-    result = run(python_command, *filled)
+    result = shardkit(*filled)
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert words in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists()
 
 
-def test_json_reports_never_hold_nan(python_command, packed: Path, tmp_path: Path) -> None:
+def test_json_reports_never_hold_nan(shardkit, packed: Path, tmp_path: Path) -> None:
     report = tmp_path / "bench.json"
-    assert run(python_command, "bench", str(packed), "--repeat", "1", "--json", str(report)).returncode == 0
+    assert shardkit("bench", packed, "--repeat", "1", "--json", report).returncode == 0
     json.loads(report.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON report"))

@@ -1,21 +1,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 
-def run(command: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=180)
-
-
-def test_pack_with_preset_prints_summary(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+def test_pack_with_preset_prints_summary(shardkit, sample_dataset: Path, tmp_path: Path) -> None:
     preset = Path(__file__).resolve().parents[1] / "configs" / "imagenet-256.toml"
-    result = run(
-        python_command, "pack", str(sample_dataset), str(tmp_path / "out"), "--config", str(preset), "-f", "lmdb"
-    )
+    result = shardkit("pack", sample_dataset, tmp_path / "out", "--config", preset, "-f", "lmdb")
     assert result.returncode == 0, result.stderr
     assert "60 of 61 inputs" in result.stdout and "worker time split" in result.stdout
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -35,21 +28,21 @@ def test_pack_with_preset_prints_summary(python_command, sample_dataset: Path, t
         (["--resize-mode", "center-crop"], "center-crop needs a size"),
     ],
 )
-def test_bad_flags_are_refused_before_any_work(python_command, sample_dataset, tmp_path, args, message) -> None:
+def test_bad_flags_are_refused_before_any_work(shardkit, sample_dataset, tmp_path, args, message) -> None:
     out = tmp_path / "out"
-    result = run(python_command, "pack", str(sample_dataset), str(out), *args)
+    result = shardkit("pack", sample_dataset, out, *args)
     assert result.returncode == 1, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
 
 
-def test_unknown_format_is_a_usage_error(python_command, sample_dataset, tmp_path) -> None:
-    result = run(python_command, "pack", str(sample_dataset), str(tmp_path / "o"), "--format", "zip")
+def test_unknown_format_is_a_usage_error(shardkit, sample_dataset, tmp_path) -> None:
+    result = shardkit("pack", sample_dataset, tmp_path / "o", "--format", "zip")
     assert result.returncode == 2 and "zip" in result.stderr
 
 
-def test_output_inside_a_file_is_refused(python_command, sample_dataset, tmp_path) -> None:
+def test_output_inside_a_file_is_refused(shardkit, sample_dataset, tmp_path) -> None:
     (tmp_path / "file").write_text("x")
-    result = run(python_command, "pack", str(sample_dataset), str(tmp_path / "file" / "out"))
+    result = shardkit("pack", sample_dataset, tmp_path / "file" / "out")
     assert result.returncode == 1 and "cannot write here" in result.stderr

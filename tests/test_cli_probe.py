@@ -3,21 +3,14 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 
-def run(command: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
-
-
-def test_probe_prints_report_and_writes_json_and_records(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+def test_probe_prints_report_and_writes_json_and_records(shardkit, sample_dataset: Path, tmp_path: Path) -> None:
     report_path, records_path = tmp_path / "report.json", tmp_path / "records.csv"
-    result = run(
-        python_command, "probe", str(sample_dataset), "--json", str(report_path), "--records", str(records_path)
-    )
+    result = shardkit("probe", sample_dataset, "--json", report_path, "--records", records_path)
     assert result.returncode == 0, result.stderr
     assert "recommendation" in result.stdout and "--resize" in result.stdout
     report = json.loads(report_path.read_text())
@@ -29,17 +22,13 @@ def test_probe_prints_report_and_writes_json_and_records(python_command, sample_
     assert sum(1 for row in rows if row["error"]) == 1
 
 
-def test_probe_reads_train_size_from_preset_and_flag_wins(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+def test_probe_reads_train_size_from_preset_and_flag_wins(shardkit, sample_dataset: Path, tmp_path: Path) -> None:
     preset = tmp_path / "p.toml"
     preset.write_text("train_size = 160\n")
     out = tmp_path / "r.json"
-    assert (
-        run(python_command, "probe", str(sample_dataset), "--config", str(preset), "--json", str(out)).returncode == 0
-    )
+    assert shardkit("probe", sample_dataset, "--config", preset, "--json", out).returncode == 0
     assert json.loads(out.read_text())["recommendation"]["train_size"] == 160
-    run(
-        python_command, "probe", str(sample_dataset), "--config", str(preset), "--train-size", "128", "--json", str(out)
-    )
+    shardkit("probe", sample_dataset, "--config", preset, "--train-size", "128", "--json", out)
     assert json.loads(out.read_text())["recommendation"]["train_size"] == 128
 
 
@@ -56,19 +45,19 @@ def test_probe_reads_train_size_from_preset_and_flag_wins(python_command, sample
         (["{sample}", "--workers", "0"], "workers must be at least 1"),
     ],
 )
-def test_bad_input_is_one_line_without_traceback(python_command, sample_dataset, tmp_path, args, message) -> None:
+def test_bad_input_is_one_line_without_traceback(shardkit, sample_dataset, tmp_path, args, message) -> None:
     (tmp_path / "empty").mkdir()
     filled = [a.format(empty=tmp_path / "empty", sample=sample_dataset, tmp=tmp_path) for a in args]
-    result = run(python_command, "probe", *filled)
+    result = shardkit("probe", *filled)
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_version_and_doctor(python_command) -> None:
-    assert run(python_command, "--version").stdout.startswith("shardkit ")
-    doctor = run(python_command, "doctor")
+def test_version_and_doctor(shardkit) -> None:
+    assert shardkit("--version").stdout.startswith("shardkit ")
+    doctor = shardkit("doctor")
     assert doctor.returncode == 0
     assert "libturbojpeg" in doctor.stdout and "PIL" in doctor.stdout
     missing = [extra for name, extra in (("gcsfs", "gcs"), ("ray", "ray")) if importlib.util.find_spec(name) is None]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,12 +22,9 @@ from shardkit.core.config import (
 from shardkit.core.errors import ConfigError
 
 
-def test_the_cli_shows_the_dataclasses_defaults(python_command) -> None:
+def test_the_cli_shows_the_dataclasses_defaults(shardkit) -> None:
     """Change a default in config.py and the CLI, presets and library all follow: nothing repeats it."""
-    wide = {**os.environ, "COLUMNS": "400"}  # rich wraps help text in a box otherwise
-    text = subprocess.run(
-        [*python_command, "pack", "--help"], capture_output=True, text=True, timeout=60, env=wide
-    ).stdout
+    text = shardkit("pack", "--help", env={"COLUMNS": "400"}).stdout  # rich wraps help text in a box otherwise
     flat = " ".join(text.split())
     for option, owner, field_name in (("quality", EncodeConfig, "quality"), ("resample", ResizeConfig, "resample"),
                                       ("seed", PackConfig, "seed"), ("labels", PackConfig, "labels")):  # fmt: skip

@@ -20,6 +20,7 @@ from shardkit.readers.dataset import open_shards
 from shardkit.readers.device import filter_taps
 from shardkit.synthetic import picture, write_image
 
+from .conftest import built_once
 from .test_loader import foreign_output, jpeg, npy
 
 torch = pytest.importorskip("torch")
@@ -28,18 +29,31 @@ pytest.importorskip("torchvision")
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """60 labelled JPEGs between 1x and 1.9x the 96 px output: the CPU loader never DCT-scales."""
-    source = tmp_path_factory.mktemp("photos")
-    for i in range(60):
-        write_image(source / f"c{i % 3}" / f"{i:03d}.jpg", 100 + 3 * i, 96 + 2 * (i % 20), seed=i, gray=i % 11 == 0)
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(source), str(out), shard_size=25, encode=EncodeConfig(encode="original"), workers=1))
-    return out
+    """60 labelled JPEGs between 1x and 1.9x the 96 px output: the CPU loader never DCT-scales.
+    Built once a run (xdist workers share it): read only."""
+
+    def build(folder: Path) -> None:
+        source = folder / "photos"
+        for i in range(60):
+            size = (100 + 3 * i, 96 + 2 * (i % 20))
+            write_image(source / f"c{i % 3}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 11 == 0)
+        pack(
+            PackConfig(
+                str(source), str(folder / "out"), shard_size=25, encode=EncodeConfig(encode="original"), workers=1
+            )
+        )
+
+    return built_once(tmp_path_factory, "device-photos", build) / "out"
 
 
 def run(folder: Path, batch: int = 16, **options) -> list:
     dataset = open_shards(folder, shuffle=True, seed=7)
     return list(dataset.loader(batch, 96, flip=True, **options))
+
+
+def first(folder: Path, batch: int = 16, **options):
+    """The first batch alone (what run(...)[0] is, without the rest of the epoch)."""
+    return next(iter(open_shards(folder, shuffle=True, seed=7).loader(batch, 96, flip=True, **options)))
 
 
 def test_the_device_path_gives_the_cpu_loaders_crops_and_pixels(small: Path) -> None:
@@ -85,9 +99,9 @@ def test_raw_and_jpeg_records_on_the_device(tmp_path: Path) -> None:
 
 def test_normalized_output_in_the_asked_dtype(small: Path) -> None:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    plain = run(small, device="cpu")[0]
+    plain = first(small, device="cpu")
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        (normal, *_) = run(small, device="cpu", dtype=dtype, mean=mean, std=std)
+        normal = first(small, device="cpu", dtype=dtype, mean=mean, std=std)
         assert normal.images.dtype == dtype and normal.images.is_contiguous(memory_format=torch.channels_last)
         want = (plain.images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
         tolerance = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}[dtype]

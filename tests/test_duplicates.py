@@ -172,13 +172,12 @@ def test_bad_files_are_reported_and_links_count_once(tmp_path: Path) -> None:
     assert "too small to hash" in reasons["d_tiny.png"] and "cannot decode" in reasons["c_garbage.jpg"]
 
 
-def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_path: Path) -> None:
+def test_the_cli_writes_groups_with_paths_as_typed(shardkit, planted, tmp_path: Path) -> None:
     train, val, expected = planted
     out = tmp_path / "report.json"
     relative = os.path.relpath(val)
     sheet = tmp_path / "sheet.png"
-    done = subprocess.run([*python_command, "duplicates", str(train), relative, "--near", "--json", str(out),
-                           "--plot", str(sheet)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = shardkit("duplicates", train, relative, "--near", "--json", out, "--plot", sheet)
     assert done.returncode == 0, done.stderr
     assert "span sources (leakage)" in " ".join(done.stdout.split())
     report = json.loads(out.read_text())
@@ -201,8 +200,8 @@ def test_the_cli_writes_groups_with_paths_as_typed(python_command, planted, tmp_
         (["--plot", "sheet.gif"], "a contact sheet must be"),
     ],
 )
-def test_bad_flags_are_one_line(python_command, tmp_path: Path, arguments: list[str], words: str) -> None:
-    done = subprocess.run([*python_command, "duplicates", str(tmp_path), *arguments], capture_output=True, text=True)
+def test_bad_flags_are_one_line(shardkit, tmp_path: Path, arguments: list[str], words: str) -> None:
+    done = shardkit("duplicates", tmp_path, *arguments)
     assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr
 
 
@@ -270,7 +269,7 @@ def test_records_carry_the_source_hash_and_the_picture_hash(planted, tmp_path: P
 
 
 def test_packed_outputs_are_compared_from_their_index_without_reading_a_shard(
-    planted, python_command, tmp_path: Path
+    planted, shardkit, tmp_path: Path
 ) -> None:
     train, val, _ = planted
     _pack(train, tmp_path / "train_out")
@@ -278,7 +277,7 @@ def test_packed_outputs_are_compared_from_their_index_without_reading_a_shard(
     folders = find_duplicates([train], against=[val], near=True)
     for shard in (tmp_path / "train_out").glob("*.tar"):  # the same size, not one image left in it
         shard.write_bytes(bytes(shard.stat().st_size))
-    report = json.loads(_cli(python_command, tmp_path, "train_out", "--against", "val_out", "--near"))
+    report = json.loads(_cli(shardkit, tmp_path, "train_out", "--against", "val_out", "--near"))
     packed = {tuple(sorted(Path(f).name.split("#")[-1].removesuffix(".jpg").removesuffix(".png") for f in g["files"]))
               for g in report["groups"]}  # fmt: skip
     wanted = {tuple(sorted(Path(f).stem for f in g.files)) for g in folders.groups}
@@ -308,7 +307,7 @@ def test_an_output_without_hashes_is_hashed_record_by_record(planted, tmp_path: 
     assert all(f.split("#")[0] in (str(tmp_path / "train_out"), str(adopted)) for g in report.groups for f in g.files)
 
 
-def test_resume_of_a_dedup_pack_and_bad_dedup_flags(planted, python_command, tmp_path: Path) -> None:
+def test_resume_of_a_dedup_pack_and_bad_dedup_flags(planted, shardkit, tmp_path: Path) -> None:
     train, _val, _ = planted
     root = train.parent
     first = _pack(root, tmp_path / "out", dedup="near")
@@ -329,16 +328,14 @@ def test_resume_of_a_dedup_pack_and_bad_dedup_flags(planted, python_command, tmp
         (["--dedup", "near", "--dedup-threshold", "33"], "0 to 32 bits"),
         (["--dedup", "fuzzy"], "fuzzy"),
     ):
-        done = subprocess.run([*python_command, "pack", str(root), str(tmp_path / "new"), *arguments],
-                              capture_output=True, text=True)  # fmt: skip
+        done = shardkit("pack", root, tmp_path / "new", *arguments)
         assert done.returncode != 0 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert not (tmp_path / "new").exists()  # refused before any work
 
 
-def _cli(python_command: list[str], cwd: Path, *arguments: str) -> str:
+def _cli(shardkit, cwd: Path, *arguments: str) -> str:
     out = cwd / "report.json"
-    done = subprocess.run([*python_command, "duplicates", *arguments, "--json", str(out)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = shardkit("duplicates", *arguments, "--json", out, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return out.read_text()
 

@@ -23,10 +23,8 @@ from shardkit.synthetic import write_image
 
 
 @pytest.fixture(scope="module")
-def tars(sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ecosystem") / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format="webdataset", resize=ResizeConfig(48), shard_size=20))
-    return out
+def tars(packed_sample) -> Path:
+    return packed_sample("webdataset", 48, 20)  # (test_verify's too: read only)
 
 
 @pytest.fixture

@@ -130,14 +130,18 @@ def test_a_server_that_refuses_is_a_failure_not_a_missing_output(tmp_path: Path,
     assert "no manifest" not in str(caught.value) and "failed" in str(caught.value)
 
 
-def test_a_gzipped_manifest_is_read_and_a_gzip_bomb_stops_at_the_limit(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
+    return gzipped(bytes(300 << 20))  # 300 MB of zeros in ~300 KB
+
+
+def test_a_gzipped_manifest_is_read_and_a_gzip_bomb_stops_at_the_limit(bomb: bytes, tmp_path: Path) -> None:
     from shardkit.storage.store import Store
 
     data = b'{"a": "' + b"b" * 5000 + b'"}'
     encoded = "Content-Encoding: gzip\r\n"
     with one_reply_server([reply("200 OK", gzipped(data), extra=encoded)]) as url:
         assert Store(url.rsplit("/", 1)[0]).read("object", 1 << 20) == data
-    bomb = gzipped(bytes(300 << 20))  # 300 MB of zeros in ~300 KB
     script = (
         "import sys\nfrom shardkit.storage.store import Store\n"
         "try:\n    Store(sys.argv[1]).read('object', 16 << 20)\nexcept Exception as error:\n    print(error)\n"
@@ -151,10 +155,9 @@ def test_a_gzipped_manifest_is_read_and_a_gzip_bomb_stops_at_the_limit(tmp_path:
     assert int(peak_mb) < 250  # inflated a bounded piece at a time, never the 300 MB
 
 
-def test_a_gzip_bomb_on_the_direct_path_stops_at_the_shard_size(tmp_path: Path) -> None:
+def test_a_gzip_bomb_on_the_direct_path_stops_at_the_shard_size(bomb: bytes, tmp_path: Path) -> None:
     """A shard's GET inflates what the server gzip-encodes (urllib3, at most what each read asks
     for since 2.6.3, the version the dependency asks for): a bomb stops at the manifest's size."""
-    bomb = gzipped(bytes(300 << 20))
     script = (
         "import sys\nfrom shardkit.storage.http import get_direct\n"
         "try:\n    get_direct(sys.argv[1], sys.argv[2], 16 << 20)\nexcept Exception as error:\n"

@@ -168,11 +168,11 @@ def test_index_refuses_before_any_work(tmp_path: Path, gnu_tars: Path) -> None:
     assert fingerprint(gnu_tars) == before and verify(gnu_tars).ok
 
 
-def test_the_cli_says_what_it_did_or_why_not_in_one_line(gnu_tars: Path, python_command: list[str]) -> None:
-    done = subprocess.run([*python_command, "index", str(gnu_tars)], capture_output=True, text=True)
+def test_the_cli_says_what_it_did_or_why_not_in_one_line(gnu_tars: Path, shardkit) -> None:
+    done = shardkit("index", gnu_tars)
     assert done.returncode == 0, done.stderr
     assert "2 of 2 tars, 12 records" in " ".join(done.stdout.split())  # (rich wraps at the terminal's width)
-    again = subprocess.run([*python_command, "index", str(gnu_tars)], capture_output=True, text=True)
+    again = shardkit("index", gnu_tars)
     assert again.returncode != 0 and "Traceback" not in again.stderr
     assert "already has a manifest.json" in again.stderr and len(again.stderr.strip().splitlines()) <= 3
 

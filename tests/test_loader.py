@@ -27,7 +27,8 @@ from shardkit.readers.loader import BatchLoader
 from shardkit.readers.windows import center_boxes, crop_with_pillow, dct_denominator, random_resized_boxes
 from shardkit.synthetic import picture, write_image
 
-from .conftest import IMAGENET_SAMPLE
+from .conftest import IMAGENET_SAMPLE, built_once
+from .crop_checks import crop_raw, npy, raw_crops_match_pillow
 
 torch = pytest.importorskip("torch")
 kernel = crop_kernel()
@@ -202,14 +203,21 @@ def test_center_crop_is_torchvisions_resize_then_center_crop() -> None:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """200 labelled JPEG records (odd sizes, some grey) in 4 shards, plus one PNG source."""
-    source = tmp_path_factory.mktemp("photos")
-    for i in range(200):
-        size = (180 + 7 * (i % 13), 150 + 11 * (i % 7))
-        write_image(source / f"c{i % 5}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 9 == 0)
-    out = tmp_path_factory.mktemp("packed") / "out"
-    pack(PackConfig(str(source), str(out), shard_size=50, encode=EncodeConfig(encode="original"), workers=1))
-    return out
+    """200 labelled JPEG records (odd sizes, some grey) in 4 shards, plus one PNG source. Built once
+    a run (xdist workers share it): read only."""
+
+    def build(folder: Path) -> None:
+        source = folder / "photos"
+        for i in range(200):
+            size = (180 + 7 * (i % 13), 150 + 11 * (i % 7))
+            write_image(source / f"c{i % 5}" / f"{i:03d}.jpg", *size, seed=i, gray=i % 9 == 0)
+        pack(
+            PackConfig(
+                str(source), str(folder / "out"), shard_size=50, encode=EncodeConfig(encode="original"), workers=1
+            )
+        )
+
+    return built_once(tmp_path_factory, "loader-photos", build) / "out"
 
 
 def batches(out: Path, **options) -> list:
@@ -410,7 +418,7 @@ def test_bad_options_are_refused(packed: Path, options: dict, words: str) -> Non
         open_shards(packed).loader(arguments.pop("batch_size"), arguments.pop("size"), **arguments)
 
 
-def test_every_path_gives_the_same_batches(packed: Path) -> None:
+def test_every_path_gives_the_same_batches(packed: Path, tmp_path: Path) -> None:
     """The kernel's AVX2, SSE2 and portable passes (what ARM machines run) and Pillow (what a machine
     without a compiler gets): the same crops, the same pixels within the filters' rounding."""
     script = (
@@ -422,7 +430,7 @@ def test_every_path_gives_the_same_batches(packed: Path) -> None:
     paths = {"kernel": {}, "sse2": {"SHARDKIT_NO_AVX2": "1"}, "portable": {"SHARDKIT_CROP_PORTABLE": "1"},
              "pillow": {"SHARDKIT_NO_CROP_KERNEL": "1"}}  # fmt: skip
     for name, env in paths.items():
-        target = packed.parent / f"{name}.npy"
+        target = tmp_path / f"{name}.npy"
         subprocess.run([sys.executable, "-c", script, str(packed), str(target)], check=True, env={**os.environ, **env})
         outputs[name] = np.load(target).astype(int)
     assert np.array_equal(outputs["kernel"], outputs["sse2"])  # the same integer arithmetic, wider registers
@@ -434,60 +442,23 @@ def test_every_path_gives_the_same_batches(packed: Path) -> None:
 # --- raw records: the kernel reads the window from the record's pixels, nothing decoded ----------
 
 
-def npy(array: np.ndarray, fortran: bool = False) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asfortranarray(array) if fortran else array)
-    return buffer.getvalue()
-
-
-def crop_raw(datas: list[bytes], boxes, flips, size: tuple[int, int]) -> np.ndarray:
-    from shardkit.readers.decode import npy_layout
-
-    out = np.zeros((len(datas), *size, 3), np.uint8)
-    geometry = np.array([npy_layout(data)[:3] for data in datas], np.int64)
-    results = kernel.crop_raw_batch(
-        datas, geometry, np.ascontiguousarray(boxes, np.float64), np.asarray(flips, np.uint8),
-        np.arange(len(datas), dtype=np.int32), out, size[0], size[1], 1 << 40,
-    )  # fmt: skip
-    assert results == [None] * len(datas), results
-    return out
-
-
 @needs_kernel
 @pytest.mark.parametrize("portable", [False, True])
 def test_raw_crops_are_pillows_filter_on_the_same_pixels(portable: bool) -> None:
     """Any box, any scale (no DCT step: the filter alone does the whole downscale), flips: Pillow's
     antialiased bilinear on the same pixels, within the filter's rounding (a level). The portable
     passes (ARM) are checked in a child process, where SHARDKIT_CROP_PORTABLE takes effect."""
-    if portable:
+    if portable:  # (the child imports no torch: a second or two less)
         script = (
             "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from tests.test_loader import test_raw_crops_are_pillows_filter_on_the_same_pixels as t\n"
-            "t(False)\n"
+            "from tests.crop_checks import raw_crops_match_pillow\n"
+            "raw_crops_match_pillow()\n"
         )
         env = {**os.environ, "SHARDKIT_CROP_PORTABLE": "1"}
         repo = str(Path(__file__).resolve().parent.parent)
         subprocess.run([sys.executable, "-c", script, repo], check=True, env=env)
         return
-    rng = np.random.default_rng(3)
-    pixels = [picture(500 - 37 * i, 375 + 29 * i, i, 3) for i in range(10)]
-    size = (96, 80)
-    boxes, flips = [], []
-    for array in pixels:
-        height, width = array.shape[:2]
-        w, h = int(rng.integers(8, width + 1)), int(rng.integers(8, height + 1))
-        boxes.append((float(rng.integers(0, width - w + 1)), float(rng.integers(0, height - h + 1)), w, h))
-        flips.append(bool(rng.integers(2)))
-    boxes[0] = (0.0, 0.0, pixels[0].shape[1], pixels[0].shape[0])  # the whole image, 5x down
-    boxes[1] = (10.25, 3.5, 40.0, 30.0)  # fractional, upscaled
-    got = crop_raw([npy(array) for array in pixels], boxes, flips, size)
-    for image, array, box, flip in zip(got, pixels, boxes, flips, strict=True):
-        left, top, w, h = box
-        want = Image.fromarray(array).resize(
-            (size[1], size[0]), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
-        )
-        want = np.asarray(want.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else want).astype(int)
-        assert np.abs(image.astype(int) - want).max() <= 1
+    raw_crops_match_pillow()
 
 
 @needs_kernel

@@ -197,11 +197,11 @@ time.sleep(60)
 """
 
 
-def test_resume_of_a_finished_pack_says_so(python_command, sample_dataset: Path, tmp_path: Path) -> None:
+def test_resume_of_a_finished_pack_says_so(shardkit, sample_dataset: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    command = [*python_command, "pack", str(sample_dataset), str(out), "--resize", "32"]
-    assert subprocess.run(command, capture_output=True).returncode == 0
-    again = subprocess.run([*command, "--resume"], capture_output=True, text=True)
+    command = ["pack", sample_dataset, out, "--resize", "32"]
+    assert shardkit(*command).returncode == 0
+    again = shardkit(*command, "--resume")
     assert again.returncode == 0 and "already complete" in again.stdout and "nothing to do" in again.stdout
 
 
@@ -270,14 +270,14 @@ def test_crafted_records_cannot_make_other_files_deletable(sample_dataset: Path,
 
 @pytest.mark.parametrize("what", ["done/shard-000000.tar.json", "state.json"])
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
-def test_special_files_in_the_working_folder_never_hang(python_command, sample_dataset, tmp_path, what, kind):
+@pytest.mark.timeout(60)  # a wait on the FIFO or /dev/zero would be the failure
+def test_special_files_in_the_working_folder_never_hang(shardkit, sample_dataset, tmp_path, what, kind):
     out = tmp_path / "out"
     target = out / ".shardkit" / what
     target.parent.mkdir(parents=True)
     os.mkfifo(target) if kind == "fifo" else os.symlink("/dev/zero", target)
     for flag in ("--resume", "--overwrite"):
-        run = subprocess.run([*python_command, "pack", str(sample_dataset), str(out), "--resize", "32", flag],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        run = shardkit("pack", sample_dataset, out, "--resize", "32", flag)
         assert "Traceback" not in run.stderr and run.returncode in (0, 1), run.stderr
         if run.returncode == 0:
             break

@@ -11,19 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, ShardFormatError
 from shardkit.core.manifest import read_manifest
 from shardkit.formats import available_formats, get_format
-from shardkit.packing.pack import pack
 from shardkit.readers.dataset import ShardReadError, open_shards
 
 
 @pytest.fixture(scope="module", params=available_formats())
-def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp(request.param) / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(64), shard_size=7))
-    return out
+def packed(request, packed_sample) -> Path:
+    return packed_sample(request.param, 64, 7)  # (shared with other modules: read only)
 
 
 def test_round_trip_through_open_shards(packed: Path) -> None:

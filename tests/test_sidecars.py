@@ -158,18 +158,11 @@ def test_a_changed_sidecar_changes_the_plan(sidecar_source: Path, tmp_path: Path
     assert plan() != before
 
 
-def test_the_cli_packs_sidecars(sidecar_source: Path, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "shardkit", "pack", str(sidecar_source), str(tmp_path / "out"), "--sidecars"]
-    done = subprocess.run(command, capture_output=True, text=True)
+def test_the_cli_packs_sidecars(shardkit, sidecar_source: Path, tmp_path: Path) -> None:
+    done = shardkit("pack", sidecar_source, tmp_path / "out", "--sidecars")
     assert done.returncode == 0, done.stderr
     assert open_shards(tmp_path / "out", decode="bytes").get("cat").text.startswith("a cat")
-    check = subprocess.run(
-        [sys.executable, "-m", "shardkit", "verify", str(tmp_path / "out"), "--deep", "--source", str(sidecar_source)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    check = shardkit("verify", tmp_path / "out", "--deep", "--source", sidecar_source)
     assert check.returncode == 0, check.stdout + check.stderr
 
 

@@ -7,8 +7,6 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -338,13 +336,13 @@ def test_a_parquet_column_of_an_unsupported_type_is_refused(tmp_path: Path) -> N
         _pack(source, tmp_path / "out", table=TableConfig())
 
 
-def test_the_cli_takes_the_table_flags_and_refuses_in_one_line(captioned: Path, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "shardkit", "pack", str(captioned), str(tmp_path / "out"), "--resize", "none"]
-    done = subprocess.run([*command, "--label-column", "label", "--columns", "boxes,n"], capture_output=True, text=True)
+def test_the_cli_takes_the_table_flags_and_refuses_in_one_line(shardkit, captioned: Path, tmp_path: Path) -> None:
+    command = ["pack", str(captioned), str(tmp_path / "out"), "--resize", "none"]
+    done = shardkit(*command, "--label-column", "label", "--columns", "boxes,n")
     assert done.returncode == 0, done.stderr
     assert {tuple(s.fields) for s in open_shards(tmp_path / "out", decode="bytes")} == {(), ("boxes",), ("n",)}
-    command[5] = str(tmp_path / "out2")
-    bad = subprocess.run([*command, "--path-column", "img"], capture_output=True, text=True)
+    command[2] = str(tmp_path / "out2")
+    bad = shardkit(*command, "--path-column", "img")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "no 'img' column" in bad.stderr
 
@@ -435,17 +433,13 @@ def test_a_dataloader_batches_samples_with_and_without_captions(captioned: Path,
     assert batches[0].image.shape == (3, 32, 32, 3) and batches[0].label.dtype == torch.int64
 
 
-def test_the_probe_cli_takes_a_table_from_elsewhere(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
+def test_the_probe_cli_takes_a_table_from_elsewhere(shardkit, tmp_path: Path) -> None:
     source = tmp_path / "src"
     _images(source, ["a.jpg", "b.jpg"])
     table = tmp_path / "rows.csv"
     write_table(table, [{"img": "a.jpg", "alt": "first"}, {"img": "gone.jpg", "alt": "second one"}])
-    command = [sys.executable, "-m", "shardkit", "probe", str(source), "--metadata", str(table), "--path-column", "img",
-               "--caption-column", "alt", "--json", str(tmp_path / "report.json")]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = shardkit("probe", source, "--metadata", table, "--path-column", "img", "--caption-column", "alt",
+                    "--json", tmp_path / "report.json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     census = json.loads((tmp_path / "report.json").read_text())["table"]
     assert (census["name"], census["rows"], census["rows_without_file"], census["images_without_row"]) == (

@@ -2,26 +2,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shardkit.checks.verify import verify
-from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.manifest import WIDS_NAME, info_of, read_manifest, wids_index, write_json_atomic
 from shardkit.formats import available_formats
-from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import write_image
 
 
 @pytest.fixture(scope="module", params=available_formats())
-def packed(request, sample_dataset: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp(request.param) / "out"
-    pack(PackConfig(str(sample_dataset), str(out), format=request.param, resize=ResizeConfig(48), shard_size=20))
-    return out
+def packed(request, packed_sample) -> Path:
+    return packed_sample(request.param, 48, 20)  # (shared with other modules: read only)
 
 
 @pytest.fixture
@@ -119,14 +114,12 @@ def test_source_check_finds_lost_files(packed: Path, sample_dataset: Path, tmp_p
     assert [p.kind for p in report.problems] == ["lost"] and "new_after_pack" in report.problems[0].detail
 
 
-def test_cli_exit_codes_and_json(python_command, packed: Path, copy: Path, tmp_path: Path) -> None:
-    ok = subprocess.run([*python_command, "verify", str(packed), "--deep"], capture_output=True, text=True, timeout=120)
+def test_cli_exit_codes_and_json(shardkit, packed: Path, copy: Path, tmp_path: Path) -> None:
+    ok = shardkit("verify", packed, "--deep")
     assert ok.returncode == 0 and ok.stdout.startswith("OK")
     shard(copy).unlink()
     report = tmp_path / "r.json"
-    bad = subprocess.run(
-        [*python_command, "verify", str(copy), "--json", str(report)], capture_output=True, text=True, timeout=120
-    )
+    bad = shardkit("verify", copy, "--json", report)
     assert bad.returncode == 1 and "FAILED" in bad.stdout and shard(copy).name in bad.stdout
     assert json.loads(report.read_text())["ok"] is False
 
