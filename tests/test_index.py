@@ -177,6 +177,7 @@ def test_the_cli_says_what_it_did_or_why_not_in_one_line(gnu_tars: Path, shardki
     assert "already has a manifest.json" in again.stderr and len(again.stderr.strip().splitlines()) <= 3
 
 
+@pytest.mark.slow  # img2dataset's own run, a whole process in its own venv: 10-12 s
 def test_img2dataset_output_is_adopted(tmp_path: Path) -> None:
     """img2dataset's real output: it downloads photos from a local HTTP server and writes its tars,
     parquet and stats files; index adopts the tars, and the rest stays theirs."""
