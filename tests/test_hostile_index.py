@@ -93,3 +93,26 @@ def test_verify_reports_index_rows_no_shard_holds(copy: Path, column: str, value
 def test_verify_reports_an_index_without_a_column_it_reads(copy: Path) -> None:
     rewrite_index(copy, lambda table: table.drop_columns(["position"]))
     assert index_problems(copy) == ["index.parquet: 0 columns named 'position', not one"]
+
+
+def test_duplicates_refuses_an_index_with_more_rows_than_records_before_reading_it(copy: Path) -> None:
+    """A small index holding a million copies of one row, re-sealed: refused in one line from the
+    file's metadata (it took 2.2 GB for 3 M rows and reported one group of them all)."""
+    import resource
+
+    import pyarrow.parquet as pq
+
+    from shardkit.checks.duplicates import find_duplicates
+    from shardkit.core.errors import ConfigError
+
+    table = pq.read_table(copy / "index.parquet")
+    pq.write_table(table.take([0] * 1_000_000), copy / "index.parquet", compression="zstd")
+    assert (copy / "index.parquet").stat().st_size < 1 << 20
+    reseal(copy)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ConfigError) as caught:
+        find_duplicates([copy])
+    message = str(caught.value)
+    assert "\n" not in message and "index.parquet" in message and "1,000,000 rows" in message, message
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10  # KiB: not read whole
+    assert index_problems(copy) == ["index.parquet: 1,000,000 rows, the manifest says 60 records"]

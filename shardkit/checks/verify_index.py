@@ -35,14 +35,7 @@ def check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray],
 
     try:
         handle = pq.ParquetFile(path)
-        rows = handle.metadata.num_rows
-        claimed = sum(handle.metadata.row_group(i).total_byte_size for i in range(handle.metadata.num_row_groups))
-        if rows != manifest.records or rows != entry.count or claimed > 64 * size + (1 << 20):
-            report.problems.append(
-                Problem("index", f"{INDEX_NAME} has {rows:,} rows, the shards {manifest.records:,} records")
-            )
-            return
-        wrong = _column_problem(handle.schema_arrow)
+        wrong = index_claims(handle, manifest, size) or _column_problem(handle.schema_arrow)
         if wrong is None:
             table = handle.read(columns=list(_COLUMNS))
             wrong = next((f"column {n!r} has nulls" for n in _COLUMNS if table.column(n).null_count), None)
@@ -71,6 +64,20 @@ def check_index(root: Path, manifest: Manifest, by_shard: dict[int, np.ndarray],
             report.problems.append(
                 Problem("index", f"{INDEX_NAME} does not list this shard's keys in order", shard.name)
             )
+
+
+def index_claims(handle: Any, manifest: Manifest, size: int) -> str | None:
+    """What is wrong with what an opened index.parquet (a pyarrow ParquetFile) says of itself in
+    its metadata, read before any row: its rows must be the manifest's records (a small file can
+    hold millions of copies of one row), and what it unpacks to bounded by its size."""
+    rows = handle.metadata.num_rows
+    listed = manifest.index.count if manifest.index is not None else rows
+    if rows != manifest.records or rows != listed:
+        return f"{rows:,} rows, the manifest says {manifest.records:,} records"
+    claimed = sum(handle.metadata.row_group(i).total_byte_size for i in range(handle.metadata.num_row_groups))
+    if claimed > 64 * size + (1 << 20):
+        return f"{claimed:,} bytes unpacked from {size:,}, more than an index of its rows"
+    return None
 
 
 _COLUMNS = ("key", "shard", "position")  # what verify reads of the index: each checked before use
