@@ -23,6 +23,7 @@ from ..core.manifest import (
 )
 from ..formats import get_format
 from ..formats.base import Backend
+from ..packing.sources.item import display
 from ..storage.http import TooLong
 from ..storage.store import Store
 from .verify_report import Problem, VerifyReport
@@ -67,7 +68,7 @@ def check_manifest(
     others = 0
     for name in sorted(held):
         own_kind = name.endswith(backend.suffix) or (backend.idx_file is not None and name.endswith(IDX_SUFFIX))
-        if adopted and (name in left_out or not own_kind):
+        if adopted and (display(name) in left_out or not own_kind):  # (listed as shown: a name in UTF-8)
             others += name not in listed and not name.startswith(".")
         elif name in leftovers:
             report.notes.append(f"{name}: {leftovers[name]}; ignored")
