@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -195,3 +196,28 @@ def test_a_list_file_with_a_byte_order_mark_names_its_first_path(tmp_path: Path)
     source = discover(listing)
     assert [(item.relpath, item.label) for item in source.items] == [("a.jpg", 0), ("b.jpg", 1)]
     assert source.classes == ["cat", "dog"] and not source.skipped
+
+
+def test_links_to_devices_and_fifos_are_not_regular_files_not_broken_links(tmp_path: Path) -> None:
+    """A link to /dev/zero was reported as a "broken link" (it leads somewhere: to no file); a
+    pack lists it in errors.jsonl for what it is."""
+    from shardkit.core.config import PackConfig
+    from shardkit.packing.pack import pack
+
+    source = tmp_path / "src"
+    source.mkdir()
+    write_image(source / "ok.jpg", 10, 10)
+    (source / "zero.jpg").symlink_to("/dev/zero")
+    os.mkfifo(source / "pipe.jpg")
+    (source / "to-pipe.jpg").symlink_to(source / "pipe.jpg")
+    (source / "dangling.jpg").symlink_to(source / "missing.jpg")
+    expected = {
+        "zero.jpg": "not a regular file (a device), through a link",
+        "pipe.jpg": "not a regular file (a FIFO)",
+        "to-pipe.jpg": "not a regular file (a FIFO), through a link",
+        "dangling.jpg": "broken link",
+    }
+    assert {skip.path: skip.reason for skip in discover(source).skipped} == expected
+    pack(PackConfig(str(source), str(tmp_path / "out"), format="webdataset"))
+    rows = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert {row["path"]: row["reason"] for row in rows} == expected

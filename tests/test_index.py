@@ -310,3 +310,50 @@ def test_a_tar_of_many_distinct_extensions_keeps_the_manifest_small(tmp_path: Pa
     assert len(adopted["extensions"]) == len(result.extensions) == 100
     assert adopted["other_extensions"] == result.other_extensions == {"kinds": 201, "members": 201}
     assert verify(folder).ok
+
+
+def no_surrogates(value: object) -> bool:
+    """Whether parsed JSON holds only text: no lone surrogate (a name's undecodable bytes) anywhere."""
+    if isinstance(value, dict):
+        return all(no_surrogates(k) and no_surrogates(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(no_surrogates(v) for v in value)
+    return not isinstance(value, str) or not any("\ud800" <= char <= "\udfff" for char in value)
+
+
+def test_members_no_reader_takes_are_listed_so_inputs_are_records_and_errors(tmp_path: Path) -> None:
+    """Members with no extension and hidden ones belong to no sample (webdataset and DALI skip them):
+    they were left out with no errors.jsonl row."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    with tarfile.open(folder / "a.tar", "w") as archive:
+        for name, data in [("k1.jpg", jpeg(1)), ("README", b"x"), (".hidden.jpg", jpeg(2)),
+                           ("d/.x.jpg", jpeg(3)), ("k2.jpg", jpeg(4))]:  # fmt: skip
+            add(archive, name, data)
+    result = adopt_tars(folder, workers=1)
+    rows = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
+    assert [(row["path"], row["reason"].split(",")[0]) for row in rows] == [
+        ("a.tar/README", "no extension"), ("a.tar/.hidden.jpg", "a hidden file"), ("a.tar/d/.x.jpg", "a hidden file"),
+    ]  # fmt: skip
+    assert (result.records, result.errors, result.manifest.totals["inputs"]) == (2, 3, 5)
+    assert verify(folder).ok
+
+
+def test_a_tar_whose_name_is_not_utf8_is_listed_and_the_json_stays_utf8(tmp_path: Path) -> None:
+    """A tar named with bytes that are not UTF-8 went into manifest.json (and shardindex.json) as
+    a lone surrogate ("\\udcff"), which strict JSON readers refuse."""
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    for name in ("good.tar", b"caf\xe9.tar"):
+        target = os.path.join(os.fsencode(folder), name) if isinstance(name, bytes) else folder / name
+        with tarfile.open(target, "w") as archive:
+            add(archive, "k.jpg", jpeg(1))
+    result = adopt_tars(folder, workers=1)
+    for name in ("manifest.json", "errors.jsonl", WIDS_NAME):
+        text = (folder / name).read_bytes().decode("utf-8")  # strict
+        parsed = [json.loads(line) for line in text.splitlines()] if name.endswith("jsonl") else json.loads(text)
+        assert no_surrogates(parsed), (name, text)
+    rows = [json.loads(line) for line in (folder / "errors.jsonl").read_text().splitlines()]
+    assert [(row["path"], row["stage"]) for row in rows] == [("caf\ufffd.tar", "read")]
+    assert "not UTF-8" in rows[0]["reason"] and (result.records, result.errors) == (1, 1)
+    assert verify(folder).ok

@@ -27,15 +27,16 @@ import numpy as np
 
 from ..core.config import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_PIXELS, check_dedup_threshold, check_workers
 from ..core.errors import ConfigError, Failure, ImageError, ManifestError, ShardFormatError, ShardReadError, describe
-from ..core.manifest import MANIFEST_NAME
+from ..core.manifest import MANIFEST_NAME, sha256_file
 from ..core.phash import dct_hash, distances, near_components
-from ..core.safeio import read_regular
+from ..core.safeio import check_regular, read_regular
 from ..packing.dedup import hash_paths
 from ..packing.encode import picture_hash
 from ..packing.hashes import MAX_FILE_BYTES, grey_thumbnail
 from ..packing.sources import SourceWalk, walk
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
+from .verify_index import index_claims
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PHASH = re.compile(r"[0-9a-f]{16}")
@@ -284,7 +285,7 @@ def _add_records(
     except (ManifestError, ShardFormatError, ShardReadError, OSError) as error:
         raise ConfigError(f"{shown}: cannot open the packed output ({describe(error)})") from None
     try:
-        rows = _index_rows(dataset)
+        rows = _index_rows(dataset, shown)
         if rows is None:
             rows = list(_record_rows(dataset, near, max_pixels, found, shown))
         elif near:  # records with no picture hash in the index (kept untouched by --encode original)
@@ -297,10 +298,13 @@ def _add_records(
         dataset.close()
 
 
-def _index_rows(dataset: Any) -> list[tuple[str, str | None, str | None]] | None:
+def _index_rows(dataset: Any, shown: str) -> list[tuple[str, str | None, str | None]] | None:
     """(key, source sha256, DCT hash) of every record, from a local output's index.parquet; None
-    when it has none, or has not the columns, or is not the file the manifest names."""
-    index = dataset.manifest.index
+    when it has none, or has not the columns, or is not the file the manifest names. An index
+    whose metadata claims other rows than the manifest's records (a re-sealed manifest vouches for
+    any bytes) is refused before a row is read: ConfigError."""
+    manifest = dataset.manifest
+    index = manifest.index
     if index is None or dataset.remote is not None:
         return None
     path = Path(dataset.folder) / index.name
@@ -308,14 +312,20 @@ def _index_rows(dataset: Any) -> list[tuple[str, str | None, str | None]] | None
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if path.stat().st_size != index.bytes:
+        if check_regular(path).st_size != index.bytes or sha256_file(path) != index.sha256:
             return None
-        schema = pq.read_schema(path)
+        handle = pq.ParquetFile(path)
+        wrong = index_claims(handle, manifest, index.bytes)
+        if wrong is not None:
+            raise ConfigError(f"{shown}/{index.name}: {wrong}; not read")
+        schema = handle.schema_arrow
         wanted = ("key", "source_sha256", "phash")
-        if any(schema.get_field_index(name) < 0 or schema.field(name).type != pa.string() for name in wanted):
+        if any(
+            len(schema.get_all_field_indices(name)) != 1 or schema.field(name).type != pa.string() for name in wanted
+        ):
             return None  # an index without the hashes, or a stranger's with other types
-        table = pq.read_table(path, columns=["key", "source_sha256", "phash"])
-    except (OSError, ValueError):
+        table = handle.read(columns=list(wanted))
+    except (OSError, ValueError):  # (pyarrow's errors for a damaged file are these)
         return None
     keys, digests, phashes = (table.column(name).to_pylist() for name in ("key", "source_sha256", "phash"))
     if None in keys or any(digest is None or not _SHA256.fullmatch(digest) for digest in digests):

@@ -4,10 +4,11 @@ Every problem is data with the shard and key it concerns; nothing here prints. S
 in parallel, one job per shard. A shard whose size or sha256 is wrong is not opened: its bytes are
 not what was written, and a damaged memory-mapped file must not take the checker down with it.
 
-This module is the orchestration: it opens the output (a remote one's manifest, errors.jsonl and
-index fetched into a temporary folder) and runs the checks, each a module of its own: the manifest
-and the folder (`verify_manifest`), each shard (`verify_shard`), index.parquet (`verify_index`), the
-source (`verify_source`); the report's types are in `verify_report`.
+This module is the orchestration: it opens the output (a remote one's manifest read, its index
+fetched into a temporary folder, its errors.jsonl streamed by each pass that reads it) and runs the
+checks, each a module of its own: the manifest and the folder (`verify_manifest`), each shard
+(`verify_shard`), index.parquet (`verify_index`), the source (`verify_source`); the report's types
+are in `verify_report`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, ManifestError, ShardkitError
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
+from ..core.manifest import INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
 from ..core.pools import default_workers, map_local_surviving_crashes
 from ..formats import get_format
 from ..packing.sources import SourceWalk, walk
@@ -35,12 +36,10 @@ from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
 from .verify_hashes import hashes, joined, repeated
 from .verify_index import check_index
-from .verify_manifest import check_manifest, check_output_files, listed_duplicates
+from .verify_manifest import ErrorLog, check_manifest, check_output_files, listed_duplicates
 from .verify_report import Problem, VerifyReport
 from .verify_shard import ShardCheck, ShardJob, check_shard
 from .verify_source import check_source, walked_as
-
-MAX_ERRORS_BYTES = 1 << 30  # a remote errors.jsonl verify fetches (~7 M rows)
 
 
 def verify(
@@ -56,7 +55,8 @@ def verify(
     """Check `folder` against its manifest; with `deep`, decode every image (refusing any whose
     header claims more than `max_pixels`); with `source`, check that every source file is either
     packed or listed in errors.jsonl. `folder` may be a URL (s3://..., https://...; see
-    open_shards): each object is downloaded to a temporary folder, checked, and deleted."""
+    open_shards): each shard is downloaded to a temporary folder, checked, and deleted; errors.jsonl
+    is streamed, no further than the rows the manifest counts."""
     check_workers(workers)
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
@@ -106,13 +106,6 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         try:
             output.manifest = read_remote_manifest(store)
             output.held = store.listing()
-            with contextlib.suppress(FileNotFoundError):  # no errors.jsonl: nothing was skipped
-                try:
-                    store.get(ERRORS_NAME, os.path.join(temp, ERRORS_NAME), limit=MAX_ERRORS_BYTES)
-                except TooLong:  # a log that never ends is not written to disk without end
-                    os.unlink(os.path.join(temp, ERRORS_NAME))
-                    detail = f"{ERRORS_NAME}: more than {MAX_ERRORS_BYTES:,} bytes, not read"
-                    output.troubles.append(Problem("errors-log", detail))
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
                 with contextlib.suppress(FileNotFoundError, TooLong):  # reported by check_index
                     store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME), limit=output.manifest.index.bytes)
@@ -143,7 +136,9 @@ def _verify(
         return report
     report.format = manifest.format
     report.shards = len(manifest.shards)
-    sealed = check_manifest(root, manifest, get_format(manifest.format), output.held, report)
+    # errors.jsonl read a pass at a time (a remote one streamed), no further than the manifest's count
+    log = ErrorLog(root, output.store, manifest.totals.get("errors", 0))
+    sealed = check_manifest(log, manifest, get_format(manifest.format), output.held, report)
     companions = {companion.name: companion for companion in manifest.companions}
     check_output_files(output.meta, output.store, manifest, companions, report)
     jobs = _jobs(output, manifest, companions, deep, max_pixels)
@@ -176,9 +171,9 @@ def _verify(
 
     if manifest.index is not None and sealed:
         check_index(root, manifest, by_shard, report)  # (an edited manifest's claims are reported already)
-    _check_keys(root, manifest, joined(key_hashes), shallow_pass, report)
+    _check_keys(log, manifest, joined(key_hashes), shallow_pass, report)
     if found is not None:
-        check_source(root, found, joined(source_hashes), shallow_pass, report, walked_as(manifest))
+        check_source(log, found, joined(source_hashes), shallow_pass, report, walked_as(manifest))
     return report
 
 
@@ -203,7 +198,7 @@ def _jobs(
 
 
 def _check_keys(
-    root: Path,
+    log: ErrorLog,
     manifest: Manifest,
     key_hashes: np.ndarray,
     shallow_pass: Callable[[], Iterator[ShardCheck]],
@@ -214,6 +209,6 @@ def _check_keys(
     twice = set(repeated(key_hashes).tolist())
     if twice:
         times = Counter(key for check in shallow_pass() for key in check.keys if hash(key) in twice)
-        listed = listed_duplicates(root) if isinstance(manifest.settings.get("adopted"), dict) else set()
+        listed = listed_duplicates(log) if isinstance(manifest.settings.get("adopted"), dict) else set()
         for key in sorted(key for key, n in times.items() if n > 1 and key not in listed):
             report.problems.append(Problem("duplicate-key", f"key stored {times[key]} times", key=key))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import ShardFormatError, StorageError
+from ..core.errors import ShardFormatError, StorageError, describe
 from ..core.manifest import (
     ERRORS_NAME,
     IDX_SUFFIX,
@@ -16,18 +17,22 @@ from ..core.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
+    error_lines,
     idx_name,
     iter_errors,
 )
 from ..formats import get_format
 from ..formats.base import Backend
+from ..packing.sources.item import display
 from ..storage.http import TooLong
 from ..storage.store import Store
 from .verify_report import Problem, VerifyReport
 from .verify_shard import file_problem
 
 
-def check_manifest(root: Path, manifest: Manifest, backend: Backend, held: Iterable[str], report: VerifyReport) -> bool:
+def check_manifest(
+    log: ErrorLog, manifest: Manifest, backend: Backend, held: Iterable[str], report: VerifyReport
+) -> bool:
     """The manifest against itself, errors.jsonl and the folder; whether its checksum holds."""
     sealed = manifest.checksum == manifest.computed_checksum()
     if not sealed:
@@ -37,7 +42,7 @@ def check_manifest(root: Path, manifest: Manifest, backend: Backend, held: Itera
     totals = manifest.totals
     adopted = isinstance(manifest.settings.get("adopted"), dict)  # tars `shardkit index` adopted
     errors, duplicates, left_out = 0, 0, set()
-    for row in error_rows(root, report):
+    for row in error_rows(log, report):
         errors += 1
         duplicates += row.get("stage") == "duplicate"
         if adopted and row.get("stage") == "read":
@@ -63,7 +68,7 @@ def check_manifest(root: Path, manifest: Manifest, backend: Backend, held: Itera
     others = 0
     for name in sorted(held):
         own_kind = name.endswith(backend.suffix) or (backend.idx_file is not None and name.endswith(IDX_SUFFIX))
-        if adopted and (name in left_out or not own_kind):
+        if adopted and (display(name) in left_out or not own_kind):  # (listed as shown: a name in UTF-8)
             others += name not in listed and not name.startswith(".")
         elif name in leftovers:
             report.notes.append(f"{name}: {leftovers[name]}; ignored")
@@ -76,22 +81,47 @@ def check_manifest(root: Path, manifest: Manifest, backend: Backend, held: Itera
     return sealed
 
 
-def listed_duplicates(root: Path) -> set[str]:
+@dataclass(frozen=True)
+class ErrorLog:
+    """errors.jsonl as verify reads it, a pass at a time: from the output's folder, or streamed from
+    its store (never copied to disk), each pass ended at the first row past `most`, the manifest's
+    totals.errors (a log that never ends costs no more than the rows its manifest gives)."""
+
+    root: Path
+    store: Store | None = None
+    most: int | None = None
+
+    def rows(self) -> Iterator[dict[str, str]]:
+        if self.store is None:
+            yield from iter_errors(self.root, self.most)
+            return
+        try:
+            with self.store.stream(ERRORS_NAME) as body:
+                yield from error_lines(body, self.store.child(ERRORS_NAME), self.most)
+        except FileNotFoundError:  # no errors.jsonl: nothing was skipped
+            return
+
+
+def listed_duplicates(log: ErrorLog) -> set[str]:
     """Keys an adopted output's errors.jsonl lists as held by two tars (`shardkit index` keeps both)."""
     return {
         row["path"].split("/", 1)[1]
-        for row in error_rows(root, None)
+        for row in error_rows(log, None)
         if row.get("stage") == "duplicate" and "/" in str(row.get("path"))
     }
 
 
-def error_rows(root: Path, report: VerifyReport | None) -> Iterator[dict[str, str]]:
-    """errors.jsonl's rows, streamed; a damaged log ends them with an errors-log problem."""
+def error_rows(log: ErrorLog, report: VerifyReport | None) -> Iterator[dict[str, str]]:
+    """errors.jsonl's rows, streamed; a damaged or unreadable log (or one longer than its manifest
+    says) ends them with an errors-log problem."""
     try:
-        yield from iter_errors(root)
-    except ShardFormatError as error:
+        yield from log.rows()
+    except (ShardFormatError, StorageError) as error:
         if report is not None:
             report.problems.append(Problem("errors-log", str(error)))
+    except OSError as error:  # a remote body broken off mid-way
+        if report is not None:
+            report.problems.append(Problem("errors-log", f"{ERRORS_NAME}: unreadable ({describe(error)})"))
 
 
 def check_output_files(

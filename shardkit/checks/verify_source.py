@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from ..core.errors import ConfigError, ManifestError
 from ..core.manifest import ERRORS_NAME, Manifest
 from ..packing.sources import SourceWalk, display, walk
 from .verify_hashes import hashes, joined
-from .verify_manifest import error_rows
+from .verify_manifest import ErrorLog, error_rows
 from .verify_report import Problem, VerifyReport
 from .verify_shard import ShardCheck
 
@@ -34,7 +33,7 @@ def walked_as(manifest: Manifest | ManifestError | None) -> dict[str, Any]:
 
 
 def check_source(
-    root: Path,
+    log: ErrorLog,
     found: SourceWalk,
     packed: np.ndarray,
     shallow_pass: Callable[[], Iterator[ShardCheck]],
@@ -49,7 +48,7 @@ def check_source(
         walked = [hashes([display(item.relpath) for item in found.items])]
     walked.append(hashes([skip.path for skip in found.skipped]))
     expected = np.unique(joined(walked))
-    logged = hashes([row["path"] for row in error_rows(root, None)])
+    logged = hashes([row["path"] for row in error_rows(log, None)])
     accounted, times = np.unique(np.concatenate([packed, logged]), return_counts=True)
     lost = set(np.setdiff1d(expected, accounted, assume_unique=True).tolist())
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
@@ -63,7 +62,7 @@ def check_source(
     wanted = extra | twice
     if wanted:
         named = Counter(path for check in shallow_pass() for path in check.sources if hash(path) in wanted)
-        named.update(row["path"] for row in error_rows(root, None) if hash(row["path"]) in wanted)
+        named.update(row["path"] for row in error_rows(log, None) if hash(row["path"]) in wanted)
         for path in sorted(path for path in named if hash(path) in extra):
             report.problems.append(Problem("extra", f"{path} is packed or listed but not in the source"))
         for path in sorted(path for path, n in named.items() if n > 1 and hash(path) in twice):

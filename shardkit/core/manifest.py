@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from .errors import ManifestError, describe
 from .safeio import loads, open_regular, read_regular
@@ -257,9 +257,9 @@ def sha256_of(fd: int, block: int = 1 << 20) -> str:
 ERROR_FIELDS = ("path", "stage", "reason")
 
 
-def iter_errors(folder: str | Path) -> Iterator[dict[str, str]]:
+def iter_errors(folder: str | Path, most: int | None = None) -> Iterator[dict[str, str]]:
     """The rows of errors.jsonl one at a time (the file is streamed: its size is not bounded, each
-    row is)."""
+    row is); with `most` (the manifest's totals.errors), a row past it ends them (`error_lines`)."""
     path = Path(folder) / ERRORS_NAME
     try:
         fd = open_regular(path)
@@ -268,15 +268,27 @@ def iter_errors(folder: str | Path) -> Iterator[dict[str, str]]:
     except OSError as error:
         raise ManifestError(f"{path}: unreadable ({describe(error)})") from None
     with open(fd, "rb") as lines:
-        for number, line in enumerate(iter(lambda: lines.readline(MAX_ERROR_LINE + 1), b""), 1):
-            if len(line) > MAX_ERROR_LINE:
-                raise ManifestError(f"{path}: line {number} is over {MAX_ERROR_LINE:,} bytes")
-            if not line.strip():
-                continue
-            try:
-                row = loads(line)
-            except ValueError as error:
-                raise ManifestError(f"{path}: line {number} is not JSON ({error})") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
-                raise ManifestError(f"{path}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
-            yield row
+        yield from error_lines(lines, str(path), most)
+
+
+def error_lines(lines: BinaryIO, where: str, most: int | None = None) -> Iterator[dict[str, str]]:
+    """The rows of an errors.jsonl read from `lines` (a local file, or a remote body streamed), each
+    checked. With `most`, the first row past it raises ManifestError, and so do blank lines past it
+    (pack writes none): a log that never ends is read no further than the count its manifest gives."""
+    rows = blank = 0
+    for number, line in enumerate(iter(lambda: lines.readline(MAX_ERROR_LINE + 1), b""), 1):
+        if len(line) > MAX_ERROR_LINE:
+            raise ManifestError(f"{where}: line {number} is over {MAX_ERROR_LINE:,} bytes")
+        empty = not line.strip()
+        rows, blank = rows + (not empty), blank + empty
+        if most is not None and max(rows, blank) > most:
+            raise ManifestError(f"{where}: more than the {most:,} rows the manifest's totals say")
+        if empty:
+            continue
+        try:
+            row = loads(line)
+        except ValueError as error:
+            raise ManifestError(f"{where}: line {number} is not JSON ({error})") from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
+            raise ManifestError(f"{where}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
+        yield row

@@ -23,15 +23,18 @@ from .tar_headers import READ_AHEAD, FileBytes, split_name, tar_members
 
 
 def dali_samples(
-    data: FileBytes, where: str, skipped: list[tuple[str, str]] | None = None
+    data: FileBytes, where: str, skipped: list[tuple[str, str]] | None = None, unnamed: list[str] | None = None
 ) -> Iterator[list[tuple[str, int, int, str]]]:
     """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them (and
-    as the reader does, which also leaves out samples with no image member)."""
+    as the reader does, which also leaves out samples with no image member). The members of no
+    sample (no extension, hidden: `split_name`) are named in `unnamed` when it is given."""
     group: list[tuple[str, int, int, str]] = []
     key: str | None = None
     for name, offset, size, _ in tar_members(data, where, 0, skipped):
         split = split_name(name)
         if split is None:
+            if unnamed is not None:
+                unnamed.append(name)
             continue
         if split[0] != key and group:
             yield group

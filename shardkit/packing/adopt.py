@@ -6,8 +6,9 @@ its sha256, then its headers, then its records as open_shards reads them; memory
 record), and beside them go `manifest.json` (counts, bytes, sha256, the extensions samples hold,
 classes from `.cls` members), `errors.jsonl` (what readers leave out, and why), each tar's DALI
 index and wids' `shardindex.json`. What is listed and not fatal: a sample with no image member (the
-readers skip it), a member that is not a regular file, a key that another tar holds too. A tar the
-readers cannot read whole (damaged, a key twice in it, a label that is not a number) is left out of
+readers skip it), a member that is not a regular file or is in no sample (no extension, hidden), a
+key that another tar holds too. A tar the readers cannot read whole (damaged, a key twice in it, a
+label that is not a number) or whose file name is not UTF-8 (JSON cannot hold it) is left out of
 the manifest with its reason. Keys are compared as 8-byte hashes, so memory is ~8 bytes a sample.
 """
 
@@ -21,7 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from ..formats.tar_headers import READ_AHEAD, FileBytes
 from ..formats.webdataset import OTHER_PARTS, TarShardReader
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
-from .sources.item import label_problem
+from .sources.item import display, label_problem
 
 ADOPTED_BY = f"shardkit {__version__} index"
 # Class names "0".."n-1" are written for labels below this; past it (a stranger's `.cls` of
@@ -141,7 +142,8 @@ def _scanned(path: str, name: str) -> TarScan:
         fd = open_regular(path)
         try:  # the samples and their members, from the headers, as DALI and webdataset group them
             skipped: list[tuple[str, str]] = []
-            samples = list(dali_samples(FileBytes(fd, scan.size, READ_AHEAD), path, skipped))  # (~100 B a member)
+            unnamed: list[str] = []  # members no reader takes as part of a sample
+            samples = list(dali_samples(FileBytes(fd, scan.size, READ_AHEAD), path, skipped, unnamed))  # ~100 B each
             for sample in samples:
                 extensions.update(ext for ext, _, _, _ in sample)
                 if {ext for ext, _, _, _ in sample} <= OTHER_PARTS:
@@ -149,6 +151,9 @@ def _scanned(path: str, name: str) -> TarScan:
                     imageless.setdefault(key, []).extend(f".{ext}" for ext, _, _, _ in sample)
             for member, kind in skipped:
                 scan.problems.append(Failure(f"{name}/{member}", "index", f"not a regular file ({kind}): left out"))
+            for member in unnamed:  # readers (webdataset's, DALI's) skip these: inputs = records + errors
+                why = "a hidden file" if member.rpartition("/")[2].startswith(".") else "no extension"
+                scan.problems.append(Failure(f"{name}/{member}", "index", f"{why}, so no sample's member: left out"))
         finally:
             os.close(fd)
         reader = TarShardReader(path)  # the records, as open_shards reads them: all of it must read
@@ -215,7 +220,9 @@ def adopt_tars(
         if isinstance(root, Store):
             root.write(f"{ERRORS_NAME}.probe", b"")  # refuse an unwritable bucket before the scan
             root.delete(f"{ERRORS_NAME}.probe")
-        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names]
+        # a name that is not UTF-8 cannot be written in JSON (the manifest names each tar as it is)
+        unnamed = [TarScan(name, unreadable=_NOT_UTF8) for name in names if not _is_utf8(name)]
+        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names if _is_utf8(name)]
         scans: list[TarScan | None] = [None] * len(jobs)
 
         def crashed(index: int, how: str) -> TarScan:
@@ -227,8 +234,16 @@ def adopt_tars(
             scans[index] = scan
             if progress is not None:
                 progress(done, len(jobs))
-    found = [scan for scan in scans if scan is not None]
+    found = sorted([scan for scan in scans if scan is not None] + unnamed, key=lambda scan: scan.name)
     return _write(root, where, found, started)
+
+
+_NOT_UTF8 = "its file name is not UTF-8, which JSON (the manifest, errors.jsonl) cannot hold: rename it to adopt it"
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether a name from the file system (undecodable bytes as lone surrogates) is text."""
+    return name.isascii() or not any("\udc80" <= char <= "\udcff" for char in name)
 
 
 def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exists: bool, overwrite: bool) -> None:
@@ -272,6 +287,8 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
     for scan in adopted:
         rows += scan.problems
     rows += _duplicates(root, adopted)
+    # JSON must be UTF-8: a path or reason that holds undecodable bytes (a folder's name) is shown
+    rows = [replace(row, path=display(row.path), reason=display(row.reason)) for row in rows]
     shards = [ShardInfo(scan.name, scan.count, scan.size, scan.sha256) for scan in adopted]
     described: list[tuple[str, int, bytes]] = [
         (idx_name(scan.name), scan.count, scan.index) for scan in adopted if scan.index is not None
@@ -295,7 +312,7 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
         shards=shards,
         # a tar's labels are numbers: their names, while there are few enough to list
         classes=[str(label) for label in range(labels)] if labels <= MAX_CLASS_NAMES else [],
-        settings={"adopted": adopted_settings, "source": {"path": where, "layout": "webdataset tars"}},
+        settings={"adopted": adopted_settings, "source": {"path": display(where), "layout": "webdataset tars"}},
         # inputs: the records and what errors.jsonl lists (a duplicated key is a record and listed)
         totals={"inputs": records + len(rows), "records": records, "errors": len(rows)},
         created_by=ADOPTED_BY,

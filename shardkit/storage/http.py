@@ -4,14 +4,16 @@ fsspec's async client, which counts on a machine whose cores decode."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import re
 import threading
 import time
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import unquote, urljoin
 
 from ..core.errors import ConfigError, ShardFormatError
@@ -166,6 +168,46 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
     finally:
         response.release_conn()
     return digest
+
+
+class PacedReader(io.RawIOBase):
+    """A body as a raw file for `io.BufferedReader` (and so `readline`): each read through `read`,
+    held to `pace`, any client's error mid-body an OSError naming it. For a body read as a stream,
+    never kept."""
+
+    def __init__(self, read: Callable[[int], bytes], pace: Pace) -> None:
+        self._read, self._pace, self._total = read, pace, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            chunk = self._read(min(len(buffer), _DIRECT_BUFFER))
+        except OSError:
+            raise
+        except Exception as error:  # the client's own (urllib3's, aiohttp's through fsspec, zlib's): said
+            raise OSError(f"{type(error).__name__}: {error}") from None
+        self._total += len(chunk)
+        self._pace.check(self._total)
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+@contextlib.contextmanager
+def stream_direct(url: str) -> Iterator[BinaryIO]:
+    """The body of `url` as a buffered binary stream, read as it is consumed and held to a `Pace`
+    (nothing of it kept but the buffer). FileNotFoundError on 404, PermissionError on 401/403,
+    OSError on 5xx and 429, NotDirect on redirects and other statuses: as `get_direct`."""
+    response, pace = _get(url, retries=False, decode_content=True)
+    try:
+        if response.status != 200:
+            response.read(1 << 16)
+            raise _refusal(response) or NotDirect(response.status)
+        yield io.BufferedReader(PacedReader(response.read1, pace), _DIRECT_BUFFER)
+    finally:
+        response.close()  # a body left mid-way: its connection is never reused
+        response.release_conn()
 
 
 # Our own small GET for manifests and index pages over http(s), in place of fsspec's: fsspec turns

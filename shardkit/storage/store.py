@@ -6,16 +6,18 @@ only: remote shards reach them through `cache.py`."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import select
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, unquote
 
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
 from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .http import NotDirect, Pace, TooLong, copy_body, fetch_bytes, get_direct, list_links
+from .http import NotDirect, Pace, PacedReader, TooLong, copy_body, fetch_bytes, get_direct, list_links, stream_direct
 from .retry import retrying
 from .urls import PROTOCOL_EXTRAS, URL_SCHEME
 
@@ -254,6 +256,30 @@ class Store:
                 return copy_body(source.read, destination, limit, Pace())
 
         return retrying(self.child(name), "downloading", fetch)
+
+    @contextlib.contextmanager
+    def stream(self, name: str) -> Iterator[BinaryIO]:
+        """Object `name` as a buffered binary stream read as it is consumed, never copied to disk
+        (FileNotFoundError if none): for a log read once in a bounded pass. Reaching it is retried;
+        a failure mid-body is an OSError to the reader."""
+        path = self._path(name)
+
+        def opened() -> tuple[contextlib.ExitStack, BinaryIO]:
+            stack = contextlib.ExitStack()
+            try:
+                direct = self._direct_url(path)
+                if direct is not None:
+                    with contextlib.suppress(NotDirect):
+                        return stack, stack.enter_context(stream_direct(direct))
+                source = stack.enter_context(self._open_stream(path))
+                return stack, io.BufferedReader(PacedReader(source.read, Pace()))
+            except BaseException:
+                stack.close()
+                raise
+
+        stack, body = retrying(self.child(name), "reading", opened)
+        with stack:
+            yield body
 
     def _direct_url(self, path: str) -> str | None:
         """A plain URL that a GET fetches this object from, where there is one: an S3 object's

@@ -4,12 +4,14 @@ the listing every convention that walks a folder shares (sorted as it lists, lin
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from collections.abc import Iterator
 
 from ...core.errors import Failure, SourceError
 from ...core.headers import EXTENSION_FORMATS
+from ...core.safeio import not_regular
 from .item import Run, SourceWalk, display, skip, unique_keys
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
@@ -120,13 +122,7 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
         if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
             names.append(name)  # (os.path.splitext, minus its cost: hidden names never get here)
         else:
-            reason = (
-                "not an image file extension"
-                if is_file
-                else "broken link"
-                if entry.is_symlink()
-                else "not a regular file"
-            )
+            reason = "not an image file extension" if is_file else _not_a_file(entry)
             skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
     sort_names(names)
     base = rel_dir + "/" if rel_dir else ""
@@ -143,6 +139,19 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
     if run:
         parts.append((run, unique_keys(run) if keys else [""] * len(run)))
     return parts
+
+
+def _not_a_file(entry: os.DirEntry[str]) -> str:
+    """Why an entry that is neither a folder nor a regular file is not taken: what it is (a FIFO, a
+    device), through a link or not; a link that leads nowhere is a broken link."""
+    try:
+        mode = os.stat(entry.path).st_mode
+    except OSError as error:
+        if isinstance(error, FileNotFoundError) or error.errno == errno.ELOOP:
+            return "broken link"
+        return f"cannot stat: {error.strerror}"
+    reason = not_regular(entry.path, mode).strerror or "not a regular file"
+    return f"{reason}, through a link" if entry.is_symlink() else reason
 
 
 def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
