@@ -221,3 +221,7 @@ def test_links_to_devices_and_fifos_are_not_regular_files_not_broken_links(tmp_p
     pack(PackConfig(str(source), str(tmp_path / "out"), format="webdataset"))
     rows = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
     assert {row["path"]: row["reason"] for row in rows} == expected
+    # the sidecar walk says the same of the same entries
+    sidecar = walk(source, sidecars=True)
+    assert [item.relpath for item in sidecar.items] == ["ok.jpg"]
+    assert {skip.path: skip.reason for skip in sidecar.skipped} == expected

@@ -122,7 +122,7 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
         if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
             names.append(name)  # (os.path.splitext, minus its cost: hidden names never get here)
         else:
-            reason = "not an image file extension" if is_file else _not_a_file(entry)
+            reason = "not an image file extension" if is_file else not_a_file(entry)
             skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
     sort_names(names)
     base = rel_dir + "/" if rel_dir else ""
@@ -141,7 +141,7 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
     return parts
 
 
-def _not_a_file(entry: os.DirEntry[str]) -> str:
+def not_a_file(entry: os.DirEntry[str]) -> str:
     """Why an entry that is neither a folder nor a regular file is not taken: what it is (a FIFO, a
     device), through a link or not; a link that leads nowhere is a broken link."""
     try:

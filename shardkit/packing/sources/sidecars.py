@@ -24,7 +24,7 @@ from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import loads, read_regular
 from ...formats.base import RESERVED_FIELDS
 from ..encode import plan_geometry
-from .folder import entries, sort_names
+from .folder import entries, not_a_file, sort_names
 from .item import LABEL_RULE, Item, SourceWalk, make_key, parse_label, skip
 from .rows import BOM, MAX_EXTRA_BYTES
 
@@ -96,7 +96,7 @@ def _sidecar_items(
             skipped.append(skip(base + name, f"cannot stat: {error.strerror}"))
             continue
         if not is_file:
-            skipped.append(skip(base + name, "broken link" if entry.is_symlink() else "not a regular file"))
+            skipped.append(skip(base + name, not_a_file(entry)))
             continue
         stem, suffix = split_name(name)
         if not suffix:
