@@ -34,7 +34,7 @@ from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
-from .order import Progress, lanes_for
+from .order import Progress, check_seed, lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -90,6 +90,7 @@ class ReadOptions:
         if self.scale is not None and not any(abs(self.scale - s) < 1e-9 for s in SCALES):
             raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {self.scale}")
         object.__setattr__(self, "handler", OnError(self.on_error))
+        check_seed(self.seed)
         max_pixels = self.max_pixels
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
