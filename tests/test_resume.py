@@ -637,3 +637,41 @@ def test_weights_are_normalized_without_overflow(tar_packed: Path) -> None:
     huge = open_shards([tar_packed, tar_packed], weights=[1e307, 3e307], decode="bytes", seed=2)
     small = open_shards([tar_packed, tar_packed], weights=[1, 3], decode="bytes", seed=2)
     assert [s.key for s in huge] == [s.key for s in small]
+
+
+def small_output(tmp_path: Path, images: int) -> Path:
+    """An output of `images` generated records."""
+    from shardkit.synthetic import write_image
+
+    source = tmp_path / f"source-{images}"
+    source.mkdir()
+    for i in range(images):
+        write_image(source / f"{i:02d}_40x30.jpg", 40, 30, seed=i)
+    out = tmp_path / f"out-{images}"
+    pack(PackConfig(str(source), str(out), format="webdataset", shard_size=7))
+    assert len(open_shards(out)) == images
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_long_mix_of_a_tiny_source_holds_bounded_memory(tmp_path: Path, shuffle: bool) -> None:
+    """A source drawn past its end starts again in a fresh order each round: a mix kept every round's
+    order of every source, so a 1-record source grew it by a space per draw (+39 MB over 100,000
+    positions). Memory must not grow with the positions."""
+    import tracemalloc
+
+    mix = open_shards(
+        [small_output(tmp_path, 12), small_output(tmp_path, 1)],
+        length=12_000, decode="bytes", shuffle=shuffle, seed=3, shuffle_buffer=16,
+    )  # fmt: skip
+    _, items = mix.epoch_items()
+    tracemalloc.start()
+    try:
+        for position, _item in enumerate(items):
+            if position == 3_000:
+                early = tracemalloc.get_traced_memory()[0]
+            elif position == 11_900:
+                late = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert late - early < 1_000_000, f"grew {late - early:,} bytes over 8,900 positions"

@@ -80,7 +80,7 @@ class ShardSpace:
         self.dataset = dataset
         self.remote = dataset.remote is not None
         self.order = list(range(len(dataset.manifest.shards)))
-        if shuffle:
+        if shuffle and len(self.order) > 1:
             np.random.default_rng(seed).shuffle(self.order)
         self.counts = [dataset.manifest.shards[shard].count for shard in self.order]
         self.starts = np.cumsum([0, *self.counts])

@@ -26,6 +26,12 @@ from .iteration import EpochIteration
 from .order import Progress, check_seed, lanes_for, shown
 
 CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
+# A mix keeps the shard orders of its sources' latest rounds up to this many shards, each order
+# counted SPACE_COST more (its objects): a block reads a few rounds of each source, while a source
+# smaller than the epoch has a round per pass over it (a 1-record source, one per draw), so keeping
+# every round grew memory with the positions (+39 MB over 100,000 of them).
+SPACE_BUDGET = 2**16
+SPACE_COST = 64
 EXHAUSTED = ("resample", "stop")
 _MIX = 0x6D6978  # keeps the draws' generator apart from every other seeded by (seed, epoch)
 
@@ -110,13 +116,23 @@ class MixSpace:
         self.remote = any(source.remote is not None for source in mix.sources)
         self.cuts: np.ndarray | None = None  # a source's shards start at scattered draws: lanes are cut evenly
         self.draws = mix.draws(progress.seed, progress.epoch)
-        self._spaces: dict[tuple[int, int], ShardSpace] = {}
+        self._spaces: OrderedDict[tuple[int, int], ShardSpace] = OrderedDict()  # least recently used first
+        self._held = 0  # the kept spaces' shards, each space counted SPACE_COST more
 
     def _space(self, source: int, round_: int) -> ShardSpace:
-        space = self._spaces.get((source, round_))
-        if space is None:
-            seed = (self.progress.seed, self.progress.epoch, source, round_)
-            space = self._spaces[(source, round_)] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
+        """Round `round_` of a source's epoch order (a pure function of seed, epoch, source and
+        round, so one let go is made again alike): the last few kept, within SPACE_BUDGET."""
+        key = (source, round_ if self.progress.shuffle else 0)  # unshuffled, every round is stored order
+        space = self._spaces.get(key)
+        if space is not None:
+            self._spaces.move_to_end(key)
+            return space
+        seed = (self.progress.seed, self.progress.epoch, source, round_)
+        space = self._spaces[key] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
+        self._held += len(space.order) + SPACE_COST
+        while self._held > SPACE_BUDGET and len(self._spaces) > 1:
+            _, oldest = self._spaces.popitem(last=False)
+            self._held -= len(oldest.order) + SPACE_COST
         return space
 
     def _split(self, positions: np.ndarray) -> Iterator[tuple[ShardSpace, np.ndarray, np.ndarray]]:
