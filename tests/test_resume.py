@@ -233,7 +233,8 @@ def test_a_damaged_shard_stops_the_epoch_at_its_own_block(tar_packed: Path, tmp_
             assert item is not None
             handed.append(item.record.key)
     assert handed == whole[: len(handed)]
-    assert len(handed) in [0, *position.stream.ends]  # whole blocks, then the error
+    stream = position.stream
+    assert len(handed) in [stream.end(j) for j in range(stream.blocks + 1)]  # whole blocks, then the error
     skipping = open_shards(out, decode="bytes", on_error="skip", **SHUFFLED)
     position, items = skipping.epoch_items()
     kept = [item.record.key for item in items if item is not None]
@@ -599,6 +600,9 @@ def test_bad_seeds_and_epochs_are_refused(tar_packed: Path, seed) -> None:
         open_shards([tar_packed, tar_packed], seed=seed, shuffle=True)
     dataset = open_shards(tar_packed, seed=2**64 - 1, shuffle=True)
     assert len(list(dataset)) == 60
+    for buffer in (2**64, 1.5):
+        with pytest.raises(ConfigError, match="shuffle_buffer"):
+            open_shards(tar_packed, shuffle_buffer=buffer)
     for epoch in (-1, 2**63, 1.5):
         with pytest.raises(ConfigError, match="epoch"):
             dataset.set_epoch(epoch)
@@ -675,3 +679,20 @@ def test_a_long_mix_of_a_tiny_source_holds_bounded_memory(tmp_path: Path, shuffl
     finally:
         tracemalloc.stop()
     assert late - early < 1_000_000, f"grew {late - early:,} bytes over 8,900 positions"
+
+
+def test_a_stream_of_one_record_blocks_holds_no_table_of_them() -> None:
+    """A stream's block ends were a (blocks + 1) x lanes table: a state's buffer of 1 over a large
+    epoch (one block per lane's record) took 8 bytes a position, 8 GB for 10**9."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        stream = Stream([(0, 10**7)], True, 1, (0, 0, 0, 0, 0), lanes=8)
+        done = 10**7 // 2 + 3
+        j, offset = stream.locate(done)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"{peak:,} bytes"
+    assert stream.blocks == 10**7 // 8 and stream.end(j) + offset == done and len(stream.block(j)) == 8

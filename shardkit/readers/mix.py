@@ -23,7 +23,7 @@ from ..core.errors import ConfigError
 from .epoch import Item, ShardSource, ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
-from .order import Progress, check_seed, lanes_for, shown
+from .order import Progress, check_buffer, check_seed, lanes_for, shown
 
 CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
 # A mix keeps the shard orders of its sources' latest rounds up to this many shards, each order
@@ -207,7 +207,7 @@ class MixedDataset(EpochIteration):
         self.weights, self.share = np.array(weights, np.float64), share
         self.length = sum(len(s) for s in sources) if length is None else length
         self.exhausted = exhausted
-        self.shuffle, self.seed, self.shuffle_buffer = shuffle, check_seed(seed), max(1, shuffle_buffer)
+        self.shuffle, self.seed, self.shuffle_buffer = shuffle, check_seed(seed), check_buffer(shuffle_buffer)
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.on_error = OnError(on_error)
         self.epoch = 0

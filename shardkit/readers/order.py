@@ -69,6 +69,11 @@ def check_epoch(epoch: Any) -> int:
     return whole(epoch, "epoch", 0, INT64)
 
 
+def check_buffer(buffer: Any) -> int:
+    """A shuffle buffer (below 1 taken as 1), at most what a state keeps (`from_state`)."""
+    return max(1, whole(buffer, "shuffle_buffer", -INT64 - 1, INT64))
+
+
 def lanes_for(buffer: int, positions_per_shard: float) -> int:
     """Lanes for a buffer: pieces of about a quarter shard, so a block of `buffer` records spans
     ~4 * buffer / shard-size shards, twice the ~2 * buffer / shard-size the old shuffle buffer's
@@ -214,14 +219,19 @@ class Stream:
         quota = max(1, buffer // lanes)
         self.lane_starts = lane_starts(run, lanes, cuts)
         self.lengths = np.diff(self.lane_starts).astype(np.int64)
-        self.blocks = blocks = -(-int(self.lengths.max(initial=0)) // quota)
-        # lane i hands out its items [i_j, i_{j+1}) in block j, i_j = j * length_i // blocks
-        done = (np.arange(blocks + 1, dtype=np.int64)[:, None] * self.lengths[None, :]) // max(1, blocks)
-        self.ends = done.sum(axis=1)[1:].tolist()  # positions the stream has yielded after each block
+        self.blocks = -(-int(self.lengths.max(initial=0)) // quota)
+        self._lengths = [int(n) for n in self.lengths]  # Python ints: j * length overflows no int64
 
     def _taken(self, lane: int, j: int) -> int:
-        """Items of `lane` handed out in blocks before j."""
-        return j * int(self.lengths[lane]) // self.blocks
+        """Items of `lane` handed out in blocks before j: lane i hands out its items [i_j, i_{j+1})
+        in block j, i_j = j * length_i // blocks."""
+        return j * self._lengths[lane] // self.blocks
+
+    def end(self, j: int) -> int:
+        """Positions the stream has yielded after its blocks before j, computed, never tabled: a
+        table of every block's (a buffer of 1 over a large epoch: a block per lane's record) took
+        8 bytes a position."""
+        return sum(j * n // self.blocks for n in self._lengths) if self.blocks else 0
 
     def block(self, j: int) -> np.ndarray:
         """Block j's positions in the order they are emitted."""
@@ -239,13 +249,16 @@ class Stream:
         """(block, offset within it) of the stream's item number `done`."""
         if not 0 <= done <= self.length:
             raise ConfigError(f"a stream of {self.length:,} positions cannot have yielded {done:,}")
-        j = bisect.bisect_right(self.ends, done)
-        return j, done - (self.ends[j - 1] if j else 0)
+        j, high = 0, self.blocks  # the last j with end(j) <= done (end grows with every block)
+        while j < high:
+            middle = (j + high + 1) // 2
+            j, high = (middle, high) if self.end(middle) <= done else (j, middle - 1)
+        return j, done - self.end(j)
 
     def blocks_from(self, done: int) -> Iterator[np.ndarray]:
         """The positions still to come after `done` were yielded, block by block."""
         j, offset = self.locate(done)
-        for block in range(j, len(self.ends)):
+        for block in range(j, self.blocks):
             positions = self.block(block)
             yield positions[offset:] if block == j else positions
 
