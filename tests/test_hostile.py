@@ -596,3 +596,74 @@ def test_bench_against_a_folder_refuses_record_paths_outside_it(shardkit, tmp_pa
         run = shardkit("bench", folder, "--against", source, "--repeat", "1")
         assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
         assert "not a path inside" in run.stderr or "not a regular file" in run.stderr, run.stderr
+
+
+# --- labels outside the label rule (0..2**63-1): a damaged record ---------------------------------
+
+
+def refused_everywhere(folder: Path, key: str) -> None:
+    """A record breaking the label rule raises ShardReadError on every read path (never an
+    OverflowError from the loader's int64 labels, never a ValueError from torch's collate), and
+    on_error="skip" leaves it out."""
+    dataset = open_shards(folder)
+    index = [s.key for s in open_shards(folder, decode="bytes", on_error="skip")].count(key)
+    assert index == 0
+    with pytest.raises(ShardReadError, match="label"):
+        dataset.get(key)
+    with pytest.raises(ShardReadError, match="label"):
+        list(dataset)
+    with pytest.raises(ShardReadError, match="label"):
+        list(dataset.loader(2, 16, output="numpy", workers=1))
+    skipping = open_shards(folder, on_error="skip")
+    assert sum(len(batch.keys) for batch in skipping.loader(2, 16, output="numpy", workers=1)) < len(skipping)
+    assert skipping.skipped >= 1
+    if importlib.util.find_spec("torch") is not None:
+        from torch.utils.data import DataLoader
+
+        with pytest.raises(ShardReadError, match="label"):
+            list(DataLoader(open_shards(folder), batch_size=2))
+
+
+@pytest.mark.parametrize("label", [b"99999999999999999999", b"-0000000000000000005"])
+def test_an_adopted_tar_with_a_label_edited_past_the_rule(tmp_path: Path, label: bytes) -> None:
+    """A stranger's tar, adopted, then its first `.cls` edited in place (the same size) to a number
+    no int64 holds or a negative one: sample.label was that number, and the loader raised
+    OverflowError, DataLoader(ds) a ValueError."""
+    from shardkit.packing.adopt import adopt_tars
+
+    folder = tmp_path / "adopted"
+    folder.mkdir()
+    stored = b"10000000000000000000"[:-1] + b"\n"  # 10**18: 20 bytes with its newline
+    members = [member for i in range(3) for member in ((f"r{i}.jpg", jpeg(seed=i)), (f"r{i}.cls", stored))]
+    tar = raw_tar(folder / "data-000.tar", members)
+    adopt_tars(folder, workers=1)
+    data = tar.read_bytes()
+    at = data.index(stored)
+    tar.write_bytes(data[:at] + label + data[at + len(label) :])
+    refused_everywhere(folder, "r0")
+
+
+@pytest.mark.parametrize("label", [2**63, 2**70, -5])
+def test_an_lmdb_header_label_past_the_rule(tmp_path: Path, label: int) -> None:
+    rows = records(4)
+    rows[0] = rows[0]._replace(label=label)
+    refused_everywhere(output_with(tmp_path, "lmdb", rows), "r0")
+
+
+@pytest.mark.parametrize("label", [2**63, 2**64 - 1, -5])
+def test_an_hdf5_label_past_the_rule(tmp_path: Path, label: int) -> None:
+    """HDF5 stores labels as an array, -1 where a record has none: another negative, or an unsigned
+    array's value past int64, breaks the rule."""
+    h5py = pytest.importorskip("h5py")
+    folder = output_with(tmp_path, "hdf5", records(4))
+    shard = folder / "shard-000000.h5"
+    with h5py.File(shard, "r+") as h5:
+        labels = h5["labels"][:].astype(np.uint64 if label > 0 else np.int64)
+        labels[0] = label
+        del h5["labels"]
+        h5.create_dataset("labels", data=labels)
+    seal(folder, "hdf5", {shard.name: 4})
+    refused_everywhere(folder, "r0")
+    (tmp_path / "none").mkdir()
+    unlabelled = output_with(tmp_path / "none", "hdf5", [r._replace(label=None) for r in records(2)])
+    assert open_shards(unlabelled)[0].label is None  # -1: no label

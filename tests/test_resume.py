@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardkit.core.config import PackConfig
 from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats import available_formats
+from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.readers.order import Progress, Stream, round_robin_counts, span_positions, take
 
@@ -237,7 +239,8 @@ def test_a_damaged_shard_stops_the_epoch_at_its_own_block(tar_packed: Path, tmp_
             assert item is not None
             handed.append(item.record.key)
     assert handed == whole[: len(handed)]
-    assert len(handed) in [0, *position.stream.ends]  # whole blocks, then the error
+    stream = position.stream
+    assert len(handed) in [stream.end(j) for j in range(stream.blocks + 1)]  # whole blocks, then the error
     skipping = open_shards(out, decode="bytes", on_error="skip", **SHUFFLED)
     position, items = skipping.epoch_items()
     kept = [item.record.key for item in items if item is not None]
@@ -511,3 +514,191 @@ def test_stateful_dataloader_resumes_a_mix(packed: Path) -> None:
     resumed = loader()
     resumed.load_state_dict(state)
     assert head + list(resumed) == whole
+
+
+# --- tampered and mismatched states: refused up front, naming the field ------------------------------
+
+
+def loader_state(out: Path, **options) -> dict:
+    """A state of a loader in the middle of its epoch, through JSON."""
+    loader = open_shards(out, **{**SHUFFLED, **options}).loader(4, 32, output="numpy")
+    for _, _batch in zip(range(3), loader, strict=False):
+        pass
+    return roundtrip(loader.state_dict())
+
+
+def split_edit(**fields):
+    def edit(state: dict) -> None:
+        state["splits"][-1].update(fields)
+
+    return edit
+
+
+TAMPERED = {
+    "seed": (lambda s: s.update(seed=-1), "seed"),
+    "seed-huge": (lambda s: s.update(seed=2**64), "seed"),
+    "seed-float": (lambda s: s.update(seed=7.5), "seed"),
+    "epoch": (lambda s: s.update(epoch=-1), "epoch"),
+    "total-huge": (lambda s: s.update(total=10**12), "total"),
+    "total-short": (lambda s: s.update(total=5), "total"),
+    "buffer": (lambda s: s.update(buffer=0), "buffer"),
+    "lanes": (lambda s: s.update(lanes=10**9), "lanes"),
+    "world": (split_edit(world=10**9), "world"),
+    "world-float": (split_edit(world=1.5), "world"),
+    "workers": (split_edit(workers=2), "workers"),
+    "done-past": (split_edit(done=[10**6]), "done"),
+    "done-negative": (split_edit(done=[-4]), "done"),
+    "turn": (split_edit(turn=3), "turn"),
+    "drop_last": (split_edit(drop_last="yes"), "drop_last"),
+    "earlier-unknown": (
+        lambda s: s["splits"].insert(0, {"world": 2, "workers": 1, "drop_last": False, "done": [None]}),
+        "done",
+    ),
+    "sizes": (lambda s: s.update(sizes=[10**12]), "saved on"),
+    "weights": (lambda s: s.update(weights=[1.0]), "weights"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", list(TAMPERED))
+@pytest.mark.parametrize("reader", ["loader", "iterable", "iterate"])
+def test_a_tampered_state_is_refused_up_front_naming_its_field(tar_packed: Path, reader: str, field: str) -> None:
+    """Every field of a state is checked against the dataset it is loaded into before anything is
+    read: in range, and the epoch's own (a total that is not this dataset's would end the epoch
+    early or allocate what it claims; a world of 10**9 took minutes)."""
+    state = loader_state(tar_packed)
+    edit, named = TAMPERED[field]
+    edit(state)
+    dataset = open_shards(tar_packed, **SHUFFLED)
+    with pytest.raises(ConfigError, match=named):
+        if reader == "loader":
+            dataset.loader(4, 32, output="numpy").load_state_dict(state)
+        elif reader == "iterable":
+            pytest.importorskip("torch")
+            dataset.iterable().load_state_dict(state)
+        else:
+            next(dataset.iterate(Progress.from_state(state)))
+
+
+@pytest.mark.timeout(60)
+def test_more_streams_than_an_epoch_can_hold_are_refused(tar_packed: Path) -> None:
+    """A split of 10**9 ranks built a stream per rank (minutes), and 10**9 workers a list of counts."""
+    with pytest.raises(ConfigError, match="streams"):
+        list(open_shards(tar_packed, rank=0, world_size=10**9))
+    pytest.importorskip("torch")
+    with pytest.raises(ConfigError, match="streams"):
+        open_shards(tar_packed).iterable().state_from_batches(1, 4, num_workers=10**9)
+    assert len(list(open_shards(tar_packed, rank=999, world_size=1000))) == 1  # a few more than records: fine
+
+
+def test_an_untouched_state_still_resumes(tar_packed: Path) -> None:
+    state = loader_state(tar_packed)
+    loader = open_shards(tar_packed, **SHUFFLED).loader(4, 32, output="numpy")
+    loader.load_state_dict(state)
+    assert sum(len(b.keys) for b in loader) == 60 - 12
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True, "7"])
+def test_bad_seeds_and_epochs_are_refused(tar_packed: Path, seed) -> None:
+    with pytest.raises(ConfigError, match="seed"):
+        open_shards(tar_packed, seed=seed, shuffle=True)
+    with pytest.raises(ConfigError, match="seed"):
+        open_shards([tar_packed, tar_packed], seed=seed, shuffle=True)
+    dataset = open_shards(tar_packed, seed=2**64 - 1, shuffle=True)
+    assert len(list(dataset)) == 60
+    for buffer in (2**64, 1.5):
+        with pytest.raises(ConfigError, match="shuffle_buffer"):
+            open_shards(tar_packed, shuffle_buffer=buffer)
+    for epoch in (-1, 2**63, 1.5):
+        with pytest.raises(ConfigError, match="epoch"):
+            dataset.set_epoch(epoch)
+
+
+def test_a_mix_state_resumes_only_the_same_mix(tar_packed: Path) -> None:
+    """A mix's epoch follows from its weights and length, which a state must match: a state of a
+    400-long mix gave a default-length mix 99 batches while len() said 13."""
+    sources = [tar_packed, tar_packed]
+    saved = open_shards(sources, length=400, weights=[1, 3], **SHUFFLED).loader(8, 32, output="numpy")
+    state = roundtrip(saved.state_dict())
+    same = open_shards(sources, length=400, weights=[1, 3], **SHUFFLED).loader(8, 32, output="numpy")
+    same.load_state_dict(state)
+    assert sum(1 for _ in same) == len(same) == 50
+    with pytest.raises(ConfigError, match="total"):
+        open_shards(sources, weights=[1, 3], **SHUFFLED).loader(8, 32, output="numpy").load_state_dict(state)
+    with pytest.raises(ConfigError, match="weights"):
+        open_shards(sources, length=400, weights=[3, 1], **SHUFFLED).loader(8, 32, output="numpy").load_state_dict(
+            state
+        )
+    with pytest.raises(ConfigError, match="weights"):  # a mix's state carries its weights; one output's none
+        open_shards(sources, length=400, weights=[1, 3], **SHUFFLED).loader(8, 32, output="numpy").load_state_dict(
+            {key: value for key, value in state.items() if key != "weights"}
+        )
+
+
+@pytest.mark.parametrize(
+    "weights", [[1e308, 1e308], [1e308, 1e-308], [float("inf"), 1], [float("nan"), 1], [0, 0], [-1, 2], [True, 1]]
+)
+def test_weights_that_cannot_be_normalized_are_refused(tar_packed: Path, weights: list) -> None:
+    with pytest.raises(ConfigError, match="weight"):
+        open_shards([tar_packed, tar_packed], weights=weights)
+
+
+def test_weights_are_normalized_without_overflow(tar_packed: Path) -> None:
+    huge = open_shards([tar_packed, tar_packed], weights=[1e307, 3e307], decode="bytes", seed=2)
+    small = open_shards([tar_packed, tar_packed], weights=[1, 3], decode="bytes", seed=2)
+    assert [s.key for s in huge] == [s.key for s in small]
+
+
+def small_output(tmp_path: Path, images: int) -> Path:
+    """An output of `images` generated records."""
+    from shardkit.synthetic import write_image
+
+    source = tmp_path / f"source-{images}"
+    source.mkdir()
+    for i in range(images):
+        write_image(source / f"{i:02d}_40x30.jpg", 40, 30, seed=i)
+    out = tmp_path / f"out-{images}"
+    pack(PackConfig(str(source), str(out), format="webdataset", shard_size=7))
+    assert len(open_shards(out)) == images
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_long_mix_of_a_tiny_source_holds_bounded_memory(tmp_path: Path, shuffle: bool) -> None:
+    """A source drawn past its end starts again in a fresh order each round: a mix kept every round's
+    order of every source, so a 1-record source grew it by a space per draw (+39 MB over 100,000
+    positions). Memory must not grow with the positions."""
+    import tracemalloc
+
+    mix = open_shards(
+        [small_output(tmp_path, 12), small_output(tmp_path, 1)],
+        length=12_000, decode="bytes", shuffle=shuffle, seed=3, shuffle_buffer=16,
+    )  # fmt: skip
+    _, items = mix.epoch_items()
+    tracemalloc.start()
+    try:
+        for position, _item in enumerate(items):
+            if position == 3_000:
+                early = tracemalloc.get_traced_memory()[0]
+            elif position == 11_900:
+                late = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert late - early < 1_000_000, f"grew {late - early:,} bytes over 8,900 positions"
+
+
+def test_a_stream_of_one_record_blocks_holds_no_table_of_them() -> None:
+    """A stream's block ends were a (blocks + 1) x lanes table: a state's buffer of 1 over a large
+    epoch (one block per lane's record) took 8 bytes a position, 8 GB for 10**9."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        stream = Stream([(0, 10**7)], True, 1, (0, 0, 0, 0, 0), lanes=8)
+        done = 10**7 // 2 + 3
+        j, offset = stream.locate(done)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"{peak:,} bytes"
+    assert stream.blocks == 10**7 // 8 and stream.end(j) + offset == done and len(stream.block(j)) == 8

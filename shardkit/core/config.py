@@ -64,6 +64,12 @@ def check_train_size(train_size: int) -> None:
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 RECORD_META_ALLOWANCE = 1 << 20  # a record's metadata and container overhead, on top of its image
 
+# The one label rule of every source convention (a table's column, a list file, a .cls sidecar), of
+# adopted tars and of readers: a whole number that an int64 holds, as every format, index.parquet and
+# the batch loader's labels store it. A record read with another label is damaged.
+MAX_LABEL = 2**63 - 1
+LABEL_RULE = "a whole number from 0 to 2**63-1"
+
 
 @dataclass(frozen=True)
 class ResizeConfig:

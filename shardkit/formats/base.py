@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from ..core.config import MAX_RECORD_BYTES
+from ..core.config import LABEL_RULE, MAX_LABEL, MAX_RECORD_BYTES
 from ..core.errors import ConfigError, ShardFormatError
 from ..core.safeio import loads
 
@@ -41,8 +41,9 @@ def checked(record: Record, where: object) -> Record:
     """Shards come from strangers: a record's fields must have the types readers rely on."""
     if not isinstance(record.key, str) or not isinstance(record.ext, str) or not isinstance(record.meta, dict):
         raise ShardFormatError(f"{where}: record {str(record.key)[:200]!r} has fields of the wrong type")
-    if record.label is not None and (not isinstance(record.label, int) or isinstance(record.label, bool)):
-        raise ShardFormatError(f"{where}: record {record.key} has a label that is not an integer")
+    label = record.label
+    if label is not None and (not isinstance(label, int) or isinstance(label, bool) or not 0 <= label <= MAX_LABEL):
+        raise ShardFormatError(f"{where}: record {record.key} has a label that is not {LABEL_RULE}")
     if record[5:] != _NOTHING_MORE:  # a caption, columns or fields (one comparison for image-only records)
         _check_more(record, where)
     if not record.key.isascii():  # our keys are ASCII; others must at least be valid UTF-8

@@ -2,7 +2,8 @@
 
 Layout (no pickle, no object references): `data` uint8 [total bytes] holding every record back to
 back (contiguous when the shard's data is under 32 MiB, else in 1 MiB chunks); `offsets` int64
-[n+1]; `keys`, `exts`, `meta` (JSON) as UTF-8 strings; `labels` int64 (-1 when unlabelled).
+[n+1]; `keys`, `exts`, `meta` (JSON) as UTF-8 strings; `labels` int64 (-1 when unlabelled; any
+other label outside the label rule, core.config.MAX_LABEL, is a damaged record).
 
 Reading: the index (offsets, keys, metadata, and where each raw chunk of `data` lies in the file)
 loads once per shard; a record is then one pread from the file. h5py's own reads cost more than
@@ -291,7 +292,7 @@ class Hdf5ShardReader(ShardReader):
             text, columns = extras.get("text"), extras.get("columns")
             if "files" in extras:
                 data, files = split_files(data, extras["files"], where)
-        record = Record(keys[index], data, exts[index], None if label < 0 else label, meta, text, columns, files)
+        record = Record(keys[index], data, exts[index], None if label == -1 else label, meta, text, columns, files)
         return checked(record, self.path)
 
     def _descriptor(self) -> int:

@@ -34,7 +34,7 @@ from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
-from .order import Progress, lanes_for
+from .order import Progress, check_buffer, check_seed, lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -90,6 +90,8 @@ class ReadOptions:
         if self.scale is not None and not any(abs(self.scale - s) < 1e-9 for s in SCALES):
             raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {self.scale}")
         object.__setattr__(self, "handler", OnError(self.on_error))
+        check_seed(self.seed)
+        check_buffer(self.shuffle_buffer)
         max_pixels = self.max_pixels
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
@@ -111,7 +113,7 @@ class ShardDataset(EpochIteration):
         self.on_error = options.handler
         self.shuffle = options.shuffle
         self.seed = options.seed
-        self.shuffle_buffer = max(1, options.shuffle_buffer)
+        self.shuffle_buffer = check_buffer(options.shuffle_buffer)
         self.rank = options.rank
         self.world_size = options.world_size
         self.drop_last = options.drop_last

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..core.errors import ConfigError, ShardReadError
+from ..core.errors import ShardReadError
 from ..core.manifest import Manifest
 from ..formats.base import Record
 from .handlers import OnError
@@ -80,7 +80,7 @@ class ShardSpace:
         self.dataset = dataset
         self.remote = dataset.remote is not None
         self.order = list(range(len(dataset.manifest.shards)))
-        if shuffle:
+        if shuffle and len(self.order) > 1:
             np.random.default_rng(seed).shuffle(self.order)
         self.counts = [dataset.manifest.shards[shard].count for shard in self.order]
         self.starts = np.cumsum([0, *self.counts])
@@ -224,6 +224,8 @@ class Epochs(Protocol):
 
     def __len__(self) -> int: ...
 
+    def epoch_length(self, seed: int, epoch: int) -> int: ...
+
     def set_epoch(self, epoch: int) -> None: ...
 
     def samples_per_rank(self) -> int: ...
@@ -268,17 +270,11 @@ def cursor(owner: Epochs, progress: Progress, space: Space, workers: tuple[int, 
     return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
 
 
-def check_sizes(progress: Progress, sizes: list[int]) -> None:
-    """A state resumes only the data it was saved on (the same records per source)."""
-    if progress.sizes != sizes:
-        raise ConfigError(
-            f"this state was saved on {_records(progress.sizes)}, this dataset has {_records(sizes)}: "
-            "a state resumes the data it was saved on"
-        )
-
-
-def _records(sizes: list[int]) -> str:
-    return " + ".join(f"{n:,}" for n in sizes) + " records"
+def check_progress(owner: Epochs, progress: Progress) -> None:
+    """Refuses a progress (from a state, which may have been edited or saved elsewhere) that does
+    not fit `owner`'s data: readers.order.Progress.check, before anything is read."""
+    total = owner.epoch_length(progress.seed, progress.epoch)
+    progress.check(owner.fresh_progress(), total, owner.space(progress).cuts)
 
 
 def decoded(position: Cursor, items: Iterator[Item | None], on_error: OnError) -> Iterator[Any]:

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import require
-from .epoch import Cursor, Item, Space, check_sizes, cursor, decoded, stream_items
+from .epoch import Cursor, Item, Space, check_progress, cursor, decoded, stream_items
 from .handlers import OnError
-from .order import Progress
+from .order import Progress, check_epoch
 from .split import rank_and_world
 
 if TYPE_CHECKING:
@@ -30,6 +30,11 @@ class EpochIteration:
     def __len__(self) -> int:
         raise NotImplementedError
 
+    def epoch_length(self, seed: int, epoch: int) -> int:
+        """Positions in the epoch of this seed and number (a mix that stops at its first exhausted
+        source: they depend on both)."""
+        return len(self)
+
     def fresh_progress(self) -> Progress:
         raise NotImplementedError
 
@@ -38,7 +43,7 @@ class EpochIteration:
 
     def set_epoch(self, epoch: int) -> None:
         """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
-        self.epoch = epoch
+        self.epoch = check_epoch(epoch)
 
     def samples_per_rank(self) -> int:
         """How many samples each rank's iteration yields per epoch (the same on every rank).
@@ -62,8 +67,10 @@ class EpochIteration:
         (the start of the epoch by default), undecoded: an Item per position, None where a damaged
         shard was skipped. What iteration decodes and the batch loader crop-decodes; the Cursor
         counts what the consumer took."""
-        progress = progress if progress is not None else self.fresh_progress()
-        check_sizes(progress, self.fresh_progress().sizes)
+        if progress is None:
+            progress = self.fresh_progress()
+        else:
+            check_progress(self, progress)
         space = self.space(progress)
         position = cursor(self, progress, space, workers)
         return position, stream_items(space, position.stream, position.done)

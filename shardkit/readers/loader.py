@@ -30,7 +30,7 @@ import numpy as np
 from ..core.codecs import crop_kernel
 from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from .decode import npy_layout, record_fields
-from .epoch import Cursor, Epochs, Item, check_sizes
+from .epoch import Cursor, Epochs, Item, check_progress
 from .order import Progress
 from .windows import (
     JPEG_EXTENSIONS,
@@ -182,7 +182,7 @@ class BatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration resumes where `state` stood (then epochs start whole again)."""
         progress = Progress.from_state(state)
-        check_sizes(progress, self.dataset.fresh_progress().sizes)
+        check_progress(self.dataset, progress)
         self._resume, self._progress = progress, None
 
     def __iter__(self) -> Iterator[Batch]:

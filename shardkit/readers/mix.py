@@ -15,7 +15,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,9 +23,15 @@ from ..core.errors import ConfigError
 from .epoch import Item, ShardSource, ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
-from .order import Progress, lanes_for
+from .order import Progress, check_buffer, check_seed, lanes_for, shown
 
 CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
+# A mix keeps the shard orders of its sources' latest rounds up to this many shards, each order
+# counted SPACE_COST more (its objects): a block reads a few rounds of each source, while a source
+# smaller than the epoch has a round per pass over it (a 1-record source, one per draw), so keeping
+# every round grew memory with the positions (+39 MB over 100,000 of them).
+SPACE_BUDGET = 2**16
+SPACE_COST = 64
 EXHAUSTED = ("resample", "stop")
 _MIX = 0x6D6978  # keeps the draws' generator apart from every other seeded by (seed, epoch)
 
@@ -33,16 +39,16 @@ _MIX = 0x6D6978  # keeps the draws' generator apart from every other seeded by (
 class Draws:
     """The sources of one epoch's positions: which source each comes from and its draw number."""
 
-    def __init__(self, weights: np.ndarray, seed: tuple[int, int], positions: int) -> None:
-        self.cdf = np.cumsum(weights / weights.sum())
+    def __init__(self, shares: np.ndarray, seed: tuple[int, int], positions: int) -> None:
+        self.cdf = np.cumsum(shares)  # each source's share of the draws (MixedDataset.share)
         self.cdf[-1] = 1.0
         self.seed = seed
         self.chunks = -(-positions // CHUNK)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         # Draws of each source before each chunk: one pass over the chunks, ~4 ms per million positions.
-        counts = np.zeros((self.chunks + 1, len(weights)), np.int64)
+        counts = np.zeros((self.chunks + 1, len(shares)), np.int64)
         for chunk in range(self.chunks):
-            counts[chunk + 1] = counts[chunk] + np.bincount(self._choices(chunk), minlength=len(weights))
+            counts[chunk + 1] = counts[chunk] + np.bincount(self._choices(chunk), minlength=len(shares))
         self.before = counts
 
     def _choices(self, chunk: int) -> np.ndarray:
@@ -110,13 +116,23 @@ class MixSpace:
         self.remote = any(source.remote is not None for source in mix.sources)
         self.cuts: np.ndarray | None = None  # a source's shards start at scattered draws: lanes are cut evenly
         self.draws = mix.draws(progress.seed, progress.epoch)
-        self._spaces: dict[tuple[int, int], ShardSpace] = {}
+        self._spaces: OrderedDict[tuple[int, int], ShardSpace] = OrderedDict()  # least recently used first
+        self._held = 0  # the kept spaces' shards, each space counted SPACE_COST more
 
     def _space(self, source: int, round_: int) -> ShardSpace:
-        space = self._spaces.get((source, round_))
-        if space is None:
-            seed = (self.progress.seed, self.progress.epoch, source, round_)
-            space = self._spaces[(source, round_)] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
+        """Round `round_` of a source's epoch order (a pure function of seed, epoch, source and
+        round, so one let go is made again alike): the last few kept, within SPACE_BUDGET."""
+        key = (source, round_ if self.progress.shuffle else 0)  # unshuffled, every round is stored order
+        space = self._spaces.get(key)
+        if space is not None:
+            self._spaces.move_to_end(key)
+            return space
+        seed = (self.progress.seed, self.progress.epoch, source, round_)
+        space = self._spaces[key] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
+        self._held += len(space.order) + SPACE_COST
+        while self._held > SPACE_BUDGET and len(self._spaces) > 1:
+            _, oldest = self._spaces.popitem(last=False)
+            self._held -= len(oldest.order) + SPACE_COST
         return space
 
     def _split(self, positions: np.ndarray) -> Iterator[tuple[ShardSpace, np.ndarray, np.ndarray]]:
@@ -142,6 +158,22 @@ class MixSpace:
         return [pair for space, _, local in self._split(positions) for pair in space.shards(local)]
 
 
+def _shares(weights: list[Any]) -> np.ndarray:
+    """Each source's share of the draws: `weights` normalized, refused where that fails (a weight
+    that is no finite number >= 0, all of them 0, a sum that overflows, a share that underflows to 0:
+    a source with a weight that would never be drawn)."""
+    if any(isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0 for w in weights):
+        raise ConfigError(f"weights must be finite numbers >= 0, not {shown(weights)}")
+    array = np.array(weights, np.float64)
+    if not (array > 0).any():
+        raise ConfigError("at least one weight must be above 0")
+    with np.errstate(all="ignore"):
+        share: np.ndarray = array / array.sum()
+    if not np.isfinite(share).all() or ((share > 0) != (array > 0)).any():
+        raise ConfigError(f"weights {shown(weights)} cannot be normalized (their sum overflows, or a share underflows)")
+    return share
+
+
 class MixedDataset(EpochIteration):
     """Several outputs drawn by weight (see open_shards): iterable, `loader()`, `iterable()`."""
 
@@ -163,10 +195,7 @@ class MixedDataset(EpochIteration):
         weights = [1.0] * len(sources) if weights is None else list(weights)
         if len(weights) != len(sources):
             raise ConfigError(f"{len(weights)} weights for {len(sources)} sources")
-        if any(isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0 for w in weights):
-            raise ConfigError(f"weights must be finite numbers >= 0, not {weights}")
-        if sum(weights) <= 0:
-            raise ConfigError("at least one weight must be above 0")
+        share = _shares(weights)
         if exhausted not in EXHAUSTED:
             raise ConfigError(f"exhausted must be 'resample' or 'stop', not {exhausted!r}")
         empty = [i for i, (source, w) in enumerate(zip(sources, weights, strict=True)) if w > 0 and len(source) == 0]
@@ -175,10 +204,10 @@ class MixedDataset(EpochIteration):
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
             raise ConfigError(f"length must be a whole number >= 0, not {length!r}")
         self.sources = sources
-        self.weights = np.array(weights, np.float64)
+        self.weights, self.share = np.array(weights, np.float64), share
         self.length = sum(len(s) for s in sources) if length is None else length
         self.exhausted = exhausted
-        self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, max(1, shuffle_buffer)
+        self.shuffle, self.seed, self.shuffle_buffer = shuffle, check_seed(seed), check_buffer(shuffle_buffer)
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.on_error = OnError(on_error)
         self.epoch = 0
@@ -188,27 +217,28 @@ class MixedDataset(EpochIteration):
 
     def draws(self, seed: int, epoch: int) -> Draws:
         if self._draws is None or self._draws[0] != (seed, epoch):
-            self._draws = ((seed, epoch), Draws(self.weights, (seed, epoch), self.length))
+            self._draws = ((seed, epoch), Draws(self.share, (seed, epoch), self.length))
         return self._draws[1]
 
-    def _epoch_length(self, seed: int, epoch: int) -> int:
+    def epoch_length(self, seed: int, epoch: int) -> int:
         if self.exhausted == "stop":
             return min(self.length, self.draws(seed, epoch).first_short([len(s) for s in self.sources]))
         return self.length
 
     def __len__(self) -> int:
         """Samples in this epoch of the mix (with exhausted="stop", up to where a source ran out)."""
-        return self._epoch_length(self.seed, self.epoch)
+        return self.epoch_length(self.seed, self.epoch)
 
     def fresh_progress(self) -> Progress:
         sizes = [len(s) for s in self.sources]
-        share = self.weights / self.weights.sum()
         # a mix's positions per shard: a source's shard lasts its records / its share of the draws
         per_shard = min(
-            len(s) / max(1, len(s.manifest.shards)) / w for s, w in zip(self.sources, share, strict=True) if w > 0
+            len(s) / max(1, len(s.manifest.shards)) / w for s, w in zip(self.sources, self.share, strict=True) if w > 0
         )
         lanes = lanes_for(self.shuffle_buffer, per_shard)
-        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self), lanes=lanes)
+        progress = Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self), lanes=lanes)
+        progress.weights = self.share.tolist()  # a state resumes only a mix of the same weights
+        return progress
 
     def space(self, progress: Progress) -> MixSpace:
         return MixSpace(self, progress)

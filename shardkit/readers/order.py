@@ -17,7 +17,10 @@ consumed is read again on resume.
 each worker stream's count, the same on every rank (ranks train in lock step, so rank 0's state is
 enough). Resuming with the layout of the last split continues its streams where they stood;
 resuming with another layout subtracts what every stream of every split consumed and splits the
-remaining positions anew (a new split). All of it is JSON: ints, bools and lists.
+remaining positions anew (a new split). All of it is JSON: ints, bools and lists (and a mix's
+weights). A state may have been edited or saved on other data: `Progress.from_state` refuses a
+field out of range and `Progress.check` one that does not fit the dataset it is loaded into, before
+anything is allocated or read, each refusal a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -34,6 +37,41 @@ from ..core.errors import ConfigError
 
 LANES = 8  # the fewest places of a run one shuffled block draws from
 MAX_LANES = 256  # the most: each lane is a shard open at once (a descriptor, a cached remote shard)
+SEED_LIMIT = 2**64 - 1  # seeds: numpy takes any whole number >= 0; torch's initial_seed() fits 64 bits
+INT64 = 2**63 - 1  # epochs (the torch glue shares the epoch as an int64), counts and sizes
+# The most streams (ranks x workers, every split of an epoch together) an epoch of fewer positions
+# may have: resuming builds each stream of every earlier split (~40 us each), so a state's world is
+# bounded by the work its epoch is worth, and a real cluster's (8,192 ranks of 8 workers) fits.
+MAX_STREAMS = 2**16
+
+
+def shown(value: Any) -> str:
+    """A value from a state or an argument, short whatever it is (str() refuses ints of 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit number"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def whole(value: Any, name: str, low: int, high: int, what: str = "") -> int:
+    """`value` if it is an int (not a bool) from `low` to `high`, else a ConfigError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        bound = "2**64-1" if high == SEED_LIMIT else "2**63-1" if high == INT64 else f"{high:,}"
+        raise ConfigError(f"{what}{name} must be a whole number from {low:,} to {bound}, not {shown(value)}")
+    return value
+
+
+def check_seed(seed: Any) -> int:
+    return whole(seed, "seed", 0, SEED_LIMIT)
+
+
+def check_epoch(epoch: Any) -> int:
+    return whole(epoch, "epoch", 0, INT64)
+
+
+def check_buffer(buffer: Any) -> int:
+    """A shuffle buffer (below 1 taken as 1), at most what a state keeps (`from_state`)."""
+    return max(1, whole(buffer, "shuffle_buffer", -INT64 - 1, INT64))
 
 
 def lanes_for(buffer: int, positions_per_shard: float) -> int:
@@ -181,14 +219,19 @@ class Stream:
         quota = max(1, buffer // lanes)
         self.lane_starts = lane_starts(run, lanes, cuts)
         self.lengths = np.diff(self.lane_starts).astype(np.int64)
-        self.blocks = blocks = -(-int(self.lengths.max(initial=0)) // quota)
-        # lane i hands out its items [i_j, i_{j+1}) in block j, i_j = j * length_i // blocks
-        done = (np.arange(blocks + 1, dtype=np.int64)[:, None] * self.lengths[None, :]) // max(1, blocks)
-        self.ends = done.sum(axis=1)[1:].tolist()  # positions the stream has yielded after each block
+        self.blocks = -(-int(self.lengths.max(initial=0)) // quota)
+        self._lengths = [int(n) for n in self.lengths]  # Python ints: j * length overflows no int64
 
     def _taken(self, lane: int, j: int) -> int:
-        """Items of `lane` handed out in blocks before j."""
-        return j * int(self.lengths[lane]) // self.blocks
+        """Items of `lane` handed out in blocks before j: lane i hands out its items [i_j, i_{j+1})
+        in block j, i_j = j * length_i // blocks."""
+        return j * self._lengths[lane] // self.blocks
+
+    def end(self, j: int) -> int:
+        """Positions the stream has yielded after its blocks before j, computed, never tabled: a
+        table of every block's (a buffer of 1 over a large epoch: a block per lane's record) took
+        8 bytes a position."""
+        return sum(j * n // self.blocks for n in self._lengths) if self.blocks else 0
 
     def block(self, j: int) -> np.ndarray:
         """Block j's positions in the order they are emitted."""
@@ -206,13 +249,16 @@ class Stream:
         """(block, offset within it) of the stream's item number `done`."""
         if not 0 <= done <= self.length:
             raise ConfigError(f"a stream of {self.length:,} positions cannot have yielded {done:,}")
-        j = bisect.bisect_right(self.ends, done)
-        return j, done - (self.ends[j - 1] if j else 0)
+        j, high = 0, self.blocks  # the last j with end(j) <= done (end grows with every block)
+        while j < high:
+            middle = (j + high + 1) // 2
+            j, high = (middle, high) if self.end(middle) <= done else (j, middle - 1)
+        return j, done - self.end(j)
 
     def blocks_from(self, done: int) -> Iterator[np.ndarray]:
         """The positions still to come after `done` were yielded, block by block."""
         j, offset = self.locate(done)
-        for block in range(j, len(self.ends)):
+        for block in range(j, self.blocks):
             positions = self.block(block)
             yield positions[offset:] if block == j else positions
 
@@ -254,6 +300,7 @@ class Progress:
     total: int  # positions in the epoch
     splits: list[Split] = field(default_factory=list)
     lanes: int = LANES  # of a shuffled stream (lanes_for)
+    weights: list[float] | None = None  # a mix's share of each source (None for one output): a fingerprint
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
         """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
@@ -266,40 +313,76 @@ class Progress:
                 done = [count if i == mine else None for i, count in enumerate(done)]
             layout = {"world": split.world, "workers": split.workers, "drop_last": split.drop_last, "done": done}
             splits.append({**layout, "turn": split.turn} if split.turn else layout)
-        return {
+        state = {
             "format": STATE_FORMAT, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
             "buffer": self.buffer, "lanes": self.lanes, "sizes": list(self.sizes), "total": self.total,
             "splits": splits,
         }  # fmt: skip
+        return state if self.weights is None else {**state, "weights": list(self.weights)}
 
     @classmethod
     def from_state(cls, state: Any) -> Progress:
+        """The progress a state describes, every field checked for its type and range (a state may
+        have been edited); `check` then fits it to the dataset it is loaded into."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError("not a shardkit iteration state (state_dict() of a shardkit loader or dataset)")
         try:
-            splits = [
-                Split(
-                    int(s["world"]),
-                    int(s["workers"]),
-                    bool(s["drop_last"]),
-                    [None if c is None else int(c) for c in s["done"]],
-                    int(s.get("turn", 0)),
-                )
-                for s in state["splits"]
-            ]
+            splits = [_split(s, last=i == len(state["splits"]) - 1) for i, s in enumerate(_listed(state, "splits"))]
+            sizes = [whole(n, "sizes", 0, INT64) for n in _listed(state, "sizes")]
             progress = cls(
-                int(state["epoch"]), int(state["seed"]), bool(state["shuffle"]), int(state["buffer"]),
-                [int(n) for n in state["sizes"]], int(state["total"]), splits, int(state["lanes"]),
+                check_epoch(state["epoch"]), check_seed(state["seed"]), _flag(state, "shuffle"),
+                whole(state["buffer"], "buffer", 1, INT64), sizes, whole(state["total"], "total", 0, INT64),
+                splits, whole(state["lanes"], "lanes", 1, MAX_LANES), _weights(state.get("weights")),
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as error:
-            raise ConfigError(f"a damaged shardkit iteration state ({type(error).__name__}: {error})") from None
-        if (
-            progress.buffer < 1
-            or progress.total < 0
-            or any(s.world < 1 or s.workers < 1 or len(s.done) != s.workers for s in splits)
-        ):
-            raise ConfigError("a damaged shardkit iteration state (bad counts)")
+        except KeyError as error:
+            raise ConfigError(f"a damaged shardkit iteration state: no {shown(error.args[0])}") from None
+        except ConfigError as error:
+            raise ConfigError(f"a damaged shardkit iteration state: {error}") from None
         return progress
+
+    def check(self, fresh: Progress, total: int, cuts: np.ndarray | None) -> None:
+        """Refuses this progress (from a state) unless it fits the dataset whose fresh progress is
+        `fresh` and whose epoch (this progress's seed and epoch) has `total` positions, with shards
+        starting at `cuts`: the same records and mix, a split's streams bounded by the epoch, each
+        stream's count within its stream. Bounded work: about what resuming does anyway."""
+        if self.sizes != fresh.sizes:
+            raise ConfigError(
+                f"this state was saved on {_records(self.sizes)}, this dataset has {_records(fresh.sizes)}: "
+                "a state resumes the data it was saved on"
+            )
+        if self.weights != fresh.weights:
+            said = "one output" if self.weights is None else f"a mix of weights {shown(self.weights)}"
+            this = "one output" if fresh.weights is None else f"a mix of weights {shown(fresh.weights)}"
+            raise ConfigError(f"this state was saved on {said}, this dataset is {this}: a state resumes its own mix")
+        if self.total != total:
+            raise ConfigError(
+                f"this state's total is {self.total:,} positions, this dataset's epoch has {total:,}: "
+                "a state resumes the epoch it was saved in (a mix: the same length)"
+            )
+        streams = 0
+        for layout in self.splits:
+            streams += layout.world * layout.workers
+            if streams > max(self.total, MAX_STREAMS):
+                raise ConfigError(
+                    f"this state's splits have {streams:,} streams (world x workers) for an epoch of "
+                    f"{self.total:,} positions: a damaged world or workers"
+                )
+        self.check_counts(cuts)
+
+    def check_counts(self, cuts: np.ndarray | None = None) -> None:
+        """Refuses a split whose stream counts (`done`) go past their streams."""
+        sequence = [(0, self.total)]
+        for index, layout in enumerate(self.splits):
+            per_rank = layout.per_rank(span_length(sequence)) if sequence else 0
+            for worker, count in enumerate(layout.done):
+                length = (worker + 1) * per_rank // layout.workers - worker * per_rank // layout.workers
+                if count is not None and count > length:
+                    raise ConfigError(
+                        f"this state's done counts {count:,} positions of worker stream {worker} of split "
+                        f"{index}, which has {length:,}"
+                    )
+            if index < len(self.splits) - 1:
+                sequence = subtract(sequence, self.consumed(index, sequence, cuts))
 
     def stream_key(self, split: int, rank: int, worker: int) -> tuple[int, ...]:
         return (self.seed, self.epoch, split, rank, worker)
@@ -353,11 +436,59 @@ class Progress:
             last = self.splits[-1]
             if (last.world, last.workers, last.drop_last) == (world, workers, drop_last):
                 return len(self.splits) - 1, self.sequence(len(self.splits) - 1, cuts)
-            sequence = self.sequence(len(self.splits), cuts)  # needs every stream's count of the last split
-        else:
-            sequence = [(0, self.total)]
+        streams = sum(s.world * s.workers for s in self.splits) + world * workers
+        if streams > max(self.total, MAX_STREAMS):
+            raise ConfigError(
+                f"{world:,} ranks of {workers:,} workers make {streams:,} streams for an epoch of "
+                f"{self.total:,} positions (at most {MAX_STREAMS:,} or one per position)"
+            )
+        # a new split cuts what every stream of the earlier ones left (needs each one's count)
+        sequence = self.sequence(len(self.splits), cuts) if self.splits else [(0, self.total)]
         self.splits.append(Split(world, workers, drop_last, [0] * workers))
         return len(self.splits) - 1, sequence
+
+
+def _listed(state: dict[str, Any], name: str) -> list[Any]:
+    value = state[name]
+    if not isinstance(value, list):
+        raise ConfigError(f"{name} must be a list, not {shown(value)}")
+    return value
+
+
+def _flag(state: dict[str, Any], name: str) -> bool:
+    value = state[name]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, not {shown(value)}")
+    return value
+
+
+def _split(state: Any, last: bool) -> Split:
+    """One split of a state: its layout in range, a count per worker (unknown, None, only in the last
+    split: a DataLoader worker's state)."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"a split must be an object, not {shown(state)}")
+    world, workers = whole(state["world"], "world", 1, INT64), whole(state["workers"], "workers", 1, INT64)
+    done = _listed(state, "done")
+    if len(done) != workers:
+        raise ConfigError(f"a split of {workers:,} workers has {len(done):,} done counts")
+    counts = [None if last and count is None else whole(count, "done", 0, INT64) for count in done]
+    turn = whole(state.get("turn", 0), "turn", 0, workers - 1)
+    return Split(world, workers, _flag(state, "drop_last"), counts, turn)
+
+
+def _weights(value: Any) -> list[float] | None:
+    """A mix's shares, each a number from 0 to 1 (None for one output)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(w, float) and 0 <= w <= 1 for w in value
+    ):  # (NaN fails 0 <= w)
+        raise ConfigError(f"weights must be a list of shares from 0 to 1, not {shown(value)}")
+    return value
+
+
+def _records(sizes: list[int]) -> str:
+    return " + ".join(f"{n:,}" for n in sizes) + " records"
 
 
 def round_robin_counts(

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .epoch import Epochs, check_sizes
+from .epoch import Epochs, check_progress
 from .order import Progress, round_robin_counts
 from .split import rank_and_world
 
@@ -44,8 +44,8 @@ class ShardIterableDataset(IterableDataset[Any]):
         return int(self.dataset.samples_per_rank())
 
     def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)  # checks it first: the shared value is an int64
         self._epoch.value = epoch
-        self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process's iteration stands (in a DataLoader worker: that worker's stream)."""
@@ -58,7 +58,7 @@ class ShardIterableDataset(IterableDataset[Any]):
         process's rank and worker layout (another world size or worker count splits the rest of the
         epoch anew; that needs a whole state, not one worker's)."""
         progress = Progress.from_state(state)
-        check_sizes(progress, self.dataset.fresh_progress().sizes)
+        check_progress(self.dataset, progress)
         self._resume, self._progress = progress, None
         if get_worker_info() is None:  # in a worker, the shared epoch is the training process's
             self.set_epoch(progress.epoch)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
 
+from ...core.config import LABEL_RULE, MAX_LABEL
 from ...core.errors import Failure
 
 if TYPE_CHECKING:
@@ -23,10 +24,6 @@ Caption = str | list[str]  # one caption, or several (a table's list column)
 # ASCII, unique, and safe for tar member names where '.' separates the key from the extension.
 _KEY_SAFE = "/ _-'()+,;=@!~&$[]"
 
-# The one label rule of every source convention (a table's column, a list file, a .cls sidecar) and
-# of adopted tars: a whole number that an int64 holds, as every format and index.parquet store it.
-MAX_LABEL = 2**63 - 1
-LABEL_RULE = "a whole number from 0 to 2**63-1"
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit takes '²', which int() refuses)
 
 

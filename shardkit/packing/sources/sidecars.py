@@ -18,14 +18,14 @@ from typing import Any
 
 from PIL import Image
 
-from ...core.config import MAX_RECORD_BYTES, ResizeConfig
+from ...core.config import LABEL_RULE, MAX_RECORD_BYTES, ResizeConfig
 from ...core.errors import Failure, ImageError, describe
 from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import loads, read_regular
 from ...formats.base import RESERVED_FIELDS
 from ..encode import plan_geometry
 from .folder import entries, not_a_file, sort_names
-from .item import LABEL_RULE, Item, SourceWalk, make_key, parse_label, skip
+from .item import Item, SourceWalk, make_key, parse_label, skip
 from .rows import BOM, MAX_EXTRA_BYTES
 
 CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
