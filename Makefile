@@ -43,8 +43,11 @@ test:
 
 # The inner loop: the suite without the tests marked slow, on two processes (under a minute on 2 cores).
 # CLI tests run the command in-process (tests/inprocess.py); what needs a real process stays one.
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: each worker otherwise compiles and
+# assertion-rewrites every test module again (collection 9.4 s -> 5.6 s). --dist loadfile keeps a
+# module's fixtures (packed outputs) on one worker instead of building them on both.
 test-fast:
-	$(PY) -m pytest -q -m "not slow" -n 2
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
 
 lint:
 	$(VENV)/bin/ruff check shardkit tests scripts
