@@ -37,9 +37,11 @@ venv: $(PY)
 pillow-simd: venv
 	@bash scripts/install_pillow_simd.sh $(PY)
 
-# Everything, the integration tests with Ray, the S3 server, signals and killed processes included (CI).
-test:
-	$(PY) -m pytest -q
+# Everything, the integration tests with Ray, the S3 server, signals and killed processes included (CI):
+# test-fast's part on two processes, then the tests marked slow in one (they start clusters, servers
+# and process groups of their own, and time signals).
+test: test-fast
+	$(PY) -m pytest -q -m slow
 
 # The inner loop: the suite without the tests marked slow, on two processes (under a minute on 2 cores).
 # CLI tests run the command in-process (tests/inprocess.py); what needs a real process stays one.
