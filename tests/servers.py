@@ -11,11 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ACCESS_KEY, SECRET_KEY = "shardkit", "shardkit-secret"
@@ -175,3 +177,16 @@ def http_server(folder: Path) -> Iterator[str]:
     finally:
         process.kill()
         process.wait(10)
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An in-process http.server answering with `handler` (a test's own faults) on a free loopback
+    port, in a thread; yields its base URL, and shuts it down after."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,7 +18,7 @@ import pytest
 from shardkit.checks.verify import verify
 from shardkit.core.manifest import Manifest, info_of, read_manifest, write_json_atomic
 
-from .servers import http_server
+from .servers import http_server, serving
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ ROW = b'{"path": "x.jpg", "reason": "cannot decode", "stage": "decode"}\n'
 def endless_errors_server(folder: Path) -> Iterator[tuple[str, list[int]]]:
     """http.server serving `folder`, but errors.jsonl as a body that never ends (no length, rows
     until the client hangs up); yields its URL and a one-item list: the bytes of it sent."""
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import SimpleHTTPRequestHandler
 
     sent = [0]
 
@@ -156,14 +156,8 @@ def endless_errors_server(folder: Path) -> Iterator[tuple[str, list[int]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", sent
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, sent
 
 
 @contextlib.contextmanager

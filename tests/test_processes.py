@@ -11,13 +11,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from shardkit.core.manifest import read_manifest
 from shardkit.synthetic import write_image
+from tests.servers import serving
 
 pytestmark = pytest.mark.slow
 
@@ -238,14 +239,11 @@ def shards_held_back(folder: Path) -> Iterator[tuple[str, threading.Event]]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        try:
+            yield url, asked
+        finally:
+            release.set()  # (before the shutdown: a handler held back would keep it waiting)
 
 
 def test_verify_stops_its_checkers_on_sigterm(python_command, clean_run: Path) -> None:

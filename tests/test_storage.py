@@ -26,7 +26,7 @@ from shardkit.packing.pack import pack
 from shardkit.storage.cache import ShardCache
 from shardkit.storage.store import Store
 from shardkit.storage.urls import is_remote, parse_storage_options
-from tests.servers import http_server, s3_server
+from tests.servers import http_server, s3_server, serving
 
 pytestmark = pytest.mark.slow  # a real Ray instance or S3 server: `make test` runs these, `make test-fast` does not
 
@@ -404,7 +404,7 @@ def objects_server(objects: dict[str, bytes]) -> Iterator[str]:
     """A loopback HTTP server of our own serving `objects` (name -> bytes) under /out/, with an
     index page linking them, as a static site or a bucket's HTTP endpoint does: names need not be
     names a file can have."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
     from urllib.parse import quote, unquote
 
     class Handler(BaseHTTPRequestHandler):
@@ -426,14 +426,8 @@ def objects_server(objects: dict[str, bytes]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/out"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/out"
 
 
 def test_a_shard_named_longer_than_a_file_name_can_be(packed, tmp_path: Path) -> None:
