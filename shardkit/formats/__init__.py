@@ -7,6 +7,7 @@ not here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,6 +60,7 @@ def idx_files(shards: Iterable[str]) -> set[str]:
     return {idx_name(name) for name in shards if name.endswith(with_idx)}
 
 
+@functools.cache  # (the registry is fixed for the process)
 def output_file_names() -> frozenset[str]:
     """The names any format writes beside a whole output for other readers (wids'
     shardindex.json): what `Backend.output_files` makes, whose names do not depend on the shards."""

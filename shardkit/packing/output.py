@@ -257,7 +257,8 @@ def ledger(output: Path) -> set[str]:
     shardindex.json. Every name must be a name shardkit gives: a crafted record cannot make
     anything else deletable."""
     ours: set[str] = set()
-    for name in own_files():
+    own = own_files()
+    for name in own:
         if (output / name).is_file():
             ours.add(name)  # a pack writes these names anyway
     if (output / MANIFEST_NAME).is_file():
@@ -275,7 +276,7 @@ def ledger(output: Path) -> set[str]:
         ours.update(
             name
             for name in clearing
-            if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name) or name in own_files())
+            if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name) or name in own)
         )
     ours.update(idx_files(name for name in ours if is_shard_name(name)))  # their .idx files
     ours.update(entry.name for entry in os.scandir(output) if _old_temp_file(entry.name))
