@@ -270,11 +270,14 @@ def cursor(owner: Epochs, progress: Progress, space: Space, workers: tuple[int, 
     return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
 
 
-def check_progress(owner: Epochs, progress: Progress) -> None:
+def check_progress(owner: Epochs, progress: Progress) -> Space:
     """Refuses a progress (from a state, which may have been edited or saved elsewhere) that does
-    not fit `owner`'s data: readers.order.Progress.check, before anything is read."""
+    not fit `owner`'s data: readers.order.Progress.check, before anything is read. Returns the
+    epoch's space it was checked against, for a caller that goes on to read it."""
     total = owner.epoch_length(progress.seed, progress.epoch)
-    progress.check(owner.fresh_progress(), total, owner.space(progress).cuts)
+    space = owner.space(progress)
+    progress.check(owner.fresh_progress(), total, space.cuts)
+    return space
 
 
 def decoded(position: Cursor, items: Iterator[Item | None], on_error: OnError) -> Iterator[Any]:

@@ -69,9 +69,9 @@ class EpochIteration:
         counts what the consumer took."""
         if progress is None:
             progress = self.fresh_progress()
+            space = self.space(progress)
         else:
-            check_progress(self, progress)
-        space = self.space(progress)
+            space = check_progress(self, progress)
         position = cursor(self, progress, space, workers)
         return position, stream_items(space, position.stream, position.done)
 
