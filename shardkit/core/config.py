@@ -147,6 +147,39 @@ class TableConfig:
 
 
 @dataclass(frozen=True)
+class WebConfig:
+    """How the images of a URL table are downloaded (pack and probe of a table of URLs). A
+    transient failure (refused or reset connection, timeout, a body cut short, 5xx, 429) is tried
+    again `retries` times, waiting `backoff` seconds doubled each try with full jitter (a 429 or
+    503's Retry-After instead, up to a minute); anything else is final at once."""
+
+    url_column: str = "url"
+    retries: int = 5
+    backoff: float = 1.0  # the first retry's mean wait, in seconds
+    timeout: float = 30.0  # one request's deadline, connect to last byte, in seconds
+    max_bytes: int = 32 << 20  # a larger body is refused (read no further than this)
+    threads: int = 32  # concurrent downloads in each worker process
+    per_host: int = 8  # of which at most this many to one host
+    respect_noai: bool = True  # X-Robots-Tag: noai / noimageai refuses the image (as img2dataset does)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url_column, str) or not self.url_column.strip():
+            raise ConfigError(f"the URL column must be a name, not {self.url_column!r}")
+        if not 0 <= self.retries <= 100:
+            raise ConfigError(f"retries must be 0 to 100, not {self.retries}")
+        if not (math.isfinite(self.backoff) and 0 <= self.backoff <= 600):
+            raise ConfigError(f"backoff must be 0 to 600 seconds, not {self.backoff}")
+        if not (math.isfinite(self.timeout) and 0 < self.timeout <= 3600):
+            raise ConfigError(f"timeout must be more than 0 and at most 3600 seconds, not {self.timeout}")
+        if not 1024 <= self.max_bytes <= MAX_RECORD_BYTES:
+            raise ConfigError(f"the download size cap must be 1KB to 256MiB, not {self.max_bytes}")
+        if not 1 <= self.threads <= 1024:
+            raise ConfigError(f"download threads must be 1 to 1024, not {self.threads}")
+        if not 1 <= self.per_host <= 1024:
+            raise ConfigError(f"downloads per host must be 1 to 1024, not {self.per_host}")
+
+
+@dataclass(frozen=True)
 class PackConfig:
     source: str
     output: str
@@ -174,6 +207,7 @@ class PackConfig:
     # "exact" (the same bytes) or "near" (DCT hashes within dedup_threshold bits, exact copies too)
     dedup: str = "none"
     dedup_threshold: int = DEFAULT_DEDUP_THRESHOLD
+    web: WebConfig = field(default_factory=WebConfig)  # a URL table's downloads
 
     def __post_init__(self) -> None:
         if self.dedup not in DEDUP_MODES:
@@ -220,7 +254,7 @@ class PackOption:
     derived from `PACK_OPTION_TABLE`: a new option is one row here, plus its use."""
 
     name: str
-    owner: type  # PackConfig, ResizeConfig or EncodeConfig
+    owner: type  # PackConfig, ResizeConfig, EncodeConfig or WebConfig
     field: str  # the owner's field: its default is the option's
     types: type | tuple[type, ...]  # what a preset may give (and the CLI's value type: the first)
     help: str
@@ -283,6 +317,18 @@ PACK_OPTION_TABLE: tuple[PackOption, ...] = (
                "exact (the same bytes) or near (re-encoded, resized, grey, brighter...).", choices=DEDUP_MODES),
     PackOption("dedup_threshold", PackConfig, "dedup_threshold", int,
                "--dedup near: the largest Hamming distance of two DCT hashes (0-32)."),
+    PackOption("url_column", WebConfig, "url_column", str, "A table of URLs: the column that holds them."),
+    PackOption("retries", WebConfig, "retries", int, "A table of URLs: tries again after a transient failure."),
+    PackOption("backoff", WebConfig, "backoff", (float, int), "Seconds before the first retry (doubled each try, "
+               "with jitter; Retry-After wins).", parse=float),
+    PackOption("timeout", WebConfig, "timeout", (float, int), "One download's deadline in seconds.", parse=float),
+    PackOption("max_download", WebConfig, "max_bytes", (str, int), "Refuse a download larger than this.",
+               default_help="32MiB", parse=parse_bytes),
+    PackOption("download_threads", WebConfig, "threads", int, "Concurrent downloads per worker process."),
+    PackOption("per_host", WebConfig, "per_host", int, "Of which at most this many to one host."),
+    PackOption("respect_noai", WebConfig, "respect_noai", bool,
+               "Skip images served with X-Robots-Tag: noai or noimageai.", default_help="",
+               flags=("--respect-noai/--ignore-noai",)),
 )  # fmt: skip
 
 # The flat options of `pack` (CLI flags, '_' for '-', and preset keys) and their defaults, and the
@@ -321,7 +367,7 @@ def pack_config(
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
     "auto" or "none", `shard_bytes="256MB"`, ...): what `shardkit pack` runs, for library users too."""
     values = options(PACK_OPTIONS, preset, **given)
-    owned: dict[type, dict[str, Any]] = {PackConfig: {}, ResizeConfig: {}, EncodeConfig: {}}
+    owned: dict[type, dict[str, Any]] = {PackConfig: {}, ResizeConfig: {}, EncodeConfig: {}, WebConfig: {}}
     for option in PACK_OPTION_TABLE:
         value = values[option.name]
         owned[option.owner][option.field] = option.parse(value) if option.parse is not None else value
@@ -330,6 +376,7 @@ def pack_config(
         output=str(output),
         resize=ResizeConfig(**owned[ResizeConfig]),
         encode=EncodeConfig(**owned[EncodeConfig]),
+        web=WebConfig(**owned[WebConfig]),
         resume=resume,
         overwrite=overwrite,
         storage_options=storage_options,

@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-STAGES = ("discover", "header", "read", "decode", "resize", "encode", "duplicate", "internal")
+STAGES = ("discover", "download", "header", "read", "decode", "resize", "encode", "duplicate", "internal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,17 +15,21 @@ class Failure:
     """An input that was not taken, and why: what discover skips, what pack cannot pack, a row of
     errors.jsonl. `path` is relative to the source and printable; `stage` is one of STAGES
     ("internal": a shardkit bug, not a bad image; "duplicate": left out by pack --dedup, a copy of
-    the record keyed `duplicate_of`)."""
+    the record keyed `duplicate_of`; "download": a URL that could not be fetched, `transient` when
+    the cause may pass (a timeout, a 5xx, a 429), so `pack --resume` tries that row again)."""
 
     path: str
     stage: str
     reason: str
     duplicate_of: str | None = None
+    transient: bool = False
 
-    def to_json(self) -> dict[str, str]:
-        row = {"path": self.path, "stage": self.stage, "reason": self.reason}
+    def to_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"path": self.path, "stage": self.stage, "reason": self.reason}
         if self.duplicate_of is not None:
             row["duplicate_of"] = self.duplicate_of
+        if self.transient:
+            row["transient"] = True
         return row
 
 
