@@ -10,13 +10,17 @@ cannot be taken becomes a Failure naming its line and the cause; the pack goes o
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gzip
+import io
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, cast
 
 from ...core.config import TableConfig
 from ...core.errors import SourceError, describe
@@ -70,14 +74,38 @@ def find_table(root: str, config: TableConfig) -> Table | None:
         if len(present) > 1:
             raise SourceError(f"{root}: {' and '.join(present)} both present; keep one (or pick one with --metadata)")
         path = os.path.join(root, present[0])
-    lower = path.lower()
-    kind = next((kind for suffix, kind in TABLE_KINDS.items() if lower.endswith(suffix)), None)
+    kind = table_kind(path)
     if kind is None:
         raise SourceError(f"{path}: a metadata table must be .jsonl, .csv, .tsv or .parquet")
     return Table(path, kind, config, os.path.basename(path))
 
 
-def read_rows(table: Table) -> Iterator[Row]:
+def table_kind(path: str) -> str | None:
+    """A table's kind by its name (jsonl, csv, tsv, parquet; a text table may be gzipped, x.csv.gz),
+    or None when the name is not a table's."""
+    lower = path.lower()
+    text = lower.removesuffix(".gz")
+    kind = next((kind for suffix, kind in TABLE_KINDS.items() if text.endswith(suffix)), None)
+    return None if kind == "parquet" and text != lower else kind  # (parquet compresses inside)
+
+
+def _open_bytes(table: Table) -> BinaryIO:
+    """The table's bytes, gunzipped when its name ends in .gz (streamed: no size is known up front,
+    and the line limit bounds what one row may hold); a FIFO is refused, never waited on."""
+    zipped = table.path.lower().endswith(".gz")
+    try:
+        fd = open_regular(table.path)
+    except OSError as error:
+        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
+    if not zipped:
+        return open(fd, "rb")
+    raw = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed with the GzipFile (GzipFile buffers)
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # closed with it, as when GzipFile opens the file itself
+    return cast(BinaryIO, unzipped)
+
+
+def read_rows(table: Table) -> Generator[Row, None, None]:
     """Every row of the table, streamed; a row that cannot be read comes with its problem."""
     table.rows = 0
     if table.kind == "jsonl":
@@ -92,11 +120,8 @@ def read_rows(table: Table) -> Iterator[Row]:
 
 
 def _jsonl_rows(table: Table) -> Iterator[Row]:
-    try:
-        handle = open(open_regular(table.path), "rb")  # noqa: SIM115 - closed below; a FIFO is refused, never waited on
-    except OSError as error:
-        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
-    with handle:
+    handle = _open_bytes(table)
+    with handle, _unzipping(table):
         for number, line in enumerate(iter(lambda: handle.readline(_LINE_LIMIT + 1), b""), 1):
             if len(line) > _LINE_LIMIT:
                 raise SourceError(f"{table.path}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
@@ -125,11 +150,8 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
 
 def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
     csv.field_size_limit(_LINE_LIMIT)
-    try:
-        handle = open(open_regular(table.path), encoding="utf-8-sig", errors="surrogateescape", newline="")  # noqa: SIM115
-    except OSError as error:
-        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
-    with handle:
+    handle = io.TextIOWrapper(_open_bytes(table), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    with handle, _unzipping(table):
         reader = csv.reader(handle, delimiter=delimiter, strict=True)
         try:
             header = next(reader)
@@ -158,6 +180,15 @@ def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
                 yield Row(number, None, f"line {number}: not UTF-8")
                 continue
             yield Row(number, dict(zip(header, fields, strict=True)))
+
+
+@contextlib.contextmanager
+def _unzipping(table: Table) -> Iterator[None]:
+    """A damaged gzip stream said as the table's problem, in one line."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise SourceError(f"{table.path}: not a readable gzip file ({describe(error, with_type=True)})") from None
 
 
 def _not_utf8(text: str) -> bool:

@@ -47,7 +47,7 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
                 numbers = True
     if not table.rows:
         raise SourceError(f"{table.path}: the table has no rows")
-    _check_columns(table)
+    check_columns(table)
     if names and numbers:
         raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
     classes = sorted(names, key=os.fsencode)
@@ -62,7 +62,7 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     del stems, key_hashes
     found = SourceWalk(root, "table", [], classes, [], table=table)
     class_index = {name: i for i, name in enumerate(classes)}
-    rows = _Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
+    rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
     found.items = _table_items(root, rows, found.skipped, paths)
     return found
 
@@ -101,7 +101,7 @@ class RealPaths:
 
 
 @dataclass
-class _Rows:
+class Rows:
     """What the first read of a table settled, for the second."""
 
     table: Table
@@ -114,12 +114,13 @@ class _Rows:
     real: RealPaths  # the path hashes above are of real paths
 
 
-def _check_columns(table: Table) -> None:
-    """The columns the flags name exist; the caption column is resolved ("caption", else "text")."""
+def check_columns(table: Table, flag: str = "--path-column") -> None:
+    """The columns the flags name exist; the caption column is resolved ("caption", else "text").
+    The column that names each sample's image (a path, or a URL) is set with `flag`."""
     config, found = table.config, table.found
     shown = ", ".join(found[:20]) + (", ..." if len(found) > 20 else "") if found else "no columns"
     if config.path_column not in found:
-        raise SourceError(f"{table.path}: no {config.path_column!r} column ({shown}); name it with --path-column")
+        raise SourceError(f"{table.path}: no {config.path_column!r} column ({shown}); name it with {flag}")
     for what, name in (("label", config.label_column), ("caption", config.caption_column)):
         if name is not None and name not in found:
             raise SourceError(f"{table.path}: no {what} column {name!r} ({shown})")
@@ -136,7 +137,7 @@ def _check_columns(table: Table) -> None:
     check_storable(table, [name for name in kept if name is not None])
 
 
-def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
+def _table_items(root: str, rows: Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
     table = rows.table
     path_column = table.config.path_column
     taken: dict[int, list[str]] = {}  # path hash -> the paths taken, for the few hashes seen twice
@@ -160,11 +161,11 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
                 skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
             taken[hashed].append(real)
-        label, problem = _table_label(row.values, rows)
+        label, problem = table_label(row.values, rows)
         text: Caption | None = None
         columns: dict[str, Any] | None = None
         if not problem:
-            text, columns, problem = _caption_and_columns(row.values, table)
+            text, columns, problem = caption_and_columns(row.values, table)
         if problem:
             skipped.append(skip(rel, f"{where}: {problem}"))
             continue
@@ -175,7 +176,7 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
     _unrowed(root, table.name, rowed, skipped, rows.real)
 
 
-def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
+def table_label(values: dict[str, Any], rows: Rows) -> tuple[int | None, str]:
     column = rows.label_column
     if column is None:
         return None, ""
@@ -190,7 +191,7 @@ def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
     return whole_label(value)  # (a text label here is digits: the first pass took the others as names)
 
 
-def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
+def caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
     """(a row's caption, its columns, the problem that keeps the row out: "" when none). What is
     kept must store as canonical JSON within MAX_EXTRA_BYTES."""
     text = values.get(table.caption) if table.caption is not None else None
