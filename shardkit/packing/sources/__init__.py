@@ -5,7 +5,8 @@ to a `SourceWalk`; `walk()` picks the convention:
 - `folder`: class sub-folders or a flat folder (and the sorted listing the others share);
 - `listfile`: a text file of `path[,label]` lines;
 - `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
-- `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png).
+- `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png);
+- `urls`: a table file whose rows name images by http(s) URL (downloaded by the worker).
 
 A new convention (URL tables, buckets, videos) is a module here and a branch in `walk()`.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from ...core.config import LABEL_MODES, TableConfig
+from ...core.config import LABEL_MODES, TableConfig, WebConfig
 from ...core.errors import SourceError
 from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
 from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
@@ -22,6 +23,7 @@ from .listfile import from_list
 from .rows import find_table
 from .sidecars import from_sidecars
 from .table import from_table
+from .urls import from_urls, url_table
 
 __all__ = [
     "IMAGE_EXTENSIONS", "Item", "Run", "SourceList", "SourceWalk", "display", "make_key", "payload", "walk",
@@ -36,12 +38,14 @@ def walk(
     keys: bool = True,
     table: TableConfig | None = None,
     sidecars: bool = False,
+    web: WebConfig | None = None,
 ) -> SourceWalk:
     """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
     source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
     items empty (probe has no use for them, and they cost more than the walk). A folder with a
     metadata table (`table.path`, or metadata.jsonl|csv|parquet at its root) has one sample per row;
-    with `sidecars`, files sharing a stem are one sample."""
+    with `sidecars`, files sharing a stem are one sample. A table file whose rows hold URLs (its
+    column `web.url_column`) is a table of images to download."""
     if labels not in LABEL_MODES:
         raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
     root = os.fspath(source)
@@ -50,6 +54,13 @@ def walk(
     if os.path.isfile(root):
         if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
             raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
+        urls = url_table(root, table or TableConfig(), web or WebConfig())
+        if urls is not None:
+            if table is not None and table.path is not None:
+                raise SourceError(f"{display(root)}: is a table of URLs itself; --metadata is for a source folder")
+            if sidecars:
+                raise SourceError(f"{display(root)}: a table of URLs has no sidecar files; leave out --sidecars")
+            return from_urls(urls, labels, keys)
         if table is not None and table.path is not None:
             raise SourceError(f"{display(root)}: --metadata needs a source folder (the rows' paths are relative to it)")
         listed = from_list(root)
