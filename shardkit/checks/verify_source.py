@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import TableConfig
+from ..core.config import TableConfig, WebConfig
 from ..core.errors import ConfigError, ManifestError
 from ..core.manifest import ERRORS_NAME, Manifest
 from ..packing.sources import SourceWalk, display, walk
@@ -29,6 +29,10 @@ def walked_as(manifest: Manifest | ManifestError | None) -> dict[str, Any]:
     if isinstance(table, dict):
         with contextlib.suppress(TypeError, ValueError, ConfigError):
             how["table"] = TableConfig(**table)
+    web = settings.get("web")
+    if isinstance(web, dict) and isinstance(web.get("url_column"), str):
+        with contextlib.suppress(ConfigError):
+            how["web"] = WebConfig(url_column=web["url_column"])
     return how
 
 

@@ -123,19 +123,26 @@ pack.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _run(config: PackConfig) -> PackResult:
+    from ..packing.pack import Tally
     from ..packing.pack import pack as run_pack  # here: `shardkit --help` need not import imaging
 
     with progress_bar(unit="images") as bar:
         task = bar.add_task("packing", total=None, rate="")
         started = [time.perf_counter()]
         hashing: list[TaskID] = []
+        tally = Tally()
 
         def advance(done: int, total: int | None, errors: int) -> None:
             if hashing:  # the hashing is over: the pack's own rate starts now
                 bar.remove_task(hashing.pop())
                 started[0] = time.perf_counter()
-            rate = done / max(time.perf_counter() - started[0], 1e-9)
-            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} img/s, {errors:,} errors")
+            seconds = max(time.perf_counter() - started[0], 1e-9)
+            rate = f"{done / seconds:,.0f} img/s, {errors:,} errors"
+            if tally.causes or tally.input_bytes:  # a table of URLs: what the downloads do
+                ok = (done - errors) / done if done else 1.0
+                top = ", ".join(f"{cause} {count:,}" for cause, count in tally.top())
+                rate += f", {ok:.1%} ok, {tally.input_bytes / seconds / 1e6:,.1f} MB/s" + (f" ({top})" if top else "")
+            bar.update(task, completed=done, total=total, rate=rate)
 
         def hashed(done: int, total: int) -> None:
             if not hashing:
@@ -143,7 +150,7 @@ def _run(config: PackConfig) -> PackResult:
             rate = done / max(time.perf_counter() - started[0], 1e-9)
             bar.update(hashing[0], completed=done, rate=f"{rate:,.0f} files/s")
 
-        return run_pack(config, progress=advance, dedup_progress=hashed)
+        return run_pack(config, progress=advance, dedup_progress=hashed, tally=tally)
 
 
 def render(result: PackResult) -> None:

@@ -15,11 +15,12 @@ import hashlib
 import os
 import socket
 import time
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig, WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
@@ -46,6 +47,10 @@ class ShardJob:
     confine: str | None = None  # a table's rows may only name files under this (real) folder
     # --dedup: by an item's key, the copies left out for it, tried in its slot (in this order) when it fails
     copies: dict[str, tuple[Item, ...]] = field(default_factory=dict)
+    web: WebConfig | None = None  # a table of URLs: the items' paths are downloaded, so
+    # --resume of a shard some of whose rows failed transiently: its earlier errors (the shard file
+    # in the output keeps the other rows' records, so only those rows are downloaded again)
+    earlier: list[Failure] | None = None
 
 
 @dataclass
@@ -92,9 +97,10 @@ def write_shard(job: ShardJob) -> ShardResult:
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
     closed = False
+    fetched = _fetched(job)
     try:
         for item in spec.items:
-            record, size = _pack_one(item, job, timings, errors)
+            record, size = _pack_one(item, job, timings, errors, next(fetched))
             if record is None and item.key in job.copies:
                 record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, errors)
             if record is not None:
@@ -132,9 +138,25 @@ def write_shard(job: ShardJob) -> ShardResult:
                 writer.abort()
         raise
     finally:
+        fetched.close()  # (downloads still queued are dropped)
         temp.unlink(missing_ok=True)
         idx_temp.unlink(missing_ok=True)
     return result
+
+
+def _fetched(job: ShardJob) -> Generator[Any, None, None]:
+    """Each item's downloaded bytes (or why not) for a table of URLs, fetched ahead in order;
+    None for each item of any other source (read by the worker itself)."""
+    if job.web is None:
+        while True:
+            yield None
+    from .fetched import downloads, refetched  # (urllib3 and the threads: only for tables of URLs)
+
+    if job.earlier is None:
+        yield from downloads(job.spec.items, job.web)
+    else:
+        shard = str(Path(job.output) / job.spec.name)
+        yield from refetched(job.spec.items, shard, job.format, job.earlier, job.web)
 
 
 def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
@@ -151,13 +173,29 @@ def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) 
     return info_of(idx_name(info.name), info.count, data)
 
 
-def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
-    """One source file to a record, or (None, 0) with the reason appended to `errors`."""
+def _pack_one(
+    item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure], fetched: Any = None
+) -> tuple[Record | None, int]:
+    """One source file (or `fetched`, its download) to a record, or (None, 0) with the reason
+    appended to `errors`."""
     started = time.perf_counter()
     try:
-        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
-            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
-        data, header = read_source(item.path, job.encode.max_pixels)
+        if fetched is not None:
+            from .fetched import download_failure, read_downloaded
+
+            if isinstance(fetched, Record):  # kept from the shard a resume writes again
+                return fetched, 0
+            if isinstance(fetched, Failure):  # failed for good in the earlier run
+                errors.append(fetched)
+                return None, 0
+            if not isinstance(fetched, bytes):  # a DownloadError
+                errors.append(download_failure(item, fetched))
+                return None, 0
+            data, header = read_downloaded(fetched, job.encode.max_pixels)
+        else:
+            if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+                raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
+            data, header = read_source(item.path, job.encode.max_pixels)
         timings["read"] += time.perf_counter() - started
         encoded = process_image(data, job.resize, job.encode, timings, header)
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
