@@ -23,7 +23,7 @@ from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig,
 from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
-from ..core.safeio import open_regular
+from ..core.safeio import open_regular, read_regular
 from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
 from .encode import STAGES, check_pixels, process_image, record_too_big
@@ -199,7 +199,11 @@ def _sidecars(
 ) -> Sidecars:
     started = time.perf_counter()
     try:
-        return read_sidecars(os.path.dirname(item.path), parts, meta, job.resize, job.encode.max_pixels)
+        folder = os.path.dirname(item.path)
+        return read_sidecars(
+            lambda name, limit: read_regular(os.path.join(folder, name), limit), parts, meta, job.resize,
+            job.encode.max_pixels,
+        )  # fmt: skip
     finally:
         timings["read"] += time.perf_counter() - started
 
