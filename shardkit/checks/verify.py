@@ -65,7 +65,8 @@ def verify(
         found = None
         if source is not None:  # a bad source is refused here, before any shard is read
             # walked as the pack walked it (a table's rows, sidecar samples): the manifest says how
-            found = walk(source, labels="none", keys=False, **walked_as(output.manifest))
+            how = walked_as(output.manifest)
+            found = walk(source, labels="none", keys=False, storage_options=storage_options, **how)
         report = _verify(output, deep, found, workers, max_pixels, progress)
     report.seconds = time.perf_counter() - started
     return report
