@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.checks.verify import verify
 from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
 from shardkit.core.errors import ShardkitError
 from shardkit.packing.output import claim
@@ -210,6 +211,8 @@ def test_storage_options_reach_the_source(s3, trees, monkeypatch, tmp_path: Path
     out = tmp_path / "out"
     result = pack(pack_config(url, out, resize=48, workers=1, sidecars=True, storage_options=options))
     assert result.records == 3  # x, y and z (bad.jpg's label is no number)
+    checked = verify(out, source=url, storage_options=options)  # every object packed or in errors.jsonl
+    assert checked.ok, checked.problems
     denied = {**options, "secret": "wrong"}
     with pytest.raises(ShardkitError, match=r"^s3://data/src/sidecars: (access denied|listing failed)") as refused:
         walk(url, storage_options=denied)
