@@ -58,7 +58,7 @@ def check_source(
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
     if lost:  # a second walk, streamed too: only the names at fault are kept
-        again = walk(found.root, labels="none", keys=False, **how)
+        again = walk(found.root, labels="none", keys=False, storage_options=found.options, **how)
         names = {name for name in (display(item.relpath) for item in again.items) if hash(name) in lost}
         names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
         for path in sorted(names):

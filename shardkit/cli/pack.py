@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from ..packing.pack import PackResult
 
-from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
+from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, source_path, storage_options, user_errors
 
 
 def _choice(name: str, choices: tuple[str, ...] | list[str]) -> Any:
@@ -44,9 +44,10 @@ def _flag(option: PackOption) -> inspect.Parameter:
 
 def pack(
     source: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help="Image folder (class sub-folders, flat, or with a metadata.jsonl|csv|parquet table) or a list file."
+            help="Image folder (class sub-folders, flat, or with a metadata.jsonl|csv|parquet table), a list file, "
+            "or a bucket's prefix (s3://bucket/prefix) laid out as a folder."
         ),
     ],
     output: Annotated[
@@ -60,7 +61,7 @@ def pack(
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
     metadata: Annotated[
-        Optional[Path],
+        Optional[str],
         typer.Option(
             help="A table of samples (CSV, TSV, JSONL or parquet), one row per image. "
             "\\[default: SOURCE/metadata.jsonl|csv|parquet when there is one]"
@@ -97,13 +98,13 @@ def pack(
     with user_errors(on_stop="run the same command with --resume to finish"):
         given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
         table = TableConfig(
-            path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column,
-            label_column=label_column,
+            path=None if metadata is None else source_path(metadata), path_column=path_column,
+            caption_column=caption_column, label_column=label_column,
             columns=None if columns is None else tuple(name.strip() for name in columns.split(",") if name.strip()),
         )  # fmt: skip
         pack_config = make_pack_config(
-            source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
-            staging=staging, table=table, sidecars=sidecars, **given,
+            source_path(source), output, config, resume=resume, overwrite=overwrite,
+            storage_options=storage_options(storage_option), staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
         if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
             raise typer.BadParameter("--dedup-threshold is for --dedup near")

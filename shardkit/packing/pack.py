@@ -23,6 +23,7 @@ from ..core.manifest import MANIFEST_NAME
 from ..formats import get_format
 from ..storage.location import locate
 from ..storage.store import Store
+from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .finish import PackResult, already_complete, finish
 from .output import (
@@ -63,11 +64,12 @@ def pack(
     list; --dedup hashes every file first, reported through `dedup_progress`). `tally` counts a
     table of URLs' downloaded bytes and failures per cause as shards come back.
     """
-    location = locate(config.output, config.storage_options, manifest=False)
+    location = locate(config.output, _output_options(config), manifest=False)
     if not isinstance(location, Path):
         return _pack_to_remote(config, location, progress, dedup_progress, tally)
     started = time.perf_counter()
-    refuse_overlap(config.source, config.output)
+    if not is_remote(config.source):
+        refuse_overlap(config.source, config.output)
     with ray_session(config):  # connected before anything is written or deleted
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
@@ -116,11 +118,40 @@ class Prepared:
     fallbacks: dict[str, Fallbacks] = field(default_factory=dict)  # places index found.skipped
 
 
+def _output_options(config: PackConfig) -> dict[str, Any] | None:
+    """The storage options that reach the output. One set serves the source and the output: with
+    a bucket source and a local output they are the source's (a local output takes none)."""
+    return None if is_remote(config.source) and not is_remote(config.output) else config.storage_options
+
+
+def _refuse_for_buckets(config: PackConfig) -> None:
+    """What a bucket source does not take yet, refused before any work: both read local files."""
+    if config.dedup != "none":
+        raise ConfigError(f"{config.source}: --dedup hashes local files; it does not take a bucket source yet")
+    if config.shard_bytes is not None:
+        raise ConfigError(f"{config.source}: --shard-bytes sizes local files; use --shard-size with a bucket source")
+    if is_remote(config.output):
+        source, output = config.source.rstrip("/"), config.output.rstrip("/")
+        if output == source or output.startswith(source + "/"):
+            raise OutputError(
+                f"{config.output}: lies inside the source prefix {config.source}; write the shards elsewhere"
+            )
+
+
+def _walk(config: PackConfig) -> SourceWalk:
+    return walk(
+        config.source, labels=config.labels, table=config.table, sidecars=config.sidecars,
+        storage_options=config.storage_options, web=config.web,
+    )  # fmt: skip
+
+
 def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None) -> Prepared:
     """The one preparation of a local and a remote pack: walk the source (a list naming files in
     the local `output` is refused), resolve --resize auto, and with --dedup hash every file (kept in
     the output's state folder for a resume) and leave out the copies."""
-    found = walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars, web=config.web)
+    if is_remote(config.source):
+        _refuse_for_buckets(config)
+    found = _walk(config)
     if found.layout == "urls" and config.dedup != "none":
         raise ConfigError(
             f"{config.source}: --dedup compares the images before packing, and a table of URLs is downloaded "
@@ -143,7 +174,9 @@ def resolve_resize(config: PackConfig) -> PackConfig:
         return config
     from .probe import probe
 
-    recommendation = probe(config.source, train_size=config.train_size, workers=config.workers).recommendation
+    recommendation = probe(
+        config.source, train_size=config.train_size, workers=config.workers, storage_options=config.storage_options
+    ).recommendation
     size = recommendation.resize if recommendation is not None else None
     return replace(config, resize=replace(config.resize, size=size))
 
@@ -183,8 +216,8 @@ def _pack_to_remote(
     except OSError as error:
         raise OutputError(f"{staging}: cannot stage the shards here ({describe(error)})") from None
     local = replace(
-        config, output=str(staging), resume=resume, overwrite=occupied and not resume, storage_options=None,
-        staging=None,
+        config, output=str(staging), resume=resume, overwrite=occupied and not resume, staging=None,
+        storage_options=config.storage_options if is_remote(config.source) else None,  # (the source's too)
     )  # fmt: skip
     result = pack(local, progress=progress, dedup_progress=dedup_progress, tally=tally)
     manifest, kept = publish(staging, remote)
@@ -233,13 +266,7 @@ def _deduplicated(
 def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
     """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
     compared with it before anything is done."""
-    items = (
-        found.listed.items
-        if found.listed is not None
-        else walk(
-            config.source, labels=config.labels, table=config.table, sidecars=config.sidecars, web=config.web
-        ).items
-    )
+    items = found.listed.items if found.listed is not None else _walk(config).items
     return _plan(config, items)
 
 
@@ -281,8 +308,8 @@ def _write_all(
             retried = retried_shard(output, spec, shard_hash) if config.resume and web is not None else None
             job_specs.append(spec.index)
             yield ShardJob(
-                spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies, web,
-                earlier=None if retried is None else retried.errors,
+                spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
+                found.options, web=web, earlier=None if retried is None else retried.errors,
             )  # fmt: skip
         planned.walked = True
 
