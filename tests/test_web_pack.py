@@ -77,7 +77,7 @@ def site() -> Iterator[tuple[Site, str]]:
             index = int(name.split(".")[0]) if name.split(".")[0].isdigit() else 0
             if failing or (kind == "flaky" and tries == 1):
                 self._answer(503, b"busy", "text/plain")
-            elif kind in ("ok", "flaky"):
+            elif kind in ("ok", "flaky", "copy"):
                 self._answer(200, _jpeg(index), "image/jpeg")
             elif kind == "hang":  # headers, then nothing: only the deadline ends it
                 self.send_response(200)
@@ -325,3 +325,17 @@ def test_a_hung_server_a_dead_host_and_bad_bytes_cost_their_rows_not_the_run(
     assert errors[f"{base}/ok/9.jpg"]["stage"] == "header" and "pixels" in errors[f"{base}/ok/9.jpg"]["reason"]
     assert len(errors) == 7 and read_manifest(out).records == 7
     assert "7" in [s.key.lstrip("0") for s in open_shards(out)]
+
+
+def test_duplicates_of_a_url_table_downloads_and_groups_the_copies(
+    site: tuple[Site, str], tmp_path: Path, shardkit
+) -> None:
+    _, base = site
+    rows = _rows(base, 6)
+    rows.append({"url": f"{base}/copy/2.jpg", "caption": "the same bytes as row 2", "n": 6})
+    table = _table(tmp_path / "urls.csv", rows)
+    report = tmp_path / "dups.json"
+    done = shardkit("duplicates", table, "--json", report)
+    assert done.returncode == 0, done.stderr
+    groups = json.loads(report.read_text())["groups"]
+    assert [sorted(group["files"]) for group in groups] == [[f"{base}/copy/2.jpg", f"{base}/ok/2.jpg"]]
