@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,44 @@ def test_resume_uploads_only_what_the_bucket_lacks(s3, sample_dataset: Path, loc
     after = {shard.name: fs.info(f"data/half/{shard.name}")["LastModified"] for shard in shards[:3]}
     assert after == before  # the shards the bucket held were not uploaded again
     assert _objects(s3, "half") == _files(local_pack)  # markers gone, the half upload replaced
+
+
+def test_a_pack_killed_midway_left_its_shards_in_the_bucket_and_resumes(s3, sample_dataset, local_pack, tmp_path):
+    # Each shard goes up as soon as it is written and staging never holds one: a pack SIGKILLed
+    # (with its workers) once its first shard is done leaves that shard in the bucket, on record.
+    staging = tmp_path / "staging"
+    done = staging / ".shardkit" / "done"
+    command = [*SHARDKIT, "pack", sample_dataset, "s3://data/cut", "--resize", "48", "--shard-size", "10",
+               "--workers", "1", "--staging", staging]  # fmt: skip
+    run = subprocess.Popen(list(map(str, command)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env={**os.environ, "SHARDKIT_CACHE": str(tmp_path)}, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(done.glob("*.json")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(run.pid, signal.SIGKILL)
+    assert run.wait() == -signal.SIGKILL, f"finished before it could be killed: {run.stderr.read()}"
+    kept = sorted(marker.name.removesuffix(".json") for marker in done.glob("*.json"))
+    assert kept
+    assert not [path for path in staging.rglob("*") if path.name.endswith((".tar", ".idx"))]  # no shard staged
+    store = Store("s3://data/cut")
+    up = _objects(s3, "cut")
+    assert "manifest.json" not in up
+    for name in kept:
+        assert json.loads(up[name + ".json"])["uploaded"] is True  # (its marker)
+        assert up[name] == (local_pack / name).read_bytes()
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    before = {name: fs.info(f"data/cut/{name}")["LastModified"] for name in kept}
+    time.sleep(1.1)  # (LastModified counts seconds)
+    resumed = _run("pack", sample_dataset, store.url, "--resize", "48", "--shard-size", "10", "--resume", "--staging",
+                   staging, cache=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({len(kept)} reused from the earlier run)" in resumed.stdout
+    fs.invalidate_cache()
+    assert {name: fs.info(f"data/cut/{name}")["LastModified"] for name in kept} == before  # kept, not sent again
+    assert _objects(s3, "cut") == _files(local_pack)  # the rest written again; markers gone
+    assert not staging.exists()
 
 
 def test_overwrite_replaces_only_shardkits_objects(s3, sample_dataset: Path, local_pack: Path, tmp_path) -> None:

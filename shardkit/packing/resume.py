@@ -105,25 +105,38 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
     return manifest
 
 
-def reused_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
-    """The finished result of this shard from an earlier run, if the shard file is still exactly it."""
+def reused_shard(
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None = None
+) -> ShardResult | None:
+    """The finished result of this shard from an earlier run: its done marker is well-formed and
+    has this plan's hash, and the shard is still exactly it (`intact`: by default the file in the
+    output; a pack to a bucket asks the bucket's records, packing/publish.py)."""
     marker = done_path(output, spec.name)
-    shard = Path(output) / spec.name
     try:
         result = load_json_file(marker)
-        info = ShardInfo(**result["shard"])
+        ShardInfo(**result["shard"])
         for row in result["errors"]:  # well-formed, or the marker is not trusted
             Failure(**row)
         stand_ins = result.get("stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             return None
-        if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
+        if result["plan"] != plan_hash:
             return None
-        if sha256_file(shard) != info.sha256:
-            return None
+        found = _result_from_json(result)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return _result_from_json(result)
+    return found if (intact or _in_folder(Path(output)))(found) else None
+
+
+def _in_folder(output: Path) -> Callable[[ShardResult], bool]:
+    def intact(result: ShardResult) -> bool:
+        shard = output / result.shard.name
+        try:
+            return shard.stat().st_size == result.shard.bytes and sha256_file(shard) == result.shard.sha256
+        except OSError:
+            return False
+
+    return intact
 
 
 def _result_from_json(data: dict[str, Any]) -> ShardResult:
