@@ -57,7 +57,7 @@ def test_pack_to_s3_gives_the_bytes_of_a_local_pack(s3, sample_dataset: Path, lo
     assert bucket_objects(s3, "same") == uploaded
 
 
-def test_verify_a_bucket_catches_damaged_missing_and_straybucket_objects(s3, local_pack: Path, tmp_path: Path) -> None:
+def test_verify_a_bucket_catches_damaged_missing_and_stray_objects(s3, local_pack: Path, tmp_path: Path) -> None:
     store = Store("s3://data/verify")
     for name, data in folder_files(local_pack).items():
         store.write(name, data)
@@ -162,7 +162,7 @@ def test_a_pack_killed_midway_left_its_shards_in_the_bucket_and_resumes(s3, samp
     assert not staging.exists()
 
 
-def test_overwrite_replaces_only_shardkitsbucket_objects(s3, sample_dataset: Path, local_pack: Path, tmp_path) -> None:
+def test_overwrite_replaces_only_shardkits_objects(s3, sample_dataset: Path, local_pack: Path, tmp_path) -> None:
     first = _run("pack", sample_dataset, "s3://data/over", "--resize", "48", "--shard-size", "5", cache=tmp_path)
     assert first.returncode == 0, first.stderr
     earlier = [name for name in bucket_objects(s3, "over") if name.startswith("shard-")]
