@@ -6,11 +6,13 @@ bytes of a local pack."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from shardkit.synthetic import write_image
 
 from .helpers import bucket_objects, folder_files
 from .ray_helpers import LOOPBACK_ENV, restore_env, set_env, task_pids
+from .servers import serving
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -132,3 +135,65 @@ def _parent(pid: int) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _without_source(manifest: bytes) -> dict:
+    """A manifest less what names the source: its path, and the plan (which hashes files' mtimes)."""
+    data = json.loads(manifest)
+    del data["checksum"], data["settings"]["source"]["path"], data["settings"]["plan"]
+    return data
+
+
+def _same_output(bucket: dict[str, bytes], folder: dict[str, bytes]) -> None:
+    assert _without_source(bucket.pop("manifest.json")) == _without_source(folder.pop("manifest.json"))
+    assert bucket == folder
+
+
+def test_from_a_bucket_to_a_bucket_on_ray_is_a_local_pack(cluster, s3, images, reference, tmp_path) -> None:
+    """Source and output in object storage: every task reads its own objects and uploads its own
+    shard, and the bucket ends holding a local pack's bytes."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    for path in sorted(images.rglob("*")):
+        if path.is_file():
+            fs.put_file(str(path), f"data/ray-src/{path.relative_to(images).as_posix()}")
+    config = PackConfig(
+        "s3://data/ray-src", "s3://data/ray-from-bucket", resize=ResizeConfig(96), shard_size=3, executor="ray",
+        ray_address=cluster.address, staging=str(tmp_path / "staging"),
+    )  # fmt: skip
+    result = pack(config)
+    assert (result.records, result.errors, result.nodes) == (24, 1, 2)
+    _same_output(bucket_objects(s3, "ray-from-bucket"), folder_files(reference))
+
+
+def test_a_url_table_on_ray_to_a_bucket_is_a_local_pack(cluster, s3, tmp_path) -> None:
+    """A table of URLs served over loopback HTTP: the tasks on both nodes download their rows, and
+    the bucket holds what a local pack of the same table writes."""
+    from .test_web_pack import _jpeg
+
+    class Images(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            name = self.path.rsplit("/", 1)[-1].split(".")[0]
+            body = _jpeg(int(name)) if self.path.startswith("/img/") else b"gone"
+            self.send_response(200 if self.path.startswith("/img/") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Images) as base:
+        table = tmp_path / "urls.csv"
+        lines = [f"{base}/{'img' if i != 5 else 'gone'}/{i}.jpg,row {i}" for i in range(20)]
+        table.write_text("url,caption\n" + "\n".join(lines) + "\n")
+        local = tmp_path / "local"
+        pack(PackConfig(str(table), str(local), resize=ResizeConfig(32), shard_size=4))
+        config = PackConfig(
+            str(table), "s3://data/ray-urls", resize=ResizeConfig(32), shard_size=4, executor="ray",
+            ray_address=cluster.address, staging=str(tmp_path / "staging"),
+        )  # fmt: skip
+        result = pack(config)
+    assert (result.records, result.errors, result.nodes) == (19, 1, 2)
+    _same_output(bucket_objects(s3, "ray-urls"), folder_files(local))
