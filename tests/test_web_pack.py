@@ -229,6 +229,7 @@ def test_resume_tries_again_only_what_failed_transiently(site: tuple[Site, str],
     assert sorted(row["path"] for row in errors) == [f"{base}/ok/7.jpg", f"{base}/ok/8.jpg"]
     assert all(row["transient"] is True and row["cause"] == "5xx" for row in errors)
     assert read_manifest(out).totals["transient"] == 2
+    assert "of which transient" in first.stdout and "--resume" in first.stdout and "5xx 2" in first.stdout
     assert state.hits["/ok/7.jpg"] == 2  # the first try and one retry
     before = dict(state.hits)
     state.failing = set()
