@@ -259,9 +259,7 @@ class BatchLoader:
             for work, _ in pending:
                 if work is not None:
                     work.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            if lane is not None:
-                lane.close()
+            _stop(pool, lane)
 
     def _side_stream(self) -> Any:
         if self._stream is None:
@@ -478,6 +476,21 @@ class BatchLoader:
         if self._torch is None:
             return Batch(chw, labels, keys)
         return Batch(self._torch.from_numpy(images).permute(0, 3, 1, 2), self._torch.from_numpy(labels), keys)
+
+
+def _stop(pool: ThreadPoolExecutor, lane: _DeviceLane | None) -> None:
+    """The loader's threads ended before the caller goes on. A Ctrl-C that lands while they are
+    being joined (at an epoch's end, say) would leave the join half done and a thread running
+    past it: the joins are finished first, then the Ctrl-C goes on."""
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if lane is not None:
+            lane.close()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if lane is not None:
+            lane.close()
+        raise
 
 
 def _positive(name: str, value: Any) -> int:
