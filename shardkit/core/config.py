@@ -155,11 +155,11 @@ class WebConfig:
 
     url_column: str = "url"
     retries: int = 5
-    backoff: float = 1.0  # the first retry's mean wait, in seconds
+    backoff: float = 0.5  # the first retry's mean wait, in seconds
     timeout: float = 30.0  # one request's deadline, connect to last byte, in seconds
     max_bytes: int = 32 << 20  # a larger body is refused (read no further than this)
     threads: int = 32  # concurrent downloads in each worker process
-    per_host: int = 8  # of which at most this many to one host
+    per_host: int = 16  # of which at most this many to one host
     respect_noai: bool = True  # X-Robots-Tag: noai / noimageai refuses the image (as img2dataset does)
 
     def __post_init__(self) -> None:

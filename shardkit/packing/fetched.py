@@ -25,12 +25,21 @@ from .sources.urls import expected_sha256
 Fetched = bytes | DownloadError
 Kept = Fetched | Record | Failure  # a retried shard's row: downloaded again, or kept as it was
 
-_DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}  # pid -> the process's downloader
+_DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}
+DOWNLOAD_WINDOW = 4096  # rows asked for ahead of the oldest unfinished one
+DOWNLOAD_HOLD = 64 << 20  # bodies downloaded and not yet encoded, per worker process  # pid -> the process's downloader
 
 
 def downloads(items: Iterable[Item], web: WebConfig) -> Generator[Fetched, None, None]:
     """Each item's bytes or why not, in the items' order, fetched ahead on the process's threads."""
     yield from _downloader(web).fetch((item.path, expected_sha256(item)) for item in items)
+
+
+def downloads_in_any_order(items: Sequence[Item], web: WebConfig) -> Generator[tuple[int, Fetched], None, None]:
+    """(place, bytes or why not) of each item as its download ends, on the process's threads; the
+    window of the process's Downloader stays anchored at the oldest unfinished row, which bounds
+    what the caller holds while it waits for that row."""
+    yield from _downloader(web).fetch_unordered((item.path, expected_sha256(item)) for item in items)
 
 
 def refetched(
@@ -112,7 +121,11 @@ def _downloader(web: WebConfig) -> Downloader:
         return held[1]
     if held is not None:
         held[1].close()
-    downloader = Downloader(web)
+    # A window far wider than a plain fetch's, bounded by bytes instead: a shard's rows are asked
+    # for as soon as it starts, so a row that waits out a retry (a 429's Retry-After, a 503's
+    # backoff) waits while the rows after it are encoded, not at the shard's end; at most
+    # DOWNLOAD_HOLD bytes of bodies wait for the encoder.
+    downloader = Downloader(web, window=DOWNLOAD_WINDOW, hold=DOWNLOAD_HOLD)
     _DOWNLOADERS.clear()  # (a forked child's copy of its parent's: its threads are not there)
     _DOWNLOADERS[os.getpid()] = (web, downloader)
     return downloader

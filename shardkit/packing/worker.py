@@ -122,12 +122,10 @@ def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
     closed = False
-    fetched = _fetched(job)
+    packed = _packed(job, timings, stand_ins)
     try:
-        for item in spec.items:
-            record, size = _pack_one(item, job, timings, errors, next(fetched))
-            if record is None and item.key in job.copies:
-                record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, errors)
+        for record, size, failures in packed:
+            errors.extend(failures)
             if record is not None:
                 input_bytes += size
                 written = time.perf_counter()
@@ -163,25 +161,46 @@ def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
                 writer.abort()
         raise
     finally:
-        fetched.close()  # (downloads still queued are dropped)
+        packed.close()  # (downloads still queued are dropped)
         temp.unlink(missing_ok=True)
         idx_temp.unlink(missing_ok=True)
     return result
 
 
-def _fetched(job: ShardJob) -> Generator[Any, None, None]:
-    """Each item's downloaded bytes (or why not) for a table of URLs, fetched ahead in order;
-    None for each item of any other source (read by the worker itself)."""
-    if job.web is None:
-        while True:
-            yield None
-    from .fetched import downloads, refetched  # (urllib3 and the threads: only for tables of URLs)
+def _packed(
+    job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str]
+) -> Generator[tuple[Record | None, int, list[Failure]], None, None]:
+    """Each item's record (None where it failed), source bytes and failures, in the shard's order.
+    A table of URLs' rows are encoded as their downloads arrive and handed on in order, so the
+    encoder never idles while one row waits out its retries (fetched.py); any other source's are
+    read and encoded in turn, a failed item's --dedup copies tried in its slot."""
+    items = job.spec.items
+    if job.web is not None:
+        from .fetched import downloads_in_any_order, refetched  # (urllib3 and threads: only for URL tables)
 
-    if job.earlier is None:
-        yield from downloads(job.spec.items, job.web)
-    else:
-        shard = str(Path(job.output) / job.spec.name)
-        yield from refetched(job.spec.items, shard, job.format, job.earlier, job.web)
+        if job.earlier is not None:
+            shard = str(Path(job.output) / job.spec.name)
+            for item, kept in zip(items, refetched(items, shard, job.format, job.earlier, job.web), strict=True):
+                failures: list[Failure] = []
+                record, size = _pack_one(item, job, timings, failures, kept)
+                yield record, size, failures
+            return
+        done: dict[int, tuple[Record | None, int, list[Failure]]] = {}
+        turn = 0
+        for at, fetched in downloads_in_any_order(items, job.web):
+            failures = []
+            record, size = _pack_one(items[at], job, timings, failures, fetched)
+            done[at] = (record, size, failures)
+            while turn in done:
+                yield done.pop(turn)
+                turn += 1
+        return
+    for item in items:
+        failures = []
+        record, size = _pack_one(item, job, timings, failures)
+        if record is None and item.key in job.copies:
+            record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, failures)
+        yield record, size, failures
 
 
 def _temp_paths(job: ShardJob, scratch: contextlib.ExitStack) -> tuple[str, Path, Path]:

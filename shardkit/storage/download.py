@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from ..core.config import WebConfig
 from .webget import MAGIC_BYTES, DownloadError, get_once, host_of, redact, url_problem
@@ -84,6 +84,13 @@ class _Slot:
     running: bool = False
     probe: bool = False  # its try is its host's probe
     result: bytes | BaseException | None = None
+    position: int = 0  # its place among the requests of its `fetch`
+    handed: bool = False  # its result went out (unordered), the slot kept until those before it are
+    dropped: bool = False  # its fetch ended before its result was taken
+
+
+def _any_done(window: deque[_Slot]) -> bool:
+    return any(slot.result is not None and not slot.handed for slot in window)
 
 
 @dataclass
@@ -109,9 +116,13 @@ class Downloader:
     ahead, so a slow URL holds back the ones after it only once the window is full. Retries wait
     out their backoff without holding a thread. Thread-safe; `close` when done."""
 
-    def __init__(self, web: WebConfig, window: int | None = None) -> None:
+    def __init__(self, web: WebConfig, window: int | None = None, hold: int | None = None) -> None:
         self._web = web
         self._window = window if window is not None else max(2 * web.threads, 8)
+        # no new try starts while the bodies downloaded and not yet taken pass this many bytes:
+        # a wide window reads far ahead of a slow consumer without holding more than this
+        self._hold = hold
+        self._held = 0
         if self._window < 1:
             raise ValueError(f"the window must hold at least one request, not {self._window}")
         # a probe at most as often as a row's own last retry would wait, at most a minute
@@ -139,7 +150,22 @@ class Downloader:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def fetch(self, requests: Iterable[tuple[str, str | None]]) -> Iterator[bytes | DownloadError]:
+        for _, result in self._fetch(requests, ordered=True):
+            yield result
+
+    def fetch_unordered(
+        self, requests: Iterable[tuple[str, str | None]]
+    ) -> Iterator[tuple[int, bytes | DownloadError]]:
+        """(position, bytes or DownloadError) of each request as it finishes: a slow URL holds back
+        nothing (the caller puts them in order, e.g. a shard's encoder, which then never idles while
+        one row waits out its retries). The window bounds what is read ahead, as `fetch`'s does."""
+        return self._fetch(requests, ordered=False)
+
+    def _fetch(
+        self, requests: Iterable[tuple[str, str | None]], ordered: bool
+    ) -> Iterator[tuple[int, bytes | DownloadError]]:
         source = iter(requests)
+        position = 0
         window: deque[_Slot] = deque()
         with self._cond:
             if self._closed:
@@ -154,20 +180,26 @@ class Downloader:
                         more = False
                     else:
                         slot = self._slot(*request)
+                        slot.position, position = position, position + 1
                         with self._cond:
                             window.append(slot)
-                ready = self._take(window)
+                ready = self._take(window, ordered)
                 if not ready and not more:
                     return
-                for result in ready:
+                for at, result in ready:
                     if isinstance(result, bytes | DownloadError):
-                        yield result
+                        yield at, result
                     else:
                         raise result  # a bug in a try, not a bad URL: said, never swallowed
         finally:
             with self._cond:
                 if window in self._windows:
                     self._windows.remove(window)  # its waiting rows are dropped; running ones end
+                for slot in window:  # what it held is held no more (a try still running counts nothing)
+                    if not slot.handed:
+                        self._release(slot)
+                    slot.dropped = True
+                self._cond.notify_all()
 
     def _slot(self, url: str, sha256: str | None) -> _Slot:
         slot = _Slot(url, sha256, host_of(url))
@@ -176,11 +208,12 @@ class Downloader:
             slot.result = DownloadError(problem, "url")
         return slot
 
-    def _take(self, window: deque[_Slot]) -> list[bytes | BaseException]:
-        """The results at the head of the window, once the first of them is in (none when empty)."""
+    def _take(self, window: deque[_Slot], ordered: bool = True) -> list[tuple[int, bytes | BaseException]]:
+        """The results at the head of the window, once the first of them is in (none when empty);
+        unordered, every result in, once one is."""
         with self._cond:
             self._pump(time.monotonic())
-            while window and window[0].result is None:
+            while window and not ((ordered and window[0].result is not None) or (not ordered and _any_done(window))):
                 if self._closed:
                     raise RuntimeError("the downloader was closed while fetching")
                 # woken by a try's end (which may free room) or the next backoff's end; a row waiting
@@ -189,17 +222,37 @@ class Downloader:
                 due = [slot.due for slot in window if slot.result is None and not slot.running and slot.due > now]
                 self._cond.wait(min(due) - now if due else None)
                 self._pump(time.monotonic())
-            ready: list[bytes | BaseException] = []
+            ready: list[tuple[int, bytes | BaseException]] = []
+            if not ordered:
+                # handed out, but kept in the window until every request before it is: the window
+                # stays anchored at the oldest unfinished request, so what the caller holds while
+                # it waits for that one to put the rest in order is bounded by the window
+                done = [slot for slot in window if slot.result is not None and not slot.handed]
+                for slot in done:
+                    slot.handed = True
+                    self._release(slot)
+                while window and window[0].handed:
+                    window.popleft()
+                return [(slot.position, cast(bytes | BaseException, slot.result)) for slot in done]
             while window and window[0].result is not None:
-                result = window.popleft().result
-                assert result is not None
-                ready.append(result)
+                slot = window.popleft()
+                assert slot.result is not None
+                self._release(slot)
+                ready.append((slot.position, slot.result))
             return ready
+
+    def _release(self, slot: _Slot) -> None:
+        """A body taken by the caller: no longer held here. Called with the lock held."""
+        if isinstance(slot.result, bytes) and not slot.dropped:
+            self._held -= len(slot.result)
+            self._pump(time.monotonic())
 
     def _pump(self, now: float) -> None:
         """Starts what may start, in window order; fails at once the rows of a host whose breaker
         is open. Called with the lock held."""
         web = self._web
+        if self._hold is not None and self._held >= self._hold:
+            return
         for window in self._windows:
             for slot in window:
                 if self._running >= web.threads:
@@ -255,3 +308,5 @@ class Downloader:
             slot.due = now + retry_wait(outcome, slot.tries, self._web, self._rng)
         else:
             slot.result = outcome.after(slot.tries) if isinstance(outcome, DownloadError) else outcome
+            if isinstance(outcome, bytes) and not slot.dropped:
+                self._held += len(outcome)
