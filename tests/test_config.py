@@ -96,7 +96,7 @@ def test_each_pack_option_is_one_row_that_the_cli_presets_and_config_follow(tmp_
              "resample": "lanczos", "quality": 70, "encode": "raw", "shard_size": 7, "shard_bytes": "2KB",
              "workers": 3, "shuffle": True, "seed": 9, "labels": "none", "train_size": 160, "max_pixels": 1000,
              "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4,
-             "url_column": "link", "retries": 2, "backoff": 0.5, "timeout": 9.5, "max_download": "2MB",
+             "url_column": "link", "retries": 2, "backoff": 0.75, "timeout": 9.5, "max_download": "2MB",
              "download_threads": 4, "per_host": 2, "respect_noai": False}  # fmt: skip
     assert set(given) == {option.name for option in PACK_OPTION_TABLE}
     built = pack_config("src", "out", **given)
