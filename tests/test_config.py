@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from shardkit.core.config import (
     EncodeConfig,
     PackConfig,
     ResizeConfig,
+    WebConfig,
     load_preset,
     pack_config,
     preset_names,
@@ -93,13 +95,15 @@ def test_each_pack_option_is_one_row_that_the_cli_presets_and_config_follow(tmp_
     given = {"format": "lmdb", "resize": "96", "resize_mode": "long", "upscale": True, "max_aspect": 3,
              "resample": "lanczos", "quality": 70, "encode": "raw", "shard_size": 7, "shard_bytes": "2KB",
              "workers": 3, "shuffle": True, "seed": 9, "labels": "none", "train_size": 160, "max_pixels": 1000,
-             "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4}  # fmt: skip
+             "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4,
+             "url_column": "link", "retries": 2, "backoff": 0.5, "timeout": 9.5, "max_download": "2MB",
+             "download_threads": 4, "per_host": 2, "respect_noai": False}  # fmt: skip
     assert set(given) == {option.name for option in PACK_OPTION_TABLE}
     built = pack_config("src", "out", **given)
-    owners = {PackConfig: built, ResizeConfig: built.resize, EncodeConfig: built.encode}
+    owners = {PackConfig: built, ResizeConfig: built.resize, EncodeConfig: built.encode, WebConfig: built.web}
     for option in PACK_OPTION_TABLE:
         value = getattr(owners[option.owner], option.field)
         assert value != option.default, option.name  # the flat option reached its field
     preset = tmp_path / "all.toml"
-    preset.write_text("".join(f"{key} = {value!r}\n".replace("True", "true") for key, value in given.items()))
+    preset.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in given.items()))
     assert pack_config("src", "out", preset) == built

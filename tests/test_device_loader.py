@@ -18,7 +18,7 @@ from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
-from shardkit.readers.device import filter_taps
+from shardkit.readers.device import batch_taps, filter_taps, tap_spans
 from shardkit.synthetic import picture, write_image
 
 from .conftest import built_once
@@ -81,6 +81,27 @@ def test_the_filter_is_pillows(tmp_path: Path) -> None:
         ours = np.rint(weights @ row[first : first + weights.shape[1]])
         pillows = np.asarray(image.resize((out, 1), Image.Resampling.BILINEAR, box=(left, 0, right, 1)))[0]
         assert np.abs(ours - pillows).max() <= 1, (left, right, out)
+
+
+def test_the_batched_taps_are_filter_taps() -> None:
+    """batch_taps (a batch's lines at once, in torch, where the matmuls run) against filter_taps line
+    by line: the same source span, the same weights, reversed for a flip, zero in the padding."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(40, 900, 64)
+    in0 = rng.uniform(0, 0.6, 64) * sizes
+    in1 = np.minimum(in0 + rng.uniform(0.05, 1.0, 64) * sizes + 0.5, sizes)
+    in0[:3], in1[:3] = 0, sizes[:3]  # whole lines too
+    flips = rng.random(64) < 0.5
+    for out in (224, 37, 700):  # down, far down, up
+        spans = tap_spans(sizes, in0, in1, out)
+        span = int((spans[4] - spans[3]).max())
+        got = batch_taps(torch, spans, out, span, torch.device("cpu"), flips).numpy()
+        for i in range(64):
+            weights, first = filter_taps(int(sizes[i]), in0[i], in1[i], out)
+            assert (spans[3][i], spans[4][i]) == (first, first + weights.shape[1])
+            want = weights[::-1] if flips[i] else weights
+            assert np.abs(got[i, :, : weights.shape[1]] - want).max() < 1e-6, (i, out)
+            assert not got[i, :, weights.shape[1] :].any()
 
 
 def test_raw_and_jpeg_records_on_the_device(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from ..packing.sources import SourceWalk, walk
 from ..storage.http import TooLong
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
+from ..storage.urls import is_remote
 from .verify_hashes import hashes, joined, repeated
 from .verify_index import check_index
 from .verify_manifest import ErrorLog, check_manifest, check_output_files, listed_duplicates
@@ -61,11 +62,14 @@ def verify(
     if max_pixels < 1:
         raise ConfigError(f"max pixels must be positive, not {max_pixels}")
     started = time.perf_counter()
-    with _opened(folder, storage_options) as output:
+    # one set of options serves the output and the source: a bucket source's, with a local output
+    remote_source_only = source is not None and is_remote(source) and not is_remote(folder)
+    with _opened(folder, None if remote_source_only else storage_options) as output:
         found = None
         if source is not None:  # a bad source is refused here, before any shard is read
             # walked as the pack walked it (a table's rows, sidecar samples): the manifest says how
-            found = walk(source, labels="none", keys=False, **walked_as(output.manifest))
+            how = walked_as(output.manifest)
+            found = walk(source, labels="none", keys=False, storage_options=storage_options, **how)
         report = _verify(output, deep, found, workers, max_pixels, progress)
     report.seconds = time.perf_counter() - started
     return report

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import TableConfig
+from ..core.config import TableConfig, WebConfig
 from ..core.errors import ConfigError, ManifestError
 from ..core.manifest import ERRORS_NAME, Manifest
 from ..packing.sources import SourceWalk, display, walk
@@ -29,6 +29,10 @@ def walked_as(manifest: Manifest | ManifestError | None) -> dict[str, Any]:
     if isinstance(table, dict):
         with contextlib.suppress(TypeError, ValueError, ConfigError):
             how["table"] = TableConfig(**table)
+    web = settings.get("web")
+    if isinstance(web, dict) and isinstance(web.get("url_column"), str):
+        with contextlib.suppress(ConfigError):
+            how["web"] = WebConfig(url_column=web["url_column"])
     return how
 
 
@@ -54,7 +58,7 @@ def check_source(
     extra = set(np.setdiff1d(accounted, expected, assume_unique=True).tolist())
     twice = set(accounted[(times > 1) & np.isin(accounted, expected)].tolist())
     if lost:  # a second walk, streamed too: only the names at fault are kept
-        again = walk(found.root, labels="none", keys=False, **how)
+        again = walk(found.root, labels="none", keys=False, storage_options=found.options, **how)
         names = {name for name in (display(item.relpath) for item in again.items) if hash(name) in lost}
         names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
         for path in sorted(names):

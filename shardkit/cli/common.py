@@ -140,6 +140,14 @@ STORAGE_OPTION_HELP = (
 )
 
 
+def source_path(text: str) -> str:
+    """A source as given: a URL kept whole (a Path would fold its '//'), a local path normalized as
+    a Path argument normalizes it (`dir/` is `dir`)."""
+    from ..storage.urls import is_remote
+
+    return text if is_remote(text) else str(Path(text))
+
+
 def storage_options(pairs: list[str] | None) -> dict[str, Any] | None:
     """--storage-option pairs as fsspec keywords (None when there are none)."""
     if not pairs:

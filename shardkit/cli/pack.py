@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from ..packing.pack import PackResult
 
-from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, storage_options, user_errors
+from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, source_path, storage_options, user_errors
 
 
 def _choice(name: str, choices: tuple[str, ...] | list[str]) -> Any:
@@ -44,9 +44,10 @@ def _flag(option: PackOption) -> inspect.Parameter:
 
 def pack(
     source: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help="Image folder (class sub-folders, flat, or with a metadata.jsonl|csv|parquet table) or a list file."
+            help="Image folder (class sub-folders, flat, or with a metadata.jsonl|csv|parquet table), a list file, "
+            "or a bucket's prefix (s3://bucket/prefix) laid out as a folder."
         ),
     ],
     output: Annotated[
@@ -60,7 +61,7 @@ def pack(
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
     metadata: Annotated[
-        Optional[Path],
+        Optional[str],
         typer.Option(
             help="A table of samples (CSV, TSV, JSONL or parquet), one row per image. "
             "\\[default: SOURCE/metadata.jsonl|csv|parquet when there is one]"
@@ -97,13 +98,13 @@ def pack(
     with user_errors(on_stop="run the same command with --resume to finish"):
         given = {key: (value.value if isinstance(value, Enum) else value) for key, value in flags.items()}
         table = TableConfig(
-            path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column,
-            label_column=label_column,
+            path=None if metadata is None else source_path(metadata), path_column=path_column,
+            caption_column=caption_column, label_column=label_column,
             columns=None if columns is None else tuple(name.strip() for name in columns.split(",") if name.strip()),
         )  # fmt: skip
         pack_config = make_pack_config(
-            source, output, config, resume=resume, overwrite=overwrite, storage_options=storage_options(storage_option),
-            staging=staging, table=table, sidecars=sidecars, **given,
+            source_path(source), output, config, resume=resume, overwrite=overwrite,
+            storage_options=storage_options(storage_option), staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
         if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
             raise typer.BadParameter("--dedup-threshold is for --dedup near")
@@ -123,19 +124,26 @@ pack.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _run(config: PackConfig) -> PackResult:
+    from ..packing.pack import Tally
     from ..packing.pack import pack as run_pack  # here: `shardkit --help` need not import imaging
 
     with progress_bar(unit="images") as bar:
         task = bar.add_task("packing", total=None, rate="")
         started = [time.perf_counter()]
         hashing: list[TaskID] = []
+        tally = Tally()
 
         def advance(done: int, total: int | None, errors: int) -> None:
             if hashing:  # the hashing is over: the pack's own rate starts now
                 bar.remove_task(hashing.pop())
                 started[0] = time.perf_counter()
-            rate = done / max(time.perf_counter() - started[0], 1e-9)
-            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f} img/s, {errors:,} errors")
+            seconds = max(time.perf_counter() - started[0], 1e-9)
+            rate = f"{done / seconds:,.0f} img/s, {errors:,} errors"
+            if tally.causes or tally.input_bytes:  # a table of URLs: what the downloads do
+                ok = (done - errors) / done if done else 1.0
+                top = ", ".join(f"{cause} {count:,}" for cause, count in tally.top())
+                rate += f", {ok:.1%} ok, {tally.input_bytes / seconds / 1e6:,.1f} MB/s" + (f" ({top})" if top else "")
+            bar.update(task, completed=done, total=total, rate=rate)
 
         def hashed(done: int, total: int) -> None:
             if not hashing:
@@ -143,7 +151,7 @@ def _run(config: PackConfig) -> PackResult:
             rate = done / max(time.perf_counter() - started[0], 1e-9)
             bar.update(hashing[0], completed=done, rate=f"{rate:,.0f} files/s")
 
-        return run_pack(config, progress=advance, dedup_progress=hashed)
+        return run_pack(config, progress=advance, dedup_progress=hashed, tally=tally)
 
 
 def render(result: PackResult) -> None:

@@ -24,11 +24,14 @@ if TYPE_CHECKING:
     from ..packing.probe import ProbeChunk, ProbeReport
 
 from .common import (
+    STORAGE_OPTION_HELP,
     check_plot_path,
     check_report_path,
     console,
     human_bytes,
     progress_bar,
+    source_path,
+    storage_options,
     user_errors,
     write_json_report,
 )
@@ -36,8 +39,11 @@ from .common import (
 
 def probe(
     source: Annotated[
-        Path,
-        typer.Argument(help="Image folder (with or without a metadata table), or a list file.", show_default=False),
+        str,
+        typer.Argument(
+            help="Image folder (with or without a metadata table), a list file, or a bucket's prefix (s3://...).",
+            show_default=False,
+        ),
     ],
     train_size: Annotated[
         Optional[int],
@@ -56,13 +62,14 @@ def probe(
         Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
     ] = None,
     metadata: Annotated[
-        Optional[Path], typer.Option(help="A table of samples, as for pack. \\[default: SOURCE/metadata.*]")
+        Optional[str], typer.Option(help="A table of samples, as for pack. \\[default: SOURCE/metadata.*]")
     ] = None,
     path_column: Annotated[str, typer.Option(help="The table's column of image paths.")] = "file_name",
     caption_column: Annotated[Optional[str], typer.Option(help="The caption column.")] = None,
     sidecars: Annotated[
         bool, typer.Option("--sidecars", help="Files sharing a name are one sample, as for pack.")
     ] = False,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
     with user_errors():
@@ -76,9 +83,10 @@ def probe(
         check_plot_path(plot)
         with _records_writer(records_path) as write_rows:
             table = TableConfig(
-                path=None if metadata is None else str(metadata), path_column=path_column, caption_column=caption_column
-            )
-            report = _run(source, settings, write_rows, table, sidecars)
+                path=None if metadata is None else source_path(metadata), path_column=path_column,
+                caption_column=caption_column,
+            )  # fmt: skip
+            report = _run(source_path(source), settings, write_rows, table, sidecars, storage_options(storage_option))
         render(report)
         if json_path is not None:
             write_json_report(json_path, report.to_json())
@@ -90,11 +98,12 @@ def probe(
 
 
 def _run(
-    source: Path,
+    source: str,
     settings: dict[str, Any],
     on_chunk: Callable[[ProbeChunk], None] | None,
     table: TableConfig | None = None,
     sidecars: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> ProbeReport:
     from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
@@ -124,6 +133,7 @@ def _run(
             table=table,
             sidecars=sidecars,
             copies_progress=confirmed,
+            storage_options=options,
         )
 
 
@@ -134,6 +144,8 @@ def render(report: ProbeReport) -> None:
         f"{human_bytes(report.bytes)}, probed in {report.seconds:.2f}s ({rate:,.0f} files/s on {report.workers} "
         f"{report.worker_kind}{('es' if report.worker_kind == 'process' else 's') if report.workers > 1 else ''})"
     )
+    if report.header_bytes is not None:
+        console.print(f"headers read by range: {human_bytes(report.header_bytes)} of {human_bytes(report.bytes)}")
     if report.images:
         _render_percentiles(report)
         _render_histogram(report)

@@ -19,6 +19,7 @@ from .common import (
     check_report_path,
     console,
     progress_bar,
+    source_path,
     storage_options,
     user_errors,
     write_json_report,
@@ -31,7 +32,8 @@ def verify(
     output: Annotated[str, typer.Argument(help="A shardkit output folder, or its URL (s3://..., https://...).")],
     deep: Annotated[bool, typer.Option(help="Decode every image and check its size against the metadata.")] = False,
     source: Annotated[
-        Optional[Path], typer.Option(help="Check every source file is packed or in errors.jsonl.")
+        Optional[str],
+        typer.Option(help="Check every source file (or a bucket's object) is packed or in errors.jsonl."),
     ] = None,
     workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
     max_pixels: Annotated[
@@ -49,7 +51,8 @@ def verify(
         with progress_bar(unit="shards") as bar:
             task = bar.add_task("verifying", total=None, rate="")
             report = run_verify(
-                output, deep=deep, source=source, workers=workers, max_pixels=max_pixels, storage_options=options,
+                output, deep=deep, source=None if source is None else source_path(source), workers=workers,
+                max_pixels=max_pixels, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         render(report, deep=deep)

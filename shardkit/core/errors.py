@@ -23,6 +23,7 @@ class Failure:
     reason: str
     duplicate_of: str | None = None
     transient: bool = False
+    cause: str | None = None  # a download's failure in a word ("404", "timeout", "not-image"): counted per cause
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"path": self.path, "stage": self.stage, "reason": self.reason}
@@ -30,6 +31,8 @@ class Failure:
             row["duplicate_of"] = self.duplicate_of
         if self.transient:
             row["transient"] = True
+        if self.cause is not None:
+            row["cause"] = self.cause
         return row
 
 

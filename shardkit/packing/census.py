@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.headers import ImageHeader
+from ..core.headers import EXTENSION_FORMATS, ImageHeader
 from .sources import display
 
 SHORT_SIDE_BINS = (0, 64, 128, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 4096)
@@ -101,6 +101,8 @@ class ProbeReport:
     table: dict[str, Any] | None = None
     duplicates: ExactCopies | None = None
     skipped: list[Failure] = field(default_factory=list, repr=False)
+    # a bucket's probe: the bytes its range reads took for the headers (None: local files)
+    header_bytes: int | None = None
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
@@ -351,6 +353,21 @@ def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | 
     binned, _ = np.histogram(shorts, bins=edges, weights=counts)
     bins = zip(SHORT_SIDE_BINS, edges[1:], binned, strict=True)
     return [(lo, None if math.isinf(hi) else int(hi), int(n)) for lo, hi, n in bins if n]
+
+
+def header_warnings(header: ImageHeader, relpath: str, max_pixels: int) -> tuple[str, ...]:
+    """What is wrong with a readable header: "truncated", "extension-mismatch", "too-many-pixels"."""
+    expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
+    if header.complete and expected == header.format and header.width * header.height <= max_pixels:
+        return ()  # the common case, kept cheap
+    warnings: list[str] = []
+    if not header.complete:
+        warnings.append("truncated")
+    if expected is not None and expected != header.format:
+        warnings.append("extension-mismatch")
+    if header.width * header.height > max_pixels:
+        warnings.append("too-many-pixels")
+    return tuple(warnings)
 
 
 CANNOT_READ = "cannot read (permissions, I/O)"

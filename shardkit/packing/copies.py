@@ -39,25 +39,30 @@ def candidate_names(
     return names
 
 
+Digest = Callable[[str, int], "tuple[str, int] | None"]  # (path, identity) -> (sha256, size), None: unreadable
+
+
 def confirm_copies(
     names: Sequence[tuple[int, int, str, str]], workers: int, links: int = 0, examples: int = 5,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, digest: Digest | None = None,
 ) -> ExactCopies:  # fmt: skip
     """Which of the candidate files (key, identity, path, relpath), distinct files in walk order,
     really copy each other: those with the same key and the same sha256. A file gone, unreadable,
-    or no longer the file counted (its identity changed) since the scan is left out."""
+    or no longer the file counted (its identity changed) since the scan is left out. `digest`
+    reads one file (default: a local file's, through one descriptor)."""
     jobs = [[(path, identity) for _, identity, path, _ in names[i : i + 64]] for i in range(0, len(names), 64)]
     read: list[tuple[str, int] | None] = [None] * len(names)
     done = 0
-    for index, found in map_threads(_digests, jobs, workers):
+    one = digest or _digest
+    for index, found in map_threads(lambda files: [one(path, identity) for path, identity in files], jobs, workers):
         read[index * 64 : index * 64 + len(found)] = found
         done += len(found)
         if progress is not None:
             progress(done, len(names))
     groups: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (key, sha256) -> (name, size) of each file
-    for i, ((key, *_), digest) in enumerate(zip(names, read, strict=True)):
-        if digest is not None:
-            groups.setdefault((key, digest[0]), []).append((i, digest[1]))
+    for i, ((key, *_), taken) in enumerate(zip(names, read, strict=True)):
+        if taken is not None:
+            groups.setdefault((key, taken[0]), []).append((i, taken[1]))
     copies = [group for group in groups.values() if len(group) > 1]
     return ExactCopies(
         files=sum(len(group) - 1 for group in copies),
@@ -68,21 +73,17 @@ def confirm_copies(
     )
 
 
-def _digests(files: list[tuple[str, int]]) -> list[tuple[str, int] | None]:
-    """The sha256 and size of each (path, identity), read through one descriptor whose file must
-    be the one the scan counted; None where it cannot be read or is another file."""
-    found: list[tuple[str, int] | None] = []
-    for path, identity in files:
-        try:
-            fd = open_regular(path)  # a FIFO put in a candidate's place is refused, not waited on
-        except OSError:
-            found.append(None)
-            continue
-        try:
-            status = os.fstat(fd)
-            found.append((sha256_of(fd), status.st_size) if file_identity(status) == identity else None)
-        except OSError:
-            found.append(None)
-        finally:
-            os.close(fd)
-    return found
+def _digest(path: str, identity: int) -> tuple[str, int] | None:
+    """The sha256 and size of a local file, read through one descriptor whose file must be the one
+    the scan counted; None where it cannot be read or is another file."""
+    try:
+        fd = open_regular(path)  # a FIFO put in a candidate's place is refused, not waited on
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        return (sha256_of(fd), status.st_size) if file_identity(status) == identity else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

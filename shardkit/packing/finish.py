@@ -67,6 +67,10 @@ def finish(
     totals = {"inputs": inputs, "records": records, "errors": len(error_rows)}
     if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
         totals["duplicates"] = duplicates
+    transient = sum(1 for row in error_rows if row.transient)
+    if found.layout == "urls":  # rows per cause of failure, and those a --resume tries again
+        totals["transient"] = transient
+        totals.update(download_causes(error_rows))
     source = {"path": str(config.source), "layout": found.layout}
     manifest = Manifest(
         format=config.format,
@@ -87,7 +91,8 @@ def finish(
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
     with writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
-    remove_state(output)
+    if not transient:  # else its done markers stay: --resume tries those rows again, and only their shards
+        remove_state(output)
     return PackResult(
         output=str(output),
         manifest=manifest,
@@ -104,6 +109,15 @@ def finish(
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
         duplicates=duplicates,
     )
+
+
+def download_causes(rows: list[Failure]) -> dict[str, int]:
+    """A table of URLs' failed rows counted per cause ("download:404": 12), most first."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.cause is not None:
+            counts[f"{row.stage}:{row.cause}"] = counts.get(f"{row.stage}:{row.cause}", 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def _stage_seconds(ordered: list[ShardResult]) -> dict[str, float]:

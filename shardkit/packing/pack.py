@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import PackConfig
-from ..core.errors import OutputError, describe
+from ..core.errors import ConfigError, OutputError, describe
 from ..core.manifest import MANIFEST_NAME
 from ..formats import get_format
 from ..storage.location import locate
 from ..storage.store import Store
+from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .finish import PackResult, already_complete, finish
 from .output import (
@@ -34,20 +35,25 @@ from .output import (
     remove_old_temp_files,
     remove_temp_shards,
     state_dir,
+    writing,
 )
 from .plan import PlanDigest, ShardSpec, fingerprint, plan_shards
-from .resume import remove_stale_shards, resumable, reused_shard, settings_of, write_state
-from .running import Planned, ProgressCallback, ray_session, run_jobs
+from .resume import remove_stale_shards, resumable, retried_shard, reused_shard, settings_of, write_state
+from .running import Planned, ProgressCallback, Tally, ray_session, run_jobs
 from .sources import Item, SourceList, SourceWalk, walk
 from .worker import ShardJob, ShardResult
 
-__all__ = ["HashProgress", "PackResult", "ProgressCallback", "pack", "resolve_resize"]
+__all__ = ["HashProgress", "PackResult", "ProgressCallback", "Tally", "pack", "resolve_resize"]
 
 HashProgress = Callable[[int, int], None]  # files hashed, of how many (pack --dedup's first pass)
 
 
 def pack(
-    config: PackConfig, *, progress: ProgressCallback | None = None, dedup_progress: HashProgress | None = None
+    config: PackConfig,
+    *,
+    progress: ProgressCallback | None = None,
+    dedup_progress: HashProgress | None = None,
+    tally: Tally | None = None,
 ) -> PackResult:
     """Pack `config.source` into shards in `config.output`. Returns what was done.
 
@@ -55,13 +61,15 @@ def pack(
     shardkit did not write) is refused before any shard is written, and leaves the folder as it was.
     Shards are planned as the walk goes and written as soon as each is planned: the driver holds
     what is in flight, not the whole list (except for --shuffle and --dedup, which need the whole
-    list; --dedup hashes every file first, reported through `dedup_progress`).
+    list; --dedup hashes every file first, reported through `dedup_progress`). `tally` counts a
+    table of URLs' downloaded bytes and failures per cause as shards come back.
     """
-    location = locate(config.output, config.storage_options, manifest=False)
+    location = locate(config.output, _output_options(config), manifest=False)
     if not isinstance(location, Path):
-        return _pack_to_remote(config, location, progress, dedup_progress)
+        return _pack_to_remote(config, location, progress, dedup_progress, tally)
     started = time.perf_counter()
-    refuse_overlap(config.source, config.output)
+    if not is_remote(config.source):
+        refuse_overlap(config.source, config.output)
     with ray_session(config):  # connected before anything is written or deleted
         held = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         output = held.output
@@ -72,6 +80,11 @@ def pack(
             if config.overwrite:
                 clear(held)
             if finished is None:
+                if config.resume and (output / MANIFEST_NAME).exists():
+                    # a pack finished with rows a passing fault kept out: its manifest goes first,
+                    # since the shards that held those rows are written again
+                    with writing(output, MANIFEST_NAME):
+                        (output / MANIFEST_NAME).unlink()
                 write_state(output, settings)
         except BaseException:
             held.release(undo=True)
@@ -83,7 +96,7 @@ def pack(
             remove_temp_shards(output)  # half shards of workers killed in an earlier run
             remove_old_temp_files(output)
             specs = _plan(config, found.items)
-            result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks)
+            result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks, tally)
         except BaseException:
             remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
             raise
@@ -105,11 +118,45 @@ class Prepared:
     fallbacks: dict[str, Fallbacks] = field(default_factory=dict)  # places index found.skipped
 
 
+def _output_options(config: PackConfig) -> dict[str, Any] | None:
+    """The storage options that reach the output. One set serves the source and the output: with
+    a bucket source and a local output they are the source's (a local output takes none)."""
+    return None if is_remote(config.source) and not is_remote(config.output) else config.storage_options
+
+
+def _refuse_for_buckets(config: PackConfig) -> None:
+    """What a bucket source does not take yet, refused before any work: both read local files."""
+    if config.dedup != "none":
+        raise ConfigError(f"{config.source}: --dedup hashes local files; it does not take a bucket source yet")
+    if config.shard_bytes is not None:
+        raise ConfigError(f"{config.source}: --shard-bytes sizes local files; use --shard-size with a bucket source")
+    if is_remote(config.output):
+        source, output = config.source.rstrip("/"), config.output.rstrip("/")
+        if output == source or output.startswith(source + "/"):
+            raise OutputError(
+                f"{config.output}: lies inside the source prefix {config.source}; write the shards elsewhere"
+            )
+
+
+def _walk(config: PackConfig) -> SourceWalk:
+    return walk(
+        config.source, labels=config.labels, table=config.table, sidecars=config.sidecars,
+        storage_options=config.storage_options, web=config.web,
+    )  # fmt: skip
+
+
 def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None) -> Prepared:
     """The one preparation of a local and a remote pack: walk the source (a list naming files in
     the local `output` is refused), resolve --resize auto, and with --dedup hash every file (kept in
     the output's state folder for a resume) and leave out the copies."""
-    found = walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars)
+    if is_remote(config.source):
+        _refuse_for_buckets(config)
+    found = _walk(config)
+    if found.layout == "urls" and config.dedup != "none":
+        raise ConfigError(
+            f"{config.source}: --dedup compares the images before packing, and a table of URLs is downloaded "
+            "while packing; pack it, then run `shardkit duplicates OUT`"
+        )
     if found.listed is not None and output is not None:
         refuse_sources_inside([item.path for item in found.listed.items], config.output)
     config = resolve_resize(config)
@@ -117,7 +164,7 @@ def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Pat
     if config.dedup != "none":
         cache = None if output is None else state_dir(output) / HASHES_NAME
         found, fallbacks = _deduplicated(found, config, dedup_progress, cache)
-    return Prepared(config, found, settings_of(config), fallbacks)
+    return Prepared(config, found, settings_of(config, urls=found.layout == "urls"), fallbacks)
 
 
 def resolve_resize(config: PackConfig) -> PackConfig:
@@ -127,13 +174,19 @@ def resolve_resize(config: PackConfig) -> PackConfig:
         return config
     from .probe import probe
 
-    recommendation = probe(config.source, train_size=config.train_size, workers=config.workers).recommendation
+    recommendation = probe(
+        config.source, train_size=config.train_size, workers=config.workers, storage_options=config.storage_options
+    ).recommendation
     size = recommendation.resize if recommendation is not None else None
     return replace(config, resize=replace(config.resize, size=size))
 
 
 def _pack_to_remote(
-    config: PackConfig, store: Store, progress: ProgressCallback | None, dedup_progress: HashProgress | None
+    config: PackConfig,
+    store: Store,
+    progress: ProgressCallback | None,
+    dedup_progress: HashProgress | None,
+    tally: Tally | None = None,
 ) -> PackResult:
     """A pack into a URL: the bucket is checked first, the shards are packed into a local staging
     folder (resumable as any output), then uploaded with the manifest last (see publish)."""
@@ -163,10 +216,10 @@ def _pack_to_remote(
     except OSError as error:
         raise OutputError(f"{staging}: cannot stage the shards here ({describe(error)})") from None
     local = replace(
-        config, output=str(staging), resume=resume, overwrite=occupied and not resume, storage_options=None,
-        staging=None,
+        config, output=str(staging), resume=resume, overwrite=occupied and not resume, staging=None,
+        storage_options=config.storage_options if is_remote(config.source) else None,  # (the source's too)
     )  # fmt: skip
-    result = pack(local, progress=progress, dedup_progress=dedup_progress)
+    result = pack(local, progress=progress, dedup_progress=dedup_progress, tally=tally)
     manifest, kept = publish(staging, remote)
     clear_staging(staging, manifest)
     return replace(
@@ -213,11 +266,7 @@ def _deduplicated(
 def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
     """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
     compared with it before anything is done."""
-    items = (
-        found.listed.items
-        if found.listed is not None
-        else walk(config.source, labels=config.labels, table=config.table, sidecars=config.sidecars).items
-    )
+    items = found.listed.items if found.listed is not None else _walk(config).items
     return _plan(config, items)
 
 
@@ -229,6 +278,7 @@ def _write_all(
     output: Path,
     progress: ProgressCallback | None,
     fallbacks: dict[str, Fallbacks] | None = None,
+    tally: Tally | None = None,
 ) -> PackResult:
     """Write the shards not done yet as the plan is cut, then finish. On --resume, a shard is
     reused when its done marker has its own hash: the same settings and the same files (names,
@@ -240,6 +290,7 @@ def _write_all(
     job_specs: list[int] = []  # job number -> shard index
     planned = Planned()
     confine = found.confine
+    web = config.web if found.layout == "urls" else None
 
     def jobs() -> Iterator[ShardJob]:
         for spec in specs:
@@ -254,12 +305,18 @@ def _write_all(
                 planned.reused_images += len(spec.items)
                 planned.reused_errors += len(previous.errors)
                 continue
+            retried = retried_shard(output, spec, shard_hash) if config.resume and web is not None else None
             job_specs.append(spec.index)
-            yield ShardJob(spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies)
+            yield ShardJob(
+                spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
+                found.options, web=web, earlier=None if retried is None else retried.errors,
+            )  # fmt: skip
         planned.walked = True
 
     for job_number, result in run_jobs(config, jobs(), planned, progress):
         results[job_specs[job_number]] = result
+        if tally is not None and web is not None:
+            tally.add(result)
     remove_stale_shards(output, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
     inputs = planned.images + len(found.skipped)

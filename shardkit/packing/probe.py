@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
 from ..core.errors import HeaderError, describe
-from ..core.headers import EXTENSION_FORMATS, ImageHeader, read_head, read_header
+from ..core.headers import ImageHeader, read_head, read_header
 from ..core.pools import default_workers, map_local, map_threads
 from .census import (
     CANNOT_READ,
@@ -37,9 +38,11 @@ from .census import (
     ScanRow,
     counted_percentiles,
     counted_quantiles,
+    header_warnings,
     recommend,
 )
 from .copies import candidate_names, confirm_copies
+from .objects import Transfer, object_digest, probe_objects
 from .sources import Item, SourceWalk, walk
 
 __all__ = [
@@ -49,6 +52,9 @@ __all__ = [
 ]  # fmt: skip
 
 CHUNK_FILES = 2048
+# A bucket's objects: chunks small enough to keep every thread busy, threads enough to hide latency.
+REMOTE_CHUNK_OBJECTS = 64
+REMOTE_THREADS = 32
 # Below this many files a process pool costs more to start than it saves.
 PARALLEL_MIN_FILES = 50_000
 
@@ -66,17 +72,7 @@ def probe_file(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
         head, identity = read_head(path)
     except OSError:  # gone since its header was read: not counted among copies
         head = identity = None
-    expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
-    if header.complete and expected == header.format and header.width * header.height <= max_pixels:
-        return ProbeRecord(relpath, size, header, head=head, identity=identity)  # the common case, kept cheap
-    warnings: list[str] = []
-    if not header.complete:
-        warnings.append("truncated")
-    if expected is not None and expected != header.format:
-        warnings.append("extension-mismatch")
-    if header.width * header.height > max_pixels:
-        warnings.append("too-many-pixels")
-    return ProbeRecord(relpath, size, header, None, tuple(warnings), head, identity)
+    return ProbeRecord(relpath, size, header, None, header_warnings(header, relpath, max_pixels), head, identity)
 
 
 def _size_or_zero(path: str) -> int:
@@ -151,36 +147,48 @@ def probe(
     chunk_files: int = CHUNK_FILES,
     table: TableConfig | None = None,
     sidecars: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> ProbeReport:
     """Probe every image under `source`, streaming: the walk feeds the workers chunk by chunk as it
     goes, and only the statistics (exact counts of each size and file size) and the first examples
     of each problem are kept. `on_chunk` gets every chunk of results in walk order (byte order of
     the paths) as it is done; `progress(done, total)` has total None until the walk ends;
     `copies_progress(files, total)` follows the confirmation of copy candidates, read whole (none
-    when no two files share a size and head hash)."""
+    when no two files share a size and head hash). A bucket's prefix (s3://..., reached with
+    `storage_options`) is probed by range reads of each object's header, on threads."""
     check_workers(workers)
     started = time.perf_counter()
-    found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)  # the samples pack would take
+    # the samples pack would take
+    found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options)
     census = Census()
+    transfer = Transfer()
+    scan_chunk: Callable[[Job], list[ScanRow]] = _probe_chunk
+    if found.options is not None:  # a bucket: each header by range reads, waiting on the network
+        scan_chunk = partial(probe_objects, found.options, transfer)
+        chunk_files = min(chunk_files, REMOTE_CHUNK_OBJECTS)
+        workers, kind = workers or REMOTE_THREADS, "thread"
+    else:
+        workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
     chunking = _Chunking(found, Counter(), chunk_files, max_pixels)
-    workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
     jobs: Iterator[Job] = iter(chunking)
     if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
         ahead = list(itertools.islice(jobs, math.ceil(PARALLEL_MIN_FILES / chunk_files)))
         if len(ahead) * chunk_files < PARALLEL_MIN_FILES:
             workers = 1
         jobs = itertools.chain(ahead, jobs)
-    without_file = _scan(jobs, kind, workers, census, chunking, on_chunk, progress)
+    without_file = _scan(jobs, scan_chunk, kind, workers, census, chunking, on_chunk, progress)
     report = census.report(train_size=train_size, root=os.fspath(source))
     places, keys, identities, links = census.copy_candidates()
     report.duplicates = ExactCopies(0, 0, 0, links)
     if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
-        again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars)
+        again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options)
         names = candidate_names(_runs(again, Counter()), places, keys, identities)
-        report.duplicates = confirm_copies(names, workers, links, progress=copies_progress)
+        digest = partial(object_digest, found.options) if found.options is not None else None
+        report.duplicates = confirm_copies(names, workers, links, progress=copies_progress, digest=digest)
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunking.chunks > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
+    report.header_bytes = transfer.bytes if found.options is not None else None
     if found.table is not None:
         report.table = _table_census(found, chunking.captions, without_file)
     return report
@@ -222,7 +230,8 @@ class _Chunking:
 
 
 def _scan(
-    jobs: Iterator[Job], kind: str, workers: int, census: Census, chunking: _Chunking,
+    jobs: Iterator[Job], scan_chunk: Callable[[Job], list[ScanRow]], kind: str, workers: int, census: Census,
+    chunking: _Chunking,
     on_chunk: Callable[[ProbeChunk], None] | None, progress: Callable[[int, int | None], None] | None,
 ) -> int:  # fmt: skip
     """Every chunk through the scanner on `workers` threads or processes, added to the census in
@@ -238,7 +247,7 @@ def _scan(
     without_file = 0
     finished: dict[int, list[ScanRow]] = {}
     next_index = 0
-    for index, rows in mapper(_probe_chunk, numbered(), workers):
+    for index, rows in mapper(scan_chunk, numbered(), workers):
         finished[index] = rows
         if chunking.found.table is not None:
             without_file += sum(1 for row in rows if row[2] is not None and row[2].startswith(_MISSING))
@@ -264,7 +273,8 @@ def _runs(found: SourceWalk, captions: Counter[int]) -> Iterable[tuple[str, list
     return ((run.prefix, None, run.relpaths) for run in found.runs)
 
 
-_MISSING = f"cannot read: {os.strerror(2)}"  # ENOENT, as probe_file words it
+# ENOENT, as probe_file words it, and a missing object, as a bucket's probe does
+_MISSING = (f"cannot read: {os.strerror(2)}", "cannot read: no such object")
 
 
 def _table_runs(

@@ -25,8 +25,9 @@ from .worker import ShardResult
 CREATED_BY = f"shardkit {__version__}"
 
 
-def settings_of(config: PackConfig) -> dict[str, Any]:
-    """What decides the bytes of the output (not where it goes or how many workers write it)."""
+def settings_of(config: PackConfig, *, urls: bool = False) -> dict[str, Any]:
+    """What decides the bytes of the output (not where it goes or how many workers write it). For
+    a table of URLs (`urls`), the download settings that decide which images get in."""
     return {
         "format": config.format,
         "resize": asdict(config.resize),
@@ -41,7 +42,13 @@ def settings_of(config: PackConfig) -> dict[str, Any]:
         **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
         **({"sidecars": True} if config.sidecars else {}),
         **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
+        **({"web": _web_settings(config)} if urls else {}),
     }
+
+
+def _web_settings(config: PackConfig) -> dict[str, Any]:
+    web = config.web
+    return {"url_column": web.url_column, "max_bytes": web.max_bytes, "respect_noai": web.respect_noai}
 
 
 def _dedup_settings(config: PackConfig) -> dict[str, Any]:
@@ -106,7 +113,21 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
 
 
 def reused_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
-    """The finished result of this shard from an earlier run, if the shard file is still exactly it."""
+    """The finished result of this shard from an earlier run, if the shard file is still exactly it
+    and none of its rows failed for a passing cause (see `retried_shard`)."""
+    result = _earlier(output, spec, plan_hash)
+    return None if result is None or any(row.transient for row in result.errors) else result
+
+
+def retried_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
+    """The earlier result of a shard of a table of URLs whose file is intact but some of whose
+    rows failed transiently: the worker keeps its records and its final failures, and downloads
+    only those rows again."""
+    result = _earlier(output, spec, plan_hash)
+    return result if result is not None and any(row.transient for row in result.errors) else None
+
+
+def _earlier(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
     marker = done_path(output, spec.name)
     shard = Path(output) / spec.name
     try:

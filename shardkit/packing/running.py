@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import PackConfig
@@ -30,6 +30,24 @@ class Planned:
 
     def total(self) -> int | None:
         return self.images if self.walked else None
+
+
+@dataclass
+class Tally:
+    """A table of URLs' downloads so far, as shards come back (for the live progress line): bytes
+    downloaded and the failed rows per cause."""
+
+    input_bytes: int = 0
+    causes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, result: ShardResult) -> None:
+        self.input_bytes += result.input_bytes
+        for row in result.errors:
+            if row.cause is not None:
+                self.causes[row.cause] = self.causes.get(row.cause, 0) + 1
+
+    def top(self, count: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.causes.items(), key=lambda item: (-item[1], item[0]))[:count]
 
 
 def run_jobs(

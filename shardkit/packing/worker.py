@@ -15,24 +15,29 @@ import hashlib
 import os
 import socket
 import time
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
-from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, describe
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig, WebConfig
+from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, StorageError, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
-from ..core.safeio import open_regular
+from ..core.safeio import open_regular, read_regular
 from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
+from ..storage.urls import is_remote
 from .encode import STAGES, check_pixels, process_image, record_too_big
 from .index import part_path, write_part
 from .index import row as index_row
+from .objects import object_bytes, object_reads
 from .output import done_path, state_dir, temp_dir, writing
 from .plan import ShardSpec
 from .sources import Item, display
 from .sources.sidecars import Sidecars, read_sidecars
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,11 @@ class ShardJob:
     confine: str | None = None  # a table's rows may only name files under this (real) folder
     # --dedup: by an item's key, the copies left out for it, tried in its slot (in this order) when it fails
     copies: dict[str, tuple[Item, ...]] = field(default_factory=dict)
+    storage_options: dict[str, Any] | None = None  # what reaches a bucket source's objects
+    web: WebConfig | None = None  # a table of URLs: the items' paths are downloaded, so
+    # --resume of a shard some of whose rows failed transiently: its earlier errors (the shard file
+    # in the output keeps the other rows' records, so only those rows are downloaded again)
+    earlier: list[Failure] | None = None
 
 
 @dataclass
@@ -92,9 +102,10 @@ def write_shard(job: ShardJob) -> ShardResult:
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
     closed = False
+    fetched = _fetched(job)
     try:
         for item in spec.items:
-            record, size = _pack_one(item, job, timings, errors)
+            record, size = _pack_one(item, job, timings, errors, next(fetched))
             if record is None and item.key in job.copies:
                 record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, errors)
             if record is not None:
@@ -132,9 +143,25 @@ def write_shard(job: ShardJob) -> ShardResult:
                 writer.abort()
         raise
     finally:
+        fetched.close()  # (downloads still queued are dropped)
         temp.unlink(missing_ok=True)
         idx_temp.unlink(missing_ok=True)
     return result
+
+
+def _fetched(job: ShardJob) -> Generator[Any, None, None]:
+    """Each item's downloaded bytes (or why not) for a table of URLs, fetched ahead in order;
+    None for each item of any other source (read by the worker itself)."""
+    if job.web is None:
+        while True:
+            yield None
+    from .fetched import downloads, refetched  # (urllib3 and the threads: only for tables of URLs)
+
+    if job.earlier is None:
+        yield from downloads(job.spec.items, job.web)
+    else:
+        shard = str(Path(job.output) / job.spec.name)
+        yield from refetched(job.spec.items, shard, job.format, job.earlier, job.web)
 
 
 def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
@@ -151,13 +178,29 @@ def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) 
     return info_of(idx_name(info.name), info.count, data)
 
 
-def _pack_one(item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure]) -> tuple[Record | None, int]:
-    """One source file to a record, or (None, 0) with the reason appended to `errors`."""
+def _pack_one(
+    item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure], fetched: Any = None
+) -> tuple[Record | None, int]:
+    """One source file (or `fetched`, its download) to a record, or (None, 0) with the reason
+    appended to `errors`."""
     started = time.perf_counter()
     try:
-        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
-            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
-        data, header = read_source(item.path, job.encode.max_pixels)
+        if fetched is not None:
+            from .fetched import download_failure, read_downloaded
+
+            if isinstance(fetched, Record):  # kept from the shard a resume writes again
+                return fetched, 0
+            if isinstance(fetched, Failure):  # failed for good in the earlier run
+                errors.append(fetched)
+                return None, 0
+            if not isinstance(fetched, bytes):  # a DownloadError
+                errors.append(download_failure(item, fetched))
+                return None, 0
+            data, header = read_downloaded(fetched, job.encode.max_pixels)
+        else:
+            if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+                raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
+            data, header = read_source(item.path, job.encode.max_pixels, job.storage_options)
         timings["read"] += time.perf_counter() - started
         encoded = process_image(data, job.resize, job.encode, timings, header)
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
@@ -199,7 +242,16 @@ def _sidecars(
 ) -> Sidecars:
     started = time.perf_counter()
     try:
-        return read_sidecars(os.path.dirname(item.path), parts, meta, job.resize, job.encode.max_pixels)
+        folder = os.path.dirname(item.path)
+        if is_remote(item.path):
+            return read_sidecars(
+                lambda name, limit: _remote(lambda: object_bytes(f"{folder}/{name}", job.storage_options, limit)),
+                parts, meta, job.resize, job.encode.max_pixels,
+            )  # fmt: skip
+        return read_sidecars(
+            lambda name, limit: read_regular(os.path.join(folder, name), limit), parts, meta, job.resize,
+            job.encode.max_pixels,
+        )  # fmt: skip
     finally:
         timings["read"] += time.perf_counter() - started
 
@@ -210,24 +262,49 @@ def max_source_bytes(max_pixels: int) -> int:
     return max_pixels * 8 + (16 << 20)
 
 
-def read_source(path: str, max_pixels: int) -> tuple[bytes, ImageHeader]:
+def read_source(path: str, max_pixels: int, storage_options: dict[str, Any] | None = None) -> tuple[bytes, ImageHeader]:
     """A source file's bytes and header: the header is read and checked first, so neither a bomb
-    nor a multi-GB file is read into memory; FIFOs and devices are refused, never waited on."""
+    nor a multi-GB file is read into memory; FIFOs and devices are refused, never waited on. A
+    bucket's object (a URL) is read so too, by ranges: its first 64 KiB, then the rest."""
+    if is_remote(path):
+        return _remote(lambda: _read_object(path, max_pixels, storage_options))
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, HEAD_BYTES, 0)
-        try:
-            header = parse_header(head, lambda offset, n: os.pread(fd, n, offset), size, path)
-        except HeaderError as error:
-            raise ImageError("header", str(error)) from None
-        check_pixels(header, max_pixels)
-        if size > max_source_bytes(max_pixels):
-            raise ImageError("read", f"{size:,} bytes is more than an image of {max_pixels:,} pixels needs; not read")
+        header = _checked(lambda: parse_header(head, lambda offset, n: os.pread(fd, n, offset), size, path), size,
+                          max_pixels)  # fmt: skip
         data = head if len(head) == size else _read_all(fd)
     finally:
         os.close(fd)
     return data, header
+
+
+def _read_object(url: str, max_pixels: int, storage_options: dict[str, Any] | None) -> tuple[bytes, ImageHeader]:
+    reads = object_reads(url, storage_options)
+    header = _checked(reads.header, reads.size, max_pixels)
+    return reads.whole(), header
+
+
+def _checked(parse: Callable[[], ImageHeader], size: int, max_pixels: int) -> ImageHeader:
+    """The header, checked before the body is read: its pixels, and the file's size against them."""
+    try:
+        header = parse()
+    except HeaderError as error:
+        raise ImageError("header", str(error)) from None
+    check_pixels(header, max_pixels)
+    if size > max_source_bytes(max_pixels):
+        raise ImageError("read", f"{size:,} bytes is more than an image of {max_pixels:,} pixels needs; not read")
+    return header
+
+
+def _remote(read: Callable[[], T]) -> T:
+    """`read()` of a bucket's object, a failure the retry window gave up on (or denied access) an
+    ImageError at the read stage: one input not packed, as an unreadable file is."""
+    try:
+        return read()
+    except StorageError as error:
+        raise ImageError("read", str(error)) from None
 
 
 def _read_all(fd: int) -> bytes:

@@ -116,7 +116,9 @@ def _pool() -> urllib3.PoolManager:
     return pool
 
 
-def _get(url: str, retries: urllib3.Retry | bool, decode_content: bool) -> tuple[urllib3.BaseHTTPResponse, Pace]:
+def _get(
+    url: str, retries: urllib3.Retry | bool, decode_content: bool, headers: dict[str, str] | None = None
+) -> tuple[urllib3.BaseHTTPResponse, Pace]:
     """A streamed GET of `url` and the pace it is held to; any trouble reaching it as OSError."""
     import urllib3
 
@@ -124,8 +126,9 @@ def _get(url: str, retries: urllib3.Retry | bool, decode_content: bool) -> tuple
     timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
     try:
         response = _pool().request(
-            "GET", url, preload_content=False, decode_content=decode_content, retries=retries, timeout=timeout
-        )
+            "GET", url, preload_content=False, decode_content=decode_content, retries=retries, timeout=timeout,
+            headers=headers,
+        )  # fmt: skip
     except urllib3.exceptions.MaxRetryError as error:  # (redirects followed, then a failure)
         raise OSError(f"{type(error.reason).__name__}: {error.reason}") from None
     except urllib3.exceptions.HTTPError as error:
@@ -168,6 +171,56 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
     finally:
         response.release_conn()
     return digest
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:\d+-\d+|\*)/(\d+)")
+
+
+def fetch_range(url: str, start: int, length: int) -> tuple[bytes, int | None]:
+    """Bytes [start, start + length) of `url` by one ranged GET (fewer at its end, none past it),
+    and the whole size where the answer says it (Content-Range; a server that ignores the range:
+    its Content-Length, the body read no further than the range). FileNotFoundError on 404,
+    PermissionError on 401/403, OSError (retried) on 5xx, 429 and a body cut short; NotDirect on
+    redirects and other statuses."""
+    import urllib3
+
+    wanted = f"bytes={start}-{start + max(length, 1) - 1}"
+    response, pace = _get(url, retries=False, decode_content=False, headers={"Range": wanted})
+    drained = False  # a body read to its end leaves its connection for the next request
+    try:
+        status = response.status
+        if status == 416:  # the range starts at or past the end: nothing there, and the size said
+            drained = not response.read(1 << 16)
+            return b"", _range_total(response)
+        if status not in (200, 206):
+            response.read(1 << 16)
+            raise _refusal(response) or NotDirect(status)
+        skip = start if status == 200 else 0  # the whole object came: its first bytes are not wanted
+        parts, total = [], 0
+        try:
+            while total < skip + length and (chunk := response.read1(min(_DIRECT_BUFFER, skip + length - total))):
+                parts.append(chunk)
+                total += len(chunk)
+                pace.check(total)
+        except urllib3.exceptions.HTTPError as error:  # cut short, or stalled: retried
+            raise OSError(f"{type(error).__name__}: {error}") from None
+        data = b"".join(parts)[skip : skip + length]
+        if status == 206:
+            drained = not response.read(1)
+            return data, _range_total(response)
+        size = response.headers.get("Content-Length")
+        return data, int(size) if size is not None and size.isdigit() else None
+    except urllib3.exceptions.HTTPError as error:
+        raise OSError(f"{type(error).__name__}: {error}") from None
+    finally:
+        if not drained:
+            response.close()  # a body left mid-way (a server that ignored the range): never reused
+        response.release_conn()
+
+
+def _range_total(response: urllib3.BaseHTTPResponse) -> int | None:
+    match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+    return int(match.group(1)) if match else None
 
 
 class PacedReader(io.RawIOBase):

@@ -6,6 +6,7 @@ only: remote shards reach them through `cache.py`."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import select
@@ -17,7 +18,18 @@ from urllib.parse import quote, unquote
 
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
 from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .http import NotDirect, Pace, PacedReader, TooLong, copy_body, fetch_bytes, get_direct, list_links, stream_direct
+from .http import (
+    NotDirect,
+    Pace,
+    PacedReader,
+    TooLong,
+    copy_body,
+    fetch_bytes,
+    fetch_range,
+    get_direct,
+    list_links,
+    stream_direct,
+)  # fmt: skip
 from .retry import retrying
 from .urls import PROTOCOL_EXTRAS, URL_SCHEME
 
@@ -222,6 +234,57 @@ class Store:
                     name = unquote(name)  # links are URLs: "a%20b.tar" is the shard "a b.tar"
                 held[name] = None if size is None else int(size)
         return held
+
+    def folder(self, rel_dir: str = "") -> list[tuple[str, bool]]:
+        """(name, whether it is a folder) of each entry directly under `rel_dir` ('/'-separated,
+        "" for this folder itself), in no order, from one delimiter listing (pages of it, never the
+        whole bucket): FileNotFoundError when nothing lies there. The listing is not kept in the
+        filesystem's cache: a walk of millions of objects holds one folder at a time."""
+        fs = self.fs
+        path = f"{self._root}/{rel_dir}" if rel_dir else self._root
+        where = self.child(rel_dir) if rel_dir else self.url
+
+        def ls() -> list[dict[str, Any]]:
+            try:
+                listed: list[dict[str, Any]] = fs.ls(path, detail=True)  # fsspec is untyped
+                return listed
+            finally:
+                with contextlib.suppress(AttributeError, NotImplementedError):
+                    fs.invalidate_cache(path)
+
+        entries = retrying(where, "listing", ls)
+        found: list[tuple[str, bool]] = []
+        for entry in entries:
+            full = entry["name"].rstrip("/")
+            if full == path or not full.startswith(path + "/"):  # the prefix's own marker object
+                continue
+            found.append((full[len(path) + 1 :], entry.get("type") == "directory"))
+        if not found and entries and all(entry.get("type") == "file" for entry in entries):
+            raise NotADirectoryError(f"{where}: an object, not a prefix")
+        return found
+
+    def read_range(self, name: str, start: int, length: int) -> tuple[bytes, int]:
+        """Bytes [start, start + length) of object `name` (fewer at its end) and the object's whole
+        size, in one ranged GET where there is a direct path (its Content-Range says the size),
+        else a ranged read and the object's info. FileNotFoundError ("no such object") when there
+        is none; transient failures retried."""
+        path = self._path(name)
+
+        def fetch() -> tuple[bytes, int]:
+            try:
+                direct = self._direct_url(path)
+                if direct is not None:
+                    with contextlib.suppress(NotDirect):
+                        data, total = fetch_range(direct, start, length)
+                        if total is not None:
+                            return data, total
+                size = int(self.fs.size(path))
+                end = min(start + length, size)
+                return (self.fs.cat_file(path, start=start, end=end) if end > start else b""), size
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, "no such object") from None
+
+        return retrying(self.child(name), "reading", fetch)
 
     def download(self, name: str, destination: str, size: int, sha256: str) -> None:
         """Object `name` into the local file `destination`, checked against `size` and `sha256`

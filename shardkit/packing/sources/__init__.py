@@ -5,23 +5,29 @@ to a `SourceWalk`; `walk()` picks the convention:
 - `folder`: class sub-folders or a flat folder (and the sorted listing the others share);
 - `listfile`: a text file of `path[,label]` lines;
 - `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
-- `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png).
+- `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png);
+- `urls`: a table file whose rows name images by http(s) URL (downloaded by the worker);
+- `bucket`: an object-storage prefix walked with the folder, table and sidecar conventions.
 
-A new convention (URL tables, buckets, videos) is a module here and a branch in `walk()`.
+A new convention (videos) is a module here and a branch in `walk()`.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from ...core.config import LABEL_MODES, TableConfig
+from ...core.config import LABEL_MODES, TableConfig, WebConfig
 from ...core.errors import SourceError
+from ...storage.urls import is_remote
+from .bucket import open_bucket
 from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
 from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
 from .listfile import from_list
-from .rows import find_table
+from .rows import Table, find_table
 from .sidecars import from_sidecars
 from .table import from_table
+from .urls import from_urls, url_table
 
 __all__ = [
     "IMAGE_EXTENSIONS", "Item", "Run", "SourceList", "SourceWalk", "display", "make_key", "payload", "walk",
@@ -36,20 +42,37 @@ def walk(
     keys: bool = True,
     table: TableConfig | None = None,
     sidecars: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    web: WebConfig | None = None,
 ) -> SourceWalk:
-    """Start walking `source` (a folder or a list file); `labels` is auto, folders or none. A bad
-    source is refused here, before any item is yielded. keys=False leaves the keys of a folder's
-    items empty (probe has no use for them, and they cost more than the walk). A folder with a
-    metadata table (`table.path`, or metadata.jsonl|csv|parquet at its root) has one sample per row;
-    with `sidecars`, files sharing a stem are one sample."""
+    """Start walking `source` (a folder, a list file, or a bucket's prefix: s3://, gs://... reached
+    with `storage_options`, which a local source ignores: they are the output's too); `labels` is
+    auto, folders or none. A bad source is refused here, before any item is yielded. keys=False
+    leaves the keys of a folder's items empty (probe has no use for them, and they cost more than
+    the walk). A folder with a metadata table (`table.path`, or metadata.jsonl|csv|parquet at its
+    root) has one sample per row; with `sidecars`, files sharing a stem are one sample. A table
+    file whose rows hold URLs (its column `web.url_column`) is a table of images to download."""
     if labels not in LABEL_MODES:
         raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
+    if is_remote(source):
+        bucket = open_bucket(os.fspath(source), table or TableConfig(), storage_options)
+        _refuse_mixed(bucket.root, bucket.table, sidecars, labels)
+        if bucket.table is not None:
+            return bucket.rows(labels, keys)
+        return bucket.sidecars(keys) if sidecars else bucket.folders(labels, keys)
     root = os.fspath(source)
     if not os.path.exists(root):
         raise SourceError(f"{display(root)}: no such file or folder")
     if os.path.isfile(root):
         if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
             raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
+        urls = url_table(root, table or TableConfig(), web or WebConfig())
+        if urls is not None:
+            if table is not None and table.path is not None:
+                raise SourceError(f"{display(root)}: is a table of URLs itself; --metadata is for a source folder")
+            if sidecars:
+                raise SourceError(f"{display(root)}: a table of URLs has no sidecar files; leave out --sidecars")
+            return from_urls(urls, labels, keys)
         if table is not None and table.path is not None:
             raise SourceError(f"{display(root)}: --metadata needs a source folder (the rows' paths are relative to it)")
         listed = from_list(root)
@@ -58,14 +81,17 @@ def walk(
         raise SourceError(f"{display(root)}: not a folder or a list file")
     check_folder(root)
     metadata = find_table(root, table or TableConfig())
+    _refuse_mixed(root, metadata, sidecars, labels)
     if metadata is not None:
-        if sidecars:
-            raise SourceError(
-                f"{display(root)}: samples come from {metadata.name}; --sidecars is for folders without a table"
-            )
         return from_table(root, metadata, labels, keys)
-    if sidecars:
-        if labels == "folders":
-            raise SourceError(f"{display(root)}: with --sidecars, labels come from x.cls files, not folders")
-        return from_sidecars(root, keys)
-    return from_folder(root, labels, keys)
+    return from_sidecars(root, keys) if sidecars else from_folder(root, labels, keys)
+
+
+def _refuse_mixed(root: str, metadata: Table | None, sidecars: bool, labels: str) -> None:
+    """Conventions that exclude each other, refused alike for a folder and a bucket."""
+    if metadata is not None and sidecars:
+        raise SourceError(
+            f"{display(root)}: samples come from {metadata.name}; --sidecars is for folders without a table"
+        )
+    if sidecars and labels == "folders":
+        raise SourceError(f"{display(root)}: with --sidecars, labels come from x.cls files, not folders")

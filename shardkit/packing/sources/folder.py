@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ...core.errors import Failure, SourceError
 from ...core.headers import EXTENSION_FORMATS
@@ -28,45 +28,64 @@ def from_folder(root: str, labels: str, keys: bool) -> SourceWalk:
     skipped: list[Failure] = []
     seen: set[tuple[int, int]] = set()  # folders the walk has entered
     top = listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
-    top_level_images = any(not isinstance(part, str) for part in top)
-    # a class is a top-level folder with an image somewhere below it (found without a full walk)
-    folders = [part for part in top if isinstance(part, str)]
     # in walk order, sharing what was entered: a folder reached again (a link to an earlier class)
     # is skipped here as the walk will skip it
     entered = set(seen)
-    holding = [] if top_level_images else [rel for rel in folders if _holds_image(root, rel, entered)]
-    if not top_level_images and not holding:
+    return walk_tree(
+        root, root if root.endswith("/") else root + "/", top, labels, skipped,
+        lambda folders: [rel for rel in folders if _holds_image(root, rel, entered)],
+        lambda rel_dir: listing(root, rel_dir, skipped, seen, keys),
+    )  # fmt: skip
+
+
+def walk_tree(
+    root: str,
+    prefix: str,
+    top: Listing,
+    labels: str,
+    skipped: list[Failure],
+    holding: Callable[[list[str]], list[str]],
+    list_folder: Callable[[str], Listing],
+) -> SourceWalk:
+    """The class-folder or flat walk of a tree of any kind (a local folder, a bucket's prefix) from
+    its top-level listing: `holding(folders)` keeps the top-level folders with an image somewhere
+    below them (the classes, found without a full walk), `list_folder(rel_dir)` lists one folder,
+    and item i of a run is at `prefix + relpath`."""
+    top_level_images = any(not isinstance(part, str) for part in top)
+    # a class is a top-level folder with an image somewhere below it
+    folders = [part for part in top if isinstance(part, str)]
+    held = [] if top_level_images else holding(folders)
+    if not top_level_images and not held:
         raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
     use_folders = labels == "folders" or (labels == "auto" and not top_level_images)
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
-    classes = sorted(holding, key=os.fsencode) if use_folders else []
+    classes = sorted(held, key=os.fsencode) if use_folders else []
     found = SourceWalk(root, "folders" if use_folders else "flat", [], classes, skipped)
     class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
-    found.runs = walk_runs(root, top, class_index, skipped, seen, keys)
+    found.runs = walk_runs(prefix, top, class_index, skipped, list_folder)
     found.items = itertools.chain.from_iterable(run.items() for run in found.runs)
     return found
 
 
 def walk_runs(
-    root: str,
+    prefix: str,
     top: Listing,
     classes: dict[str, int] | None,
     skipped: list[Failure],
-    seen: set[tuple[int, int]],
-    keys: bool,
+    list_folder: Callable[[str], Listing],
 ) -> Iterator[Run]:
     """The images in byte order of their relative paths, depth first, as runs of one folder's
-    files, from the root's listing `top` down. Each folder's entries are sorted by name, a folder's
-    name with '/' after it: that is exactly the order of the full paths."""
-    prefix = root if root.endswith("/") else root + "/"
+    files, from the root's listing `top` down (`list_folder(rel_dir)` lists the others). Each
+    folder's entries are sorted by name, a folder's name with '/' after it: that is exactly the
+    order of the full paths."""
     stack = [iter(top)]
     while stack:
         part = next(stack[-1], None)
         if part is None:
             stack.pop()
         elif isinstance(part, str):
-            stack.append(iter(listing(root, part, skipped, seen, keys)))
+            stack.append(iter(list_folder(part)))
         else:
             relpaths, file_keys = part
             if classes is None:
@@ -124,6 +143,12 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
         else:
             reason = "not an image file extension" if is_file else not_a_file(entry)
             skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
+    return sorted_listing(names, rel_dir, keys)
+
+
+def sorted_listing(names: list[str], rel_dir: str, keys: bool) -> Listing:
+    """One folder's image files and sub-folders (a '/' after a folder's name; sorted here, in
+    place) as its `Listing`: sub-folders' relpaths, and runs of (relpaths, keys) between them."""
     sort_names(names)
     base = rel_dir + "/" if rel_dir else ""
     parts: Listing = []

@@ -109,12 +109,14 @@ class SourceWalk:
     listed: SourceList | None = None  # a list file, read whole
     table: Table | None = None  # a metadata table the samples come from
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
+    options: dict[str, Any] | None = None  # a bucket's: the storage options that reach it (None: local)
 
     @property
     def confine(self) -> str | None:
         """The real folder a table's rows may name files in (a link among them must not lead
-        outside the source); None for conventions that only walk the folder."""
-        return os.path.realpath(self.root) if self.layout == "table" else None
+        outside the source); None for conventions that only walk the folder, and for a bucket (its
+        rows' paths are checked to stay under the prefix, and an object is no link)."""
+        return os.path.realpath(self.root) if self.layout == "table" and self.options is None else None
 
 
 def parse_label(text: str) -> int | None:

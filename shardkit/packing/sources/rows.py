@@ -10,13 +10,17 @@ cannot be taken becomes a Failure naming its line and the cause; the pack goes o
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gzip
+import io
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, cast
 
 from ...core.config import TableConfig
 from ...core.errors import SourceError, describe
@@ -53,7 +57,13 @@ class Table:
     found: list[str] = field(default_factory=list)  # the columns seen (all of a CSV or parquet header)
     types: dict[str, Any] = field(default_factory=dict)  # a parquet column's arrow type, by name
     rows: int = 0  # rows read in the last pass, readable or not
+    url: str = ""  # where a table fetched from a bucket came from (`path` is its local copy)
     _known: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def shown(self) -> str:
+        """How messages name the table: its URL, else its path."""
+        return self.url or self.path
 
 
 def find_table(root: str, config: TableConfig) -> Table | None:
@@ -68,16 +78,50 @@ def find_table(root: str, config: TableConfig) -> Table | None:
         if not present:
             return None
         if len(present) > 1:
-            raise SourceError(f"{root}: {' and '.join(present)} both present; keep one (or pick one with --metadata)")
+            raise both_present(root, present)
         path = os.path.join(root, present[0])
-    lower = path.lower()
-    kind = next((kind for suffix, kind in TABLE_KINDS.items() if lower.endswith(suffix)), None)
+    return Table(path, metadata_kind(path), config, os.path.basename(path))
+
+
+def metadata_kind(name: str) -> str:
+    """A metadata table's kind from its name (a path or a URL); SourceError for a name of no kind."""
+    kind = table_kind(name)
     if kind is None:
-        raise SourceError(f"{path}: a metadata table must be .jsonl, .csv, .tsv or .parquet")
-    return Table(path, kind, config, os.path.basename(path))
+        raise SourceError(f"{name}: a metadata table must be .jsonl, .csv, .tsv or .parquet")
+    return kind
 
 
-def read_rows(table: Table) -> Iterator[Row]:
+def both_present(root: str, present: list[str]) -> SourceError:
+    """The refusal of a source holding two of the tables picked up with no flag."""
+    return SourceError(f"{root}: {' and '.join(present)} both present; keep one (or pick one with --metadata)")
+
+
+def table_kind(path: str) -> str | None:
+    """A table's kind by its name (jsonl, csv, tsv, parquet; a text table may be gzipped, x.csv.gz),
+    or None when the name is not a table's."""
+    lower = path.lower()
+    text = lower.removesuffix(".gz")
+    kind = next((kind for suffix, kind in TABLE_KINDS.items() if text.endswith(suffix)), None)
+    return None if kind == "parquet" and text != lower else kind  # (parquet compresses inside)
+
+
+def _open_bytes(table: Table) -> BinaryIO:
+    """The table's bytes, gunzipped when its name ends in .gz (streamed: no size is known up front,
+    and the line limit bounds what one row may hold); a FIFO is refused, never waited on."""
+    zipped = table.shown.lower().endswith(".gz")
+    try:
+        fd = open_regular(table.path)
+    except OSError as error:
+        raise SourceError(f"{table.shown}: cannot read ({describe(error)})") from None
+    if not zipped:
+        return open(fd, "rb")
+    raw = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed with the GzipFile (GzipFile buffers)
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # closed with it, as when GzipFile opens the file itself
+    return cast(BinaryIO, unzipped)
+
+
+def read_rows(table: Table) -> Generator[Row, None, None]:
     """Every row of the table, streamed; a row that cannot be read comes with its problem."""
     table.rows = 0
     if table.kind == "jsonl":
@@ -92,14 +136,11 @@ def read_rows(table: Table) -> Iterator[Row]:
 
 
 def _jsonl_rows(table: Table) -> Iterator[Row]:
-    try:
-        handle = open(open_regular(table.path), "rb")  # noqa: SIM115 - closed below; a FIFO is refused, never waited on
-    except OSError as error:
-        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
-    with handle:
+    handle = _open_bytes(table)
+    with handle, _unzipping(table):
         for number, line in enumerate(iter(lambda: handle.readline(_LINE_LIMIT + 1), b""), 1):
             if len(line) > _LINE_LIMIT:
-                raise SourceError(f"{table.path}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
+                raise SourceError(f"{table.shown}:{number}: a line over {_LINE_LIMIT >> 20} MiB; not a JSONL table?")
             if number == 1:
                 line = line.removeprefix(BOM)
             if not line.strip():
@@ -125,20 +166,17 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
 
 def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
     csv.field_size_limit(_LINE_LIMIT)
-    try:
-        handle = open(open_regular(table.path), encoding="utf-8-sig", errors="surrogateescape", newline="")  # noqa: SIM115
-    except OSError as error:
-        raise SourceError(f"{table.path}: cannot read ({describe(error)})") from None
-    with handle:
+    handle = io.TextIOWrapper(_open_bytes(table), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    with handle, _unzipping(table):
         reader = csv.reader(handle, delimiter=delimiter, strict=True)
         try:
             header = next(reader)
         except StopIteration:
-            raise SourceError(f"{table.path}: empty table (no header line)") from None
+            raise SourceError(f"{table.shown}: empty table (no header line)") from None
         except csv.Error as error:
-            raise SourceError(f"{table.path}:1: malformed header ({error})") from None
+            raise SourceError(f"{table.shown}:1: malformed header ({error})") from None
         if len(set(header)) != len(header):
-            raise SourceError(f"{table.path}: a column name appears twice in the header")
+            raise SourceError(f"{table.shown}: a column name appears twice in the header")
         table.found = list(header)
         while True:
             number = reader.line_num + 1
@@ -160,6 +198,15 @@ def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
             yield Row(number, dict(zip(header, fields, strict=True)))
 
 
+@contextlib.contextmanager
+def _unzipping(table: Table) -> Iterator[None]:
+    """A damaged gzip stream said as the table's problem, in one line."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise SourceError(f"{table.shown}: not a readable gzip file ({describe(error, with_type=True)})") from None
+
+
 def _not_utf8(text: str) -> bool:
     return not text.isascii() and re.search("[\udc80-\udcff]", text) is not None
 
@@ -170,7 +217,7 @@ def _parquet_rows(table: Table) -> Iterator[Row]:
     try:
         handle = pq.ParquetFile(table.path)
     except Exception as error:  # pyarrow's ArrowInvalid, OSError...: the file is not parquet
-        raise SourceError(f"{table.path}: not a readable parquet file ({describe(error)})") from None
+        raise SourceError(f"{table.shown}: not a readable parquet file ({describe(error)})") from None
     schema = handle.schema_arrow
     table.found = list(schema.names)
     table.types = {column.name: column.type for column in schema}
@@ -181,7 +228,7 @@ def _parquet_rows(table: Table) -> Iterator[Row]:
                 number += 1
                 yield Row(number, values)
     except Exception as error:
-        raise SourceError(f"{table.path}: unreadable after row {number} ({describe(error)})") from None
+        raise SourceError(f"{table.shown}: unreadable after row {number} ({describe(error)})") from None
 
 
 def _parquet_wanted(table: Table) -> list[str]:
@@ -203,7 +250,7 @@ def check_storable(table: Table, names: list[str]) -> None:
         kind = table.types.get(name)
         if kind is not None and not _storable(kind):
             raise SourceError(
-                f"{table.path}: column {name!r} has type {kind}, which shardkit cannot store "
+                f"{table.shown}: column {name!r} has type {kind}, which shardkit cannot store "
                 "(strings, numbers, booleans, and lists and structs of them); leave it out with --columns"
             )
 

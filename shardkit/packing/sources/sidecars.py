@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from PIL import Image
 from ...core.config import LABEL_RULE, MAX_RECORD_BYTES, ResizeConfig
 from ...core.errors import Failure, ImageError, describe
 from ...core.headers import EXTENSION_FORMATS
-from ...core.safeio import loads, read_regular
+from ...core.safeio import loads
 from ...formats.base import RESERVED_FIELDS
 from ..encode import plan_geometry
 from .folder import entries, not_a_file, sort_names
@@ -73,23 +73,24 @@ def from_sidecars(root: str, keys: bool) -> SourceWalk:
     """A folder walked as sidecar samples: one item per image, in byte order of the paths, its
     caption, columns, label and fields named in `Item.sidecars` and read by the worker."""
     found = SourceWalk(root, "sidecars", [], [], [])
-    found.items = _sidecar_items(root, "", found.skipped, set(), keys)
+    seen: set[tuple[int, int]] = set()
+    prefix = root if root.endswith("/") else root + "/"
+    found.items = sidecar_items(
+        prefix, "", found.skipped, lambda rel_dir: _local_names(root, rel_dir, found.skipped, seen), keys
+    )
     return found
 
 
-def _sidecar_items(
-    root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool
-) -> Iterator[Item]:
+def _local_names(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]]) -> Iterator[Name]:
+    """A local folder's visible files and sub-folders; what is neither goes to `skipped` as it is met."""
     base = rel_dir + "/" if rel_dir else ""
-    names: list[str] = []
-    groups: dict[str, dict[str, str]] = {}
     for entry in entries(root, rel_dir, skipped, seen):
         name = entry.name
         if name.startswith("."):
             continue
         try:
             if entry.is_dir():
-                names.append(name + "/")
+                yield name, True
                 continue
             is_file = entry.is_file()
         except OSError as error:
@@ -97,6 +98,25 @@ def _sidecar_items(
             continue
         if not is_file:
             skipped.append(skip(base + name, not_a_file(entry)))
+            continue
+        yield name, False
+
+
+Name = tuple[str, bool]  # an entry of a folder: its name, and whether it is a folder
+
+
+def sidecar_items(
+    prefix: str, rel_dir: str, skipped: list[Failure], list_names: Callable[[str], Iterable[Name]], keys: bool
+) -> Iterator[Item]:
+    """The sidecar samples under `rel_dir` of any tree (a folder, a bucket's prefix), depth first in
+    byte order: `list_names(rel_dir)` gives a folder's visible entries; an item's path is
+    `prefix + relpath`."""
+    base = rel_dir + "/" if rel_dir else ""
+    names: list[str] = []
+    groups: dict[str, dict[str, str]] = {}
+    for name, is_dir in list_names(rel_dir):
+        if is_dir:
+            names.append(name + "/")
             continue
         stem, suffix = split_name(name)
         if not suffix:
@@ -108,7 +128,7 @@ def _sidecar_items(
     done: set[str] = set()
     for name in names:
         if name[-1] == "/":
-            yield from _sidecar_items(root, base + name[:-1], skipped, seen, keys)
+            yield from sidecar_items(prefix, base + name[:-1], skipped, list_names, keys)
             continue
         stem = split_name(name)[0]
         if stem in done:
@@ -120,7 +140,7 @@ def _sidecar_items(
             continue
         relpath = base + image
         key = make_key(relpath) if keys else ""
-        yield Item(os.path.join(root, relpath), relpath, key, None, sidecars=parts or None)
+        yield Item(prefix + relpath, relpath, key, None, sidecars=parts or None)
 
 
 @dataclass
@@ -132,16 +152,21 @@ class Sidecars:
 
 
 def read_sidecars(
-    folder: str, parts: dict[str, str], meta: dict[str, Any], resize: ResizeConfig, max_pixels: int
+    read: Callable[[str, int], bytes],
+    parts: dict[str, str],
+    meta: dict[str, Any],
+    resize: ResizeConfig,
+    max_pixels: int,
 ) -> Sidecars:
     """A sample's sidecar files, read and checked; ImageError("read") names the file and the cause.
-    `meta` is the image's record metadata (its original and stored sizes)."""
+    `read(name, limit)` reads a file of the image's folder (OSError when it cannot); `meta` is the
+    image's record metadata (its original and stored sizes)."""
     found = Sidecars()
     budget = MAX_RECORD_BYTES // 2  # the image has the other half
     for part, name in parts.items():
         limit = MAX_EXTRA_BYTES if part in (CAPTION, COLUMNS, LABEL) else budget
         try:
-            data = read_regular(os.path.join(folder, name), limit)
+            data = read(name, limit)
         except OSError as error:
             raise ImageError("read", f"{name}: {describe(error)}") from None
         if part in (CAPTION, COLUMNS, LABEL):

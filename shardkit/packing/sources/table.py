@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,21 @@ import numpy as np
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import listing, walk_runs
-from .item import Caption, Item, SourceWalk, display, make_key, row_json, skip, whole_label
+from .item import Caption, Item, Run, SourceWalk, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
 
-def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
+def from_table(
+    root: str,
+    table: Table,
+    labels: str,
+    keys: bool,
+    real: Callable[[str], str] | None = None,
+    images: Callable[[], Iterable[Run]] | None = None,
+) -> SourceWalk:
+    """A table's walk. `real(rel)` names the file a row's path names (default: its folder's links
+    resolved, `RealPaths`), and `images()` walks the images under the source (default: the local
+    folder's walk), for those no row names; a bucket gives its own."""
     if labels == "folders":
         raise SourceError(f"{display(root)}: samples come from {table.name}; labels come from a column, not folders")
     config = table.config
@@ -32,7 +42,7 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     path_hashes, key_hashes = array("q"), array("q")
     names: set[str] = set()
     numbers = False
-    real = RealPaths(root)
+    real = real or RealPaths(root)
     for row in read_rows(table):
         rel = None if row.values is None else clean_relpath(row.values.get(config.path_column))
         if rel is None or row.values is None:
@@ -46,10 +56,10 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
             elif value is not None and value != "":
                 numbers = True
     if not table.rows:
-        raise SourceError(f"{table.path}: the table has no rows")
-    _check_columns(table)
+        raise SourceError(f"{table.shown}: the table has no rows")
+    check_columns(table)
     if names and numbers:
-        raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
+        raise SourceError(f"{table.shown}: column {label_column!r} mixes class names and numbers")
     classes = sorted(names, key=os.fsencode)
     # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
     # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
@@ -62,8 +72,8 @@ def from_table(root: str, table: Table, labels: str, keys: bool) -> SourceWalk:
     del stems, key_hashes
     found = SourceWalk(root, "table", [], classes, [], table=table)
     class_index = {name: i for i, name in enumerate(classes)}
-    rows = _Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
-    found.items = _table_items(root, rows, found.skipped, paths)
+    rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
+    found.items = _table_items(root, rows, found.skipped, paths, images or (lambda: _local_images(root)))
     return found
 
 
@@ -101,7 +111,7 @@ class RealPaths:
 
 
 @dataclass
-class _Rows:
+class Rows:
     """What the first read of a table settled, for the second."""
 
     table: Table
@@ -111,24 +121,25 @@ class _Rows:
     clashing: set[int]
     keys: bool
     stamp: tuple[int, int, int, int] | None
-    real: RealPaths  # the path hashes above are of real paths
+    real: Callable[[str], str]  # the path hashes above are of real paths
 
 
-def _check_columns(table: Table) -> None:
-    """The columns the flags name exist; the caption column is resolved ("caption", else "text")."""
+def check_columns(table: Table, flag: str = "--path-column") -> None:
+    """The columns the flags name exist; the caption column is resolved ("caption", else "text").
+    The column that names each sample's image (a path, or a URL) is set with `flag`."""
     config, found = table.config, table.found
     shown = ", ".join(found[:20]) + (", ..." if len(found) > 20 else "") if found else "no columns"
     if config.path_column not in found:
-        raise SourceError(f"{table.path}: no {config.path_column!r} column ({shown}); name it with --path-column")
+        raise SourceError(f"{table.shown}: no {config.path_column!r} column ({shown}); name it with {flag}")
     for what, name in (("label", config.label_column), ("caption", config.caption_column)):
         if name is not None and name not in found:
-            raise SourceError(f"{table.path}: no {what} column {name!r} ({shown})")
+            raise SourceError(f"{table.shown}: no {what} column {name!r} ({shown})")
     table.caption = config.caption_column or next((name for name in ("caption", "text") if name in found), None)
     taken = {config.path_column, config.label_column, table.caption}
     if config.columns is not None:
         missing = [name for name in config.columns if name not in found]
         if missing:
-            raise SourceError(f"{table.path}: no column {missing[0]!r} ({shown})")
+            raise SourceError(f"{table.shown}: no column {missing[0]!r} ({shown})")
         table.columns = [name for name in config.columns if name not in taken]
     else:
         table.columns = [name for name in found if name not in taken]
@@ -136,7 +147,9 @@ def _check_columns(table: Table) -> None:
     check_storable(table, [name for name in kept if name is not None])
 
 
-def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarray) -> Iterator[Item]:
+def _table_items(
+    root: str, rows: Rows, skipped: list[Failure], rowed: np.ndarray, images: Callable[[], Iterable[Run]]
+) -> Iterator[Item]:
     table = rows.table
     path_column = table.config.path_column
     taken: dict[int, list[str]] = {}  # path hash -> the paths taken, for the few hashes seen twice
@@ -160,22 +173,22 @@ def _table_items(root: str, rows: _Rows, skipped: list[Failure], rowed: np.ndarr
                 skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
             taken[hashed].append(real)
-        label, problem = _table_label(row.values, rows)
+        label, problem = table_label(row.values, rows)
         text: Caption | None = None
         columns: dict[str, Any] | None = None
         if not problem:
-            text, columns, problem = _caption_and_columns(row.values, table)
+            text, columns, problem = caption_and_columns(row.values, table)
         if problem:
             skipped.append(skip(rel, f"{where}: {problem}"))
             continue
         key = make_key(rel, keep_extension=hash(make_key(rel)) in rows.clashing) if rows.keys else ""
         yield Item(os.path.join(root, rel), rel, key, label, text, columns)
     if file_stamp(table.path) != rows.stamp:
-        raise SourceError(f"{table.path}: changed while it was being read; pack again (--resume keeps what was done)")
-    _unrowed(root, table.name, rowed, skipped, rows.real)
+        raise SourceError(f"{table.shown}: changed while it was being read; pack again (--resume keeps what was done)")
+    _unrowed(images(), table.name, rowed, skipped, rows.real)
 
 
-def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
+def table_label(values: dict[str, Any], rows: Rows) -> tuple[int | None, str]:
     column = rows.label_column
     if column is None:
         return None, ""
@@ -190,7 +203,7 @@ def _table_label(values: dict[str, Any], rows: _Rows) -> tuple[int | None, str]:
     return whole_label(value)  # (a text label here is digits: the first pass took the others as names)
 
 
-def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
+def caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption | None, dict[str, Any] | None, str]:
     """(a row's caption, its columns, the problem that keeps the row out: "" when none). What is
     kept must store as canonical JSON within MAX_EXTRA_BYTES."""
     text = values.get(table.caption) if table.caption is not None else None
@@ -214,14 +227,22 @@ def _caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption 
     return text, columns, ""
 
 
-def _unrowed(root: str, name: str, rowed: np.ndarray, skipped: list[Failure], real: RealPaths) -> None:
-    """Images under the source that no row names (by real path: a row may name one through a linked
-    folder): each is an input not packed, with its reason. (Other files, the table itself among
-    them, are not samples of a table source.)"""
+def _local_images(root: str) -> Iterator[Run]:
+    """The local folder's images, as runs (what is not taken is not a table's business)."""
     seen: set[tuple[int, int]] = set()
     ignored: list[Failure] = []
     top = listing(root, "", ignored, seen, False)
-    for run in walk_runs(root, top, None, ignored, seen, False):
+    prefix = root if root.endswith("/") else root + "/"
+    return walk_runs(prefix, top, None, ignored, lambda rel_dir: listing(root, rel_dir, ignored, seen, False))
+
+
+def _unrowed(
+    runs: Iterable[Run], name: str, rowed: np.ndarray, skipped: list[Failure], real: Callable[[str], str]
+) -> None:
+    """Images under the source that no row names (by real path: a row may name one through a linked
+    folder): each is an input not packed, with its reason. (Other files, the table itself among
+    them, are not samples of a table source.)"""
+    for run in runs:
         hashes = np.fromiter((hash(real(rel)) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
         at = np.minimum(np.searchsorted(rowed, hashes), max(len(rowed) - 1, 0))
         missing = rowed[at] != hashes if len(rowed) else np.ones(len(hashes), dtype=bool)

@@ -1,0 +1,171 @@
+"""The bucket convention: an object-storage prefix (s3://, gs://, any fsspec URL that lists) walked
+with a folder's conventions: class prefixes or flat, a metadata table at its root, sidecars. It gives
+the keys, relpaths, labels, classes and order a local walk of the same tree gives, from the same
+code (folder's `walk_tree` and `sorted_listing`, sidecars' `sidecar_items`, table's `from_table`):
+only the listing differs. Items carry the object's URL as their path.
+
+The listing is streamed: one prefix at a time by the filesystem's delimiter listing, never a listing
+of the whole bucket held; the top level is listed once, up front (the class names, a table). A table
+is fetched to a temporary file and read as a local one. The objects are read by `packing/objects.py`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from ...core.config import TableConfig
+from ...core.errors import Failure, SourceError
+from ...core.pools import map_threads
+from ...storage.store import Store
+from ...storage.urls import is_remote
+from .folder import IMAGE_EXTENSIONS, Listing, sorted_listing, walk_runs, walk_tree
+from .item import Run, SourceWalk, skip
+from .rows import AUTO_TABLES, Table, both_present, find_table, metadata_kind
+from .sidecars import Name, sidecar_items
+from .table import from_table
+
+_LISTING_THREADS = 16  # top-level prefixes checked for an image at once (each a listing or a few)
+
+
+@dataclass
+class Bucket:
+    """A prefix opened for a walk: its store, its top-level entries (listed once) and the metadata
+    table that makes it a table source, if any (a local copy)."""
+
+    store: Store
+    top: list[Name]
+    table: Table | None
+
+    @property
+    def root(self) -> str:
+        return self.store.url
+
+    def folders(self, labels: str, keys: bool) -> SourceWalk:
+        """Class prefixes or flat, as `folder.from_folder`."""
+        skipped: list[Failure] = []
+        found = walk_tree(
+            self.root, self.root + "/", _listing(self.top, "", skipped, keys), labels, skipped,
+            lambda folders: _holding(self.store, folders),
+            lambda rel_dir: _listing(_visible(self.store, rel_dir), rel_dir, skipped, keys),
+        )  # fmt: skip
+        found.options = self.store.options
+        return found
+
+    def sidecars(self, keys: bool) -> SourceWalk:
+        """Files sharing a stem are one sample, as `sidecars.from_sidecars`."""
+        found = SourceWalk(self.root, "sidecars", [], [], [], options=self.store.options)
+        found.items = sidecar_items(self.root + "/", "", found.skipped, partial(_visible, self.store), keys)
+        return found
+
+    def rows(self, labels: str, keys: bool) -> SourceWalk:
+        """One sample per row of the table, as `table.from_table`; a row's path names an object
+        under the prefix as written (a bucket has no links)."""
+        assert self.table is not None
+        found = from_table(self.root, self.table, labels, keys, real=str, images=self._images)
+        found.options = self.store.options
+        return found
+
+    def _images(self) -> Iterator[Run]:
+        ignored: list[Failure] = []  # (what is not an image is not a table's business)
+        listed = _listing(self.top, "", ignored, False)
+        return walk_runs(
+            self.root + "/", listed, None, ignored, lambda rel_dir: _listing(_visible(self.store, rel_dir), rel_dir,
+                                                                             ignored, False)
+        )  # fmt: skip
+
+
+def open_bucket(url: str, config: TableConfig, options: dict[str, Any] | None) -> Bucket:
+    """The prefix at `url`, its top level listed: SourceError when nothing lies under it."""
+    store = Store(url, dict(options or {}))
+    try:
+        top = _visible(store, "", missing_ok=False)
+    except (FileNotFoundError, NotADirectoryError):
+        top = []
+    if not top:
+        raise SourceError(f"{store.url}: no such prefix")
+    return Bucket(store, top, _table(store, top, config))
+
+
+def _visible(store: Store, rel_dir: str, missing_ok: bool = True) -> list[Name]:
+    """A prefix's entries but hidden ones (a name starting with '.', as a folder's), sorted by
+    name; none when the prefix has gone since its parent was listed."""
+    try:
+        entries = store.folder(rel_dir)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return []
+    return sorted((name, is_dir) for name, is_dir in entries if not name.startswith("."))
+
+
+def _listing(names: list[Name], rel_dir: str, skipped: list[Failure], keys: bool) -> Listing:
+    """A prefix's `Listing`, as `folder.listing` makes a folder's: image objects and sub-prefixes."""
+    base = rel_dir + "/" if rel_dir else ""
+    kept: list[str] = []
+    for name, is_dir in names:
+        if is_dir:
+            kept.append(name + "/")
+        elif (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
+            kept.append(name)
+        else:
+            skipped.append(skip(base + name, "not an image file extension"))
+    return sorted_listing(kept, rel_dir, keys)
+
+
+def _holding(store: Store, folders: list[str]) -> list[str]:
+    """The top-level prefixes with an image object somewhere below them (the classes), checked in
+    threads: each a listing, or a few where images lie deeper."""
+    held = [False] * len(folders)
+    for index, found in map_threads(partial(_holds_image, store), folders, _LISTING_THREADS):
+        held[index] = found
+    return [rel for rel, found in zip(folders, held, strict=True) if found]
+
+
+def _holds_image(store: Store, rel_dir: str) -> bool:
+    """Whether an image object lies somewhere below `rel_dir`; stops at the first one found."""
+    stack = [rel_dir]
+    while stack:
+        rel = stack.pop()
+        for name, is_dir in _visible(store, rel):
+            if is_dir:
+                stack.append(f"{rel}/{name}")
+            elif (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
+                return True
+    return False
+
+
+def _table(store: Store, top: list[Name], config: TableConfig) -> Table | None:
+    """The metadata table of a bucket source: --metadata (a local file, or an object fetched), else
+    metadata.jsonl|csv|parquet at the prefix's root, fetched; None when there is neither."""
+    if config.path is not None and not is_remote(config.path):
+        return find_table(store.url, config)  # a local table naming objects under the prefix
+    if config.path is not None:
+        url = os.fspath(config.path)
+    else:
+        present = [name for name in AUTO_TABLES if (name, False) in top]
+        if not present:
+            return None
+        if len(present) > 1:
+            raise both_present(store.url, present)
+        url = store.child(present[0])
+    kind = metadata_kind(url)
+    folder, _, name = url.rpartition("/")
+    local = tempfile.mkdtemp(prefix="shardkit-table-")
+    path = os.path.join(local, name)
+    try:
+        Store(folder, store.options).get(name, path)
+    except FileNotFoundError:
+        shutil.rmtree(local, ignore_errors=True)
+        raise SourceError(f"{url}: no such metadata table") from None
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    table = Table(path, kind, config, name, url=url)
+    weakref.finalize(table, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
+    return table

@@ -1,0 +1,257 @@
+"""The downloader of URL tables: image URLs fetched with retries (exponential backoff with full
+jitter, or what a 429/503's Retry-After asks, up to a minute), and `Downloader`, a worker
+process's many downloads at once, handed back in the order asked. One try is `storage/webget`'s."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..core.config import WebConfig
+from .webget import MAGIC_BYTES, DownloadError, get_once, host_of, redact, url_problem
+
+__all__ = ["DownloadError", "Downloader", "download", "fetch_head", "fetch_range", "redact", "url_problem"]
+
+T = TypeVar("T")
+MAX_WAIT = 60.0  # the longest wait before a retry, whatever the backoff or Retry-After says
+BREAKER_FAILURES = 3  # connection failures in a row to one host that open its breaker
+
+
+def retry_wait(error: DownloadError, retry: int, web: WebConfig, rng: random.Random) -> float:
+    """Seconds before retry number `retry` (1, 2, ...): the server's Retry-After, else full jitter,
+    uniform(0, backoff * 2**retry) (so the first retry's mean wait is `backoff`); a minute at most."""
+    if error.retry_after is not None:
+        return min(MAX_WAIT, error.retry_after)
+    return rng.uniform(0.0, min(MAX_WAIT, web.backoff * 2.0**retry))
+
+
+def _retried(url: str, web: WebConfig, action: Callable[[], T]) -> T:
+    problem = url_problem(url)
+    if problem:
+        raise DownloadError(problem, "url")
+    rng = random.Random()  # jitter needs no seed; the global generator is left alone
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return action()
+        except DownloadError as error:
+            if not error.transient or tries > web.retries:
+                raise error.after(tries) from None
+            time.sleep(retry_wait(error, tries, web, rng))
+
+
+def download(url: str, web: WebConfig, sha256: str | None = None) -> bytes:
+    """The image at `url`, tried again after a transient failure `web.retries` times; DownloadError
+    when it cannot be had (`transient` if a later run may have it)."""
+    return _retried(url, web, lambda: get_once(url, web, sha256=sha256).body)
+
+
+def fetch_head(url: str, web: WebConfig, size: int = 4096) -> tuple[bytes, int | None]:
+    """The first `size` bytes of the image at `url` (a Range request; from a server that ignores
+    it, the first bytes of its 200 with the rest left unread) and the object's size when the server
+    says it. Retries and final errors as `download`."""
+    if size < 1:
+        raise ValueError(f"size must be at least 1, not {size}")
+    ask = max(size, MAGIC_BYTES)  # enough to tell an image from a web page
+    got = _retried(url, web, lambda: get_once(url, web, 0, ask))
+    return got.body[:size], got.size
+
+
+def fetch_range(url: str, web: WebConfig, start: int, length: int) -> bytes:
+    """`length` bytes of `url` from `start` (fewer where the object ends first): a header that runs
+    on past `fetch_head`'s bytes."""
+    if start < 0 or length < 1:
+        raise ValueError(f"not a range: {length} bytes from {start}")
+    return _retried(url, web, lambda: get_once(url, web, start, length)).body
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One requested URL in a `fetch`'s window."""
+
+    url: str
+    sha256: str | None
+    host: str
+    tries: int = 0
+    due: float = 0.0  # when its next try may start (after a backoff)
+    running: bool = False
+    probe: bool = False  # its try is its host's probe
+    result: bytes | BaseException | None = None
+
+
+@dataclass
+class _Host:
+    """What the downloader knows of one host: tries in flight, and its breaker. After
+    BREAKER_FAILURES connection failures in a row (refused, reset, no answer to a connect, a failed
+    lookup) the breaker opens: the host's rows fail at once as transient "host unreachable" but for
+    one probe at a time, the first once `probe_every` has passed, the next that long after each
+    failed probe; while a probe is out the host's other rows wait. Any answer closes it."""
+
+    running: int = 0
+    failures: int = 0  # connection failures in a row
+    last: str = ""  # the last one's reason
+    open: bool = False
+    probe_at: float = 0.0
+    probing: bool = False
+
+
+class Downloader:
+    """A worker process's downloads: `fetch` takes (url, sha256 or None) pairs and yields, in the
+    same order, each one's bytes or DownloadError. At most `web.threads` tries are in flight and
+    `web.per_host` to one host; a window of `window` requests (2 x threads unless given) is read
+    ahead, so a slow URL holds back the ones after it only once the window is full. Retries wait
+    out their backoff without holding a thread. Thread-safe; `close` when done."""
+
+    def __init__(self, web: WebConfig, window: int | None = None) -> None:
+        self._web = web
+        self._window = window if window is not None else max(2 * web.threads, 8)
+        if self._window < 1:
+            raise ValueError(f"the window must hold at least one request, not {self._window}")
+        # a probe at most as often as a row's own last retry would wait, at most a minute
+        self._probe_every = min(MAX_WAIT, web.backoff * 2.0**web.retries)
+        self._executor = ThreadPoolExecutor(web.threads, thread_name_prefix="shardkit-download")
+        self._cond = threading.Condition()
+        self._windows: list[deque[_Slot]] = []
+        self._hosts: dict[str, _Host] = {}
+        self._running = 0
+        self._rng = random.Random()
+        self._closed = False
+
+    def __enter__(self) -> Downloader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops taking work; tries in flight end within their deadline."""
+        with self._cond:
+            self._closed = True
+            self._windows.clear()
+            self._cond.notify_all()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def fetch(self, requests: Iterable[tuple[str, str | None]]) -> Iterator[bytes | DownloadError]:
+        source = iter(requests)
+        window: deque[_Slot] = deque()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the downloader is closed")
+            self._windows.append(window)
+        try:
+            more = True
+            while True:
+                while more and len(window) < self._window:  # the source is read outside the lock
+                    request = next(source, None)
+                    if request is None:
+                        more = False
+                    else:
+                        slot = self._slot(*request)
+                        with self._cond:
+                            window.append(slot)
+                ready = self._take(window)
+                if not ready and not more:
+                    return
+                for result in ready:
+                    if isinstance(result, bytes | DownloadError):
+                        yield result
+                    else:
+                        raise result  # a bug in a try, not a bad URL: said, never swallowed
+        finally:
+            with self._cond:
+                if window in self._windows:
+                    self._windows.remove(window)  # its waiting rows are dropped; running ones end
+
+    def _slot(self, url: str, sha256: str | None) -> _Slot:
+        slot = _Slot(url, sha256, host_of(url))
+        problem = url_problem(url)
+        if problem:
+            slot.result = DownloadError(problem, "url")
+        return slot
+
+    def _take(self, window: deque[_Slot]) -> list[bytes | BaseException]:
+        """The results at the head of the window, once the first of them is in (none when empty)."""
+        with self._cond:
+            self._pump(time.monotonic())
+            while window and window[0].result is None:
+                if self._closed:
+                    raise RuntimeError("the downloader was closed while fetching")
+                # woken by a try's end (which may free room) or the next backoff's end; a row waiting
+                # for room has nothing to wait for but the former
+                now = time.monotonic()
+                due = [slot.due for slot in window if slot.result is None and not slot.running and slot.due > now]
+                self._cond.wait(min(due) - now if due else None)
+                self._pump(time.monotonic())
+            ready: list[bytes | BaseException] = []
+            while window and window[0].result is not None:
+                result = window.popleft().result
+                assert result is not None
+                ready.append(result)
+            return ready
+
+    def _pump(self, now: float) -> None:
+        """Starts what may start, in window order; fails at once the rows of a host whose breaker
+        is open. Called with the lock held."""
+        web = self._web
+        for window in self._windows:
+            for slot in window:
+                if self._running >= web.threads:
+                    return
+                if slot.result is not None or slot.running or slot.due > now:
+                    continue
+                host = self._hosts.setdefault(slot.host, _Host())
+                if host.open:
+                    if host.probing:
+                        continue  # the probe's answer decides
+                    if now < host.probe_at:
+                        slot.result = DownloadError(
+                            f"host unreachable ({host.last}, {host.failures} times in a row)", "unreachable", True
+                        ).after(slot.tries)
+                        continue
+                    host.probing = slot.probe = True
+                elif host.running >= web.per_host:
+                    continue
+                self._start(slot, host)
+
+    def _start(self, slot: _Slot, host: _Host) -> None:
+        slot.running, slot.tries = True, slot.tries + 1
+        host.running += 1
+        self._running += 1
+        self._executor.submit(self._try, slot, host)
+
+    def _try(self, slot: _Slot, host: _Host) -> None:
+        outcome: bytes | BaseException
+        try:
+            outcome = get_once(slot.url, self._web, sha256=slot.sha256).body
+        except Exception as error:  # DownloadError, or a bug said where the result is taken
+            outcome = error
+        with self._cond:
+            now = time.monotonic()
+            slot.running = False
+            host.running -= 1
+            self._running -= 1
+            self._settle(slot, host, outcome, now)
+            self._pump(now)
+            self._cond.notify_all()
+
+    def _settle(self, slot: _Slot, host: _Host, outcome: bytes | BaseException, now: float) -> None:
+        if slot.probe:
+            slot.probe = host.probing = False
+        if isinstance(outcome, DownloadError) and outcome.unreachable:
+            host.failures += 1
+            host.last = outcome.reason
+            if host.failures >= BREAKER_FAILURES:
+                host.open, host.probe_at = True, now + self._probe_every
+        else:  # an answer of any kind: the host is there
+            host.failures, host.open = 0, False
+        if isinstance(outcome, DownloadError) and outcome.transient and slot.tries <= self._web.retries:
+            slot.due = now + retry_wait(outcome, slot.tries, self._web, self._rng)
+        else:
+            slot.result = outcome.after(slot.tries) if isinstance(outcome, DownloadError) else outcome

@@ -1,0 +1,219 @@
+"""A bucket's prefix as a pack and probe source: trees made with Pillow, packed from a local folder
+and from the same tree uploaded to a real SeaweedFS S3 server on loopback, must give the same
+bytes, errors and census. No mocks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardkit.checks.verify import verify
+from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
+from shardkit.core.errors import ShardkitError
+from shardkit.packing.output import claim
+from shardkit.packing.pack import pack
+from shardkit.packing.plan import ShardSpec
+from shardkit.packing.probe import probe
+from shardkit.packing.sources import walk
+from shardkit.packing.worker import ShardJob, write_shard
+from shardkit.synthetic import make_sample_dataset, write_image
+
+pytestmark = pytest.mark.slow  # a real S3 server: `make test` runs these, `make test-fast` does not
+
+
+def _classes(root: Path) -> None:
+    make_sample_dataset(root, 14, classes=3, seed=3)  # a corrupt file and a name with a space among them
+    (root / "notes.txt").write_text("not an image")
+    (root / "docs").mkdir()
+    (root / "docs" / "readme.txt").write_text("a folder with no image: no class")
+
+
+def _flat(root: Path) -> None:
+    for i, (name, size) in enumerate([("a.jpg", (64, 48)), ("b.png", (40, 70)), ("c.webp", (90, 30)),
+                                      ("d.jpg", (120, 80)), ("e.JPG", (33, 65)), ("a.png", (50, 50))]):  # fmt: skip
+        write_image(root / name, *size, seed=i)
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    (root / "list.csv").write_text("a,b\n")
+
+
+def _table(root: Path) -> None:
+    rows = []
+    for i in range(7):
+        rel = f"{'cats' if i % 2 else 'dogs'}/{i}.jpg"
+        write_image(root / rel, 40 + i, 60, seed=i)
+        if i != 5:  # an image no row names
+            rows.append({"file_name": rel, "text": f"caption {i}", "label": "cat" if i % 2 else "dog", "n": i})
+    rows.append({"file_name": "../outside.jpg", "text": "climbs out"})
+    (root / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _sidecars(root: Path) -> None:
+    write_image(root / "x.jpg", 64, 40, seed=1)
+    (root / "x.txt").write_text("an x")
+    (root / "x.cls").write_text("3")
+    write_image(root / "sub" / "y.png", 30, 30, seed=2)
+    (root / "sub" / "y.json").write_text('{"k": 1}')
+    write_image(root / "z.jpg", 50, 50, seed=3)
+    write_image(root / "z.seg.png", 50, 50, seed=4, gray=True)
+    write_image(root / "bad.jpg", 20, 20, seed=5)
+    (root / "bad.cls").write_text("not a number")
+    (root / "w.txt").write_text("a caption with no image")
+
+
+TREES: dict[str, tuple[Callable[[Path], None], dict[str, bool]]] = {
+    "classes": (_classes, {}),
+    "flat": (_flat, {}),
+    "table": (_table, {}),
+    "sidecars": (_sidecars, {"sidecars": True}),
+}
+
+
+def _put(s3, folder: Path, prefix: str) -> str:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            fs.put_file(str(path), f"data/{prefix}/{path.relative_to(folder).as_posix()}")
+    return f"s3://data/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def trees(s3, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Each tree as a local folder and as the same objects under s3://data/src/<name>."""
+    root = tmp_path_factory.mktemp("trees")
+    made = {}
+    for name, (build, _) in TREES.items():
+        (root / name).mkdir()
+        build(root / name)
+        made[name] = (root / name, _put(s3, root / name, f"src/{name}"))
+    return made
+
+
+def _files(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir() if p.is_file()}
+
+
+def _manifest(out: Path) -> dict:
+    """The manifest less what names the source: its path, and the plan (it hashes files' mtimes)."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["checksum"], manifest["settings"]["source"]["path"], manifest["settings"]["plan"]
+    return manifest
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_a_bucket_packs_to_the_bytes_of_the_same_local_folder(trees, tree: str, tmp_path: Path) -> None:
+    folder, url = trees[tree]
+    options = TREES[tree][1]
+    outputs = {}
+    for where, source in (("local", folder), ("bucket", url)):
+        outputs[where] = tmp_path / where
+        pack(pack_config(source, outputs[where], resize=48, shard_size=3, workers=1, **options))
+    local, bucket = _files(outputs["local"]), _files(outputs["bucket"])
+    del local["manifest.json"], bucket["manifest.json"]
+    assert bucket == local and len(local) > 3  # every shard, index, .idx and errors.jsonl, byte for byte
+    assert _manifest(outputs["bucket"]) == _manifest(outputs["local"])
+    errors = (outputs["local"] / "errors.jsonl").read_text().splitlines()
+    assert errors and (outputs["bucket"] / "errors.jsonl").read_text().splitlines() == errors
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_a_bucket_walk_is_the_folder_walk(trees, tree: str) -> None:
+    folder, url = trees[tree]
+    local, bucket = walk(folder, **TREES[tree][1]), walk(url, **TREES[tree][1])
+    local_items, bucket_items = list(local.items), list(bucket.items)
+    assert (bucket.layout, bucket.classes) == (local.layout, local.classes)
+    assert [item[1:] for item in bucket_items] == [item[1:] for item in local_items]  # relpath, key, label...
+    assert [item.path for item in bucket_items] == [f"{url}/{item.relpath}" for item in local_items]
+    assert bucket.skipped == local.skipped
+
+
+def _census(report) -> dict:
+    found = report.to_json()
+    for name in ("root", "seconds", "workers", "worker_kind", "header_bytes"):
+        del found[name]
+    return found
+
+
+def test_probe_of_a_bucket_is_probe_of_the_folder(trees, shardkit, tmp_path: Path) -> None:
+    for tree in ("classes", "table"):
+        folder, url = trees[tree]
+        remote, local = probe(url), probe(folder)
+        assert _census(remote) == _census(local)
+        assert remote.files > 5 and 0 < remote.header_bytes <= remote.bytes
+        if tree == "classes":  # photo-sized files: only their headers were read, by range
+            assert remote.header_bytes < remote.bytes / 4
+    folder, url = trees["flat"]
+    for where, source in (("local", folder), ("bucket", url)):
+        done = shardkit("probe", source, "--json", tmp_path / f"{where}.json")
+        assert done.returncode == 0, done.stderr
+    local, remote = (json.loads((tmp_path / f"{where}.json").read_text()) for where in ("local", "bucket"))
+    assert {key: value for key, value in remote.items() if key not in ("root", "seconds", "header_bytes")} == {
+        key: value for key, value in local.items() if key not in ("root", "seconds", "header_bytes")
+    }
+    assert remote["files"] == 7 and remote["problems"]  # the broken JPEG, counted as locally
+
+
+def test_an_object_gone_after_listing_is_one_read_error(s3, trees, tmp_path: Path) -> None:
+    url = _put(s3, trees["flat"][0], "gone")
+    items = list(walk(url).items)  # listed
+    import s3fs
+
+    s3fs.S3FileSystem(**s3.options).rm_file(items[2].path.removeprefix("s3://"))
+    out = tmp_path / "out"
+    held = claim(out, resume=False, overwrite=False)  # the output as a pack holds it
+    job = ShardJob(ShardSpec(0, "shard-000000.tar", tuple(items)), str(out), "webdataset", ResizeConfig(48),
+                   EncodeConfig(), "plan", storage_options={})  # fmt: skip
+    try:
+        result = write_shard(job)
+    finally:
+        held.release(undo=False)
+    assert [error.to_json() for error in result.errors if error.stage == "read"] == [
+        {"path": items[2].relpath, "stage": "read", "reason": "no such object"}
+    ]
+    assert result.shard.count == len(items) - 2  # the broken JPEG fails its header, as locally
+
+
+def test_a_table_row_naming_a_deleted_object_is_an_errors_row(s3, trees, shardkit, tmp_path: Path) -> None:
+    url = _put(s3, trees["table"][0], "deleted")
+    import s3fs
+
+    s3fs.S3FileSystem(**s3.options).rm_file("data/deleted/cats/3.jpg")
+    done = shardkit("pack", url, tmp_path / "out", "--resize", "48", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert {"path": "cats/3.jpg", "stage": "read", "reason": "no such object"} in rows
+
+
+def test_a_missing_or_imageless_prefix_is_refused_in_one_line(trees, shardkit, tmp_path: Path) -> None:
+    for source, said in (
+        ("s3://data/no-such-prefix", "s3://data/no-such-prefix: no such prefix"),
+        ("s3://no-such-bucket/x", "s3://no-such-bucket/x: no such prefix"),
+        (trees["classes"][1] + "/docs", f"{trees['classes'][1]}/docs: no images found"),
+    ):
+        done = shardkit("pack", source, tmp_path / "out", "--resize", "48")
+        assert done.returncode == 1
+        assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not (tmp_path / "out").exists()  # refused before any work
+    done = shardkit("probe", "s3://data/no-such-prefix")
+    assert done.returncode == 1 and "no such prefix" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_storage_options_reach_the_source(s3, trees, monkeypatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name)
+    _, url = trees["sidecars"]
+    options = {**s3.options, "skip_instance_cache": True}  # not a cached client that has the keys
+    out = tmp_path / "out"
+    result = pack(pack_config(url, out, resize=48, workers=1, sidecars=True, storage_options=options))
+    assert result.records == 3  # x, y and z (bad.jpg's label is no number)
+    checked = verify(out, source=url, storage_options=options)  # every object packed or in errors.jsonl
+    assert checked.ok, checked.problems
+    denied = {**options, "secret": "wrong"}
+    with pytest.raises(ShardkitError, match=r"^s3://data/src/sidecars: (access denied|listing failed)") as refused:
+        walk(url, storage_options=denied)
+    assert "\n" not in str(refused.value)

@@ -1,0 +1,247 @@
+"""Packing a table of image URLs: a real loopback HTTP server of the test's own, with faults
+(503 then 200, 404, HTML at 200, a host that answers slowly), and the output read back: every
+row packed or listed, records in the table's order, the same bytes whatever the workers and
+whatever order the downloads finish in, and --resume trying again only what failed transiently."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shardkit.core.manifest import read_manifest
+from shardkit.readers import open_shards
+from tests.helpers import read_errors
+from tests.servers import serving
+
+FAST = ["--retries", "2", "--backoff", "0.05", "--timeout", "5"]
+
+
+def _jpeg(index: int) -> bytes:
+    """A small real photo-like JPEG, distinct per index."""
+    rng = random.Random(index)
+    image = Image.new("RGB", (48 + index % 7, 40 + index % 5), tuple(rng.randrange(256) for _ in range(3)))
+    for _ in range(6):
+        x, y = rng.randrange(40), rng.randrange(32)
+        image.paste(tuple(rng.randrange(256) for _ in range(3)), (x, y, x + 8, y + 8))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+class Site:
+    """What the server serves and remembers: the requests per path, and which paths fail for now."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        self.failing: set[str] = set()  # answer 503 while listed here
+        self.lock = threading.Lock()
+        self.jitter = 0.0  # up to this many seconds before each answer (scrambles the finish order)
+
+
+@pytest.fixture
+def site() -> Iterator[tuple[Site, str]]:
+    state = Site()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = self.path
+            with state.lock:
+                state.hits[path] += 1
+                tries = state.hits[path]
+                failing = path in state.failing
+            if state.jitter:
+                time.sleep(random.uniform(0, state.jitter))
+            kind, _, name = path.strip("/").partition("/")
+            index = int(name.split(".")[0]) if name.split(".")[0].isdigit() else 0
+            if failing or (kind == "flaky" and tries == 1):
+                self._answer(503, b"busy", "text/plain")
+            elif kind in ("ok", "flaky"):
+                self._answer(200, _jpeg(index), "image/jpeg")
+            elif kind == "html":
+                self._answer(200, b"<!doctype html><html><body>not here</body></html>", "text/html")
+            else:
+                self._answer(404, b"no", "text/plain")
+
+        def _answer(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Handler) as base:
+        yield state, base
+
+
+def _table(path: Path, rows: list[dict[str, object]]) -> Path:
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=names)
+    writer.writeheader()
+    writer.writerows(rows)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.getvalue().encode()))
+    else:
+        path.write_text(text.getvalue())
+    return path
+
+
+def _rows(base: str, count: int) -> list[dict[str, object]]:
+    return [{"url": f"{base}/ok/{i}.jpg", "caption": f"photo {i}", "n": i} for i in range(count)]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.iterdir())
+        if path.is_file() and path.name != "manifest.json"
+    }
+
+
+def test_every_row_is_packed_or_listed_in_table_order(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    state, base = site
+    rows = _rows(base, 12)
+    rows[2]["url"] = f"{base}/flaky/2.jpg"  # 503 once: recovered by a retry
+    rows[4]["url"] = f"{base}/gone/4.jpg"  # 404: final
+    rows[6]["url"] = f"{base}/html/6"  # an HTML page at 200: not an image
+    rows[8]["url"] = "ftp://example.com/8.jpg"  # never downloaded
+    rows[9]["url"] = rows[0]["url"]  # a second row naming one URL
+    rows[10]["url"] = base.replace("http://", "http://user:secret@") + "/gone/10.jpg"  # credentials: never shown
+    table = _table(tmp_path / "urls.csv", rows)
+    out = tmp_path / "out"
+    done = shardkit("pack", table, out, "--shard-size", "5", "--workers", "2", *FAST)
+    assert done.returncode == 0, done.stderr
+    manifest = read_manifest(out)
+    errors = read_errors(out)
+    assert manifest.totals["inputs"] == 12 == manifest.records + len(errors)
+    by_row = {row["reason"].split(":")[0] if row["stage"] == "discover" else row["path"]: row for row in errors}
+    assert by_row[f"{base}/gone/4.jpg"]["stage"] == "download"
+    assert by_row[f"{base}/gone/4.jpg"]["cause"] == "404"
+    assert "transient" not in by_row[f"{base}/gone/4.jpg"]
+    assert by_row[f"{base}/html/6"]["stage"] == "download"
+    assert {row["reason"].split(":")[0] for row in errors if row["stage"] == "discover"} == {
+        "urls.csv line 10",
+        "urls.csv line 11",
+    }
+    assert state.hits["/flaky/2.jpg"] == 2  # one 503, then the image
+    shown = json.dumps(errors) + (out / "manifest.json").read_text()
+    assert "secret" not in shown and "user:" not in shown
+    assert "***@" in json.dumps(errors)
+    samples = list(open_shards(out))
+    kept = [i for i in range(12) if i not in (4, 6, 8, 9, 10)]
+    assert [s.key for s in samples] == [f"{i:09d}" for i in kept]
+    assert [s.text for s in samples] == [f"photo {i}" for i in kept]
+    assert [s.fields["n"] for s in samples] == [str(i) for i in kept]
+    assert [s.meta["source"] for s in samples] == [rows[i]["url"] for i in kept]
+    assert manifest.totals["download:404"] == 2 and manifest.totals["transient"] == 0
+
+
+def test_the_same_bytes_whatever_the_workers_and_finish_order(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    state, base = site
+    state.jitter = 0.03  # downloads finish out of order
+    rows = _rows(base, 24)
+    rows[5]["url"] = f"{base}/gone/5.jpg"
+    table = _table(tmp_path / "urls.csv", rows)
+    outputs = []
+    for workers, threads in ((1, "1"), (2, "8")):
+        out = tmp_path / f"out{workers}"
+        args = ["--shard-size", "7", "--workers", str(workers), "--download-threads", threads, "--resize", "32"]
+        done = shardkit("pack", table, out, *args, *FAST)
+        assert done.returncode == 0, done.stderr
+        outputs.append(_digests(out))
+    assert outputs[0] == outputs[1]
+    assert len([name for name in outputs[0] if name.endswith(".tar")]) == 4
+
+
+def test_gzipped_csv_jsonl_and_parquet_tables_pack_alike(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, base = site
+    rows = _rows(base, 6)
+    tables = [_table(tmp_path / "urls.csv.gz", rows), tmp_path / "urls.parquet", tmp_path / "urls.jsonl.gz"]
+    pq.write_table(pa.Table.from_pylist([{**row, "n": str(row["n"])} for row in rows]), tables[1])
+    tables[2].write_bytes(
+        gzip.compress("".join(json.dumps({**row, "n": str(row["n"])}) + "\n" for row in rows).encode())
+    )
+    seen = []
+    for number, table in enumerate(tables):
+        out = tmp_path / f"out{number}"
+        done = shardkit("pack", table, out, *FAST)
+        assert done.returncode == 0, done.stderr
+        seen.append([(s.key, s.text, s.fields, s.meta["source"]) for s in open_shards(out)])
+    assert seen[0] == seen[1] == seen[2]
+    assert len(seen[0]) == 6
+
+
+def test_resume_tries_again_only_what_failed_transiently(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    state, base = site
+    rows = _rows(base, 15)
+    table = _table(tmp_path / "urls.csv", rows)
+    state.failing = {"/ok/7.jpg", "/ok/8.jpg"}  # down for the whole first run: 503 on every try
+    out = tmp_path / "out"
+    args = ["--shard-size", "5", "--workers", "2", "--retries", "1", "--backoff", "0.01", "--timeout", "5"]
+    first = shardkit("pack", table, out, *args)
+    assert first.returncode == 0, first.stderr
+    errors = read_errors(out)
+    assert sorted(row["path"] for row in errors) == [f"{base}/ok/7.jpg", f"{base}/ok/8.jpg"]
+    assert all(row["transient"] is True and row["cause"] == "5xx" for row in errors)
+    assert read_manifest(out).totals["transient"] == 2
+    assert state.hits["/ok/7.jpg"] == 2  # the first try and one retry
+    before = dict(state.hits)
+    state.failing = set()
+    again = shardkit("pack", table, out, *args, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert read_errors(out) == []
+    assert read_manifest(out).records == 15
+    asked = {path for path, count in state.hits.items() if count > before.get(path, 0)}
+    assert asked == {"/ok/7.jpg", "/ok/8.jpg"}  # only those rows: their shard kept the others
+    clean = tmp_path / "clean"
+    assert shardkit("pack", table, clean, *args).returncode == 0
+    assert _digests(out) == _digests(clean)
+    third = shardkit("pack", table, out, *args, "--resume")
+    assert third.returncode == 0 and "already complete" in third.stdout
+
+
+def test_bad_tables_are_refused_in_one_line(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    _, base = site
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "links.parquet"
+    pq.write_table(pa.table({"link": [f"{base}/ok/1.jpg"], "caption": ["x"]}), table)
+    done = shardkit("pack", table, tmp_path / "out")
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and "no 'url' column" in done.stderr and "--url-column" in done.stderr
+    renamed = shardkit("pack", table, tmp_path / "out2", "--url-column", "link", *FAST)
+    assert renamed.returncode == 0, renamed.stderr
+    deduped = shardkit("pack", table, tmp_path / "out3", "--url-column", "link", "--dedup", "exact")
+    assert deduped.returncode != 0 and "--dedup" in deduped.stderr and "Traceback" not in deduped.stderr
+
+
+def test_verify_source_accounts_for_every_row(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    _, base = site
+    rows = _rows(base, 8)
+    rows[3]["url"] = f"{base}/gone/3.jpg"
+    rows[5]["url"] = "file:///etc/passwd"
+    table = _table(tmp_path / "urls.csv", rows)
+    out = tmp_path / "out"
+    assert shardkit("pack", table, out, *FAST).returncode == 0
+    checked = shardkit("verify", out, "--source", table)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
