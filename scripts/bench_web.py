@@ -42,6 +42,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -55,11 +56,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from benchkit import REPO, SAMPLE, environment, jpeg_files, pythonpath_env, ratios, span
 
 TRANSIENT = ("503", "cut", "429")
 KINDS = (*TRANSIENT, "404")
+CONNECTIONS, RESETS = "(connections)", "(resets)"  # the server's counts that are not paths
 ROW_IN_URL = re.compile(r"/img/(\d+)\.jpg")
 PHOTOS = 300
 I2D_DEFAULT = "/work/main/.venv-img2dataset/bin/img2dataset"
@@ -94,8 +97,21 @@ class Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), FaultyHandler)
         self.photos, self.faults, self.latency = photos, faults, latency
         self.lock = threading.Lock()
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()  # per path, and CONNECTIONS and RESETS
         self.first_seen: dict[str, float] = {}
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.counts[CONNECTIONS] += 1
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets a kept-alive connection is counted, not printed (a traceback each)."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            with self.lock:
+                self.counts[RESETS] += 1
+        else:
+            super().handle_error(request, client_address)
 
 
 class FaultyHandler(BaseHTTPRequestHandler):
@@ -250,11 +266,12 @@ def img2dataset_command(args: argparse.Namespace, table: Path, out: Path) -> lis
             "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(out),
             "--resize_mode", "keep_ratio", "--image_size", "256", "--resize_only_if_bigger", "True",
             "--encode_quality", "90", "--processes_count", str(args.workers), "--thread_count", str(args.threads),
-            "--retries", "2", "--number_sample_per_shard", str(args.shard_size)]  # fmt: skip
+            "--retries", "2", "--number_sample_per_shard", str(args.shard_size),
+            *shlex.split(args.img2dataset_args)]  # fmt: skip
 
 
 def shardkit_command(args: argparse.Namespace, table: Path, out: Path) -> list[str]:
-    extra = [] if args.per_host is None else ["--per-host", str(args.per_host)]
+    extra = ([] if args.per_host is None else ["--per-host", str(args.per_host)]) + shlex.split(args.shardkit_args)
     return [sys.executable, "-m", "shardkit", "pack", str(table), str(out), "--resize", "256", "--quality", "90",
             "--workers", str(args.workers), "--download-threads", str(args.threads),
             "--shard-size", str(args.shard_size), *extra]  # fmt: skip
@@ -366,7 +383,7 @@ def run_once(args: argparse.Namespace, tool: Tool, server: Serving, table: Path,
     requests: Counter[str] = Counter()
     for path, count in server.counts().items():
         match = ROW_IN_URL.fullmatch(path)
-        requests[plan.get(int(match.group(1)), "clean") if match else "other"] += count
+        requests[plan.get(int(match.group(1)), "clean") if match else path] += count
     return Run(tool.name, wall, len(outcome.packed), len(transient - outcome.packed), dict(requests), outcome.notes)
 
 
@@ -398,26 +415,38 @@ def measure(args: argparse.Namespace, server: Serving, table: Path, work: Path) 
 # The report.
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[Run]]) -> None:
+COLUMNS = ("wall s", "[min-max]", "images/s", "success", "lost", "tries/row: clean", *KINDS, "conns", "resets")
+WIDTHS = (7, 13, 9, 8, 5, 16, 5, 5, 5, 5, 6, 6)
+
+
+def tool_row(args: argparse.Namespace, rows: list[Run]) -> list[str]:
+    """One tool's cells: medians over its rounds (lost: the worst round's)."""
     plan = fault_plan(args.rows, args.fault_share, args.seed)
     kinds = Counter(plan.values())
-    transient = sum(kinds[kind] for kind in TRANSIENT)
-    print(f"\n{args.rows} rows, {transient} failing only transiently "
-          f"({', '.join(f'{kinds[k]} {k}' for k in TRANSIENT)}), {kinds['404']} permanent 404s; "
-          f"best possible success {1 - kinds['404'] / args.rows:.1%}; "
-          f"median of {args.repeats} alternating rounds")  # fmt: skip
-    print(f"{'tool':<12} {'wall s':>7} {'[min-max]':>13} {'images/s':>9} {'success':>8} {'lost':>5} "
-          f"{'tries/row: clean':>16} {'503':>5} {'cut':>5} {'429':>5} {'404':>5}")  # fmt: skip
+    walls = [run.wall for run in rows]
+
+    def median(kind: str) -> float:
+        return statistics.median(run.requests.get(kind, 0) for run in rows)
+
+    tries = [median("clean") / (args.rows - len(plan))] + [median(k) / kinds[k] if kinds[k] else 0 for k in KINDS]
+    return [
+        f"{statistics.median(walls):.2f}", span(walls), f"{statistics.median(run.rate() for run in rows):.1f}",
+        f"{statistics.median(run.packed for run in rows) / args.rows:.1%}", str(max(run.lost for run in rows)),
+        *(f"{t:.2f}" for t in tries), f"{median(CONNECTIONS):.0f}", f"{median(RESETS):.0f}",
+    ]  # fmt: skip
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[Run]]) -> None:
+    kinds = Counter(fault_plan(args.rows, args.fault_share, args.seed).values())
+    print(
+        f"\n{args.rows} rows, {sum(kinds[k] for k in TRANSIENT)} failing only transiently "
+        f"({', '.join(f'{kinds[k]} {k}' for k in TRANSIENT)}), {kinds['404']} permanent 404s; "
+        f"best possible success {1 - kinds['404'] / args.rows:.1%}; median of {args.repeats} alternating rounds"
+    )
+    print(f"{'tool':<12} " + " ".join(f"{name:>{width}}" for name, width in zip(COLUMNS, WIDTHS, strict=True)))
     for name, rows in runs.items():
-        walls = [run.wall for run in rows]
-        packed = statistics.median(run.packed for run in rows)
-        tries = {kind: statistics.median(run.requests.get(kind, 0) for run in rows) for kind in (*KINDS, "clean")}
-        clean_rows = args.rows - len(plan)
-        per = [tries["clean"] / clean_rows] + [tries[kind] / kinds[kind] if kinds[kind] else 0 for kind in KINDS]
-        print(f"{name:<12} {statistics.median(walls):7.2f} {span(walls):>13} "
-              f"{statistics.median(run.rate() for run in rows):9.1f} {packed / args.rows:8.1%} "
-              f"{max(run.lost for run in rows):5d} {per[0]:16.2f} "
-              + " ".join(f"{p:5.2f}" for p in per[1:]))  # fmt: skip
+        cells = tool_row(args, rows)
+        print(f"{name:<12} " + " ".join(f"{cell:>{width}}" for cell, width in zip(cells, WIDTHS, strict=True)))
         for note in sorted({note for run in rows for note in run.notes}):
             print(f"  {name}: {note}")
     if len(runs) == 2:
@@ -425,9 +454,14 @@ def report(args: argparse.Namespace, runs: dict[str, list[Run]]) -> None:
         median = statistics.median(per_round)
         lost = max(run.lost for run in runs["shardkit"])
         print(f"\nshardkit / img2dataset images/s: {median:.2f}x {span(per_round)} (median of per-round ratios)")
-        print(f"goal (>= 2x, every transiently failing row recovered): "
-              f"{'met' if median >= 2 and lost == 0 else 'not met'} ({median:.2f}x, {lost} lost)")  # fmt: skip
-    print("lost: the worst round's count of rows with only transient faults not packed; success: median packed / rows")
+        print(
+            f"goal (>= 2x, every transiently failing row recovered): "
+            f"{'met' if median >= 2 and lost == 0 else 'not met'} ({median:.2f}x, {lost} lost)"
+        )
+    print(
+        "lost: rows with only transient faults not packed (worst round); success: packed / rows; conns: TCP\n"
+        "connections the server accepted; resets: connections the client reset; all else medians of the rounds"
+    )
 
 
 def main() -> None:
@@ -443,6 +477,8 @@ def main() -> None:
     parser.add_argument("--shard-size", type=int, help="rows per shard, both tools (default: 2 shards a worker)")
     parser.add_argument("--table", choices=("parquet", "csv"), default="parquet")
     parser.add_argument("--img2dataset", default=I2D_DEFAULT)
+    parser.add_argument("--shardkit-args", default="", help="more flags for shardkit pack (one string)")
+    parser.add_argument("--img2dataset-args", default="", help="more flags for img2dataset (one string)")
     parser.add_argument("--only", choices=("shardkit", "img2dataset"))
     parser.add_argument("--keep", type=Path, help="leave the table, outputs and logs here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
