@@ -201,6 +201,46 @@ def stages(torch: Any, shards: Path, args: argparse.Namespace) -> dict[str, floa
     return result
 
 
+def inside(torch: Any, shards: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One epoch of the device loader (after a warm-up one), its device steps' host time summed
+    where the loader calls them: ms per batch."""
+    import shardkit.readers.device as device_module
+
+    spent: dict[str, float] = {}
+    originals = {name: getattr(device_module, name) for name in ("decode_batch", "resample_batch", "finish")}
+
+    def timed(name: str, function: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+
+        return call
+
+    ds = open_shards(shards, shuffle=True, seed=3)
+    loader = ds.loader(args.batch, args.size, flip=True, workers=args.workers, device=args.device)
+    for _ in loader:
+        pass
+    sync(torch, args.device)
+    for name, function in originals.items():
+        setattr(device_module, name, timed(name, function))
+    try:
+        ds.set_epoch(1)
+        batches, started = 0, time.perf_counter()
+        for _ in loader:
+            batches += 1
+        sync(torch, args.device)
+        elapsed = time.perf_counter() - started
+    finally:
+        for name, function in originals.items():
+            setattr(device_module, name, function)
+    result = {"epoch (wall, synchronized at the end)": elapsed * 1000 / batches}
+    result.update({f"{name} (host)": value * 1000 / batches for name, value in spent.items()})
+    return result
+
+
 def rate(torch: Any, shards: Path, args: argparse.Namespace, device: str | None, epoch0: int) -> dict[str, float]:
     """A fresh loader, a warm-up epoch, then epochs until --seconds: images/s."""
     ds = open_shards(shards, shuffle=True, seed=1)
@@ -252,7 +292,7 @@ def main() -> None:
         shards = multiply(args.shards, args.copies, Path(temp)) if args.copies > 1 else args.shards
         total = len(open_shards(shards))
         log(f"{total} images ({args.copies} x {args.shards.name}) packed in {time.perf_counter() - started:.1f} s")
-        for name, step in (("checks", check), ("stages", stages)):
+        for name, step in (("checks", check), ("stages", stages), ("inside", inside)):
             try:
                 started = time.perf_counter()
                 report[name] = step(torch, shards, args)
@@ -288,6 +328,9 @@ def main() -> None:
     if isinstance(report.get("stages"), dict) and "error" not in report["stages"]:
         lines.append(f"one batch of {args.batch}, each step alone (ms):")
         lines += [f"  {name:<38} {value:>10.1f}" for name, value in report["stages"].items()]
+    if isinstance(report.get("inside"), dict) and "error" not in report["inside"]:
+        lines.append(f"one epoch of the device loader, ms per batch of {args.batch} (host time where it is called):")
+        lines += [f"  {name:<38} {value:>10.1f}" for name, value in report["inside"].items()]
     checks = report.get("checks", {})
     if "error" in checks:
         lines.append("checks: FAILED (see the log)")

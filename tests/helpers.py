@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.core.errors import Failure
@@ -75,3 +76,17 @@ def summarize(records: Sequence[ProbeRecord], *, train_size: int = 224, root: st
     census = Census()
     census.add(records)
     return census.report(train_size=train_size, root=root)
+
+
+def bucket_objects(s3: Any, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` of the test server's bucket `data`, by its last name part."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    fs.invalidate_cache()
+    return {path.rsplit("/", 1)[-1]: fs.cat_file(path) for path in fs.find(f"data/{prefix}")}
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """The files directly in `folder` (an output), by name."""
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}

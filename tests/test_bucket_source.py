@@ -217,3 +217,40 @@ def test_storage_options_reach_the_source(s3, trees, monkeypatch, tmp_path: Path
     with pytest.raises(ShardkitError, match=r"^s3://data/src/sidecars: (access denied|listing failed)") as refused:
         walk(url, storage_options=denied)
     assert "\n" not in str(refused.value)
+
+
+def test_a_url_table_in_a_bucket_packs_as_the_same_local_table(s3, tmp_path: Path, shardkit) -> None:
+    """`pack s3://.../urls.csv OUT`: the table is an object, fetched, and its rows downloaded."""
+    from http.server import BaseHTTPRequestHandler
+
+    import s3fs
+
+    from .servers import serving
+    from .test_web_pack import _jpeg
+
+    class Images(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = _jpeg(int(self.path.rsplit("/", 1)[-1].split(".")[0]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Images) as base:
+        table = tmp_path / "urls.csv"
+        table.write_text("url,caption\n" + "".join(f"{base}/{i}.jpg,row {i}\n" for i in range(7)))
+        s3fs.S3FileSystem(**s3.options).put_file(str(table), "data/tables/urls.csv")
+        local, remote = tmp_path / "local", tmp_path / "remote"
+        assert shardkit("pack", table, local).returncode == 0
+        done = shardkit("pack", "s3://data/tables/urls.csv", remote)
+        assert done.returncode == 0, done.stderr
+        missing = shardkit("pack", "s3://data/tables/none.csv", tmp_path / "none")
+    assert _manifest(local) == _manifest(remote)
+    files = _files(local)
+    del files["manifest.json"]
+    assert files.items() <= _files(remote).items()
+    assert missing.returncode == 1 and "s3://data/tables/none.csv: no such table" in missing.stderr
+    assert missing.stderr.strip().count("\n") == 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +201,52 @@ def test_a_batch_past_the_window_budget_is_resampled_in_parts(small: Path, monke
     import shardkit.readers.device as device
 
     whole = run(small, device="cpu")
-    monkeypatch.setattr(device, "WINDOW_BYTES", 12 * 100 * 100 * 3)  # about three windows a part
+    # about three windows and their images a part
+    monkeypatch.setattr(device, "WINDOW_BYTES", 3 * (device.WINDOW_PIXEL_BYTES * 100 * 100 + 3 * 130 * 130))
     parts = run(small, device="cpu")
     assert all(torch.equal(a.images, b.images) for a, b in zip(whole, parts, strict=True))
+
+
+def test_the_windows_are_gathered_in_one_read_as_sliced_one_by_one() -> None:
+    """gather_windows (the images laid end to end, one indexed read) against each window sliced
+    alone: the same levels inside each window, whatever the images' sizes and layouts."""
+    from shardkit.readers.device import gather_windows
+
+    rng = np.random.default_rng(3)
+    shapes = ((40, 70), (90, 33), (1, 5))
+    images = [torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)) for h, w in shapes]
+    images.append(torch.from_numpy(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)).permute(2, 0, 1))  # HWC memory
+    top, left = np.array([3, 0, 0, 19]), np.array([10, 7, 4, 0])
+    rows, cols = np.array([30, 90, 1, 1]), np.array([60, 20, 1, 30])
+    windows = gather_windows(torch, images, top, rows, left, cols)
+    assert windows.dtype == torch.float32 and windows.shape == (4, 3, 90, 60)
+    for i, image in enumerate(images):
+        want = image[:, top[i] : top[i] + rows[i], left[i] : left[i] + cols[i]].float()
+        assert torch.equal(windows[i, :, : rows[i], : cols[i]], want)
+
+
+def test_the_device_work_runs_on_its_own_thread_and_a_stop_ends_it(small: Path, monkeypatch) -> None:
+    """The decode and resample run on the loader's device thread (the loop that hands batches out
+    never waits on a decode), at most DEVICE_AHEAD batches past the one handed out; a consumer that
+    stops early leaves no thread running."""
+    from shardkit.readers.loader import DEVICE_AHEAD, BatchLoader
+
+    made: list[str] = []
+    real = BatchLoader._on_device
+
+    def on_device(self, *args):
+        made.append(threading.current_thread().name)
+        return real(self, *args)
+
+    monkeypatch.setattr(BatchLoader, "_on_device", on_device)
+    loader = open_shards(small, shuffle=True, seed=7).loader(4, 96, flip=True, device="cpu")
+    batches = iter(loader)
+    next(batches)
+    deadline = time.monotonic() + 5
+    while len(made) < 1 + DEVICE_AHEAD and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(made) == 1 + DEVICE_AHEAD  # the one handed out, and DEVICE_AHEAD more: no further
+    assert all(name.startswith("shardkit-device") for name in made)
+    batches.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("shardkit-device", "shardkit-loader"))]

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import random
+import socket
 import threading
 import time
 from collections import Counter
@@ -30,9 +31,13 @@ FAST = ["--retries", "2", "--backoff", "0.05", "--timeout", "5"]
 
 
 def _jpeg(index: int) -> bytes:
-    """A small real photo-like JPEG, distinct per index."""
+    """A small real photo-like JPEG, distinct per index (every tenth a larger one, so a probe's
+    header read is a small part of it)."""
     rng = random.Random(index)
-    image = Image.new("RGB", (48 + index % 7, 40 + index % 5), tuple(rng.randrange(256) for _ in range(3)))
+    if index % 10 == 9:  # noise: a JPEG of a photo's size
+        image = Image.frombytes("RGB", (320, 240), rng.randbytes(320 * 240 * 3))
+    else:
+        image = Image.new("RGB", (48 + index % 7, 40 + index % 5), tuple(rng.randrange(256) for _ in range(3)))
     for _ in range(6):
         x, y = rng.randrange(40), rng.randrange(32)
         image.paste(tuple(rng.randrange(256) for _ in range(3)), (x, y, x + 8, y + 8))
@@ -49,6 +54,7 @@ class Site:
         self.failing: set[str] = set()  # answer 503 while listed here
         self.lock = threading.Lock()
         self.jitter = 0.0  # up to this many seconds before each answer (scrambles the finish order)
+        self.ranges = 0  # range requests answered
 
 
 @pytest.fixture
@@ -71,14 +77,34 @@ def site() -> Iterator[tuple[Site, str]]:
             index = int(name.split(".")[0]) if name.split(".")[0].isdigit() else 0
             if failing or (kind == "flaky" and tries == 1):
                 self._answer(503, b"busy", "text/plain")
-            elif kind in ("ok", "flaky"):
+            elif kind in ("ok", "flaky", "copy"):
                 self._answer(200, _jpeg(index), "image/jpeg")
+            elif kind == "hang":  # headers, then nothing: only the deadline ends it
+                self.send_response(200)
+                self.send_header("Content-Type", "image/jpeg")
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                self.wfile.flush()
+                time.sleep(30)
             elif kind == "html":
                 self._answer(200, b"<!doctype html><html><body>not here</body></html>", "text/html")
             else:
                 self._answer(404, b"no", "text/plain")
 
         def _answer(self, status: int, body: bytes, kind: str) -> None:
+            asked = self.headers.get("Range", "")
+            if status == 200 and asked.startswith("bytes="):  # a range, as real servers give
+                state.ranges += 1
+                first, _, last = asked[len("bytes=") :].partition("-")
+                start, end = int(first), min(int(last or len(body) - 1), len(body) - 1)
+                part = body[start : end + 1]
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(part)))
+                self.end_headers()
+                self.wfile.write(part)
+                return
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
@@ -203,6 +229,7 @@ def test_resume_tries_again_only_what_failed_transiently(site: tuple[Site, str],
     assert sorted(row["path"] for row in errors) == [f"{base}/ok/7.jpg", f"{base}/ok/8.jpg"]
     assert all(row["transient"] is True and row["cause"] == "5xx" for row in errors)
     assert read_manifest(out).totals["transient"] == 2
+    assert "of which transient" in first.stdout and "--resume" in first.stdout and "5xx 2" in first.stdout
     assert state.hits["/ok/7.jpg"] == 2  # the first try and one retry
     before = dict(state.hits)
     state.failing = set()
@@ -245,3 +272,71 @@ def test_verify_source_accounts_for_every_row(site: tuple[Site, str], tmp_path: 
     assert shardkit("pack", table, out, *FAST).returncode == 0
     checked = shardkit("verify", out, "--source", table)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_probe_of_a_url_table_reads_headers_by_ranges(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    state, base = site
+    rows = _rows(base, 20)
+    rows[3]["url"] = f"{base}/gone/3.jpg"
+    rows[4]["url"] = f"{base}/html/4"
+    table = _table(tmp_path / "urls.csv", rows)
+    folder = tmp_path / "same"
+    folder.mkdir()
+    for i in range(20):
+        if i not in (3, 4):
+            (folder / f"{i:02d}.jpg").write_bytes(_jpeg(i))
+    remote, local = tmp_path / "remote.json", tmp_path / "local.json"
+    done = shardkit("probe", table, "--json", remote, "--retries", "1")
+    assert done.returncode == 0, done.stderr
+    assert shardkit("probe", folder, "--json", local).returncode == 0
+    got, want = json.loads(remote.read_text()), json.loads(local.read_text())
+    for key in ("images", "bytes", "percentiles", "formats", "modes", "short_side_histogram", "recommendation"):
+        assert got[key] == want[key], key
+    assert got["images"] == 18 and got["files"] == 20 and got["table"]["rows"] == 20
+    assert got["header_bytes"] < got["bytes"] / 4 and state.ranges >= 18
+    (problem,) = got["problems"].values()
+    assert problem["count"] == 2 and any("HTTP 404" in example for example in problem["examples"])
+
+
+def test_a_hung_server_a_dead_host_and_bad_bytes_cost_their_rows_not_the_run(
+    site: tuple[Site, str], tmp_path: Path, shardkit
+) -> None:
+    _, base = site
+    with socket.socket() as closed:  # a port nothing listens on: every connection refused
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    rows = _rows(base, 14)
+    rows[1]["url"] = f"{base}/hang/1.jpg"
+    for i in (2, 3, 4, 5):
+        rows[i]["url"] = f"{dead}/{i}.jpg"
+    rows[6]["sha256"] = "0" * 64  # not the image's
+    rows[7]["sha256"] = hashlib.sha256(_jpeg(7)).hexdigest().upper()  # the image's, in capitals
+    table = _table(tmp_path / "urls.csv", rows)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    done = shardkit(
+        "pack", table, out, "--retries", "1", "--backoff", "0.05", "--timeout", "1.5", "--max-pixels", "20000"
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 25  # the hung row's two tries of 1.5 s, not its 30 s
+    errors = {row["path"]: row for row in read_errors(out)}
+    assert errors[f"{base}/hang/1.jpg"]["cause"] == "timeout" and errors[f"{base}/hang/1.jpg"]["transient"]
+    assert all(errors[f"{dead}/{i}.jpg"]["transient"] for i in (2, 3, 4, 5))
+    assert errors[f"{base}/ok/6.jpg"]["cause"] == "sha256" and "transient" not in errors[f"{base}/ok/6.jpg"]
+    assert errors[f"{base}/ok/9.jpg"]["stage"] == "header" and "pixels" in errors[f"{base}/ok/9.jpg"]["reason"]
+    assert len(errors) == 7 and read_manifest(out).records == 7
+    assert "7" in [s.key.lstrip("0") for s in open_shards(out)]
+
+
+def test_duplicates_of_a_url_table_downloads_and_groups_the_copies(
+    site: tuple[Site, str], tmp_path: Path, shardkit
+) -> None:
+    _, base = site
+    rows = _rows(base, 6)
+    rows.append({"url": f"{base}/copy/2.jpg", "caption": "the same bytes as row 2", "n": 6})
+    table = _table(tmp_path / "urls.csv", rows)
+    report = tmp_path / "dups.json"
+    done = shardkit("duplicates", table, "--json", report)
+    assert done.returncode == 0, done.stderr
+    groups = json.loads(report.read_text())["groups"]
+    assert [sorted(group["files"]) for group in groups] == [[f"{base}/copy/2.jpg", f"{base}/ok/2.jpg"]]

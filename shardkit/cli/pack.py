@@ -169,6 +169,13 @@ def render(result: PackResult) -> None:
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
     if result.duplicates:
         table.add_row("  of which duplicates", f"{result.duplicates:,} (left out by --dedup)")
+    causes = {key: count for key, count in result.manifest.totals.items() if key.startswith("download:")}
+    if causes:  # a table of URLs: the failed downloads per cause, most first
+        shown = ", ".join(f"{key.removeprefix('download:')} {count:,}" for key, count in list(causes.items())[:6])
+        table.add_row("  of which downloads", f"{sum(causes.values()):,} ({shown})")
+    transient = result.manifest.totals.get("transient", 0)
+    if transient:
+        table.add_row("  of which transient", f"{transient:,}: pack again with --resume to try them again")
     reused = f" ({result.reused_shards} reused from the earlier run)" if result.reused_shards else ""
     table.add_row("shards", f"{result.shards:,} {result.manifest.format}{reused}")
     if result.nodes > 1:

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.config import PROBE_OPTIONS, TableConfig, check_train_size, check_workers, options
+from ..core.config import PROBE_OPTIONS, TableConfig, WebConfig, check_train_size, check_workers, options
 from ..core.errors import ConfigError, ShardkitError, describe
 from ..packing.sources import display
 
@@ -41,7 +41,8 @@ def probe(
     source: Annotated[
         str,
         typer.Argument(
-            help="Image folder (with or without a metadata table), a list file, or a bucket's prefix (s3://...).",
+            help="Image folder (with or without a metadata table), a list file, a bucket's prefix (s3://...), "
+            "or a table of image URLs (.parquet, .csv, .jsonl; gzipped text too).",
             show_default=False,
         ),
     ],
@@ -70,6 +71,9 @@ def probe(
         bool, typer.Option("--sidecars", help="Files sharing a name are one sample, as for pack.")
     ] = False,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
+    url_column: Annotated[str, typer.Option(help="A table of URLs: the column that holds them.")] = "url",
+    retries: Annotated[int, typer.Option(help="A table of URLs: tries again after a transient failure.")] = 5,
+    timeout: Annotated[float, typer.Option(help="A table of URLs: one request's deadline in seconds.")] = 30.0,
 ) -> None:
     """Read only image headers and report sizes, formats, problems and a recommended pre-resize."""
     with user_errors():
@@ -86,7 +90,10 @@ def probe(
                 path=None if metadata is None else source_path(metadata), path_column=path_column,
                 caption_column=caption_column,
             )  # fmt: skip
-            report = _run(source_path(source), settings, write_rows, table, sidecars, storage_options(storage_option))
+            web = WebConfig(url_column=url_column, retries=retries, timeout=timeout)
+            report = _run(
+                source_path(source), settings, write_rows, table, sidecars, storage_options(storage_option), web
+            )
         render(report)
         if json_path is not None:
             write_json_report(json_path, report.to_json())
@@ -104,6 +111,7 @@ def _run(
     table: TableConfig | None = None,
     sidecars: bool = False,
     options: dict[str, Any] | None = None,
+    web: WebConfig | None = None,
 ) -> ProbeReport:
     from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
@@ -134,6 +142,7 @@ def _run(
             sidecars=sidecars,
             copies_progress=confirmed,
             storage_options=options,
+            web=web,
         )
 
 

@@ -1,10 +1,11 @@
-"""The worker's side of a table of URLs: a shard's images downloaded ahead of the encoder, in the
+"""A table of URLs read: by the worker, a shard's images downloaded ahead of the encoder, in the
 shard's order, by the process's Downloader (storage/download.py: its threads, its per-host limit,
-its retries); and a download's bytes checked as a local file's are (header first, pixel limit)
-before anything decodes them."""
+its retries), and a download's bytes checked as a local file's are (header first, pixel limit)
+before anything decodes them; by probe, each image's header by range requests (`probe_urls`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Generator, Iterable, Sequence
 
@@ -13,8 +14,11 @@ from ..core.errors import Failure, HeaderError, ImageError, OutputError
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..formats import get_format
 from ..formats.base import Record
-from ..storage.download import Downloader, DownloadError
+from ..storage.download import Downloader, DownloadError, download, fetch_head, fetch_range
+from .census import ScanRow
 from .encode import check_pixels
+from .objects import Transfer
+from .ranges import ReadRange, probe_row
 from .sources import Item
 from .sources.urls import expected_sha256
 
@@ -56,6 +60,50 @@ def refetched(
     finally:
         got.close()
         reader.close()
+
+
+def url_ranges(url: str, web: WebConfig) -> ReadRange:
+    """A URL read by ranges for its header (probe's `RangeReads`): the first request says the
+    image's size; a server that says no size gets one whole download. A failure is an OSError
+    naming its cause (what probe's rows keep), after the retries a download gets."""
+    size: list[int] = []
+
+    def read_range(start: int, length: int) -> tuple[bytes, int]:
+        try:
+            if not size:
+                head, total = fetch_head(url, web, length)
+                if total is None:
+                    head = download(url, web) if len(head) >= length else head
+                    total = len(head)
+                size.append(total)
+                return head[:length], total
+            return fetch_range(url, web, start, length), size[0]
+        except DownloadError as error:
+            raise OSError(error.reason) from None
+
+    return read_range
+
+
+def probe_urls(web: WebConfig, transfer: Transfer, job: tuple[list[str], list[str], int]) -> list[ScanRow]:
+    """A chunk of a URL table's probe rows (probe's threads run many): each header by ranges,
+    4 KiB first and more only where it runs on, as a bucket's objects are probed."""
+    urls, relpaths, max_pixels = job
+    rows: list[ScanRow] = []
+    for url, relpath in zip(urls, relpaths, strict=True):
+        row, taken = probe_row(url_ranges(url, web), relpath, relpath, max_pixels)
+        rows.append(row)
+        transfer.bytes += taken
+    return rows
+
+
+def url_digest(web: WebConfig, url: str, identity: int) -> tuple[str, int] | None:
+    """The sha256 and size of the image at `url` (probe's candidate copies), downloaded; None when
+    it cannot be."""
+    try:
+        data = download(url, web)
+    except DownloadError:
+        return None
+    return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _downloader(web: WebConfig) -> Downloader:

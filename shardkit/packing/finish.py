@@ -57,10 +57,13 @@ class PackResult:
 
 def finish(
     config: PackConfig, found: SourceWalk, ordered: list[ShardResult], inputs: int, settings: dict[str, Any],
-    plan: str, output: Path,
+    plan: str, output: Path, keep_state: bool = False,
 ) -> PackResult:  # fmt: skip
     """Write index.parquet, the companions, errors.jsonl and the manifest (last) for the shard
-    results in plan order, remove the state folder, and say what was done."""
+    results in plan order, remove the state folder (unless `keep_state`: a staging folder's state
+    stays until its files are uploaded, for a resume), and say what was done. What the manifest says
+    of each shard comes from its result: a pack to a bucket needs no shard here (its resume keeps
+    only shards whose index part is in the state, so none is read again)."""
     error_rows: list[Failure] = [*found.skipped, *(row for result in ordered for row in result.errors)]
     records = sum(r.shard.count for r in ordered)
     duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
@@ -91,7 +94,7 @@ def finish(
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
     with writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
-    if not transient:  # else its done markers stay: --resume tries those rows again, and only their shards
+    if not keep_state and not transient:  # else the done markers stay: --resume tries those rows again
         remove_state(output)
     return PackResult(
         output=str(output),
@@ -100,7 +103,7 @@ def finish(
         records=records,
         errors=len(error_rows),
         shards=len(ordered),
-        reused_shards=sum(1 for r in ordered if r.reused),
+        reused_shards=sum(1 for r in ordered if r.reused or r.already_held),
         input_bytes=sum(r.input_bytes for r in ordered),
         output_bytes=sum(r.shard.bytes for r in ordered),
         seconds=0.0,

@@ -52,9 +52,28 @@ def hash_bytes(data: bytes, near: bool, max_pixels: int) -> tuple[str, int | Non
 
 
 def hash_files(job: tuple[list[str], bool, int]) -> list[tuple[str | None, int | None, str | None]]:
-    """`hash_file` over a chunk of paths: the unit of work of a pool."""
+    """`hash_file` over a chunk of paths: the unit of work of a pool. A table of URLs' images (an
+    http(s) path) are downloaded on the process's threads, with the default download settings."""
     paths, near, max_pixels = job
-    return [hash_file(path, near, max_pixels) for path in paths]
+    urls = [path for path in paths if path.startswith(("http://", "https://"))]
+    if not urls:
+        return [hash_file(path, near, max_pixels) for path in paths]
+    from ..core.config import WebConfig
+    from ..storage.download import Downloader, DownloadError
+
+    with Downloader(WebConfig()) as downloader:
+        fetched = iter(downloader.fetch((url, None) for url in urls))
+        rows: list[tuple[str | None, int | None, str | None]] = []
+        for path in paths:
+            if not path.startswith(("http://", "https://")):
+                rows.append(hash_file(path, near, max_pixels))
+                continue
+            got = next(fetched)
+            if isinstance(got, DownloadError):
+                rows.append((None, None, f"cannot download ({got.reason})"))
+            else:
+                rows.append(hash_bytes(got, near, max_pixels))
+    return rows
 
 
 def grey_thumbnail(data: bytes, max_pixels: int) -> np.ndarray:

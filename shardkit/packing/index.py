@@ -62,13 +62,22 @@ def part_path(state: Path, shard: str) -> Path:
     return state / "index" / f"{shard}.jsonl"
 
 
-def write_part(path: Path, rows: list[tuple[Any, ...]]) -> None:
-    """One shard's rows, written under a temporary name and renamed (a kill leaves no half part)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def part_bytes(rows: list[tuple[Any, ...]]) -> bytes:
+    """One shard's rows as its part holds them: JSON lines, UTF-8."""
     names = [name for name, _ in COLUMNS]
     text = "".join(json.dumps(dict(zip(names, row, strict=True)), ensure_ascii=False) + "\n" for row in rows)
+    return text.encode("utf-8")
+
+
+def write_part(path: Path, rows: list[tuple[Any, ...]]) -> None:
+    write_part_bytes(path, part_bytes(rows))
+
+
+def write_part_bytes(path: Path, data: bytes) -> None:
+    """One shard's part, written under a temporary name and renamed (a kill leaves no half part)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text, encoding="utf-8")
+    temp.write_bytes(data)
     os.replace(temp, path)
 
 

@@ -35,12 +35,24 @@ from .output import (
     remove_old_temp_files,
     remove_temp_shards,
     state_dir,
+    temp_dir,
     writing,
 )
 from .plan import PlanDigest, ShardSpec, fingerprint, plan_shards
+from .publish import (
+    RemoteOutput,
+    claim_remote,
+    clear_staging,
+    in_bucket,
+    publish,
+    retire_earlier,
+    staging_folder,
+    upload_fields,
+)
 from .resume import remove_stale_shards, resumable, retried_shard, reused_shard, settings_of, write_state
 from .running import Planned, ProgressCallback, Tally, ray_session, run_jobs
 from .sources import Item, SourceList, SourceWalk, walk
+from .upload import keep
 from .worker import ShardJob, ShardResult
 
 __all__ = ["HashProgress", "PackResult", "ProgressCallback", "Tally", "pack", "resolve_resize"]
@@ -67,6 +79,19 @@ def pack(
     location = locate(config.output, _output_options(config), manifest=False)
     if not isinstance(location, Path):
         return _pack_to_remote(config, location, progress, dedup_progress, tally)
+    return _pack_into(config, progress, dedup_progress, tally=tally)
+
+
+def _pack_into(
+    config: PackConfig,
+    progress: ProgressCallback | None,
+    dedup_progress: HashProgress | None,
+    remote: RemoteOutput | None = None,
+    tally: Tally | None = None,
+) -> PackResult:
+    """A pack into the folder `config.output`; with `remote`, that folder is the staging state of a
+    pack to a bucket, into which each shard is uploaded as soon as it is written, and the files
+    beside the whole output once all are (packing/publish.py)."""
     started = time.perf_counter()
     if not is_remote(config.source):
         refuse_overlap(config.source, config.output)
@@ -95,8 +120,14 @@ def pack(
         try:
             remove_temp_shards(output)  # half shards of workers killed in an earlier run
             remove_old_temp_files(output)
+            if remote is not None:
+                retire_earlier(remote)  # before the first shard goes up
             specs = _plan(config, found.items)
-            result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks, tally)
+            result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks, remote, tally)
+            if remote is not None:
+                publish(output, remote, result.manifest)
+                if not result.manifest.totals.get("transient"):  # else its state stays, for a --resume
+                    clear_staging(output, result.manifest)
         except BaseException:
             remove_temp_shards(output)  # the workers are stopped by now; what is complete stays for --resume
             raise
@@ -188,14 +219,13 @@ def _pack_to_remote(
     dedup_progress: HashProgress | None,
     tally: Tally | None = None,
 ) -> PackResult:
-    """A pack into a URL: the bucket is checked first, the shards are packed into a local staging
-    folder (resumable as any output), then uploaded with the manifest last (see publish)."""
-    from .publish import claim_remote, clear_staging, publish, staging_folder
-
+    """A pack into a URL: the bucket is checked first; the driver keeps its state (done markers,
+    index parts, errors) in a local staging folder, resumable as any output, while the workers
+    upload each shard as it is written; the manifest goes up last (see publish)."""
     started = time.perf_counter()
     get_format(config.format)
     remote = claim_remote(store, resume=config.resume, overwrite=config.overwrite)
-    if config.resume and remote.manifest is not None:
+    if config.resume and remote.manifest is not None and not remote.manifest.totals.get("transient"):
         # A finished output in the bucket: the same plan means nothing to do (its objects' sizes are
         # trusted here; `shardkit verify URL` checks their bytes), another one is refused.
         prepared = prepare(config, dedup_progress)
@@ -208,8 +238,9 @@ def _pack_to_remote(
             resolved = replace(prepared.config, output=store.url)
             return already_complete(remote.manifest, resolved, time.perf_counter() - started)
     staging = staging_folder(store.url, config.staging)
-    begun = state_dir(staging).exists() or (staging / MANIFEST_NAME).exists()
-    resume = config.resume and begun
+    # Only a run stopped before its end leaves state to resume; anything else there (the files
+    # of a run stopped as it cleared them) is staging's own, replaced.
+    resume = config.resume and state_dir(staging).exists()
     occupied = staging.is_dir() and any(staging.iterdir())
     try:
         staging.mkdir(parents=True, exist_ok=True)
@@ -219,13 +250,8 @@ def _pack_to_remote(
         config, output=str(staging), resume=resume, overwrite=occupied and not resume, staging=None,
         storage_options=config.storage_options if is_remote(config.source) else None,  # (the source's too)
     )  # fmt: skip
-    result = pack(local, progress=progress, dedup_progress=dedup_progress, tally=tally)
-    manifest, kept = publish(staging, remote)
-    clear_staging(staging, manifest)
-    return replace(
-        result, output=store.url, already_complete=False, reused_shards=max(result.reused_shards, kept),
-        seconds=time.perf_counter() - started,
-    )  # fmt: skip
+    result = _pack_into(local, progress, dedup_progress, remote, tally)
+    return replace(result, output=store.url, already_complete=False, seconds=time.perf_counter() - started)
 
 
 def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
@@ -278,11 +304,13 @@ def _write_all(
     output: Path,
     progress: ProgressCallback | None,
     fallbacks: dict[str, Fallbacks] | None = None,
+    remote: RemoteOutput | None = None,
     tally: Tally | None = None,
 ) -> PackResult:
     """Write the shards not done yet as the plan is cut, then finish. On --resume, a shard is
     reused when its done marker has its own hash: the same settings and the same files (names,
-    sizes, mtimes; and its fallbacks'); a shard whose files changed is written again. With
+    sizes, mtimes; and its fallbacks'), and the shard is still there (in the folder; with `remote`,
+    in the bucket, on record as uploaded); a shard whose files changed is written again. With
     --dedup, errors.jsonl says what the workers did with the fallbacks (`settle`)."""
     fallbacks = fallbacks or {}
     digest = PlanDigest(settings)
@@ -291,6 +319,8 @@ def _write_all(
     planned = Planned()
     confine = found.confine
     web = config.web if found.layout == "urls" else None
+    # where a shard to upload is written: a Ray task sees no folder of the driver's, its node's own
+    scratch = None if config.executor == "ray" else str(temp_dir(output))
 
     def jobs() -> Iterator[ShardJob]:
         for spec in specs:
@@ -299,21 +329,26 @@ def _write_all(
             shard_hash = fallback_stamps(digest.add(spec), copies)
             planned.shards += 1
             planned.images += len(spec.items)
-            previous = reused_shard(output, spec, shard_hash) if config.resume else None
+            previous = reused_shard(output, spec, shard_hash, intact) if config.resume else None
             if previous is not None:
                 results[spec.index] = previous
                 planned.reused_images += len(spec.items)
                 planned.reused_errors += len(previous.errors)
                 continue
-            retried = retried_shard(output, spec, shard_hash) if config.resume and web is not None else None
+            # (a shard in a bucket is written again whole: its records are not here to keep)
+            retried = retried_shard(output, spec, shard_hash) if config.resume and web and not remote else None
             job_specs.append(spec.index)
             yield ShardJob(
                 spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
                 found.options, web=web, earlier=None if retried is None else retried.errors,
+                **({} if remote is None else upload_fields(remote, spec.name, scratch)),
             )  # fmt: skip
         planned.walked = True
 
+    intact = None if remote is None else in_bucket(remote, output)
     for job_number, result in run_jobs(config, jobs(), planned, progress):
+        if remote is not None:
+            keep(output, result)  # its index part and done marker, from wherever it ran
         results[job_specs[job_number]] = result
         if tally is not None and web is not None:
             tally.add(result)
@@ -323,4 +358,4 @@ def _write_all(
     stand_ins = {key: packed for result in ordered for key, packed in result.stand_ins.items()}
     if stand_ins:
         found = replace(found, skipped=settle(found.skipped, fallbacks, stand_ins))
-    return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output)
+    return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output, keep_state=remote is not None)

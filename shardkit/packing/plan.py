@@ -13,6 +13,7 @@ import numpy as np
 
 from ..core.manifest import json_sha256, sorted_json
 from ..core.safeio import file_stamp
+from ..storage.urls import is_remote
 from .output import shard_name
 from .sources import Item, payload, with_payload
 
@@ -90,6 +91,8 @@ def _size(path: str) -> int:
 
 
 def _size_and_mtime(path: str) -> tuple[int, int]:
+    if is_remote(path):  # a URL or an object: nothing on this disk to stat (its bytes are not known up front)
+        return -1, -1
     stamp = file_stamp(path)
     return (-1, -1) if stamp is None else (stamp[0], stamp[1])
 

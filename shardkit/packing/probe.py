@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.codecs import header_scanner
-from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, check_workers
+from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, WebConfig, check_workers
 from ..core.errors import HeaderError, describe
 from ..core.headers import ImageHeader, read_head, read_header
 from ..core.pools import default_workers, map_local, map_threads
@@ -148,6 +148,7 @@ def probe(
     table: TableConfig | None = None,
     sidecars: bool = False,
     storage_options: dict[str, Any] | None = None,
+    web: WebConfig | None = None,
 ) -> ProbeReport:
     """Probe every image under `source`, streaming: the walk feeds the workers chunk by chunk as it
     goes, and only the statistics (exact counts of each size and file size) and the first examples
@@ -155,20 +156,32 @@ def probe(
     the paths) as it is done; `progress(done, total)` has total None until the walk ends;
     `copies_progress(files, total)` follows the confirmation of copy candidates, read whole (none
     when no two files share a size and head hash). A bucket's prefix (s3://..., reached with
-    `storage_options`) is probed by range reads of each object's header, on threads."""
+    `storage_options`) is probed by range reads of each object's header, on threads; so is a table
+    of URLs (its URL column and download settings in `web`)."""
     check_workers(workers)
     started = time.perf_counter()
     # the samples pack would take
-    found = walk(source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options)
+    found = walk(
+        source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options, web=web
+    )
     census = Census()
     transfer = Transfer()
     scan_chunk: Callable[[Job], list[ScanRow]] = _probe_chunk
-    if found.options is not None:  # a bucket: each header by range reads, waiting on the network
+    if found.layout == "urls":  # a table of URLs: each header by range requests, waiting on the network
+        from .fetched import probe_urls, url_digest  # (urllib3: only for tables of URLs)
+
+        scan_chunk = partial(probe_urls, web or WebConfig(), transfer)
+        digest_of: Callable[[str, int], tuple[str, int] | None] | None = partial(url_digest, web or WebConfig())
+        chunk_files = min(chunk_files, REMOTE_CHUNK_OBJECTS)
+        workers, kind = workers or REMOTE_THREADS, "thread"
+    elif found.options is not None:  # a bucket: each header by range reads, waiting on the network
         scan_chunk = partial(probe_objects, found.options, transfer)
+        digest_of = partial(object_digest, found.options)
         chunk_files = min(chunk_files, REMOTE_CHUNK_OBJECTS)
         workers, kind = workers or REMOTE_THREADS, "thread"
     else:
         workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
+        digest_of = None
     chunking = _Chunking(found, Counter(), chunk_files, max_pixels)
     jobs: Iterator[Job] = iter(chunking)
     if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
@@ -181,14 +194,15 @@ def probe(
     places, keys, identities, links = census.copy_candidates()
     report.duplicates = ExactCopies(0, 0, 0, links)
     if len(places):  # walked again: only the candidates' names are wanted, and they were not kept
-        again = walk(source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options)
+        again = walk(
+            source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options, web=web
+        )
         names = candidate_names(_runs(again, Counter()), places, keys, identities)
-        digest = partial(object_digest, found.options) if found.options is not None else None
-        report.duplicates = confirm_copies(names, workers, links, progress=copies_progress, digest=digest)
+        report.duplicates = confirm_copies(names, workers, links, progress=copies_progress, digest=digest_of)
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunking.chunks > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
-    report.header_bytes = transfer.bytes if found.options is not None else None
+    report.header_bytes = transfer.bytes if found.options is not None or found.layout == "urls" else None
     if found.table is not None:
         report.table = _table_census(found, chunking.captions, without_file)
     return report

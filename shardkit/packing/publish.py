@@ -1,15 +1,17 @@
-"""A pack whose output is a URL: shards are written to a local staging folder by the ordinary pack,
-then uploaded, errors.jsonl next and manifest.json last, so a reader never finds a manifest that
-names an object not yet there.
+"""A pack whose output is a URL: the bucket claimed before any work, each shard uploaded by the
+worker that wrote it (packing/upload.py), and at the end, from the driver's small staging state,
+errors.jsonl, index.parquet and manifest.json last, so a reader never finds a manifest that names
+an object not yet there. No local copy of the output is ever needed: the driver's staging folder
+holds done markers and index parts, and the shards being written by its local workers.
 
 The bucket is checked before any work, as a local output folder is: refused when it holds a
 finished output (unless --resume or --overwrite), objects shardkit did not write, or when it cannot
 be written. Each shard gets a marker (`.shardkit/uploaded/<shard>.json`: bytes, sha256, whether
 the upload finished) before its upload begins and again when it ends, until the manifest is up:
-every object shardkit may have written is on record, and a resumed pack uploads only the shards
-the bucket holds with the same bytes and a finished upload. --overwrite removes the earlier
-manifest first (no reader trusts it while the new shards go up), then deletes only the objects the
-earlier manifest named that the new one lacks.
+every object shardkit may have written is on record, and a resumed pack keeps only the shards the
+bucket holds with the same bytes and a finished upload. --overwrite removes the earlier manifest
+before the first shard goes up (no reader trusts it while the new shards go up), then deletes only
+the objects the earlier manifest named that the new one lacks.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import OutputError, ShardkitError
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, read_manifest
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, idx_name
 from ..core.safeio import loads
 from ..formats import idx_files, output_file_names
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
+from .index import part_path
+from .output import remove_state, state_dir
+from .upload import MARKERS, Held
+from .worker import ShardResult
 
-MARKERS = ".shardkit/uploaded"
 EARLIER = ".shardkit/earlier.json"  # the earlier output's shards, written before its manifest goes
 _PROBE = ".shardkit/probe"
 
@@ -113,11 +119,6 @@ def _markers(store: Store) -> tuple[dict[str, tuple[int, str]], set[str]]:
     return finished, begun
 
 
-def _mark(store: Store, name: str, size: int, sha256: str, uploaded: bool) -> None:
-    record = {"bytes": size, "sha256": sha256, "uploaded": uploaded}
-    store.write(f"{MARKERS}/{name}.json", json.dumps(record).encode())
-
-
 def staging_folder(url: str, staging: str | os.PathLike[str] | None) -> Path:
     """Where the shards of a pack to `url` are written before they are uploaded."""
     if staging is not None:
@@ -125,64 +126,84 @@ def staging_folder(url: str, staging: str | os.PathLike[str] | None) -> Path:
     return default_cache_dir() / "staging" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def publish(
-    staging: Path, remote: RemoteOutput, progress: Callable[[int, int], None] | None = None
-) -> tuple[Manifest, int]:
-    """Uploads a finished local output in `staging` to `remote`: shards the bucket does not hold
-    with the same bytes, then errors.jsonl, then the manifest. Returns the manifest and the number of
-    shards the bucket already held."""
+def held_shard(remote: RemoteOutput, name: str) -> Held | None:
+    """What the bucket held under the shard `name` when the pack began, where it is on record as
+    finished (a marker, an earlier manifest, earlier.json) and the object has the recorded size."""
+    record = remote.uploaded.get(name)
+    if remote.manifest is not None and record is None:
+        record = next(((s.bytes, s.sha256) for s in remote.manifest.shards if s.name == name), None)
+    if record is None or remote.held.get(name) != record[0]:
+        return None
+    return Held(record[0], record[1], remote.held.get(idx_name(name)))
+
+
+def upload_fields(remote: RemoteOutput, name: str, scratch: str | None) -> dict[str, Any]:
+    """A shard job's fields for a pack to a bucket (worker.ShardJob: remote, scratch, held)."""
+    return {"remote": remote.store, "scratch": scratch, "held": held_shard(remote, name)}
+
+
+def in_bucket(remote: RemoteOutput, staging: Path) -> Callable[[ShardResult], bool]:
+    """Whether a shard an earlier run finished (its done marker in `staging`) may be kept: the bucket
+    holds it (and its .idx file) with the bytes and sha256 of its marker, on record as a finished
+    upload, and its index part is in the staging state."""
+
+    def intact(result: ShardResult) -> bool:
+        held = held_shard(remote, result.shard.name)
+        companion = None if result.companion is None else result.companion.bytes
+        return (
+            held is not None
+            and (held.bytes, held.sha256, held.idx_bytes) == (result.shard.bytes, result.shard.sha256, companion)
+            and part_path(state_dir(staging), result.shard.name).is_file()
+        )
+
+    return intact
+
+
+def retire_earlier(remote: RemoteOutput) -> None:
+    """Before the first shard goes up over a finished output (--overwrite, or --resume of one whose
+    objects are not all there): its shards are put on record in earlier.json (a run killed from
+    here on can finish or replace them), then its manifest is removed, so no reader trusts it while
+    its shards change."""
+    if remote.manifest is None:
+        return
+    on_record = {shard.name: [shard.bytes, shard.sha256] for shard in remote.manifest.shards}
+    on_record.update((name, list(entry)) for name, entry in remote.uploaded.items())
+    remote.store.write(EARLIER, json.dumps({"shards": on_record}).encode())
+    remote.store.delete(MANIFEST_NAME)
+
+
+def publish(staging: Path, remote: RemoteOutput, manifest: Manifest) -> None:
+    """The end of a pack to a bucket whose shards the workers uploaded (packing/upload.py): the
+    files beside the whole output, errors.jsonl and index.parquet from `staging`, the manifest
+    last; then the objects of an earlier output the new one does not name, and the markers."""
     store = remote.store
-    manifest = read_manifest(staging)
-    have = dict(remote.uploaded)
-    if remote.manifest is not None:
-        have.update({shard.name: (shard.bytes, shard.sha256) for shard in remote.manifest.shards})
-    if remote.manifest is not None:
-        # the earlier shards stay on record (a run killed from here on can finish or replace them),
-        # then readers stop trusting the earlier output before any shard changes
-        on_record = {shard.name: [shard.bytes, shard.sha256] for shard in remote.manifest.shards}
-        on_record.update((name, list(entry)) for name, entry in remote.uploaded.items())
-        store.write(EARLIER, json.dumps({"shards": on_record}).encode())
-        store.delete(MANIFEST_NAME)
-    kept = 0
-    for done, shard in enumerate(manifest.shards, 1):
-        if have.get(shard.name) == (shard.bytes, shard.sha256) and remote.held.get(shard.name) == shard.bytes:
-            kept += 1
-        else:
-            _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=False)  # on record before it exists
-            store.upload(str(staging / shard.name), shard.name)
-            _mark(store, shard.name, shard.bytes, shard.sha256, uploaded=True)
-        if progress is not None:
-            progress(done, len(manifest.shards))
-    earlier_companions = {c.name: c for c in remote.manifest.companions} if remote.manifest is not None else {}
-    for companion in manifest.companions:  # small: uploaded unless the bucket holds the same bytes
-        if earlier_companions.get(companion.name) != companion or remote.held.get(companion.name) != companion.bytes:
+    names = {shard.name for shard in manifest.shards}
+    for companion in manifest.companions:
+        if companion.name not in names and companion.name not in idx_files(names):  # a shard's own went with it
             store.upload(str(staging / companion.name), companion.name)
     for name in (ERRORS_NAME, INDEX_NAME):
         if (staging / name).exists():
             store.upload(str(staging / name), name)
     store.upload(str(staging / MANIFEST_NAME), MANIFEST_NAME)
-    current = {shard.name for shard in manifest.shards} | {c.name for c in manifest.companions}
+    current = names | {c.name for c in manifest.companions}
     earlier = {shard.name for shard in remote.manifest.shards} if remote.manifest is not None else set()
-    earlier |= set(earlier_companions)
+    earlier |= {c.name for c in remote.manifest.companions} if remote.manifest is not None else set()
     stale = (earlier | remote.begun) - current
     stale |= idx_files(stale) - current  # their .idx files
     stale |= output_file_names() - current
     for name in sorted(stale):
         store.delete(name)  # named by shardkit's own earlier records only
-    for name in sorted(remote.begun | current):
+    for name in sorted(remote.begun | names):
         store.delete(f"{MARKERS}/{name}.json")
     store.delete(EARLIER)
-    return manifest, kept
 
 
 def clear_staging(staging: Path, manifest: Manifest) -> None:
-    """Removes the uploaded local copy: only what the manifest names, then the folder if empty."""
-    for name in (
-        [s.name for s in manifest.shards]
-        + [c.name for c in manifest.companions]
-        + [ERRORS_NAME, INDEX_NAME, MANIFEST_NAME]
-    ):
+    """Removes what a pack to a bucket left in its staging folder once the manifest is up: the
+    files it uploaded, its state (done markers, index parts, the lock), then the folder if empty."""
+    for name in [c.name for c in manifest.companions] + [ERRORS_NAME, INDEX_NAME, MANIFEST_NAME]:
         with contextlib.suppress(FileNotFoundError):
             (staging / name).unlink()
+    remove_state(staging)
     with contextlib.suppress(OSError):
         staging.rmdir()

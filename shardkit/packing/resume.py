@@ -112,39 +112,56 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
     return manifest
 
 
-def reused_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
-    """The finished result of this shard from an earlier run, if the shard file is still exactly it
-    and none of its rows failed for a passing cause (see `retried_shard`)."""
-    result = _earlier(output, spec, plan_hash)
+def reused_shard(
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None = None
+) -> ShardResult | None:
+    """The finished result of this shard from an earlier run: its done marker is well-formed and
+    has this plan's hash, the shard is still exactly it (`intact`: by default the file in the
+    output; a pack to a bucket asks the bucket's records, packing/publish.py), and none of its rows
+    failed for a passing cause (see `retried_shard`)."""
+    result = _earlier(output, spec, plan_hash, intact)
     return None if result is None or any(row.transient for row in result.errors) else result
 
 
-def retried_shard(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
+def retried_shard(
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None = None
+) -> ShardResult | None:
     """The earlier result of a shard of a table of URLs whose file is intact but some of whose
     rows failed transiently: the worker keeps its records and its final failures, and downloads
     only those rows again."""
-    result = _earlier(output, spec, plan_hash)
+    result = _earlier(output, spec, plan_hash, intact)
     return result if result is not None and any(row.transient for row in result.errors) else None
 
 
-def _earlier(output: str | Path, spec: ShardSpec, plan_hash: str) -> ShardResult | None:
+def _earlier(
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None
+) -> ShardResult | None:
     marker = done_path(output, spec.name)
-    shard = Path(output) / spec.name
     try:
         result = load_json_file(marker)
-        info = ShardInfo(**result["shard"])
+        ShardInfo(**result["shard"])
         for row in result["errors"]:  # well-formed, or the marker is not trusted
             Failure(**row)
         stand_ins = result.get("stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             return None
-        if result["plan"] != plan_hash or shard.stat().st_size != info.bytes:
+        if result["plan"] != plan_hash:
             return None
-        if sha256_file(shard) != info.sha256:
-            return None
+        found = _result_from_json(result)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return _result_from_json(result)
+    return found if (intact or _in_folder(Path(output)))(found) else None
+
+
+def _in_folder(output: Path) -> Callable[[ShardResult], bool]:
+    def intact(result: ShardResult) -> bool:
+        shard = output / result.shard.name
+        try:
+            return shard.stat().st_size == result.shard.bytes and sha256_file(shard) == result.shard.sha256
+        except OSError:
+            return False
+
+    return intact
 
 
 def _result_from_json(data: dict[str, Any]) -> ShardResult:

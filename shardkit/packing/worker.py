@@ -2,7 +2,10 @@
 
 `write_shard` writes under a temporary name, then the shard's part of index.parquet, its done
 marker, the format's index file and the shard itself are renamed into place, in that order, so
-every shard in the output is on record. An input that cannot be packed becomes a Failure (and
+every shard in the output is on record. For an output URL (`ShardJob.remote`) the shard is written
+in a scratch folder of the task's own (scratch.py), uploaded between its markers and deleted
+(upload.py), and its index part and done marker go back to the driver in the result: nothing is
+written where the driver's staging folder is. An input that cannot be packed becomes a Failure (and
 where --dedup left out copies of it, the first of them that packs takes its slot); a
 failure to write the output raises OutputError and leaves no part of the shard behind. The worker
 knows nothing of who runs it (a local process pool or Ray: packing/running.py).
@@ -16,7 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,15 +30,18 @@ from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_jso
 from ..core.safeio import open_regular, read_regular
 from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
+from ..storage.store import Store
 from ..storage.urls import is_remote
 from .encode import STAGES, check_pixels, process_image, record_too_big
-from .index import part_path, write_part
+from .index import part_bytes, part_path, write_part
 from .index import row as index_row
 from .objects import object_bytes, object_reads
 from .output import done_path, state_dir, temp_dir, writing
 from .plan import ShardSpec
+from .scratch import held, node_scratch
 from .sources import Item, display
 from .sources.sidecars import Sidecars, read_sidecars
+from .upload import Held, deliver
 
 T = TypeVar("T")
 
@@ -56,6 +62,12 @@ class ShardJob:
     # --resume of a shard some of whose rows failed transiently: its earlier errors (the shard file
     # in the output keeps the other rows' records, so only those rows are downloaded again)
     earlier: list[Failure] | None = None
+    # An output URL: the shard is uploaded there as soon as it is written (packing/upload.py), from
+    # `scratch` (None: the node's own temporary folder, for a task that cannot see the driver's);
+    # `held` is what the bucket held under its name, on record, when the pack began.
+    remote: Store | None = None
+    scratch: str | None = None
+    held: Held | None = None
 
 
 @dataclass
@@ -70,6 +82,15 @@ class ShardResult:
     companion: ShardInfo | None = None  # the shard's .idx file for other readers (Backend.idx_file)
     # by the key of each item that failed and had copies: the key of the copy packed in its place ("" none)
     stand_ins: dict[str, str] = field(default_factory=dict)
+    already_held: bool = False  # uploaded to a bucket that held these very bytes: not sent again
+    # an uploaded shard's part of index.parquet, for the driver to keep (upload.keep); never on disk
+    index_part: bytes | None = field(default=None, repr=False)
+
+    def marker(self) -> dict[str, Any]:
+        """The result as its done marker holds it (the index part is a file of its own)."""
+        record = asdict(replace(self, index_part=None))
+        del record["index_part"]
+        return record
 
 
 # Set in each worker process by the executor; counts images as they are done, for live progress.
@@ -84,21 +105,20 @@ def init_worker(counter: Any) -> None:
 def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
+    with contextlib.ExitStack() as scratch:
+        return _write_shard(job, scratch)
+
+
+def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
     backend = get_format(job.format)
     spec = job.spec
-    if not os.path.isdir(state_dir(job.output)) or not os.access(job.output, os.W_OK):
-        raise OutputError(
-            f"{job.output}: not visible or not writable from worker {socket.gethostname()}:{os.getpid()}; "
-            "with --executor ray the output folder must be on storage that every node shares"
-        )
-    temp = temp_dir(job.output) / f"{spec.name}.{os.getpid()}.tmp"
-    idx_temp = temp_dir(job.output) / f"{idx_name(spec.name)}.{os.getpid()}.tmp"
+    where, temp, idx_temp = _temp_paths(job, scratch)
     timings = dict.fromkeys(STAGES, 0.0)
     errors: list[Failure] = []
     input_bytes = 0
     rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
     stand_ins: dict[str, str] = {}
-    with writing(job.output, spec.name):
+    with writing(where, spec.name):
         temp.parent.mkdir(parents=True, exist_ok=True)
         writer: ShardWriter = backend.writer(str(temp))
     closed = False
@@ -111,7 +131,7 @@ def write_shard(job: ShardJob) -> ShardResult:
             if record is not None:
                 input_bytes += size
                 written = time.perf_counter()
-                with writing(job.output, spec.name):
+                with writing(where, spec.name):
                     writer.add(record)
                 rows.append(index_row(record, spec.name, len(rows)))
                 timings["write"] += time.perf_counter() - written
@@ -119,7 +139,7 @@ def write_shard(job: ShardJob) -> ShardResult:
                 with _progress_counter.get_lock():
                     _progress_counter.value += 1
         closing = time.perf_counter()
-        with writing(job.output, spec.name):
+        with writing(where, spec.name):
             count = writer.close()
             closed = True
             info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
@@ -128,15 +148,15 @@ def write_shard(job: ShardJob) -> ShardResult:
             result = ShardResult(
                 info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion, stand_ins=stand_ins
             )
-            write_part(part_path(state_dir(job.output), spec.name), rows)  # before the marker that vouches for it
-            # The marker goes first: no shard is ever in the output without a record of it (what
-            # --overwrite may delete); a marker whose shard is missing is simply written again.
-            # The index goes before its shard: a shard in the output always has its index.
-            write_json_atomic(done_path(job.output, spec.name), asdict(result))
-            if companion is not None:
-                os.replace(idx_temp, Path(job.output) / companion.name)
-            os.replace(temp, Path(job.output) / spec.name)
+            if job.remote is None:
+                _place(job, result, rows, temp, idx_temp)
         timings["write"] += time.perf_counter() - closing
+        if job.remote is not None:
+            uploading = time.perf_counter()
+            with writing(where, spec.name):
+                result.index_part = part_bytes(rows)
+                result.already_held = not deliver(job.remote, info, temp, companion, idx_temp, job.held)
+            timings["upload"] = time.perf_counter() - uploading
     except BaseException:
         if not closed:  # the first failure is the one to report; the abort's own is not
             with contextlib.suppress(Exception):
@@ -162,6 +182,35 @@ def _fetched(job: ShardJob) -> Generator[Any, None, None]:
     else:
         shard = str(Path(job.output) / job.spec.name)
         yield from refetched(job.spec.items, shard, job.format, job.earlier, job.web)
+
+
+def _temp_paths(job: ShardJob, scratch: contextlib.ExitStack) -> tuple[str, Path, Path]:
+    """Where the shard is written before it is complete: the output's tmp folder, which must be
+    visible here; or, for a shard to upload, a scratch folder of this task's own (scratch.py)."""
+    if job.remote is not None:
+        folder = Path(job.scratch) if job.scratch is not None else node_scratch()
+        with writing(folder, job.spec.name):
+            stem = scratch.enter_context(held(folder, job.spec.name))
+        return str(folder), Path(f"{stem}.tmp"), Path(f"{stem}.idx.tmp")
+    if not os.path.isdir(state_dir(job.output)) or not os.access(job.output, os.W_OK):
+        raise OutputError(
+            f"{job.output}: not visible or not writable from worker {socket.gethostname()}:{os.getpid()}; "
+            "with --executor ray the output folder must be on storage that every node shares"
+        )
+    temp = temp_dir(job.output) / f"{job.spec.name}.{os.getpid()}.tmp"
+    return job.output, temp, temp_dir(job.output) / f"{idx_name(job.spec.name)}.{os.getpid()}.tmp"
+
+
+def _place(job: ShardJob, result: ShardResult, rows: list[tuple[Any, ...]], temp: Path, idx_temp: Path) -> None:
+    """The shard into the output folder, on record first."""
+    write_part(part_path(state_dir(job.output), job.spec.name), rows)  # before the marker that vouches for it
+    # The marker goes first: no shard is ever in the output without a record of it (what
+    # --overwrite may delete); a marker whose shard is missing is simply written again.
+    # The index goes before its shard: a shard in the output always has its index.
+    write_json_atomic(done_path(job.output, job.spec.name), result.marker())
+    if result.companion is not None:
+        os.replace(idx_temp, Path(job.output) / result.companion.name)
+    os.replace(temp, Path(job.output) / job.spec.name)
 
 
 def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:

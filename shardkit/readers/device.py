@@ -9,15 +9,20 @@ seeded generator); decoding, cropping, resizing and flipping happen on the devic
   filter is separable: for each image a matrix of its taps for the rows (out_h x window height)
   and one for the columns (out_w x window width, its rows reversed for a flip), all computed on
   the device for the whole batch at once (`batch_taps`; on the host, numpy took 210-280 ms a
-  batch of 256 on an H100 machine, against 12 ms for the decode); the windows are padded to the
-  batch's largest and the two passes are two batched matmuls, rounded to whole
-  levels after each pass as Pillow's integer passes are. The same filter as the CPU loader, not an
-  approximation of it (roi_align averages point samples; grid_sample does not antialias): the CPU
-  loader differs only where it decodes at a DCT scale (a box at least twice the output), which
-  the device path does not do (full-size decode).
+  batch of 256 on an H100 machine, against 12 ms for the decode); the windows, padded to the
+  batch's largest, are gathered from the decoded images in one indexed read (`gather_windows`:
+  the images laid end to end, each window's element offsets computed on the device; a copy per
+  image, ~256 launches a batch from Python, cost ~10 ms of the host's time), and the two passes
+  are two batched matmuls, rounded to whole levels after each pass as Pillow's integer passes are.
+  The same filter as the CPU loader, not an approximation of it (roi_align averages point
+  samples; grid_sample does not antialias): the CPU loader differs only where it decodes at a DCT
+  scale (a box at least twice the output), which the device path does not do (full-size decode).
 - Output: uint8 (N, 3, H, W), or normalized ((x / 255 - mean) / std) float16, bfloat16 or float32,
-  in channels_last memory, on the device. On CUDA the next batch is prepared on a side stream
-  while the current one is in use.
+  in channels_last memory, on the device.
+- No host waits: what the device needs from the host (the taps' and windows' numbers, the labels,
+  mean and std) goes up in a few pinned, non-blocking copies (`to_device`); a copy from pageable
+  memory waits for the stream's earlier work first. The loader runs all of this on one thread of
+  its own, on a side stream, a batch or two ahead of the batch being trained on (readers/loader.py).
 
 With device="cpu" the same torch code runs on the CPU: that is how CI tests it (no GPU there).
 
@@ -98,16 +103,23 @@ def filter_taps(in_size: int, in0: float, in1: float, out_size: int) -> tuple[np
     return weights, first
 
 
+def encoded_jpegs(torch: Any, records: Sequence[Record]) -> list[Any]:
+    """The JPEG records' bytes as the CPU uint8 tensors torchvision's decoder takes (nvJPEG copies
+    them up itself), None for the others: made on a loader thread, off the device's thread."""
+    return [torch.frombuffer(bytearray(r.data), dtype=torch.uint8) if r.ext in _JPEG else None for r in records]
+
+
 def decode_batch(
-    torch: Any, records: Sequence[Record], device: Any, max_pixels: int
+    torch: Any, records: Sequence[Record], device: Any, max_pixels: int, encoded: Sequence[Any] | None = None
 ) -> tuple[list[Any], dict[int, str]]:
     """Each record's image as a (3, H, W) uint8 tensor on `device` (None where it failed), and
-    the failures (index -> reason)."""
+    the failures (index -> reason). `encoded`: encoded_jpegs(records), where already made."""
     images: list[Any] = [None] * len(records)
     failures: dict[int, str] = {}
     jpegs = [i for i, record in enumerate(records) if record.ext in _JPEG]
     if jpegs:
-        _decode_jpegs(torch, records, jpegs, images, device)
+        datas = encoded_jpegs(torch, [records[i] for i in jpegs]) if encoded is None else [encoded[i] for i in jpegs]
+        _decode_jpegs(torch, datas, jpegs, images, device)
     for i, record in enumerate(records):
         if images[i] is not None:
             continue
@@ -121,15 +133,15 @@ def decode_batch(
     return images, failures
 
 
-def _decode_jpegs(torch: Any, records: Sequence[Record], jpegs: list[int], images: list[Any], device: Any) -> None:
-    """The JPEGs at `jpegs` into `images`, in one batched call (nvJPEG's on CUDA); a JPEG the call
-    refuses stays None (the CPU decode says why, or converts it: CMYK)."""
+def _decode_jpegs(torch: Any, datas: list[Any], jpegs: list[int], images: list[Any], device: Any) -> None:
+    """The JPEGs `datas` (CPU uint8 tensors) into `images` at `jpegs`, in one batched call (nvJPEG's
+    on CUDA: it blocks until the batch is decoded, with the GIL released); a JPEG the call refuses
+    stays None (the CPU decode says why, or converts it: CMYK)."""
     # torchvision 0.29 deprecates its decoders for TorchCodec's (not measured here yet): quiet.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        datas = [torch.frombuffer(bytearray(records[i].data), dtype=torch.uint8) for i in jpegs]
         try:
             decoded = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:  # one bad (or CMYK) JPEG fails the batched call: one at a time then
@@ -141,9 +153,22 @@ def _decode_jpegs(torch: Any, records: Sequence[Record], jpegs: list[int], image
             images[i] = image
 
 
-# The padded float32 windows of one batched matmul stay under this: a batch of large photos (256 x
-# 12 MP windows would be 37 GB) is resampled a part at a time.
+# What one resample call holds on the device stays under this: a batch of large photos (256 x 12 MP
+# windows would be 37 GB of float32) is resampled a part at a time. A part's cost: its images laid
+# end to end (3 bytes a pixel) and, per pixel of its padded windows, WINDOW_PIXEL_BYTES (the float32
+# windows, 12; the gather's int64 offsets of one channel, 8; its uint8 result, 1; rounded up).
 WINDOW_BYTES = 1 << 30
+WINDOW_PIXEL_BYTES = 24
+
+
+def to_device(torch: Any, array: np.ndarray, device: Any) -> Any:
+    """A small host array on `device` without waiting: on CUDA through pinned memory, non-blocking
+    (a copy from pageable memory first waits for the stream's earlier work, which would stall the
+    thread that queues the batches); on the CPU the array itself."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
 
 
 def resample_batch(
@@ -158,13 +183,15 @@ def resample_batch(
     cols = tap_spans(widths, left, np.minimum(left + boxes[:, 2], widths), out_w)
     rows = tap_spans(heights, top, np.minimum(top + boxes[:, 3], heights), out_h)
     spans_h, spans_w = rows[4] - rows[3], cols[4] - cols[3]
-    parts, start, span = [], 0, (0, 0)
+    parts, start, span, held = [], 0, (0, 0), 0
     for i in range(len(images)):
         grown = (max(span[0], int(spans_h[i])), max(span[1], int(spans_w[i])))
-        if i > start and (i + 1 - start) * 12 * grown[0] * grown[1] > WINDOW_BYTES:
+        pixels = 3 * int(heights[i]) * int(widths[i])
+        cost = held + pixels + (i + 1 - start) * WINDOW_PIXEL_BYTES * grown[0] * grown[1]
+        if i > start and cost > WINDOW_BYTES:
             parts.append((start, i))
-            start, grown = i, (int(spans_h[i]), int(spans_w[i]))
-        span = grown
+            start, grown, held = i, (int(spans_h[i]), int(spans_w[i])), 0
+        span, held = grown, held + pixels
     parts.append((start, len(images)))
     flips = np.asarray(flips, bool)
     pieces = [
@@ -196,24 +223,55 @@ def batch_taps(
     """filter_taps of a batch of lines at once, on `device`: (N, out_size, span) float32, line i's
     weights over source pixels first[i]..first[i] + span (zero past its own end), its rows reversed
     where flips[i]. The same float64 formulas as filter_taps, computed where the matmuls run: the
-    host's numpy, an image at a time, held the GPU loader to ~600 images/s on an H100 machine."""
+    host's numpy, an image at a time, held the GPU loader to ~600 images/s on an H100 machine. The
+    lines' numbers go up in one copy (sizes and firsts are whole numbers, exact in float64)."""
     f64 = torch.float64
-    in_sizes, in0, in1, first, _ = (torch.from_numpy(np.ascontiguousarray(v)).to(device) for v in spans)
+    in_sizes, in0, in1, first = spans[0], spans[1], spans[2], spans[3]
+    reversed_rows = np.zeros(len(in0), bool) if flips is None else np.asarray(flips, bool)
+    numbers = to_device(torch, np.stack([in_sizes, in0, in1, first, reversed_rows], axis=1).astype(np.float64), device)
+    in_sizes, in0, in1, first, reverse = numbers.unbind(1)
     scale = (in1 - in0) / out_size
     support = torch.clamp(scale, min=1.0)
     centers = in0[:, None] + (torch.arange(out_size, dtype=f64, device=device) + 0.5)[None, :] * scale[:, None]
     lows = torch.clamp((centers - support[:, None] + 0.5).trunc(), min=0)
-    highs = torch.minimum((centers + support[:, None] + 0.5).trunc(), in_sizes[:, None].to(f64))
-    x = (first[:, None] + torch.arange(span, dtype=torch.int64, device=device)[None, :]).to(f64)
+    highs = torch.minimum((centers + support[:, None] + 0.5).trunc(), in_sizes[:, None])
+    x = first[:, None] + torch.arange(span, dtype=f64, device=device)[None, :]
     x, centers = x[:, None, :], centers[:, :, None]
     weights = torch.clamp(1.0 - torch.abs((x - centers + 0.5) / support[:, None, None]), min=0.0)
     weights = torch.where((x >= lows[:, :, None]) & (x < highs[:, :, None]), weights, 0.0)
     totals = weights.sum(dim=2, keepdim=True)
     weights = torch.where(totals != 0, weights / torch.where(totals != 0, totals, 1.0), 0.0)
-    if flips is not None and flips.any():
-        reverse = torch.from_numpy(np.ascontiguousarray(flips)).to(device)[:, None, None]
-        weights = torch.where(reverse, weights.flip(1), weights)
+    if reversed_rows.any():
+        weights = torch.where(reverse[:, None, None] != 0, weights.flip(1), weights)
     return weights.to(torch.float32)
+
+
+def gather_windows(
+    torch: Any, images: Sequence[Any], top: np.ndarray, rows: np.ndarray, left: np.ndarray, cols: np.ndarray
+) -> Any:
+    """The windows images[i][:, top[i] : top[i] + rows[i], left[i] : left[i] + cols[i]], padded to the
+    largest: (N, 3, max rows, max cols) float32, in one indexed read of the images laid end to end
+    (no copy per image from Python). The padding repeats each window's last row and column: the
+    taps weigh it zero, and a finite level times zero adds exactly nothing."""
+    device = images[0].device
+    n, span_h, span_w = len(images), int(rows.max()), int(cols.max())
+    heights = np.array([int(image.shape[1]) for image in images], np.int64)
+    widths = np.array([int(image.shape[2]) for image in images], np.int64)
+    planes = heights * widths
+    starts = np.concatenate([[0], np.cumsum(3 * planes)[:-1]])
+    numbers = np.stack([starts, planes, widths, top, rows, left, cols], axis=1).astype(np.int64)
+    numbers = to_device(torch, numbers, device)
+    starts_d, planes_d, widths_d, top_d, rows_d, left_d, cols_d = numbers.unbind(1)
+    flat = images[0].reshape(-1) if n == 1 else torch.cat([image.reshape(-1) for image in images])
+    y = torch.minimum(torch.arange(span_h, device=device)[None, :], rows_d[:, None] - 1) + top_d[:, None]
+    x = torch.minimum(torch.arange(span_w, device=device)[None, :], cols_d[:, None] - 1) + left_d[:, None]
+    offsets = (starts_d[:, None] + y * widths_d[:, None])[:, :, None] + x[:, None, :]  # channel 0: (N, h, w)
+    windows = torch.empty((n, 3, span_h, span_w), dtype=torch.float32, device=device)
+    for channel in range(3):
+        windows[:, channel] = torch.take(flat, offsets)
+        if channel < 2:
+            offsets += planes_d[:, None, None]
+    return windows
 
 
 def _resample_part(
@@ -228,23 +286,23 @@ def _resample_part(
     device = images[0].device
     y_first, y_end, x_first, x_end = rows[3], rows[4], cols[3], cols[4]
     span_h, span_w = int((y_end - y_first).max()), int((x_end - x_first).max())
-    windows = torch.zeros((len(images), 3, span_h, span_w), dtype=torch.uint8, device=device)
-    for i, image in enumerate(images):
-        top, bottom, left, right = int(y_first[i]), int(y_end[i]), int(x_first[i]), int(x_end[i])
-        windows[i, :, : bottom - top, : right - left] = image[:, top:bottom, left:right]
+    windows = gather_windows(torch, images, y_first, y_end - y_first, x_first, x_end - x_first)
     x_taps = batch_taps(torch, cols, out_w, span_w, device, flips)
     y_taps = batch_taps(torch, rows, out_h, span_h, device)
     # Columns, then rows (the kernel's order), each pass rounded and clipped to a level as
     # Pillow's fixed-point passes are: (N, 3, h, w) @ (N, 1, w, out_w), then (N, 1, out_h, h) @ that.
     with _full_float32(torch):
-        across = torch.matmul(windows.float(), x_taps.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
+        across = torch.matmul(windows, x_taps.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
         return torch.matmul(y_taps.unsqueeze(1), across).round_().clamp_(0, 255)
 
 
 @contextlib.contextmanager
 def _full_float32(torch: Any) -> Any:
     """float32 matmuls at full precision: a training script's allow_tf32 (or
-    set_float32_matmul_precision("high")) would move levels by one."""
+    set_float32_matmul_precision("high")) would move levels by one. The setting is the process's,
+    not the thread's: it is held only while the two matmuls are queued (microseconds a batch), so
+    a training step queued by another thread in that instant runs at full precision too (slower,
+    never less exact)."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
@@ -258,7 +316,7 @@ def finish(torch: Any, pixels: Any, dtype: Any, mean: Any, std: Any) -> Any:
     if dtype is None:
         out = pixels.to(torch.uint8)
     else:
-        shift = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
-        scale = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+        shift = to_device(torch, np.asarray(mean, np.float32), pixels.device).view(1, 3, 1, 1)
+        scale = to_device(torch, np.asarray(std, np.float32), pixels.device).view(1, 3, 1, 1)
         out = ((pixels / 255.0 - shift) / scale).to(dtype)
     return out.contiguous(memory_format=torch.channels_last)

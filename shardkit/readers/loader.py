@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from .windows import (
 )
 
 CROPS = ("random", "center", None)
+DEVICE_AHEAD = 2  # batches the device path makes past the one handed out
 OUTPUTS = ("torch", "numpy")
 _FAILED, _UNSUPPORTED = 1, 2
 
@@ -104,13 +106,59 @@ class LoaderOptions:
     std: Sequence[float] | None
 
 
-@dataclass
-class _Ahead:
-    """The device path's batch made ahead: handed out when the next is made (or the epoch ends)."""
+class _DeviceLane:
+    """The device path's own thread: each batch's decode, crop, resize and output queued on the
+    device, in order, on a CUDA side stream, at most `ahead` batches past the last one handed out.
+    nvJPEG's batched decode blocks the thread that calls it until the batch is decoded (with the GIL
+    released): here that is this thread, not the loop that hands batches out, and batch k's resample
+    runs on the GPU while batch k+1 decodes."""
 
-    batch: Batch
-    done: Any  # the CUDA event its side stream records when it is made (None on the CPU)
-    positions: int  # the epoch's positions it stands for, skipped ones included
+    def __init__(self, loader: BatchLoader, ahead: int) -> None:
+        self._loader, self._slots, self._closed = loader, threading.Semaphore(ahead), threading.Event()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="shardkit-device")
+
+    def submit(self, gathered: Future[Any]) -> Future[Any]:
+        """The batch `gathered` (a `_gather` future) will give, made on the device: a future of
+        (Batch, the event its stream records after it) or None (every record skipped)."""
+        return self._thread.submit(self._make, gathered)
+
+    def _make(self, gathered: Future[Any]) -> tuple[Batch | None, Any] | None:
+        while not self._slots.acquire(timeout=0.1):  # (the loop hands batches out, or closes)
+            if self._closed.is_set():
+                return None
+        if self._closed.is_set():
+            return None
+        loader = self._loader
+        torch, device = loader._torch, cast(Any, loader.device)
+        chunk, boxes, flips, failures, encoded = gathered.result()
+        if device.type != "cuda":
+            return loader._on_device(chunk, boxes, flips, failures, encoded), None
+        stream = loader._side_stream()
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            batch = loader._on_device(chunk, boxes, flips, failures, encoded)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return batch, done
+
+    def handed(self, made: tuple[Batch | None, Any] | None) -> Batch | None:
+        """A made batch as the consumer gets it: on CUDA, the consumer's stream waits for the side
+        stream and owns the memory after. Frees its slot for the lane's next batch."""
+        self._slots.release()
+        if made is None:
+            return None
+        batch, done = made
+        if batch is not None and done is not None:
+            torch = self._loader._torch
+            current = torch.cuda.current_stream(self._loader.device)
+            current.wait_event(done)
+            for tensor in (batch.images, batch.labels):
+                tensor.record_stream(current)
+        return batch
+
+    def close(self) -> None:
+        self._closed.set()
+        self._slots.release()
+        self._thread.shutdown(wait=True, cancel_futures=True)
 
 
 class BatchLoader:
@@ -156,8 +204,7 @@ class BatchLoader:
             self.pin_memory = False
         elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
-        self._stream: Any = None  # the device path's CUDA side stream
-        self._ahead: _Ahead | None = None  # the device path's batch made and not yet handed out
+        self._stream: Any = None  # the device path's CUDA side stream (made on first use, kept)
         self._progress: Progress | None = None  # where the running (or last) epoch stands
         self._resume: Progress | None = None  # a loaded state, for the next iteration
 
@@ -186,82 +233,46 @@ class BatchLoader:
         self._resume, self._progress = progress, None
 
     def __iter__(self) -> Iterator[Batch]:
-        self._ahead = None
         progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
         self._resume, self._progress = None, progress
         position, items = self.dataset.epoch_items(progress, workers=(0, 1))  # threads do not split the epoch
         first = position.done // self.batch_size
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shardkit-loader")
+        lane = _DeviceLane(self, DEVICE_AHEAD) if self.device is not None else None
         pending: deque[tuple[Future[Any] | None, int]] = deque()
         try:
-            step: Any = self._decode if self.device is None else self._gather
+            step: Any = self._decode if lane is None else self._gather
             for number, (positions, chunk) in enumerate(self._chunks(items), start=first):
                 work = pool.submit(step, position.stream.key, number, chunk) if chunk else None
+                if work is not None and lane is not None:
+                    work = lane.submit(work)
                 pending.append((work, positions))
                 while len(pending) > self.prefetch:
-                    yield from self._ready(pending, position)
+                    batch = self._next(pending, position, lane)
+                    if batch is not None:
+                        yield batch
             while pending:
-                yield from self._ready(pending, position)
-            if self._ahead is not None:
-                yield self._handed_out(position)
+                batch = self._next(pending, position, lane)
+                if batch is not None:
+                    yield batch
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
             for work, _ in pending:
                 if work is not None:
                     work.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            _stop(pool, lane)
 
-    def _ready(self, pending: deque[tuple[Future[Any] | None, int]], position: Cursor) -> Iterator[Batch]:
-        """The next batch to hand out, if there is one. On the device path a batch is made (on a
-        CUDA side stream) when its records are ready, and handed out once the next one is made:
-        the device works on batch k+1 while batch k trains. A batch's positions count as consumed
-        when it is handed out (a state saved then resumes after it, not after the one made ahead)."""
-        if self.device is None:
-            batch = self._next(pending, position)
-            if batch is not None:
-                yield batch
-            return
-        work, positions = pending.popleft()
-        gathered = work.result() if work is not None else None
-        torch, stream, done = self._torch, self._stream, None
-        if gathered is not None and stream is None and self.device.type == "cuda":
-            stream = self._stream = torch.cuda.Stream(self.device)
-        if gathered is None:
-            batch = None
-        elif stream is not None:
-            with torch.cuda.stream(stream):
-                batch = self._on_device(*gathered)
-                done = torch.cuda.Event()
-                done.record(stream)
-        else:
-            batch = self._on_device(*gathered)
-        if batch is None:  # every record skipped: consumed along with the batch before it
-            if self._ahead is None:
-                position.advance(positions)
-            else:
-                self._ahead.positions += positions
-            return
-        if self._ahead is not None:
-            yield self._handed_out(position)
-        self._ahead = _Ahead(batch, done, positions)
-
-    def _handed_out(self, position: Cursor) -> Batch:
-        assert self._ahead is not None
-        batch, done, positions = self._ahead.batch, self._ahead.done, self._ahead.positions
-        self._ahead = None
-        if done is not None:  # the consumer's stream waits for the side stream, and owns the memory after
-            current = self._torch.cuda.current_stream(self.device)
-            current.wait_event(done)
-            for tensor in (batch.images, batch.labels):
-                tensor.record_stream(current)
-        position.advance(positions)
-        return batch
+    def _side_stream(self) -> Any:
+        if self._stream is None:
+            self._stream = self._torch.cuda.Stream(self.device)
+        return self._stream
 
     def _gather(
         self, key: tuple[int, ...], number: int, chunk: list[Item]
-    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str]]:
-        """A batch's records with their windows and flips, drawn from their headers' sizes, and the
-        records whose header failed: all of the device path's work on a loader thread (decoding is
-        the device's), and the first step of `_decode`."""
+    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None]:
+        """A batch's records with their windows and flips, drawn from their headers' sizes, the
+        records whose header failed and, on the device path, the JPEGs' bytes as the tensors its
+        decoder takes: all of the device path's work on a loader thread (decoding is the device's),
+        and the first step of `_decode`."""
         sizes = np.zeros((len(chunk), 2), np.int64)
         failures: dict[int, str] = {}
         for i, (_, _, record) in enumerate(chunk):
@@ -270,19 +281,33 @@ class BatchLoader:
             except ImageError as error:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(key, number, sizes)
-        return chunk, boxes, flips, failures
+        encoded = None
+        if self.device is not None:
+            from .device import encoded_jpegs
+
+            encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
+        return chunk, boxes, flips, failures, encoded
 
     def _on_device(
-        self, chunk: list[Item], boxes: np.ndarray, flips: np.ndarray, failures: dict[int, str]
+        self,
+        chunk: list[Item],
+        boxes: np.ndarray,
+        flips: np.ndarray,
+        failures: dict[int, str],
+        encoded: list[Any] | None = None,
     ) -> Batch | None:
         """A Batch on the device from what `_gather` read (readers/device.py), or None when every
-        record failed and on_error skips them."""
-        from .device import decode_batch, finish, resample_batch
+        record failed and on_error skips them. Queues the device's work without waiting for it."""
+        from .device import decode_batch, finish, resample_batch, to_device
 
         torch = self._torch
         candidates = [i for i in range(len(chunk)) if i not in failures]
         images, failed = decode_batch(
-            torch, [chunk[i].record for i in candidates], self.device, self.dataset.max_pixels
+            torch,
+            [chunk[i].record for i in candidates],
+            self.device,
+            self.dataset.max_pixels,
+            None if encoded is None else [encoded[i] for i in candidates],
         )
         failures = {**failures, **{candidates[n]: reason for n, reason in failed.items()}}
         keep = self._failed(chunk, failures)
@@ -292,20 +317,33 @@ class BatchLoader:
         decoded = dict(zip(candidates, images, strict=True))
         pixels = resample_batch(torch, [decoded[i] for i in rows], boxes[rows], flips[rows], self.size)
         records = [chunk[i].record for i in rows]
-        labels = torch.tensor([-1 if r.label is None else r.label for r in records], dtype=torch.int64)
+        labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         images = finish(torch, pixels, self.dtype, self.mean, self.std)
-        batch = Batch(images, labels.to(self.device), [r.key for r in records])
+        batch = Batch(images, to_device(torch, labels, self.device), [r.key for r in records])
         if any(r.text is not None or r.columns is not None or r.files for r in records):
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]
         return batch
 
     @staticmethod
-    def _next(pending: deque[tuple[Future[Any] | None, int]], position: Cursor) -> Batch | None:
+    def _next(
+        pending: deque[tuple[Future[Any] | None, int]], position: Cursor, lane: _DeviceLane | None = None
+    ) -> Batch | None:
         """The oldest batch, its positions counted as consumed when it is handed out (a batch whose
-        records were all skipped is counted and not handed out)."""
+        records were all skipped is counted and not handed out). On the device path the lane made
+        it; the lane makes the next ones while this one trains."""
         work, positions = pending.popleft()
-        batch = work.result() if work is not None else None
+        if work is None:
+            batch = None
+        elif lane is None:
+            batch = work.result()
+        else:
+            try:
+                made = work.result()
+            except BaseException:
+                lane.handed(None)
+                raise
+            batch = lane.handed(made)
         position.advance(positions)
         return batch
 
@@ -341,7 +379,7 @@ class BatchLoader:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
         dataset = self.dataset
         images = self._buffer(len(chunk))
-        chunk, boxes, flips, failures = self._gather(key, number, chunk)
+        chunk, boxes, flips, failures, _ = self._gather(key, number, chunk)
         python_path = [i for i in range(len(chunk)) if i not in failures]
         if self.kernel is not None:
             python_path = self._through_kernel(chunk, python_path, boxes, flips, images, failures)
@@ -438,6 +476,21 @@ class BatchLoader:
         if self._torch is None:
             return Batch(chw, labels, keys)
         return Batch(self._torch.from_numpy(images).permute(0, 3, 1, 2), self._torch.from_numpy(labels), keys)
+
+
+def _stop(pool: ThreadPoolExecutor, lane: _DeviceLane | None) -> None:
+    """The loader's threads ended before the caller goes on. A Ctrl-C that lands while they are
+    being joined (at an epoch's end, say) would leave the join half done and a thread running
+    past it: the joins are finished first, then the Ctrl-C goes on."""
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if lane is not None:
+            lane.close()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if lane is not None:
+            lane.close()
+        raise
 
 
 def _positive(name: str, value: Any) -> int:

@@ -15,16 +15,18 @@ A new convention (videos) is a module here and a branch in `walk()`.
 from __future__ import annotations
 
 import os
+import shutil
+import weakref
 from typing import Any
 
 from ...core.config import LABEL_MODES, TableConfig, WebConfig
 from ...core.errors import SourceError
 from ...storage.urls import is_remote
-from .bucket import open_bucket
+from .bucket import fetch_copy, open_bucket
 from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
 from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
 from .listfile import from_list
-from .rows import Table, find_table
+from .rows import Table, find_table, table_kind
 from .sidecars import from_sidecars
 from .table import from_table
 from .urls import from_urls, url_table
@@ -54,6 +56,8 @@ def walk(
     file whose rows hold URLs (its column `web.url_column`) is a table of images to download."""
     if labels not in LABEL_MODES:
         raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
+    if is_remote(source) and table_kind(os.fspath(source)) is not None:  # a table of URLs in a bucket or on the web
+        return _remote_url_table(os.fspath(source), labels, keys, table, sidecars, storage_options, web)
     if is_remote(source):
         bucket = open_bucket(os.fspath(source), table or TableConfig(), storage_options)
         _refuse_mixed(bucket.root, bucket.table, sidecars, labels)
@@ -85,6 +89,31 @@ def walk(
     if metadata is not None:
         return from_table(root, metadata, labels, keys)
     return from_sidecars(root, keys) if sidecars else from_folder(root, labels, keys)
+
+
+def _remote_url_table(
+    url: str,
+    labels: str,
+    keys: bool,
+    table: TableConfig | None,
+    sidecars: bool,
+    storage_options: dict[str, Any] | None,
+    web: WebConfig | None,
+) -> SourceWalk:
+    """A table of URLs that is itself an object (s3://.../laion.parquet, https://.../part-0.parquet):
+    fetched to a temporary copy that lives as long as the walk, then read as a local one."""
+    path, local = fetch_copy(url, storage_options, "table")
+    found = url_table(path, table or TableConfig(), web or WebConfig())
+    if found is None:
+        shutil.rmtree(local, ignore_errors=True)
+        raise SourceError(f"{url}: no {(web or WebConfig()).url_column!r} column; name it with --url-column")
+    found.url = url
+    if (table is not None and table.path is not None) or sidecars:
+        shutil.rmtree(local, ignore_errors=True)
+        raise SourceError(f"{url}: a table of URLs takes neither --metadata nor --sidecars")
+    walked = from_urls(found, labels, keys)
+    weakref.finalize(found, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
+    return walked
 
 
 def _refuse_mixed(root: str, metadata: Table | None, sidecars: bool, labels: str) -> None:

@@ -155,17 +155,24 @@ def _table(store: Store, top: list[Name], config: TableConfig) -> Table | None:
             raise both_present(store.url, present)
         url = store.child(present[0])
     kind = metadata_kind(url)
+    path, local = fetch_copy(url, store.options, "metadata table")
+    table = Table(path, kind, config, os.path.basename(path), url=url)
+    weakref.finalize(table, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
+    return table
+
+
+def fetch_copy(url: str, options: dict[str, Any] | None, what: str) -> tuple[str, str]:
+    """A local copy of the object at `url` (a table: read twice, streamed): its path, and the
+    temporary folder that holds it, the caller's to remove. SourceError when there is none."""
     folder, _, name = url.rpartition("/")
     local = tempfile.mkdtemp(prefix="shardkit-table-")
-    path = os.path.join(local, name)
+    path = os.path.join(local, name or "table")
     try:
-        Store(folder, store.options).get(name, path)
+        Store(folder, dict(options or {})).get(name, path)
     except FileNotFoundError:
         shutil.rmtree(local, ignore_errors=True)
-        raise SourceError(f"{url}: no such metadata table") from None
+        raise SourceError(f"{url}: no such {what}") from None
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
-    table = Table(path, kind, config, name, url=url)
-    weakref.finalize(table, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
-    return table
+    return path, local

@@ -58,7 +58,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     """The walk of a URL table: items whose `path` is the URL (credentials and all, for the
     download) and whose `relpath` is the URL as reports show it (credentials redacted)."""
     if labels == "folders":
-        raise SourceError(f"{display(table.path)}: a table of URLs has no folders; labels come from --label-column")
+        raise SourceError(f"{display(table.shown)}: a table of URLs has no folders; labels come from --label-column")
     config = table.config
     label_column = config.label_column if labels != "none" else None
     before = file_stamp(table.path)
@@ -78,10 +78,10 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
             elif value is not None and value != "":
                 numbers = True
     if not table.rows:
-        raise SourceError(f"{table.path}: the table has no rows")
+        raise SourceError(f"{table.shown}: the table has no rows")
     check_columns(table, flag="--url-column")
     if names and numbers:
-        raise SourceError(f"{table.path}: column {label_column!r} mixes class names and numbers")
+        raise SourceError(f"{table.shown}: column {label_column!r} mixes class names and numbers")
     classes = sorted(names, key=os.fsencode)
     hashes = np.frombuffer(url_hashes, dtype=np.int64)
     hashes.sort()  # in place: duplicates are neighbours
@@ -90,7 +90,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     width = max(9, len(str(table.rows - 1)))
     rows = Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, set(), keys, before,
                 RealPaths(os.path.dirname(table.path)))  # fmt: skip
-    found = SourceWalk(os.path.dirname(os.path.abspath(table.path)), "urls", [], classes, [], table=table)
+    found = SourceWalk(table.shown, "urls", [], classes, [], table=table)  # (its root: the table itself)
     found.items = _url_items(rows, found.skipped, width)
     return found
 
@@ -132,7 +132,7 @@ def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]
             continue
         yield Item(url, shown, f"{ordinal:0{width}d}" if rows.keys else "", label, text, columns)
     if file_stamp(table.path) != rows.stamp:
-        raise SourceError(f"{table.path}: changed while it was being read; pack again (--resume keeps what was done)")
+        raise SourceError(f"{table.shown}: changed while it was being read; pack again (--resume keeps what was done)")
 
 
 def _sha256_problem(value: object) -> str:
