@@ -365,12 +365,15 @@ def warm_tool(tool: Tool, table: Path) -> None:
 
 def run_once(args: argparse.Namespace, tool: Tool, server: Serving, table: Path, out: Path) -> Run:
     shutil.rmtree(out, ignore_errors=True)
+    scratch = out.parent / f"tmp-{tool.name}"  # img2dataset's wandb leaves two folders in TMPDIR a run
+    scratch.mkdir(exist_ok=True)
+    env = {**tool.env, "TMPDIR": str(scratch)}
     warm_tool(tool, table)
     server.reset()
     log = out.parent / f"{tool.name}.log"
     with open(log, "wb") as sink:
         started = time.perf_counter()
-        done = subprocess.run(tool.command(args, table, out), stdout=sink, stderr=subprocess.STDOUT, env=tool.env)
+        done = subprocess.run(tool.command(args, table, out), stdout=sink, stderr=subprocess.STDOUT, env=env)
         wall = time.perf_counter() - started
     if done.returncode != 0:
         raise ToolFailed(f"{tool.name} exited {done.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
