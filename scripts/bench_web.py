@@ -28,7 +28,7 @@ left untouched for ~30 s). What each is asked to do (printed too):
 
 Both: short side to 256 when larger (shardkit never upscales; img2dataset is told not to), JPEG
 quality 90, each tool's own filter, timeout and hashing defaults. --retries 2 is img2dataset's common
-setting (three tries, back to back); shardkit keeps its defaults (5 retries, backoff 1 s doubled,
+setting (three tries, back to back); shardkit keeps its defaults (5 retries, backoff 0.5 s doubled,
 Retry-After obeyed). Counts come from each tool's output: img2dataset's *_stats.json and shard
 parquet statuses; shardkit's manifest.json, index.parquet and errors.jsonl. A row "lost" is a row
 whose faults were all transient (503, cut, 429) that the tool did not pack.

@@ -4,7 +4,7 @@ LAION, DataComp, COYO and CC12M ship. The worker downloads them (storage/downloa
 
 Read twice, streamed both times, as a metadata table is (table.py): the first pass counts the rows
 and keeps an 8-byte hash of each URL (duplicates) and the class names; the second yields the items
-in row order. Memory grows by 8 bytes a row (10 M rows: 80 MB), never by the rows themselves.
+in row order. Memory grows by 4 bytes a row (10 M rows: 40 MB), never by the rows themselves.
 A row's key is its place in the table (`000000042`), so keys sort as the rows do and never depend
 on the URL; a row that cannot be taken (no URL, not http(s), a second row naming the same URL,
 a bad caption) is a Failure naming its URL, or its line where it has none.
@@ -62,7 +62,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     config = table.config
     label_column = config.label_column if labels != "none" else None
     before = file_stamp(table.path)
-    url_hashes = array("q")
+    url_hashes = array("I")  # 4 bytes a row: a hash two URLs share only makes them suspects, compared whole later
     names: set[str] = set()
     numbers = False
     for row in read_rows(table):
@@ -70,7 +70,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
             continue
         url = row.values.get(config.path_column)
         if isinstance(url, str) and url:
-            url_hashes.append(hash(url))
+            url_hashes.append(_hash32(url))
         if label_column is not None:
             value = row.values.get(label_column)
             if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
@@ -83,7 +83,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     if names and numbers:
         raise SourceError(f"{table.shown}: column {label_column!r} mixes class names and numbers")
     classes = sorted(names, key=os.fsencode)
-    hashes = np.frombuffer(url_hashes, dtype=np.int64)
+    hashes = np.frombuffer(url_hashes, dtype=np.uint32)
     hashes.sort()  # in place: duplicates are neighbours
     repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
     del hashes, url_hashes
@@ -115,7 +115,7 @@ def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]
         if problem:
             skipped.append(Failure(shown, "discover", f"{where}: {problem}"))
             continue
-        hashed = hash(url)
+        hashed = _hash32(url)
         if hashed in rows.repeated:
             if url in taken.setdefault(hashed, []):  # (the row is the input left out: the URL is packed)
                 skipped.append(Failure(shown, "discover", f"{where}: the URL is named by an earlier row too"))
@@ -133,6 +133,10 @@ def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]
         yield Item(url, shown, f"{ordinal:0{width}d}" if rows.keys else "", label, text, columns)
     if file_stamp(table.path) != rows.stamp:
         raise SourceError(f"{table.shown}: changed while it was being read; pack again (--resume keeps what was done)")
+
+
+def _hash32(url: str) -> int:
+    return hash(url) & 0xFFFFFFFF
 
 
 def _sha256_problem(value: object) -> str:
