@@ -203,11 +203,13 @@ def stages(torch: Any, shards: Path, args: argparse.Namespace) -> dict[str, floa
 
 def inside(torch: Any, shards: Path, args: argparse.Namespace) -> dict[str, float]:
     """One epoch of the device loader (after a warm-up one), its device steps' host time summed
-    where the loader calls them: ms per batch."""
+    where the loader calls them (the steps this version of readers/device.py has; plan_resample runs
+    on the loader threads): ms per batch."""
     import shardkit.readers.device as device_module
 
     spent: dict[str, float] = {}
-    originals = {name: getattr(device_module, name) for name in ("decode_batch", "resample_batch", "finish")}
+    names = ("decode_batch", "flatten_images", "resample_batch", "resample_planned", "plan_resample", "finish")
+    originals = {name: getattr(device_module, name) for name in names if hasattr(device_module, name)}
 
     def timed(name: str, function: Any) -> Any:
         def call(*a: Any, **k: Any) -> Any:

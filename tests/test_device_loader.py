@@ -20,7 +20,7 @@ from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
-from shardkit.readers.device import batch_taps, filter_taps, tap_spans
+from shardkit.readers.device import dense_taps, filter_taps, line_taps
 from shardkit.synthetic import picture, write_image
 
 from .conftest import built_once
@@ -86,8 +86,9 @@ def test_the_filter_is_pillows(tmp_path: Path) -> None:
 
 
 def test_the_batched_taps_are_filter_taps() -> None:
-    """batch_taps (a batch's lines at once, in torch, where the matmuls run) against filter_taps line
-    by line: the same source span, the same weights, reversed for a flip, zero in the padding."""
+    """line_taps (a batch's lines at once, compact, on the host) made dense where the matmuls run
+    (dense_taps) against filter_taps line by line: the same source span, the same weights, reversed
+    for a flip, zero in the padding."""
     rng = np.random.default_rng(5)
     sizes = rng.integers(40, 900, 64)
     in0 = rng.uniform(0, 0.6, 64) * sizes
@@ -95,12 +96,13 @@ def test_the_batched_taps_are_filter_taps() -> None:
     in0[:3], in1[:3] = 0, sizes[:3]  # whole lines too
     flips = rng.random(64) < 0.5
     for out in (224, 37, 700):  # down, far down, up
-        spans = tap_spans(sizes, in0, in1, out)
-        span = int((spans[4] - spans[3]).max())
-        got = batch_taps(torch, spans, out, span, torch.device("cpu"), flips).numpy()
+        taps = line_taps(sizes, in0, in1, out, flips)
+        assert taps.weights.dtype == np.float32 and taps.weights.shape[:2] == (64, out)
+        span = int((taps.end - taps.first).max())
+        got = dense_taps(torch, taps, span, torch.device("cpu")).numpy()
         for i in range(64):
             weights, first = filter_taps(int(sizes[i]), in0[i], in1[i], out)
-            assert (spans[3][i], spans[4][i]) == (first, first + weights.shape[1])
+            assert (taps.first[i], taps.end[i]) == (first, first + weights.shape[1])
             want = weights[::-1] if flips[i] else weights
             assert np.abs(got[i, :, : weights.shape[1]] - want).max() < 1e-6, (i, out)
             assert not got[i, :, weights.shape[1] :].any()
@@ -226,7 +228,7 @@ def test_the_windows_are_gathered_in_one_read_as_sliced_one_by_one() -> None:
 
 
 def test_the_device_work_runs_on_its_own_thread_and_a_stop_ends_it(small: Path, monkeypatch) -> None:
-    """The decode and resample run on the loader's device thread (the loop that hands batches out
+    """The decode and resample run on the loader's device threads (the loop that hands batches out
     never waits on a decode), at most DEVICE_AHEAD batches past the one handed out; a consumer that
     stops early leaves no thread running."""
     from shardkit.readers.loader import DEVICE_AHEAD, BatchLoader

@@ -6,14 +6,14 @@ seeded generator); decoding, cropping, resizing and flipping happen on the devic
   decode on CUDA); raw (.npy) records are their pixels, copied to the device; anything else
   (PNG, a JPEG the batched call refuses, CMYK) is decoded on the CPU and copied.
 - Crop + resize + flip: one batched operation for the whole batch. Pillow's antialiased bilinear
-  filter is separable: for each image a matrix of its taps for the rows (out_h x window height)
-  and one for the columns (out_w x window width, its rows reversed for a flip), all computed on
-  the device for the whole batch at once (`batch_taps`; on the host, numpy took 210-280 ms a
-  batch of 256 on an H100 machine, against 12 ms for the decode); the windows, padded to the
+  filter is separable: for each image the taps of its rows and of its columns (reversed for a
+  flip), computed on a loader thread from the headers' sizes and the windows (`plan_resample`:
+  numpy, vectorized over the batch, Pillow's float64 formulas, a few weights per output pixel)
+  and made dense matrices on the device (`dense_taps`: one scatter); the windows, padded to the
   batch's largest, are gathered from the decoded images in one indexed read (`gather_windows`:
-  the images laid end to end, each window's element offsets computed on the device; a copy per
-  image, ~256 launches a batch from Python, cost ~10 ms of the host's time), and the two passes
-  are two batched matmuls, rounded to whole levels after each pass as Pillow's integer passes are.
+  the images laid end to end by one call (`flatten_images`), each window's element offsets
+  computed on the device), and the two passes are two batched matmuls, rounded to whole levels
+  after each pass as Pillow's integer passes are.
   The same filter as the CPU loader, not an approximation of it (roi_align averages point
   samples; grid_sample does not antialias): the CPU loader differs only where it decodes at a DCT
   scale (a box at least twice the output), which the device path does not do (full-size decode).
@@ -21,8 +21,9 @@ seeded generator); decoding, cropping, resizing and flipping happen on the devic
   in channels_last memory, on the device.
 - No host waits: what the device needs from the host (the taps' and windows' numbers, the labels,
   mean and std) goes up in a few pinned, non-blocking copies (`to_device`); a copy from pageable
-  memory waits for the stream's earlier work first. The loader runs all of this on one thread of
-  its own, on a side stream, a batch or two ahead of the batch being trained on (readers/loader.py).
+  memory waits for the stream's earlier work first. The loader runs the decode on one thread of its
+  own and the rest on another, on a side stream, a batch or two ahead of the batch being trained on
+  (readers/loader.py).
 
 With device="cpu" the same torch code runs on the CPU: that is how CI tests it (no GPU there).
 
@@ -176,74 +177,111 @@ def resample_batch(
 ) -> Any:
     """Crop box i of images[i] (3, H, W) resized to `size` with Pillow's antialiased bilinear
     filter and flipped where flips[i]: (N, 3, out_h, out_w) float32 holding whole levels 0..255."""
-    out_h, out_w = size
-    heights = np.array([int(image.shape[1]) for image in images], np.int64)
-    widths = np.array([int(image.shape[2]) for image in images], np.int64)
+    shapes = np.array([(int(image.shape[1]), int(image.shape[2])) for image in images], np.int64).reshape(-1, 2)
+    plan = plan_resample(shapes, boxes, flips, size)
+    return resample_planned(torch, flatten_images(torch, images), shapes, plan, size)
+
+
+class LineTaps:
+    """filter_taps of a batch of lines, compact: line i's source pixels first[i]..end[i], and for
+    each output pixel its taps' weights (float32, summing to 1) at `index` (relative to first[i],
+    in that span; a line's unused taps weigh 0 and point at its last pixel). Rows reversed for a flip."""
+
+    def __init__(self, first: np.ndarray, end: np.ndarray, weights: np.ndarray, index: np.ndarray) -> None:
+        self.first, self.end, self.weights, self.index = first, end, weights, index
+
+    def take(self, rows: Any) -> LineTaps:
+        return LineTaps(self.first[rows], self.end[rows], self.weights[rows], self.index[rows])
+
+
+def line_taps(
+    in_sizes: np.ndarray, in0: np.ndarray, in1: np.ndarray, out_size: int, flips: np.ndarray | None = None
+) -> LineTaps:
+    """filter_taps of a batch of lines at once, on the host, by the same float64 formulas, without
+    a dense matrix: (N, out_size, taps) weights, taps the most any output pixel of the batch has
+    (2 x support + 2 at most: 4 to 8 for a 256-pixel photo's crop to 224), a few hundred KB a batch."""
+    in_sizes = np.asarray(in_sizes, np.int64)
+    in0, in1 = np.asarray(in0, np.float64), np.asarray(in1, np.float64)
+    scale = (in1 - in0) / out_size
+    support = np.maximum(scale, 1.0)
+    centers = in0[:, None] + (np.arange(out_size) + 0.5)[None, :] * scale[:, None]
+    lows = np.maximum((centers - support[:, None] + 0.5).astype(np.int64), 0)  # (truncation, as filter_taps)
+    highs = np.minimum((centers + support[:, None] + 0.5).astype(np.int64), in_sizes[:, None])
+    first, end = lows[:, 0].copy(), highs[:, -1].copy()  # (the centers grow with the output)
+    taps = max(int((highs - lows).max(initial=1)), 1)
+    x = lows[:, :, None] + np.arange(taps)[None, None, :]
+    weights = 1.0 - np.abs((x - centers[:, :, None] + 0.5) / support[:, None, None])
+    np.clip(weights, 0.0, None, out=weights)
+    weights *= x < highs[:, :, None]
+    totals = weights.sum(axis=2, keepdims=True)
+    np.divide(weights, totals, out=weights, where=totals != 0)
+    index = np.minimum(x, np.maximum(highs, lows + 1)[:, :, None] - 1) - first[:, None, None]
+    if flips is not None and np.any(flips):
+        flipped = np.asarray(flips, bool)
+        weights[flipped] = weights[flipped, ::-1]
+        index[flipped] = index[flipped, ::-1]
+    return LineTaps(first, end, weights.astype(np.float32), index)
+
+
+class ResamplePlan:
+    """What a batch's resample needs from the host, made from the headers' sizes and the windows on a
+    loader thread (numpy, off the device's thread): each image's rows' and columns' taps."""
+
+    def __init__(self, shapes: np.ndarray, rows: LineTaps, cols: LineTaps) -> None:
+        self.shapes, self.rows, self.cols = shapes, rows, cols
+
+    def take(self, rows: Any) -> ResamplePlan:
+        return ResamplePlan(self.shapes[rows], self.rows.take(rows), self.cols.take(rows))
+
+
+def plan_resample(shapes: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size: tuple[int, int]) -> ResamplePlan:
+    """The taps of crop box i of an image of shapes[i] (height, width) resized to `size`, its columns
+    reversed where flips[i]."""
+    shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
+    heights, widths = shapes[:, 0], shapes[:, 1]
     left, top = boxes[:, 0].astype(np.float64), boxes[:, 1].astype(np.float64)
-    cols = tap_spans(widths, left, np.minimum(left + boxes[:, 2], widths), out_w)
-    rows = tap_spans(heights, top, np.minimum(top + boxes[:, 3], heights), out_h)
-    spans_h, spans_w = rows[4] - rows[3], cols[4] - cols[3]
+    cols = line_taps(widths, left, np.minimum(left + boxes[:, 2], widths), size[1], np.asarray(flips, bool))
+    rows = line_taps(heights, top, np.minimum(top + boxes[:, 3], heights), size[0])
+    return ResamplePlan(shapes, rows, cols)
+
+
+def flatten_images(torch: Any, images: Sequence[Any]) -> Any:
+    """The images (3, H, W) laid end to end, each in C order: one uint8 tensor, in one call (not a
+    reshape per image from Python: each call into torch lets another thread take the GIL)."""
+    if len(images) == 1:
+        return images[0].reshape(-1)
+    return torch._utils._flatten_dense_tensors(list(images))  # (one cat of their flat views, as DDP's buckets)
+
+
+def resample_planned(torch: Any, flat: Any, shapes: np.ndarray, plan: ResamplePlan, size: tuple[int, int]) -> Any:
+    """resample_batch of images given laid end to end (`flatten_images`), of `shapes` (N, 2), with
+    their `plan`: (N, 3, out_h, out_w) float32 holding whole levels 0..255."""
+    shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
+    planes = shapes[:, 0] * shapes[:, 1]
+    starts = np.concatenate([[0], np.cumsum(3 * planes)[:-1]]).astype(np.int64)
+    spans_h, spans_w = plan.rows.end - plan.rows.first, plan.cols.end - plan.cols.first
     parts, start, span, held = [], 0, (0, 0), 0
-    for i in range(len(images)):
+    for i in range(len(shapes)):
         grown = (max(span[0], int(spans_h[i])), max(span[1], int(spans_w[i])))
-        pixels = 3 * int(heights[i]) * int(widths[i])
+        pixels = 3 * int(planes[i])
         cost = held + pixels + (i + 1 - start) * WINDOW_PIXEL_BYTES * grown[0] * grown[1]
         if i > start and cost > WINDOW_BYTES:
             parts.append((start, i))
             start, grown, held = i, (int(spans_h[i]), int(spans_w[i])), 0
         span, held = grown, held + pixels
-    parts.append((start, len(images)))
-    flips = np.asarray(flips, bool)
-    pieces = [
-        _resample_part(torch, images[a:b], [v[a:b] for v in rows], [v[a:b] for v in cols], flips[a:b], size)
-        for a, b in parts
-    ]
+    parts.append((start, len(shapes)))
+    pieces = [_resample_part(torch, flat, starts[a:b], shapes[a:b], plan.take(slice(a, b)), size) for a, b in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def tap_spans(
-    in_sizes: np.ndarray, in0: np.ndarray, in1: np.ndarray, out_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """filter_taps' arguments for a batch of lines and the span it finds, as arrays: (in_sizes, in0,
-    in1, first, end), first..end the source pixels a line's taps cover (filter_taps' `first` and
-    `first + weights.shape[1]`, by the same float64 arithmetic: the centers grow with the output, so
-    the first output's low and the last one's high bound them)."""
-    in_sizes = np.asarray(in_sizes, np.int64)
-    in0, in1 = np.asarray(in0, np.float64), np.asarray(in1, np.float64)
-    scale = (in1 - in0) / out_size
-    support = np.maximum(scale, 1.0)
-    first = np.maximum((in0 + 0.5 * scale - support + 0.5).astype(np.int64), 0)
-    end = np.minimum((in0 + (out_size - 0.5) * scale + support + 0.5).astype(np.int64), in_sizes)
-    return in_sizes, in0, in1, first, end
-
-
-def batch_taps(
-    torch: Any, spans: Sequence[np.ndarray], out_size: int, span: int, device: Any, flips: np.ndarray | None = None
-) -> Any:
-    """filter_taps of a batch of lines at once, on `device`: (N, out_size, span) float32, line i's
-    weights over source pixels first[i]..first[i] + span (zero past its own end), its rows reversed
-    where flips[i]. The same float64 formulas as filter_taps, computed where the matmuls run: the
-    host's numpy, an image at a time, held the GPU loader to ~600 images/s on an H100 machine. The
-    lines' numbers go up in one copy (sizes and firsts are whole numbers, exact in float64)."""
-    f64 = torch.float64
-    in_sizes, in0, in1, first = spans[0], spans[1], spans[2], spans[3]
-    reversed_rows = np.zeros(len(in0), bool) if flips is None else np.asarray(flips, bool)
-    numbers = to_device(torch, np.stack([in_sizes, in0, in1, first, reversed_rows], axis=1).astype(np.float64), device)
-    in_sizes, in0, in1, first, reverse = numbers.unbind(1)
-    scale = (in1 - in0) / out_size
-    support = torch.clamp(scale, min=1.0)
-    centers = in0[:, None] + (torch.arange(out_size, dtype=f64, device=device) + 0.5)[None, :] * scale[:, None]
-    lows = torch.clamp((centers - support[:, None] + 0.5).trunc(), min=0)
-    highs = torch.minimum((centers + support[:, None] + 0.5).trunc(), in_sizes[:, None])
-    x = first[:, None] + torch.arange(span, dtype=f64, device=device)[None, :]
-    x, centers = x[:, None, :], centers[:, :, None]
-    weights = torch.clamp(1.0 - torch.abs((x - centers + 0.5) / support[:, None, None]), min=0.0)
-    weights = torch.where((x >= lows[:, :, None]) & (x < highs[:, :, None]), weights, 0.0)
-    totals = weights.sum(dim=2, keepdim=True)
-    weights = torch.where(totals != 0, weights / torch.where(totals != 0, totals, 1.0), 0.0)
-    if reversed_rows.any():
-        weights = torch.where(reverse[:, None, None] != 0, weights.flip(1), weights)
-    return weights.to(torch.float32)
+def dense_taps(torch: Any, taps: LineTaps, span: int, device: Any) -> Any:
+    """LineTaps as the matmul takes them, on `device`: (N, out_size, span) float32, line i's weights
+    over source pixels first[i]..first[i] + span (zero past its own end). Two copies up, two ops:
+    the weights added at their places into zeros (a line's unused taps add an exact 0)."""
+    weights, index = to_device(torch, taps.weights, device), to_device(torch, taps.index, device)
+    n, out_size, _ = taps.weights.shape
+    dense = torch.zeros((n, out_size, span), dtype=torch.float32, device=device)
+    return dense.scatter_add_(2, index, weights)
 
 
 def gather_windows(
@@ -253,16 +291,29 @@ def gather_windows(
     largest: (N, 3, max rows, max cols) float32, in one indexed read of the images laid end to end
     (no copy per image from Python). The padding repeats each window's last row and column: the
     taps weigh it zero, and a finite level times zero adds exactly nothing."""
-    device = images[0].device
-    n, span_h, span_w = len(images), int(rows.max()), int(cols.max())
-    heights = np.array([int(image.shape[1]) for image in images], np.int64)
-    widths = np.array([int(image.shape[2]) for image in images], np.int64)
-    planes = heights * widths
-    starts = np.concatenate([[0], np.cumsum(3 * planes)[:-1]])
+    shapes = np.array([(int(image.shape[1]), int(image.shape[2])) for image in images], np.int64).reshape(-1, 2)
+    planes = shapes[:, 0] * shapes[:, 1]
+    starts = np.concatenate([[0], np.cumsum(3 * planes)[:-1]]).astype(np.int64)
+    return _gather_flat(torch, flatten_images(torch, images), starts, shapes, top, rows, left, cols)
+
+
+def _gather_flat(
+    torch: Any,
+    flat: Any,
+    starts: np.ndarray,
+    shapes: np.ndarray,
+    top: np.ndarray,
+    rows: np.ndarray,
+    left: np.ndarray,
+    cols: np.ndarray,
+) -> Any:
+    """gather_windows of images laid end to end in `flat`, image i at element starts[i]."""
+    device = flat.device
+    n, span_h, span_w = len(shapes), int(rows.max()), int(cols.max())
+    planes, widths = shapes[:, 0] * shapes[:, 1], shapes[:, 1]
     numbers = np.stack([starts, planes, widths, top, rows, left, cols], axis=1).astype(np.int64)
     numbers = to_device(torch, numbers, device)
     starts_d, planes_d, widths_d, top_d, rows_d, left_d, cols_d = numbers.unbind(1)
-    flat = images[0].reshape(-1) if n == 1 else torch.cat([image.reshape(-1) for image in images])
     y = torch.minimum(torch.arange(span_h, device=device)[None, :], rows_d[:, None] - 1) + top_d[:, None]
     x = torch.minimum(torch.arange(span_w, device=device)[None, :], cols_d[:, None] - 1) + left_d[:, None]
     offsets = (starts_d[:, None] + y * widths_d[:, None])[:, :, None] + x[:, None, :]  # channel 0: (N, h, w)
@@ -275,20 +326,14 @@ def gather_windows(
 
 
 def _resample_part(
-    torch: Any,
-    images: Sequence[Any],
-    rows: Sequence[np.ndarray],
-    cols: Sequence[np.ndarray],
-    flips: np.ndarray,
-    size: tuple[int, int],
+    torch: Any, flat: Any, starts: np.ndarray, shapes: np.ndarray, plan: ResamplePlan, size: tuple[int, int]
 ) -> Any:
-    out_h, out_w = size
-    device = images[0].device
-    y_first, y_end, x_first, x_end = rows[3], rows[4], cols[3], cols[4]
-    span_h, span_w = int((y_end - y_first).max()), int((x_end - x_first).max())
-    windows = gather_windows(torch, images, y_first, y_end - y_first, x_first, x_end - x_first)
-    x_taps = batch_taps(torch, cols, out_w, span_w, device, flips)
-    y_taps = batch_taps(torch, rows, out_h, span_h, device)
+    device = flat.device
+    rows, cols = plan.rows, plan.cols
+    spans_h, spans_w = rows.end - rows.first, cols.end - cols.first
+    windows = _gather_flat(torch, flat, starts, shapes, rows.first, spans_h, cols.first, spans_w)
+    x_taps = dense_taps(torch, cols, int(spans_w.max()), device)
+    y_taps = dense_taps(torch, rows, int(spans_h.max()), device)
     # Columns, then rows (the kernel's order), each pass rounded and clipped to a level as
     # Pillow's fixed-point passes are: (N, 3, h, w) @ (N, 1, w, out_w), then (N, 1, out_h, h) @ that.
     with _full_float32(torch):

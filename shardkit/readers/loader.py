@@ -107,22 +107,26 @@ class LoaderOptions:
 
 
 class _DeviceLane:
-    """The device path's own thread: each batch's decode, crop, resize and output queued on the
-    device, in order, on a CUDA side stream, at most `ahead` batches past the last one handed out.
-    nvJPEG's batched decode blocks the thread that calls it until the batch is decoded (with the GIL
-    released): here that is this thread, not the loop that hands batches out, and batch k's resample
-    runs on the GPU while batch k+1 decodes."""
+    """The device path's own two threads, in order, a batch at a time: one decodes (nvJPEG's batched
+    decode blocks the thread that calls it until the batch is decoded, with the GIL released), the
+    other queues the crop, resize and output on a CUDA side stream; so batch k's resample is queued,
+    and runs on the GPU, while batch k+1 decodes, and neither waits on the loop that hands batches
+    out. At most `ahead` batches past the last one handed out are decoded or made."""
 
     def __init__(self, loader: BatchLoader, ahead: int) -> None:
         self._loader, self._slots, self._closed = loader, threading.Semaphore(ahead), threading.Event()
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="shardkit-device-decode")
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="shardkit-device")
+        self._stream: Any = None  # the decode's own CUDA stream (made on first use)
 
     def submit(self, gathered: Future[Any]) -> Future[Any]:
         """The batch `gathered` (a `_gather` future) will give, made on the device: a future of
         (Batch, the event its stream records after it) or None (every record skipped)."""
-        return self._thread.submit(self._make, gathered)
+        decoded = self._decoder.submit(self._decode, gathered)
+        return self._thread.submit(self._make, decoded)
 
-    def _make(self, gathered: Future[Any]) -> tuple[Batch | None, Any] | None:
+    def _decode(self, gathered: Future[Any]) -> Any:
+        """The decode thread's part: a batch's images on the device, laid end to end (or None)."""
         while not self._slots.acquire(timeout=0.1):  # (the loop hands batches out, or closes)
             if self._closed.is_set():
                 return None
@@ -130,12 +134,30 @@ class _DeviceLane:
             return None
         loader = self._loader
         torch, device = loader._torch, cast(Any, loader.device)
-        chunk, boxes, flips, failures, encoded = gathered.result()
         if device.type != "cuda":
-            return loader._on_device(chunk, boxes, flips, failures, encoded), None
+            return loader._decode_on_device(*gathered.result())
+        # Its own stream, not the side stream: what the decode allocates comes from that stream's
+        # memory, which nothing else frees, and nvJPEG writes it on its own stream without waiting
+        # for the one current here. That stream is done before the next decode starts (below): its
+        # one copy, the images laid end to end, was queued right after the decode ended.
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        with torch.cuda.device(device), torch.cuda.stream(self._stream):
+            decoded = loader._decode_on_device(*gathered.result())
+        self._stream.synchronize()
+        return decoded
+
+    def _make(self, decoded: Future[Any]) -> tuple[Batch | None, Any] | None:
+        made = decoded.result()
+        if made is None:
+            return None
+        loader = self._loader
+        torch, device = loader._torch, cast(Any, loader.device)
+        if device.type != "cuda":
+            return loader._on_device(*made), None
         stream = loader._side_stream()
         with torch.cuda.device(device), torch.cuda.stream(stream):
-            batch = loader._on_device(chunk, boxes, flips, failures, encoded)
+            batch = loader._on_device(*made)
             done = torch.cuda.Event()
             done.record(stream)
         return batch, done
@@ -158,6 +180,7 @@ class _DeviceLane:
     def close(self) -> None:
         self._closed.set()
         self._slots.release()
+        self._decoder.shutdown(wait=True, cancel_futures=True)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
@@ -268,11 +291,11 @@ class BatchLoader:
 
     def _gather(
         self, key: tuple[int, ...], number: int, chunk: list[Item]
-    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None]:
+    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None, Any]:
         """A batch's records with their windows and flips, drawn from their headers' sizes, the
         records whose header failed and, on the device path, the JPEGs' bytes as the tensors its
-        decoder takes: all of the device path's work on a loader thread (decoding is the device's),
-        and the first step of `_decode`."""
+        decoder takes and the resample's taps (readers/device.py's plan): all of the device path's
+        host work on a loader thread (decoding is the device's), and the first step of `_decode`."""
         sizes = np.zeros((len(chunk), 2), np.int64)
         failures: dict[int, str] = {}
         for i, (_, _, record) in enumerate(chunk):
@@ -281,29 +304,31 @@ class BatchLoader:
             except ImageError as error:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(key, number, sizes)
-        encoded = None
+        encoded = plan = None
         if self.device is not None:
-            from .device import encoded_jpegs
+            from .device import encoded_jpegs, plan_resample
 
             encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
-        return chunk, boxes, flips, failures, encoded
+            plan = plan_resample(sizes[:, ::-1], boxes, flips, self.size)  # (sizes: width, height)
+        return chunk, boxes, flips, failures, encoded, plan
 
-    def _on_device(
+    def _decode_on_device(
         self,
         chunk: list[Item],
         boxes: np.ndarray,
         flips: np.ndarray,
         failures: dict[int, str],
-        encoded: list[Any] | None = None,
-    ) -> Batch | None:
-        """A Batch on the device from what `_gather` read (readers/device.py), or None when every
-        record failed and on_error skips them. Queues the device's work without waiting for it."""
-        from .device import decode_batch, finish, resample_batch, to_device
+        encoded: list[Any] | None,
+        plan: Any,
+    ) -> tuple[list[Item], list[int], Any, np.ndarray, Any] | None:
+        """The device path's first step, on its decode thread: the batch's images decoded on the
+        device (readers/device.py) and laid end to end, with the rows kept (on_error), their shapes
+        and their plan; None when every record failed and on_error skips them."""
+        from .device import decode_batch, flatten_images, plan_resample
 
-        torch = self._torch
         candidates = [i for i in range(len(chunk)) if i not in failures]
         images, failed = decode_batch(
-            torch,
+            self._torch,
             [chunk[i].record for i in candidates],
             self.device,
             self.dataset.max_pixels,
@@ -315,7 +340,22 @@ class BatchLoader:
         if not rows:
             return None
         decoded = dict(zip(candidates, images, strict=True))
-        pixels = resample_batch(torch, [decoded[i] for i in rows], boxes[rows], flips[rows], self.size)
+        kept = [decoded[i] for i in rows]
+        shapes = np.array([(int(image.shape[1]), int(image.shape[2])) for image in kept], np.int64)
+        plan = plan if keep is None else plan.take(rows)
+        if not np.array_equal(plan.shapes, shapes):  # (a decoder that disagrees with the header)
+            plan = plan_resample(shapes, boxes[rows], flips[rows], self.size)
+        return chunk, rows, flatten_images(self._torch, kept), shapes, plan
+
+    def _on_device(self, chunk: list[Item], rows: list[int], flat: Any, shapes: np.ndarray, plan: Any) -> Batch:
+        """A Batch on the device from what `_decode_on_device` made: the crops resized and flipped,
+        the output and the labels queued on the device without waiting for it."""
+        from .device import finish, resample_planned, to_device
+
+        torch = self._torch
+        if flat.device.type == "cuda":  # (made on the decode's stream, read on this one)
+            flat.record_stream(torch.cuda.current_stream(flat.device))
+        pixels = resample_planned(torch, flat, shapes, plan, self.size)
         records = [chunk[i].record for i in rows]
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         images = finish(torch, pixels, self.dtype, self.mean, self.std)
@@ -379,7 +419,7 @@ class BatchLoader:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
         dataset = self.dataset
         images = self._buffer(len(chunk))
-        chunk, boxes, flips, failures, _ = self._gather(key, number, chunk)
+        chunk, boxes, flips, failures, _, _ = self._gather(key, number, chunk)
         python_path = [i for i in range(len(chunk)) if i not in failures]
         if self.kernel is not None:
             python_path = self._through_kernel(chunk, python_path, boxes, flips, images, failures)
