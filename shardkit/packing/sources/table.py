@@ -40,8 +40,7 @@ def from_table(
     label_column = config.label_column if labels != "none" else None
     before = file_stamp(table.path)
     path_hashes, key_hashes = array("q"), array("q")
-    names: set[str] = set()
-    numbers = False
+    labels_seen = LabelKinds(label_column)
     real = real or RealPaths(root)
     for row in read_rows(table):
         rel = None if row.values is None else clean_relpath(row.values.get(config.path_column))
@@ -49,18 +48,9 @@ def from_table(
             continue
         path_hashes.append(hash(real(rel)))
         key_hashes.append(hash(make_key(rel)))
-        if label_column is not None:
-            value = row.values.get(label_column)
-            if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
-                names.add(value)
-            elif value is not None and value != "":
-                numbers = True
-    if not table.rows:
-        raise SourceError(f"{table.shown}: the table has no rows")
+        labels_seen.see(row.values)
     check_columns(table)
-    if names and numbers:
-        raise SourceError(f"{table.shown}: column {label_column!r} mixes class names and numbers")
-    classes = sorted(names, key=os.fsencode)
+    classes = labels_seen.classes(table)
     # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
     # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
     paths = np.frombuffer(path_hashes, dtype=np.int64)
@@ -124,9 +114,36 @@ class Rows:
     real: Callable[[str], str]  # the path hashes above are of real paths
 
 
+class LabelKinds:
+    """What a table's label column holds, seen row by row in a first pass: class names (their
+    sorted list is the classes) or whole numbers, never both."""
+
+    def __init__(self, column: str | None) -> None:
+        self.column = column
+        self.names: set[str] = set()
+        self.numbers = False
+
+    def see(self, values: dict[str, Any]) -> None:
+        if self.column is None:
+            return
+        value = values.get(self.column)
+        if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
+            self.names.add(value)
+        elif value is not None and value != "":
+            self.numbers = True
+
+    def classes(self, table: Table) -> list[str]:
+        if self.names and self.numbers:
+            raise SourceError(f"{table.shown}: column {self.column!r} mixes class names and numbers")
+        return sorted(self.names, key=os.fsencode)
+
+
 def check_columns(table: Table, flag: str = "--path-column") -> None:
-    """The columns the flags name exist; the caption column is resolved ("caption", else "text").
-    The column that names each sample's image (a path, or a URL) is set with `flag`."""
+    """The table has rows, and the columns the flags name exist; the caption column is resolved
+    ("caption", else "text"). The column that names each sample's image (a path, or a URL) is
+    set with `flag`."""
+    if not table.rows:
+        raise SourceError(f"{table.shown}: the table has no rows")
     config, found = table.config, table.found
     shown = ", ".join(found[:20]) + (", ..." if len(found) > 20 else "") if found else "no columns"
     if config.path_column not in found:

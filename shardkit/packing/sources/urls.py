@@ -26,7 +26,7 @@ from ...core.safeio import file_stamp
 from ...storage.webget import redact, url_problem
 from .item import Item, SourceWalk, display
 from .rows import Table, read_rows, table_kind
-from .table import RealPaths, Rows, caption_and_columns, check_columns, table_label
+from .table import LabelKinds, RealPaths, Rows, caption_and_columns, check_columns, table_label
 
 SHA256_COLUMN = "sha256"  # where a table has it, each download is checked against it
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
@@ -63,26 +63,16 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     label_column = config.label_column if labels != "none" else None
     before = file_stamp(table.path)
     url_hashes = array("I")  # 4 bytes a row: a hash two URLs share only makes them suspects, compared whole later
-    names: set[str] = set()
-    numbers = False
+    labels_seen = LabelKinds(label_column)
     for row in read_rows(table):
         if row.values is None:
             continue
         url = row.values.get(config.path_column)
         if isinstance(url, str) and url:
             url_hashes.append(_hash32(url))
-        if label_column is not None:
-            value = row.values.get(label_column)
-            if isinstance(value, str) and value and not re.fullmatch(r"[0-9]+", value):
-                names.add(value)
-            elif value is not None and value != "":
-                numbers = True
-    if not table.rows:
-        raise SourceError(f"{table.shown}: the table has no rows")
+        labels_seen.see(row.values)
     check_columns(table, flag="--url-column")
-    if names and numbers:
-        raise SourceError(f"{table.shown}: column {label_column!r} mixes class names and numbers")
-    classes = sorted(names, key=os.fsencode)
+    classes = labels_seen.classes(table)
     hashes = np.frombuffer(url_hashes, dtype=np.uint32)
     hashes.sort()  # in place: duplicates are neighbours
     repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
