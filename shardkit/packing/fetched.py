@@ -25,9 +25,9 @@ from .sources.urls import expected_sha256
 Fetched = bytes | DownloadError
 Kept = Fetched | Record | Failure  # a retried shard's row: downloaded again, or kept as it was
 
-_DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}
+_DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}  # pid -> the process's downloader
 DOWNLOAD_WINDOW = 4096  # rows asked for ahead of the oldest unfinished one
-DOWNLOAD_HOLD = 64 << 20  # bodies downloaded and not yet encoded, per worker process  # pid -> the process's downloader
+DOWNLOAD_HOLD = 64 << 20  # bodies downloaded and not yet encoded, per worker process
 
 
 def downloads(items: Iterable[Item], web: WebConfig) -> Generator[Fetched, None, None]:

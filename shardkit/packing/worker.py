@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig, WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, StorageError, describe
@@ -44,6 +44,10 @@ from .sources.sidecars import Sidecars, read_sidecars
 from .upload import Held, deliver
 
 T = TypeVar("T")
+
+
+if TYPE_CHECKING:
+    from .fetched import Kept  # (imported where a URL table needs it: urllib3 and threads)
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) 
 
 
 def _pack_one(
-    item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure], fetched: Any = None
+    item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure], fetched: Kept | None = None
 ) -> tuple[Record | None, int]:
     """One source file (or `fetched`, its download) to a record, or (None, 0) with the reason
     appended to `errors`."""

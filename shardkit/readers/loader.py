@@ -530,21 +530,21 @@ def _stop(pool: ThreadPoolExecutor, lane: _DeviceLane | None, named: str) -> Non
     a thread's start and the pool's record of it (Thread.start waits for the thread, and that
     wait takes the KeyboardInterrupt), leaving a thread the pool's shutdown never joins (seen
     in 3 of 30 runs of test_ctrl_c_stops_the_loader_cleanly on a loaded machine). So the joins
-    are done again after any interruption, and every thread named as this pool's is joined."""
+    are done again after an interruption, and every thread named as this pool's is waited for."""
     try:
         pool.shutdown(wait=True, cancel_futures=True)
         if lane is not None:
             lane.close()
     except BaseException:
-        _join_all(pool, lane, named)
+        pool.shutdown(wait=True, cancel_futures=True)  # (a no-op where the first one ended)
+        if lane is not None:
+            lane.close()
         raise
-    _join_all(pool, lane, named)
+    finally:
+        _wait_for_threads(named)
 
 
-def _join_all(pool: ThreadPoolExecutor, lane: _DeviceLane | None, named: str) -> None:
-    pool.shutdown(wait=True, cancel_futures=True)  # (again: a no-op once done)
-    if lane is not None:
-        lane.close()
+def _wait_for_threads(named: str) -> None:
     prefix = f"{named}_"  # how ThreadPoolExecutor names the threads of `named`
     while True:
         alive = [t for t in threading.enumerate() if t.name.startswith(prefix) and t is not threading.current_thread()]
