@@ -4,6 +4,7 @@ line, with exit code 1, before any work (so a mistake never costs the run it fol
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,10 @@ CASES = [
     ("pack {src} {src}", "is the source folder itself"),
     ("pack {src} {src}/n00001000/out", "lies inside the source folder"),
     ("pack {src} {tmp}/o --config {tmp}/nan.toml", "max aspect must be a finite number"),
+    ("pack {src} {tmp}/o --json /missing/dir/p.json", "its folder does not exist"),
+    ("pack {src} {tmp}/o --dedup-threshold 3", "--dedup-threshold is for --dedup near"),
+    ("verify {tmp}/missing", f"{{tmp}}{os.sep}missing: no such file or folder"),
+    ("bench {tmp}/missing --against {src}", f"{{tmp}}{os.sep}missing: no such file or folder"),
 ]
 
 
@@ -53,7 +58,7 @@ def test_bad_input_is_one_line_before_any_work(shardkit, sample_dataset, packed,
     filled = [a.format(src=sample_dataset, out=packed, tmp=tmp_path) for a in arguments.split()]
     result = shardkit(*filled)
     assert result.returncode == 1, (result.stdout, result.stderr)
-    assert words in result.stderr and "Traceback" not in result.stderr
+    assert words.format(tmp=tmp_path) in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists()
 
@@ -62,3 +67,36 @@ def test_json_reports_never_hold_nan(shardkit, packed: Path, tmp_path: Path) -> 
     report = tmp_path / "bench.json"
     assert shardkit("bench", packed, "--repeat", "1", "--json", report).returncode == 0
     json.loads(report.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON report"))
+
+
+# What click refuses itself (an unknown flag, a value not among the choices, a missing argument):
+# the same one `error:` line as the library's refusals, with exit code 2 (a usage error, as click
+# and argparse exit), and no usage block or box drawn around it.
+USAGE_CASES = [
+    ("pack {src} {tmp}/o --format lmbd", "'lmbd' is not one of 'webdataset', 'lmdb', 'hdf5'"),
+    ("pack {src}", "Missing argument"),
+    ("pack {src} {tmp}/o --no-such-flag", "No such option: --no-such-flag"),
+    ("verify {out} --workers many", "Invalid value for '--workers'"),
+    ("nonsense", "No such command 'nonsense'"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "words"), USAGE_CASES)
+def test_a_bad_command_line_is_one_line_too(shardkit, sample_dataset, packed, tmp_path, arguments, words):
+    filled = [a.format(src=sample_dataset, out=packed, tmp=tmp_path) for a in arguments.split()]
+    result = shardkit(*filled)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Value error" not in result.stderr, result.stderr
+    assert "--help" in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_pack_writes_its_summary_as_json(shardkit, sample_dataset, tmp_path) -> None:
+    report = tmp_path / "pack.json"
+    result = shardkit("pack", sample_dataset, tmp_path / "o", "--resize", "32", "--json", report)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(report.read_text())
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert summary["records"] == manifest["totals"]["records"] and summary["totals"] == manifest["totals"]
+    assert summary["shards"] == len(manifest["shards"]) and summary["format"] == "webdataset"
+    assert summary["output_bytes"] == sum(shard["bytes"] for shard in manifest["shards"])

@@ -194,8 +194,9 @@ def test_the_cli_writes_groups_with_paths_as_typed(shardkit, planted, tmp_path: 
 @pytest.mark.parametrize(
     ("arguments", "words"),
     [
-        (["--threshold", "5"], "--threshold is for --near"),
-        (["--near", "--threshold", "40"], "0 to 32 bits"),
+        (["--dedup-threshold", "5"], "--dedup-threshold is for --near"),
+        (["--threshold", "5"], "--dedup-threshold is for --near"),  # its earlier name, still taken
+        (["--near", "--dedup-threshold", "40"], "0 to 32 bits"),
         (["--workers", "0"], "at least 1"),
         (["--plot", "sheet.gif"], "a contact sheet must be"),
     ],

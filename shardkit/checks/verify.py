@@ -94,6 +94,8 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
     root = locate(folder, storage_options)
     if isinstance(root, Path):
         output = _Output(str(root), root, work=str(root))
+        if not os.path.lexists(root):  # nothing to report on: one line, as every command says it
+            raise ConfigError(f"{root}: no such file or folder")
         try:
             output.manifest = read_manifest(root)
         except ShardkitError as error:

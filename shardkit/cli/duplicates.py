@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..core.config import DEFAULT_DEDUP_THRESHOLD
+from ..core.errors import ConfigError
 from .common import (
     STORAGE_OPTION_HELP,
     check_report_path,
@@ -40,9 +41,11 @@ def duplicates(
     threshold: Annotated[
         Optional[int],
         typer.Option(
-            help=f"Near: the largest Hamming distance of two DCT hashes (0-32). \\[default: {DEFAULT_DEDUP_THRESHOLD}]"
+            "--dedup-threshold",  # pack's name for the same setting
+            help=f"Near: the largest Hamming distance of two DCT hashes (0-32). \\[default: {DEFAULT_DEDUP_THRESHOLD}]",
         ),
     ] = None,
+    old_threshold: Annotated[Optional[int], typer.Option("--threshold", hidden=True)] = None,  # its earlier name
     workers: Annotated[Optional[int], typer.Option(help="Processes to use. \\[default: one per core]")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every group as JSON.")] = None,
     plot: Annotated[
@@ -58,8 +61,9 @@ def duplicates(
     with user_errors():
         check_report_path(json_path)
         check_report_path(plot, (".png", ".jpg", ".jpeg"), "a contact sheet")
+        threshold = threshold if threshold is not None else old_threshold
         if threshold is not None and not near:
-            raise typer.BadParameter("--threshold is for --near")
+            raise ConfigError("--dedup-threshold is for --near")
         with progress_bar(unit="files") as bar:
             task = bar.add_task("hashing", total=None, rate="")
             report = find_duplicates(

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..core.config import PACK_OPTION_TABLE, PackConfig, PackOption, TableConfig
 from ..core.config import pack_config as make_pack_config
+from ..core.errors import ConfigError
 from ..formats import available_formats
 
 if TYPE_CHECKING:
@@ -20,7 +21,17 @@ if TYPE_CHECKING:
 
     from ..packing.pack import PackResult
 
-from .common import STORAGE_OPTION_HELP, console, human_bytes, progress_bar, source_path, storage_options, user_errors
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_report_path,
+    console,
+    human_bytes,
+    progress_bar,
+    source_path,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 
 def _choice(name: str, choices: tuple[str, ...] | list[str]) -> Any:
@@ -92,6 +103,7 @@ def pack(
             "\\[default: under ~/.cache/shardkit/staging]"
         ),
     ] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON.")] = None,
     **flags: Any,  # one per row of PACK_OPTION_TABLE: the signature below names them for typer
 ) -> None:
     """Pre-resize, re-encode and pack images into WebDataset, LMDB or HDF5 shards."""
@@ -107,9 +119,12 @@ def pack(
             storage_options=storage_options(storage_option), staging=staging, table=table, sidecars=sidecars, **given,
         )  # fmt: skip
         if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
-            raise typer.BadParameter("--dedup-threshold is for --dedup near")
+            raise ConfigError("--dedup-threshold is for --dedup near")
+        check_report_path(json_path)
         result = _run(pack_config)
         render(result)
+        if json_path is not None:
+            write_json_report(json_path, result.to_json())
 
 
 def _signature() -> inspect.Signature:

@@ -209,6 +209,8 @@ def read_manifest(folder: str | Path) -> Manifest:
     try:
         text = read_regular(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
+        if not os.path.lexists(folder):  # a mistyped path is said as every command says it
+            raise ManifestError(f"{folder}: no such file or folder") from None
         raise ManifestError(f"{path}: no manifest (is this a shardkit output folder?)") from None
     except OSError as error:
         raise ManifestError(f"{path}: unreadable manifest ({describe(error)})") from None

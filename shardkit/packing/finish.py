@@ -54,6 +54,19 @@ class PackResult:
     def images_per_second(self) -> float:
         return self.records / self.seconds if self.seconds else 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        """What `pack --json` writes: the summary's numbers, and the manifest's totals (errors per
+        cause among them) and format; the manifest itself is in the output."""
+        return {
+            "output": self.output, "format": self.manifest.format, "inputs": self.inputs,
+            "records": self.records, "errors": self.errors, "duplicates": self.duplicates,
+            "shards": self.shards, "reused_shards": self.reused_shards, "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes, "seconds": self.seconds,
+            "images_per_second": self.images_per_second, "stage_seconds": dict(self.stage_seconds),
+            "resize": self.resize, "nodes": self.nodes, "already_complete": self.already_complete,
+            "totals": dict(self.manifest.totals),
+        }  # fmt: skip
+
 
 def finish(
     config: PackConfig, found: SourceWalk, ordered: list[ShardResult], inputs: int, settings: dict[str, Any],
