@@ -73,7 +73,7 @@ def test_gnu_tars_are_adopted_and_read_as_our_own(gnu_tars: Path) -> None:
     result = adopt_tars(gnu_tars, workers=2)
     assert fingerprint(gnu_tars) == before  # never modified or moved
     manifest = read_manifest(gnu_tars)
-    assert (result.tars, result.adopted, result.records, result.errors) == (2, 2, 12, 3)  # c0/ c1/ c2/
+    assert (result.tars, result.adopted, result.records, result.errors) == (2, 2, 12, 0)  # folders: not errors
     assert [(s.name, s.count) for s in manifest.shards] == [("part-0.tar", 8), ("part-1.tar", 4)]
     assert manifest.settings["adopted"]["extensions"] == {"cls": 12, "jpg": 12}
     assert manifest.classes == ["0", "1", "2"]
@@ -112,8 +112,9 @@ def test_an_unsorted_tar_s_split_samples_are_named_with_the_fix(gnu_tars: Path, 
 
 
 def test_what_readers_leave_out_is_listed_not_fatal(tmp_path: Path) -> None:
-    """A sample with no image, a folder and a link member, a key another tar holds too, and a tar
-    that is damaged: listed in errors.jsonl; the rest is adopted and verifies."""
+    """A sample with no image, a link member, a key another tar holds too, and a tar that is
+    damaged: listed in errors.jsonl (a folder member is nothing a reader takes or misses: not
+    listed); the rest is adopted and verifies."""
     folder = tmp_path / "tars"
     folder.mkdir()
     with tarfile.open(folder / "a.tar", "w") as archive:
@@ -141,7 +142,6 @@ def test_what_readers_leave_out_is_listed_not_fatal(tmp_path: Path) -> None:
     stages = sorted((row["stage"], row["path"]) for row in rows)
     assert stages == [
         ("duplicate", "b.tar/images/two"),
-        ("index", "a.tar/images/"),
         ("index", "a.tar/images/caption-only"),
         ("index", "a.tar/images/link.jpg"),
         ("read", "c.tar"),
@@ -155,6 +155,52 @@ def test_what_readers_leave_out_is_listed_not_fatal(tmp_path: Path) -> None:
     keys = [s.key for s in open_shards(folder, decode="bytes")]
     assert keys == ["images/one", "images/two", "images/two", "images/three"]
     assert open_shards(folder, decode="bytes")[0].text == "a caption"
+
+
+@pytest.fixture
+def tree_tar(tmp_path: Path) -> Path:
+    """`tar --sort=name -cf train.tar -C train .` of a class-folder tree: no .cls members, every
+    member named ./class/file, and the folders themselves stored."""
+    if shutil.which("tar") is None:
+        pytest.skip("GNU tar is not installed")
+    source, out = tmp_path / "train", tmp_path / "tree"
+    out.mkdir()
+    for i in range(9):
+        write_image(source / ["dog", "cat", "zebra"][i % 3] / f"img_{i:03d}.jpg", 40, 30, seed=i)
+    write_image(source / "top.jpg", 40, 30, seed=99)  # in no class folder
+    subprocess.run(["tar", "--sort=name", "-cf", str(out / "train.tar"), "-C", str(source), "."], check=True)
+    return out
+
+
+def test_a_tar_of_a_class_tree_gets_its_classes_from_the_folders(tree_tar: Path, shardkit) -> None:
+    done = shardkit("index", tree_tar, "--folder-labels")
+    assert done.returncode == 0, done.stderr
+    assert "labels: 3 classes from the keys' folders" in done.stdout
+    assert (tree_tar / "errors.jsonl").read_text() == ""  # the folder members are not errors
+    manifest = read_manifest(tree_tar)
+    assert manifest.classes == ["cat", "dog", "zebra"]  # sorted, as a pack names class folders
+    assert manifest.settings["adopted"]["labels"] == "folders"
+    assert manifest.settings["adopted"]["records_in_no_folder"] == 1
+    assert verify(tree_tar, deep=True).ok
+    labels = {s.key: s.label for s in open_shards(tree_tar, decode="bytes")}
+    expected = {f"./{['dog', 'cat', 'zebra'][i % 3]}/img_{i:03d}": [1, 0, 2][i % 3] for i in range(9)}
+    assert labels == {**expected, "./top": None}
+    batch = next(iter(open_shards(tree_tar).loader(10, 16, workers=1, output="numpy", crop="center")))
+    assert sorted(batch.labels.tolist()) == sorted([-1, *expected.values()])
+
+
+def test_folder_labels_are_refused_where_they_cannot_hold(tree_tar: Path, gnu_tars: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"part-0\.tar has \.cls labels of its own"):
+        adopt_tars(gnu_tars, folder_labels=True)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    with tarfile.open(flat / "a.tar", "w") as archive:
+        add(archive, "one.jpg", jpeg(1))
+    with pytest.raises(ConfigError, match="no key is in a folder"):
+        adopt_tars(flat, folder_labels=True)
+    assert not (flat / "manifest.json").exists() and not (gnu_tars / "manifest.json").exists()
+    adopt_tars(tree_tar)  # without the option, the same tar has no labels
+    assert {s.label for s in open_shards(tree_tar, decode="bytes")} == {None}
 
 
 def test_index_refuses_before_any_work(tmp_path: Path, gnu_tars: Path) -> None:

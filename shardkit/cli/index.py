@@ -25,6 +25,14 @@ def index(
     overwrite: Annotated[
         bool, typer.Option(help="Index again where a manifest is (only index's own files are replaced).")
     ] = False,
+    folder_labels: Annotated[
+        bool,
+        typer.Option(
+            "--folder-labels",
+            help="Tars of a class-folder tree (`tar --sort=name -cf x.tar -C train .`) with no .cls members: "
+            "each record's class is its key's first folder.",
+        ),
+    ] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
@@ -39,7 +47,7 @@ def index(
         with progress_bar(unit="tars") as bar:
             task = bar.add_task("indexing", total=None, rate="")
             result = adopt_tars(
-                folder, workers=workers, overwrite=overwrite, storage_options=options,
+                folder, workers=workers, overwrite=overwrite, folder_labels=folder_labels, storage_options=options,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         gigabytes = result.bytes / 1e9
@@ -53,6 +61,8 @@ def index(
         if result.other_extensions:
             members += f", and {result.other_extensions['members']:,} of {result.other_extensions['kinds']:,} others"
         console.print(f"members: {escape(members)}", highlight=False)
+        if folder_labels:
+            console.print(f"labels: {len(result.manifest.classes):,} classes from the keys' folders")
         if result.unnamed_labels is not None:
             console.print(f"labels up to {result.unnamed_labels:,}: too many to name classes; the manifest lists none")
         if result.errors:

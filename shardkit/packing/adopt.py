@@ -4,10 +4,10 @@ of a folder), so that verify, open_shards, the loader and bench work on them as 
 The tars are read, never modified or moved. Each is scanned once in a worker process (streamed:
 its sha256, then its headers, then its records as open_shards reads them; memory bounded by one
 record), and beside them go `manifest.json` (counts, bytes, sha256, the extensions samples hold,
-classes from `.cls` members), `errors.jsonl` (what readers leave out, and why), each tar's DALI
+classes from `.cls` members, or with `folder_labels` from the keys' folders), `errors.jsonl` (what readers leave out, and why), each tar's DALI
 index and wids' `shardindex.json`. What is listed and not fatal: a sample with no image member (the
-readers skip it), a member that is not a regular file or is in no sample (no extension, hidden), a
-key that another tar holds too. A tar the readers cannot read whole (damaged, a key twice in it, a
+readers skip it), a member that is not a regular file (but a folder: a tar of a tree stores them)
+or is in no sample (no extension, hidden), a key that another tar holds too. A tar the readers cannot read whole (damaged, a key twice in it, a
 label that is not a number) or whose file name is not UTF-8 (JSON cannot hold it) is left out of
 the manifest with its reason. Keys are compared as 8-byte hashes, so memory is ~8 bytes a sample.
 """
@@ -57,6 +57,7 @@ from ..core.manifest import (
 from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
+from ..formats.folder_labels import FOLDER_LABELS, key_folder
 from ..formats.tar_companions import dali_index_of, dali_samples
 from ..formats.tar_headers import READ_AHEAD, FileBytes
 from ..formats.webdataset import OTHER_PARTS, TarShardReader
@@ -87,6 +88,8 @@ class TarScan:
     key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     problems: list[Failure] = field(default_factory=list)  # listed, not fatal
     index: bytes | None = None  # its DALI index
+    folders: set[str] = field(default_factory=set)  # its keys' first folders (MAX_CLASS_NAMES + 1 at most)
+    unfoldered: int = 0  # records whose key is in no folder
     unreadable: str | None = None  # why the tar is left out
 
 
@@ -150,6 +153,8 @@ def _scanned(path: str, name: str) -> TarScan:
                     key = sample[0][3][: -len(sample[0][0]) - 1]  # the member name less its extension
                     imageless.setdefault(key, []).extend(f".{ext}" for ext, _, _, _ in sample)
             for member, kind in skipped:
+                if kind == "a folder":  # a tar of a tree stores its folders: nothing a reader takes or misses
+                    continue
                 scan.problems.append(Failure(f"{name}/{member}", "index", f"not a regular file ({kind}): left out"))
             for member in unnamed:  # readers (webdataset's, DALI's) skip these: inputs = records + errors
                 why = "a hidden file" if member.rpartition("/")[2].startswith(".") else "no extension"
@@ -162,6 +167,11 @@ def _scanned(path: str, name: str) -> TarScan:
             hashes = []
             for record in reader:
                 hashes.append(key_hash(record.key))
+                folder = key_folder(record.key)
+                if folder is None:
+                    scan.unfoldered += 1
+                elif len(scan.folders) <= MAX_CLASS_NAMES:  # (bounded: a stranger's tar may have a million)
+                    scan.folders.add(folder)
                 if record.key in imageless:
                     apart.add(record.key)
                 if record.label is not None:
@@ -188,11 +198,14 @@ def adopt_tars(
     *,
     workers: int | None = None,
     overwrite: bool = False,
+    folder_labels: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> IndexResult:
     """Adopt the tars in `folder` (a local folder or a URL; the tars at its top level) as a shardkit
-    output: see the module's docstring. Refused before any work: no tars, a manifest already there
+    output: see the module's docstring. With `folder_labels`, tars with no `.cls` members made of a
+    class-folder tree get their classes from their keys' first folders (in sorted order, as a
+    pack's class folders), said in the manifest. Refused before any work: no tars, a manifest already there
     (unless `overwrite`, which replaces only what index writes), a folder that cannot be written."""
     check_workers(workers)
     started = time.perf_counter()
@@ -235,7 +248,7 @@ def adopt_tars(
             if progress is not None:
                 progress(done, len(jobs))
     found = sorted([scan for scan in scans if scan is not None] + unnamed, key=lambda scan: scan.name)
-    return _write(root, where, found, started)
+    return _write(root, where, found, started, folder_labels)
 
 
 _NOT_UTF8 = "its file name is not UTF-8, which JSON (the manifest, errors.jsonl) cannot hold: rename it to adopt it"
@@ -281,8 +294,9 @@ def _work_folder(root: Path | Store) -> Iterator[str]:
         yield temp
 
 
-def _write(root: Path | Store, where: str, scans: list[TarScan], started: float) -> IndexResult:
+def _write(root: Path | Store, where: str, scans: list[TarScan], started: float, folder_labels: bool) -> IndexResult:
     adopted = [scan for scan in scans if scan.unreadable is None]
+    folders = _class_folders(where, adopted) if folder_labels else None
     rows = [Failure(scan.name, "read", f"left out: {scan.unreadable}") for scan in scans if scan.unreadable]
     for scan in adopted:
         rows += scan.problems
@@ -307,11 +321,18 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
         adopted_settings["other_extensions"] = others
     if labels > MAX_CLASS_NAMES:
         adopted_settings["labels"] = {"largest": labels - 1, "names": "too many to name"}
+    classes = [str(label) for label in range(labels)] if labels <= MAX_CLASS_NAMES else []
+    if folders is not None:  # readers label each record by its key's folder (formats/folder_labels)
+        adopted_settings["labels"] = FOLDER_LABELS
+        classes = folders
+        unfoldered = sum(scan.unfoldered for scan in adopted)
+        if unfoldered:
+            adopted_settings["records_in_no_folder"] = unfoldered
     manifest = Manifest(
         format="webdataset",
         shards=shards,
         # a tar's labels are numbers: their names, while there are few enough to list
-        classes=[str(label) for label in range(labels)] if labels <= MAX_CLASS_NAMES else [],
+        classes=classes,
         settings={"adopted": adopted_settings, "source": {"path": display(where), "layout": "webdataset tars"}},
         # inputs: the records and what errors.jsonl lists (a duplicated key is a record and listed)
         totals={"inputs": records + len(rows), "records": records, "errors": len(rows)},
@@ -324,6 +345,22 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float)
         where, manifest, len(scans), len(adopted), records, len(rows), sum(s.bytes for s in shards),
         time.perf_counter() - started, counted, others, labels - 1 if labels > MAX_CLASS_NAMES else None,
     )  # fmt: skip
+
+
+def _class_folders(where: str, adopted: list[TarScan]) -> list[str]:
+    """--folder-labels' classes: the keys' first folders, sorted; refused where the tars label
+    their records themselves, or where no key is in a folder."""
+    for scan in adopted:
+        if scan.labels:
+            raise ConfigError(
+                f"{where}: {scan.name} has .cls labels of its own; index it without --folder-labels to keep them"
+            )
+    folders = sorted(set().union(*(scan.folders for scan in adopted)))
+    if not folders:
+        raise ConfigError(f"{where}: --folder-labels, but no key is in a folder (a tar of a class-folder tree is)")
+    if len(folders) > MAX_CLASS_NAMES:
+        raise ConfigError(f"{where}: --folder-labels, but the keys are in over {MAX_CLASS_NAMES:,} folders")
+    return folders
 
 
 def _counted_extensions(extensions: Counter[str]) -> tuple[dict[str, int], dict[str, int]]:

@@ -29,6 +29,7 @@ from ..core.manifest import Manifest, read_manifest
 from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record, ShardReader
+from ..formats.folder_labels import FolderLabels, folder_classes
 from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
@@ -134,6 +135,9 @@ class ShardDataset(EpochIteration):
             self._readers = [
                 CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
             ]
+        classes = folder_classes(manifest.settings, manifest.classes)
+        if classes is not None:  # tars adopted with --folder-labels: a record's label is its folder's
+            self._readers = [FolderLabels(reader, classes) for reader in self._readers]
         self._starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
