@@ -349,6 +349,13 @@ class Progress:
         `fresh` and whose epoch (this progress's seed and epoch) has `total` positions, with shards
         starting at `cuts`: the same records and mix, a split's streams bounded by the epoch, each
         stream's count within its stream. Bounded work: about what resuming does anyway."""
+        # the subset first: a state of another subset most often has other sizes too
+        if self.selection != fresh.selection:
+            said = "the whole output" if self.selection is None else f"selection {self.selection}"
+            this = "the whole output" if fresh.selection is None else f"selection {fresh.selection}"
+            raise ConfigError(
+                f"this state was saved on {said}, this dataset reads {this}: a state resumes its own subset"
+            )
         if self.sizes != fresh.sizes:
             raise ConfigError(
                 f"this state was saved on {_records(self.sizes)}, this dataset has {_records(fresh.sizes)}: "
@@ -358,12 +365,6 @@ class Progress:
             said = "one output" if self.weights is None else f"a mix of weights {shown(self.weights)}"
             this = "one output" if fresh.weights is None else f"a mix of weights {shown(fresh.weights)}"
             raise ConfigError(f"this state was saved on {said}, this dataset is {this}: a state resumes its own mix")
-        if self.selection != fresh.selection:
-            said = "the whole output" if self.selection is None else f"selection {self.selection}"
-            this = "the whole output" if fresh.selection is None else f"selection {fresh.selection}"
-            raise ConfigError(
-                f"this state was saved on {said}, this dataset reads {this}: a state resumes its own subset"
-            )
         if self.total != total:
             raise ConfigError(
                 f"this state's total is {self.total:,} positions, this dataset's epoch has {total:,}: "
