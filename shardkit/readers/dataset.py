@@ -476,6 +476,15 @@ def open_shards(
     (exhausted="resample", the default), or the epoch ends before the first sample an output cannot
     give (exhausted="stop"). Ranks, workers, the loader and checkpoints work on a mix as on one
     output; labels are each output's own (`ds.classes` is a list per output).
+
+    select reads a subset without packing again, resolved from the output's index.parquet before any
+    shard is opened (readers/subset): a list of keys, a pyarrow Expression over the index's columns
+    (`pc.field("label") < 10`), or a callable given the index as a Table and returning a boolean
+    mask or a filtered Table. The subset keeps the stored order; len, ds[i], get, iteration, ranks,
+    workers, the loader and checkpoints see only it (a checkpoint resumes only the subset it was
+    saved on). join adds columns without rewriting a shard (readers/joined): a parquet, CSV or JSONL
+    file or a pyarrow Table with a `key` column; its other columns join each sample's `fields`
+    (None for a record the table lacks). A mix takes select as a filter applied to each output.
     """
     options = ReadOptions(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
