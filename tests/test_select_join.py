@@ -175,6 +175,17 @@ def test_a_changed_index_is_not_trusted(tar: Path, tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
 
 
+def test_scattered_positions_are_read_as_several_ranges(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardkit.readers.subset as subset
+
+    monkeypatch.setattr(subset, "GAP", 0)  # every gap starts a new range: reads skip between ranges
+    whole = open_shards(packed, decode="bytes")
+    wanted = picked(packed)
+    got = {s.key: s.image for s in open_shards(packed, decode="bytes", select=wanted, **SHUFFLED)}
+    assert set(got) == set(wanted)
+    assert all(image == whole.get(key).image for key, image in got.items())
+
+
 def test_runs_read_nearby_positions_as_one_range() -> None:
     kept = np.array([0, 1, 2, 5, 40, 41, 100])
     assert list(runs(kept, gap=4)) == [(0, 6, 0, 4), (40, 42, 4, 6), (100, 101, 6, 7)]

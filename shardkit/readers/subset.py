@@ -220,12 +220,13 @@ def _keys_mask(index: IndexFile, keys: Any) -> np.ndarray:
     return result
 
 
-def runs(kept: np.ndarray, gap: int = GAP) -> Iterator[tuple[int, int, int, int]]:
+def runs(kept: np.ndarray, gap: int | None = None) -> Iterator[tuple[int, int, int, int]]:
     """Sorted positions as ranges read whole: (first, stop, begin, end) for stored positions
     [first, stop) holding kept[begin:end]; a new range starts where more than `gap` unkept
     records lie between two kept ones."""
     if not len(kept):
         return
+    gap = GAP if gap is None else gap
     breaks = np.flatnonzero(np.diff(kept) > gap + 1) + 1
     bounds = [0, *breaks.tolist(), len(kept)]
     for begin, end in itertools.pairwise(bounds):
