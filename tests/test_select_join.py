@@ -68,6 +68,7 @@ def test_select_by_keys_gives_exactly_those_records(packed: Path) -> None:
     assert [ds[i].key for i in range(len(ds))] == stored_order
     assert ds[-1].key == stored_order[-1]
     assert ds.get(wanted[0]).image == whole.get(wanted[0]).image
+    assert len(open_shards(packed, select=set(wanted))) == len(wanted)  # a set of keys too
     with pytest.raises(KeyError):
         ds.get(next(k for k in index_keys(packed) if k not in set(wanted)))
 

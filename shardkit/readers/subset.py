@@ -200,6 +200,8 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
                 f"not {mask.dtype} of shape {mask.shape}"
             )
         return mask
+    if isinstance(selection, (set, frozenset)):
+        selection = sorted(selection)
     if isinstance(selection, (str, bytes)) or not isinstance(selection, Sequence | np.ndarray | pa.Array):
         raise ConfigError(
             f"select must be a list of keys, a pyarrow Expression or a callable, not {type(selection).__name__}"
