@@ -400,7 +400,8 @@ def buffer_shuffle(samples: Iterator[Any], size: int, seed: tuple[int, ...]) -> 
 
 def counts_space(counts: list[int], seed: int, epoch: int) -> ShardSpace:
     """The epoch's shard sequence as ShardDataset.space() builds it, from record counts alone."""
-    fake = SimpleNamespace(manifest=SimpleNamespace(shards=[SimpleNamespace(count=c) for c in counts]), remote=None)
+    shards = [SimpleNamespace(count=c) for c in counts]
+    fake = SimpleNamespace(manifest=SimpleNamespace(shards=shards), counts=counts, remote=None)
     return ShardSpace(fake, (seed, epoch), True)  # type: ignore[arg-type]
 
 

@@ -36,10 +36,14 @@ from .epoch import ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, check_buffer, check_seed, lanes_for
+from .subset import runs
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
+    from ..storage.store import Store
+    from .joined import Joined
     from .mix import MixedDataset
+    from .subset import Subset
 
 DECODE_MODES = ("rgb", "bytes", "pil", "torch")
 OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
@@ -83,6 +87,10 @@ class ReadOptions:
     world_size: int | None
     drop_last: bool
     max_pixels: int
+    # what of the output is read (readers/subset) and the columns joined to it (readers/joined);
+    # not compared: a pyarrow Expression's == makes an Expression
+    select: Any = field(compare=False)
+    join: Any = field(compare=False)
     handler: OnError = field(init=False, repr=False, compare=False)  # made from on_error
 
     def __post_init__(self) -> None:
@@ -102,7 +110,14 @@ class ReadOptions:
 
 class ShardDataset(EpochIteration):
     def __init__(
-        self, folder: Path | str, manifest: Manifest, options: ReadOptions, *, remote: Remote | None = None
+        self,
+        folder: Path | str,
+        manifest: Manifest,
+        options: ReadOptions,
+        *,
+        remote: Remote | None = None,
+        subset: Subset | None = None,
+        joined: Joined | None = None,
     ) -> None:
         self.folder = folder
         self.manifest = manifest
@@ -138,7 +153,11 @@ class ShardDataset(EpochIteration):
         classes = folder_classes(manifest.settings, manifest.classes)
         if classes is not None:  # tars adopted with --folder-labels: a record's label is its folder's
             self._readers = [FolderLabels(reader, classes) for reader in self._readers]
-        self._starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
+        self.subset = subset
+        self.joined = joined
+        self.counts: list[int] = subset.counts if subset is not None else [s.count for s in manifest.shards]
+        self._starts: list[int] = np.cumsum([0, *self.counts]).tolist()
+        self._stored_starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
         self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
@@ -162,10 +181,15 @@ class ShardDataset(EpochIteration):
         if not 0 <= index < len(self):
             raise IndexError(index)
         shard = bisect.bisect_right(self._starts, index) - 1
-        return self._sample(shard, lambda reader: reader.read(index - self._starts[shard]), str(index))
+        local = index - self._starts[shard]
+        return self._sample(shard, local if self.subset is None else self.subset.position(shard, local), str(index))
 
     def get(self, key: str) -> Any:
         """The sample stored under `key` (KeyError if there is none)."""
+        if self._key_index is None and self.subset is not None:  # the subset's keys, from the index
+            shards = np.repeat(np.arange(len(self.counts)), self.counts).tolist()
+            kept = zip(self.subset.keys.to_pylist(), shards, self.subset.positions.tolist(), strict=True)
+            self._key_index = {key: (shard, position) for key, shard, position in kept}
         if self._key_index is None:
             index: dict[str, tuple[int, int]] = {}
             for shard, reader in enumerate(self._readers):
@@ -179,8 +203,8 @@ class ShardDataset(EpochIteration):
                         reader.close()
                 index.update((key, (shard, local)) for local, key in enumerate(keys))
             self._key_index = index
-        shard, local = self._key_index[key]
-        return self._sample(shard, lambda reader: reader.read(local), key)
+        shard, position = self._key_index[key]
+        return self._sample(shard, position, key)
 
     def _check_count(self, shard: int) -> None:
         """Random access trusts the manifest's counts: the shard must hold exactly that many records."""
@@ -191,11 +215,14 @@ class ShardDataset(EpochIteration):
                 raise ShardFormatError(f"{where}: holds {held:,} records, the manifest says {listed:,}")
             self._counted.add(shard)
 
-    def _sample(self, shard: int, read: Callable[[ShardReader], Record], what: str) -> Any:
+    def _sample(self, shard: int, position: int, what: str) -> Any:
+        """The sample at a stored position of a shard (`what` names it in errors)."""
         name = self.manifest.shards[shard].name
         try:
             self._check_count(shard)
-            record = read(self._readers[shard])
+            record = self._readers[shard].read(position)
+            if self.joined is not None:
+                record = self.joined.add(record, self._stored_starts[shard] + position)
             return self.decode_record(record, name)
         except ShardFormatError as error:
             raise ShardReadError(f"{error} (reading record {what})") from None
@@ -245,11 +272,20 @@ class ShardDataset(EpochIteration):
 
     # --- iterable -----------------------------------------------------------------------------
 
+    @property
+    def selection(self) -> str | None:
+        """The identity of the subset read (a hash of its kept positions), None for the whole output."""
+        return self.subset.identity if self.subset is not None else None
+
     def fresh_progress(self) -> Progress:
         """The start of this dataset's current epoch (readers/order)."""
         per_shard = len(self) / max(1, len(self.manifest.shards))
         lanes = lanes_for(self.shuffle_buffer, per_shard)
-        return Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self), lanes=lanes)
+        progress = Progress(
+            self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self), lanes=lanes
+        )
+        progress.selection = self.selection  # a state resumes only the subset it was saved on
+        return progress
 
     def space(self, progress: Progress) -> ShardSpace:
         """The epoch's positions as records: shards in stored order, or shuffled by (seed, epoch)."""
@@ -287,11 +323,36 @@ class ShardDataset(EpochIteration):
                 self.on_error(error, self)
 
     def read_range(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Record]:
-        """The records [start, stop) of one shard, undecoded, checked against the manifest's count:
-        a damaged shard raises ShardReadError, or with on_error="skip" ends the run early (counted in
+        """The records [start, stop) of one shard as this dataset counts them (a subset: its kept
+        records), undecoded, with any joined columns, checked against the manifest's count: a
+        damaged shard raises ShardReadError, or with on_error="skip" ends the run early (counted in
         `skipped`; the caller sees fewer records than it asked for)."""
+        stop = self.counts[shard] if stop is None else stop
+        if self.subset is None:
+            records = self._read_stored(shard, start, stop)
+            if self.joined is None:
+                return records
+            return self.joined.added(records, self._stored_starts[shard] + start)
+        return self._read_kept(shard, self.subset.kept(shard)[start:stop])
+
+    def _read_kept(self, shard: int, kept: np.ndarray) -> Iterator[Record]:
+        """The records at sorted stored positions `kept` of a shard: runs of nearby positions read
+        as one range, the records between skipped (reads stay sequential within the shard)."""
+        base = self._stored_starts[shard]
+        for first, stop, begin, end in runs(kept):
+            wanted = kept[begin:end].tolist()
+            at, got = first, 0
+            for record in self._read_stored(shard, first, stop):
+                if at == wanted[got]:
+                    yield record if self.joined is None else self.joined.add(record, base + at)
+                    got += 1
+                at += 1
+            if got < len(wanted):  # a damaged shard, skipped (on_error="skip"): read no more of it
+                return
+
+    def _read_stored(self, shard: int, start: int, stop: int) -> Iterator[Record]:
+        """The records [start, stop) of one shard as stored (see read_range)."""
         where, count = self._where(shard), self.manifest.shards[shard].count
-        stop = count if stop is None else stop
         wanted = stop - start
         read = 0
         failure: ShardReadError | None = None
@@ -340,6 +401,8 @@ def open_shards(
     weights: Sequence[float] | None = None,
     length: int | None = None,
     exhausted: str = "resample",
+    select: Any = None,
+    join: Any = None,
 ) -> ShardDataset: ...
 
 
@@ -364,6 +427,8 @@ def open_shards(
     weights: Sequence[float] | None = None,
     length: int | None = None,
     exhausted: str = "resample",
+    select: Any = None,
+    join: Any = None,
 ) -> MixedDataset: ...
 
 
@@ -387,6 +452,8 @@ def open_shards(
     weights: Sequence[float] | None = None,
     length: int | None = None,
     exhausted: str = "resample",
+    select: Any = None,
+    join: Any = None,
 ) -> ShardDataset | MixedDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
@@ -413,16 +480,31 @@ def open_shards(
     (exhausted="resample", the default), or the epoch ends before the first sample an output cannot
     give (exhausted="stop"). Ranks, workers, the loader and checkpoints work on a mix as on one
     output; labels are each output's own (`ds.classes` is a list per output).
+
+    select reads a subset without packing again, resolved from the output's index.parquet before any
+    shard is opened (readers/subset): a list of keys, a pyarrow Expression over the index's columns
+    (`pc.field("label") < 10`), or a callable given the index as a Table and returning a boolean
+    mask or a filtered Table. The subset keeps the stored order; len, ds[i], get, iteration, ranks,
+    workers, the loader and checkpoints see only it (a checkpoint resumes only the subset it was
+    saved on). join adds columns without rewriting a shard (readers/joined): a parquet, CSV or JSONL
+    file or a pyarrow Table with a `key` column; its other columns join each sample's `fields`
+    (None for a record the table lacks). A mix takes select as a filter applied to each output.
     """
     options = ReadOptions(
         decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
         shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
+        select=select, join=join,
     )  # fmt: skip
     if isinstance(path, (list, tuple)):
         from .mix import MixedDataset
 
         if not path:
             raise ConfigError("open_shards needs at least one output to mix")
+        if join is not None or (select is not None and not _filters(select)):
+            raise ConfigError(
+                "a mix takes select as a filter (an Expression or a callable, applied to each output), "
+                "not keys or join: open one output for those"
+            )
         per_source = replace(options, shuffle=False, rank=None, world_size=None, drop_last=False)
         sources = [_open_one(p, per_source, storage_options, cache_dir, cache_limit) for p in path]
         return MixedDataset(
@@ -451,7 +533,9 @@ def _open_one(
 
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(folder, cache)
-        return ShardDataset(folder.url, read_remote_manifest(folder), options, remote=remote)
+        manifest = read_remote_manifest(folder)
+        subset, joined = _narrowed(folder, manifest, options)
+        return ShardDataset(folder.url, manifest, options, remote=remote, subset=subset, joined=joined)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
@@ -465,4 +549,31 @@ def _open_one(
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
-    return ShardDataset(folder, manifest, options)
+    subset, joined = _narrowed(folder, manifest, options)
+    return ShardDataset(folder, manifest, options, subset=subset, joined=joined)
+
+
+def _filters(select: Any) -> bool:
+    """Whether `select` is a filter (a callable or a pyarrow Expression), not a list of keys."""
+    if callable(select):
+        return True
+    compute = sys.modules.get("pyarrow.compute")
+    return compute is not None and isinstance(select, compute.Expression)
+
+
+def _narrowed(where: Path | Store, manifest: Manifest, options: ReadOptions) -> tuple[Subset | None, Joined | None]:
+    """The subset `select` keeps and the columns `join` adds, both from the output's index.parquet
+    (fetched once for a remote output): no shard is read."""
+    if options.select is None and options.join is None:
+        return None, None
+    from .subset import read_index, select
+
+    index = read_index(where, manifest)
+    name = str(where) if isinstance(where, Path) else where.url
+    subset = select(index, options.select, name) if options.select is not None else None
+    joined = None
+    if options.join is not None:
+        from .joined import join
+
+        joined = join(index, options.join, name)
+    return subset, joined

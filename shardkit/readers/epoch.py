@@ -33,6 +33,7 @@ class ShardSource(Protocol):
     readers.dataset.ShardDataset (named here, not imported, so this module sits below it)."""
 
     manifest: Manifest
+    counts: list[int]  # records per shard as read: the manifest's, or a subset's kept (readers/subset)
     remote: Remote | None  # None for a local output
     skipped: int  # records skipped under on_error="skip" (readers.handlers.OnError counts them)
 
@@ -82,7 +83,7 @@ class ShardSpace:
         self.order = list(range(len(dataset.manifest.shards)))
         if shuffle and len(self.order) > 1:
             np.random.default_rng(seed).shuffle(self.order)
-        self.counts = [dataset.manifest.shards[shard].count for shard in self.order]
+        self.counts = [dataset.counts[shard] for shard in self.order]
         self.starts = np.cumsum([0, *self.counts])
         self.cuts: np.ndarray | None = self.starts[:-1]
 

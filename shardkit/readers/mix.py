@@ -11,6 +11,7 @@ so each source is read sequentially within its shards.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -101,6 +102,11 @@ class MixSource(ShardSource, Protocol):
     folder: Path | str
     classes: list[str]
     max_pixels: int
+
+    @property
+    def selection(self) -> str | None:
+        """The subset read (readers/subset's hash), None for the whole output."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -238,6 +244,9 @@ class MixedDataset(EpochIteration):
         lanes = lanes_for(self.shuffle_buffer, per_shard)
         progress = Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self), lanes=lanes)
         progress.weights = self.share.tolist()  # a state resumes only a mix of the same weights
+        selections = [source.selection for source in self.sources]
+        if any(selection is not None for selection in selections):  # a state resumes only the subsets it read
+            progress.selection = hashlib.sha256(repr(selections).encode()).hexdigest()[:16]
         return progress
 
     def space(self, progress: Progress) -> MixSpace:

@@ -301,6 +301,7 @@ class Progress:
     splits: list[Split] = field(default_factory=list)
     lanes: int = LANES  # of a shuffled stream (lanes_for)
     weights: list[float] | None = None  # a mix's share of each source (None for one output): a fingerprint
+    selection: str | None = None  # the subset read (readers/subset's hash; None for whole outputs): a fingerprint
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
         """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
@@ -318,6 +319,8 @@ class Progress:
             "buffer": self.buffer, "lanes": self.lanes, "sizes": list(self.sizes), "total": self.total,
             "splits": splits,
         }  # fmt: skip
+        if self.selection is not None:
+            state["selection"] = self.selection
         return state if self.weights is None else {**state, "weights": list(self.weights)}
 
     @classmethod
@@ -333,6 +336,7 @@ class Progress:
                 check_epoch(state["epoch"]), check_seed(state["seed"]), _flag(state, "shuffle"),
                 whole(state["buffer"], "buffer", 1, INT64), sizes, whole(state["total"], "total", 0, INT64),
                 splits, whole(state["lanes"], "lanes", 1, MAX_LANES), _weights(state.get("weights")),
+                _selection(state.get("selection")),
             )  # fmt: skip
         except KeyError as error:
             raise ConfigError(f"a damaged shardkit iteration state: no {shown(error.args[0])}") from None
@@ -345,6 +349,13 @@ class Progress:
         `fresh` and whose epoch (this progress's seed and epoch) has `total` positions, with shards
         starting at `cuts`: the same records and mix, a split's streams bounded by the epoch, each
         stream's count within its stream. Bounded work: about what resuming does anyway."""
+        # the subset first: a state of another subset most often has other sizes too
+        if self.selection != fresh.selection:
+            said = "the whole output" if self.selection is None else f"selection {self.selection}"
+            this = "the whole output" if fresh.selection is None else f"selection {fresh.selection}"
+            raise ConfigError(
+                f"this state was saved on {said}, this dataset reads {this}: a state resumes its own subset"
+            )
         if self.sizes != fresh.sizes:
             raise ConfigError(
                 f"this state was saved on {_records(self.sizes)}, this dataset has {_records(fresh.sizes)}: "
@@ -484,6 +495,15 @@ def _weights(value: Any) -> list[float] | None:
         isinstance(w, float) and 0 <= w <= 1 for w in value
     ):  # (NaN fails 0 <= w)
         raise ConfigError(f"weights must be a list of shares from 0 to 1, not {shown(value)}")
+    return value
+
+
+def _selection(value: Any) -> str | None:
+    """A subset's identity: a short hex text (None for whole outputs)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 64 or not value.isalnum():
+        raise ConfigError(f"selection must be a subset's hash, not {shown(value)}")
     return value
 
 

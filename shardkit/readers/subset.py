@@ -1,0 +1,235 @@
+"""A subset of an output taken from its index.parquet, no shard touched: `open_shards(OUT, select=...)`.
+
+The selection (keys, a pyarrow Expression over the index's columns, or a callable given the index
+as a Table) is resolved once to each shard's kept positions, sorted: the epoch machinery then counts
+kept records (`Subset.counts`) and reads each shard's kept positions as a few ranges, skipping what
+lies between (`runs`). The index is trusted only once it is the manifest's (bytes and sha256) and
+lists every shard's positions 0..count-1 exactly once, so a position read is the record meant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, ManifestError, describe
+from ..core.manifest import INDEX_NAME, Manifest, sha256_file
+
+if TYPE_CHECKING:
+    from ..storage.store import Store
+
+# A run of kept positions is read as one range while fewer than this many unkept records lie
+# between two kept ones: reading past a few records costs less than starting a read again (a tar
+# walk from its nearest mark, an LMDB transaction, an HDF5 window).
+GAP = 16
+SHOWN = 3  # unknown keys an error names
+
+Selection = Sequence[str] | Callable[[Any], Any] | Any  # keys, a callable, or a pyarrow Expression
+
+
+@dataclass
+class IndexFile:
+    """An output's index.parquet checked against its manifest: `source` is what pyarrow reads
+    (a local path, or the fetched bytes of a remote one) and `base` its key, shard (the shard's
+    number) and position columns."""
+
+    source: Any
+    manifest: Manifest
+    keys: Any  # pyarrow string array, the index's row order
+    shards: np.ndarray  # int64: the manifest's number of each row's shard
+    positions: np.ndarray  # int64
+    _columns: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        return self._columns
+
+    def read(self, columns: list[str] | dict[str, Any] | None = None) -> Any:
+        """Columns of the index (all by default), or expressions over them ({name: Expression}):
+        only the columns they name are read."""
+        import pyarrow.dataset as ds
+        import pyarrow.fs as fs
+
+        if hasattr(self.source, "seek"):
+            self.source.seek(0)
+        try:
+            local = None if hasattr(self.source, "seek") else fs.LocalFileSystem()
+            return ds.ParquetFileFormat().make_fragment(self.source, filesystem=local).to_table(columns=columns)
+        except Exception as error:  # pyarrow's own (ArrowInvalid for an unknown column, a type mismatch, ...)
+            raise ConfigError(f"select: {str(error).splitlines()[0][:300]}") from None
+
+
+def read_index(where: Path | Store, manifest: Manifest) -> IndexFile:
+    """The output's index.parquet (fetched once for a remote output), checked to be the manifest's
+    and to list each shard's positions exactly once; ManifestError saying what does not fit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    entry = manifest.index
+    name = where / INDEX_NAME if isinstance(where, Path) else where.child(INDEX_NAME)
+    if entry is None:
+        raise ConfigError(f"{name}: this output has no index, which select and join need (pack it again)")
+    source: Any
+    try:
+        if isinstance(where, Path):
+            size = os.stat(name).st_size
+            digest = sha256_file(Path(name)) if size == entry.bytes else ""
+            source = str(name)
+        else:
+            data = where.read(INDEX_NAME, limit=entry.bytes)
+            size, digest = len(data), hashlib.sha256(data).hexdigest()
+            source = pa.BufferReader(data)
+    except FileNotFoundError:
+        raise ManifestError(f"{name}: listed in the manifest but missing") from None
+    except OSError as error:
+        raise ManifestError(f"{name}: {describe(error)}") from None
+    if size != entry.bytes or digest != entry.sha256:
+        raise ManifestError(f"{name}: differs from the manifest (bytes changed)")
+    try:
+        handle = pq.ParquetFile(source)
+        rows = handle.metadata.num_rows
+        if rows != manifest.records:
+            raise ManifestError(f"{name}: {rows:,} rows, the manifest says {manifest.records:,} records")
+        table = handle.read(columns=["key", "shard", "position"])
+        columns = list(handle.schema_arrow.names)
+    except ManifestError:
+        raise
+    except Exception as error:  # pyarrow's own errors for a damaged file or a missing column
+        raise ManifestError(f"{name}: unreadable ({str(error).splitlines()[0][:200]})") from None
+    if not isinstance(where, Path):
+        source = pa.BufferReader(data)  # read again from the start by each later read
+    keys, shard_names, positions = (table.column(n).combine_chunks() for n in ("key", "shard", "position"))
+    if keys.null_count or shard_names.null_count or positions.null_count or not pa.types.is_integer(positions.type):
+        raise ManifestError(f"{name}: a key, shard or position missing or of the wrong type")
+    numbers = _shard_numbers(shard_names, manifest, name)
+    at = positions.to_numpy().astype(np.int64)
+    _check_positions(numbers, at, manifest, name)
+    return IndexFile(source, manifest, keys, numbers, at, columns)
+
+
+def _shard_numbers(names: Any, manifest: Manifest, where: object) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    listed = pa.array([shard.name for shard in manifest.shards], pa.string())
+    numbers = pc.index_in(names, value_set=listed)
+    if numbers.null_count:
+        stranger = names.filter(pc.is_null(numbers))[0].as_py()
+        raise ManifestError(f"{where}: names a shard the manifest lacks: {str(stranger)[:80]!r}")
+    result: np.ndarray = numbers.to_numpy(zero_copy_only=False).astype(np.int64)
+    return result
+
+
+def _check_positions(shards: np.ndarray, positions: np.ndarray, manifest: Manifest, where: object) -> None:
+    """Every shard's positions are 0..count-1, each once: then (shard, position) names one record."""
+    counts = np.array([shard.count for shard in manifest.shards], np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    order = np.lexsort((positions, shards))
+    expected = np.arange(len(order), dtype=np.int64) - starts[shards[order]]
+    if len(order) != int(starts[-1]) or not np.array_equal(positions[order], expected):
+        raise ManifestError(f"{where}: its positions are not each shard's records 0 to count - 1")
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Each shard's kept positions: `positions[offsets[s]:offsets[s + 1]]`, sorted, for shard s."""
+
+    positions: np.ndarray  # int64, sorted within each shard
+    offsets: np.ndarray  # int64, len(shards) + 1
+    keys: Any  # pyarrow string array: the kept records' keys, in the same order
+    identity: str  # a hash of the kept positions: a state resumes only the selection it was saved on
+
+    @property
+    def counts(self) -> list[int]:
+        result: list[int] = np.diff(self.offsets).tolist()
+        return result
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def kept(self, shard: int) -> np.ndarray:
+        return self.positions[self.offsets[shard] : self.offsets[shard + 1]]
+
+    def position(self, shard: int, local: int) -> int:
+        """The stored position of the shard's `local`-th kept record."""
+        return int(self.positions[self.offsets[shard] + local])
+
+
+def select(index: IndexFile, selection: Selection, what: str) -> Subset:
+    """The subset `selection` keeps of the output whose index is `index` (`what` names it in errors)."""
+    mask = _mask(index, selection)
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        raise ConfigError(f"select keeps no record of {what}")
+    shards, positions = index.shards[rows], index.positions[rows]
+    order = np.lexsort((positions, shards))
+    rows, shards, positions = rows[order], shards[order], positions[order]
+    offsets = np.searchsorted(shards, np.arange(len(index.manifest.shards) + 1)).astype(np.int64)
+    digest = hashlib.sha256(offsets.tobytes() + positions.tobytes()).hexdigest()[:16]
+    return Subset(positions, offsets, index.keys.take(rows), digest)
+
+
+def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(selection, pc.Expression):
+        # evaluated as a projected column: only the columns it names are read, a row per index row
+        keep = index.read(columns={"keep": selection}).column("keep")
+        if not pa.types.is_boolean(keep.type):
+            raise ConfigError(f"select: the expression must be a condition (true or false), not {keep.type}")
+        result: np.ndarray = pc.fill_null(keep, False).to_numpy()
+        return result
+    if callable(selection):
+        picked = selection(index.read())
+        if isinstance(picked, pa.Table):
+            if "key" not in picked.column_names:
+                raise ConfigError("select: the table the callable returned has no 'key' column")
+            return _keys_mask(index, picked.column("key"))
+        mask = np.asarray(picked.to_numpy(zero_copy_only=False) if hasattr(picked, "to_numpy") else picked)
+        if mask.dtype != np.bool_ or mask.shape != (len(index.keys),):
+            raise ConfigError(
+                f"select: the callable must return a Table or {len(index.keys):,} booleans, "
+                f"not {mask.dtype} of shape {mask.shape}"
+            )
+        return mask
+    if isinstance(selection, (set, frozenset)):
+        selection = sorted(selection)
+    if isinstance(selection, (str, bytes)) or not isinstance(selection, Sequence | np.ndarray | pa.Array):
+        raise ConfigError(
+            f"select must be a list of keys, a pyarrow Expression or a callable, not {type(selection).__name__}"
+        )
+    wanted = pa.array(list(selection) if not isinstance(selection, pa.Array) else selection, pa.string())
+    unknown = wanted.filter(pc.invert(pc.is_in(wanted, value_set=index.keys)))
+    if len(unknown):
+        names = ", ".join(repr(k) for k in unknown[:SHOWN].to_pylist())
+        more = f" and {len(unknown) - SHOWN:,} more" if len(unknown) > SHOWN else ""
+        raise ConfigError(f"select: {len(unknown):,} keys not in the output: {names}{more}")
+    return _keys_mask(index, wanted)
+
+
+def _keys_mask(index: IndexFile, keys: Any) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    result: np.ndarray = pc.is_in(index.keys, value_set=keys.unique()).to_numpy(zero_copy_only=False)
+    return result
+
+
+def runs(kept: np.ndarray, gap: int | None = None) -> Iterator[tuple[int, int, int, int]]:
+    """Sorted positions as ranges read whole: (first, stop, begin, end) for stored positions
+    [first, stop) holding kept[begin:end]; a new range starts where more than `gap` unkept
+    records lie between two kept ones."""
+    if not len(kept):
+        return
+    gap = GAP if gap is None else gap
+    breaks = np.flatnonzero(np.diff(kept) > gap + 1) + 1
+    bounds = [0, *breaks.tolist(), len(kept)]
+    for begin, end in itertools.pairwise(bounds):
+        yield int(kept[begin]), int(kept[end - 1]) + 1, begin, end
