@@ -1,15 +1,16 @@
-"""`shardkit index`: adopt WebDataset tars someone else wrote (img2dataset's output, anyone's `tar`
-of a folder), so that verify, open_shards, the loader and bench work on them as on shardkit's own.
+"""`shardkit index`: adopt WebDataset tars someone else wrote (img2dataset's output, anyone's `tar` of
+a folder), so that verify, open_shards, the loader and bench work on them as on shardkit's own.
 
-The tars are read, never modified or moved. Each is scanned once in a worker process (streamed:
-its sha256, then its headers, then its records as open_shards reads them; memory bounded by one
-record), and beside them go `manifest.json` (counts, bytes, sha256, the extensions samples hold,
-classes from `.cls` members, or with `folder_labels` from the keys' folders), `errors.jsonl` (what readers leave out, and why), each tar's DALI
-index and wids' `shardindex.json`. What is listed and not fatal: a sample with no image member (the
-readers skip it), a member that is not a regular file (but a folder: a tar of a tree stores them)
-or is in no sample (no extension, hidden), a key that another tar holds too. A tar the readers cannot read whole (damaged, a key twice in it, a
-label that is not a number) or whose file name is not UTF-8 (JSON cannot hold it) is left out of
-the manifest with its reason. Keys are compared as 8-byte hashes, so memory is ~8 bytes a sample.
+The tars are read, never modified or moved. Each is scanned once in a worker process (streamed: its
+sha256, then its headers, then its records as open_shards reads them; memory bounded by one record),
+and beside them go `manifest.json` (counts, bytes, sha256, the extensions samples hold, classes from
+`.cls` members, or with `folder_labels` from the keys' folders), `errors.jsonl` (what readers leave
+out, and why), each tar's DALI index and wids' `shardindex.json`. What is listed and not fatal: a
+sample with no image member (the readers skip it), a member that is not a regular file (but a
+folder: a tar of a tree stores them) or is in no sample (no extension, hidden), a key that another
+tar holds too. A tar the readers cannot read whole (damaged, a key twice in it, a label that is not
+a number) or whose file name is not UTF-8 (JSON cannot hold it) is left out of the manifest with its
+reason. Keys are compared as 8-byte hashes, so memory is ~8 bytes a sample.
 """
 
 from __future__ import annotations
