@@ -503,22 +503,20 @@ class BatchLoader:
         (readers/targets.py); a record whose targets fail joins `failures`. None when not asked."""
         if self.mask is None and self.boxes is None:
             return None
-        masks = np.zeros((len(chunk), *self.size), np.uint8) if self.mask is not None else None
+        masks = np.empty((len(chunk), *self.size), np.uint8) if self.mask is not None else None
         found: list[Any] = [None] * len(chunk)
         for i, item in enumerate(chunk):
             if i in failures:
                 continue
             try:
-                mask, found[i] = record_targets(
+                _, found[i] = record_targets(
                     item.record, (int(sizes[i][0]), int(sizes[i][1])), windows[i], bool(flips[i]), self.size,
                     mask=self.mask, boxes=self.boxes, box_format=self.box_format,
                     center_crop=center_cropped(item.dataset.manifest.settings), max_pixels=self.dataset.max_pixels,
+                    out=None if masks is None else masks[i],
                 )  # fmt: skip
             except ImageError as error:
                 failures[i] = str(error)
-                continue
-            if masks is not None and mask is not None:
-                masks[i] = mask
         return masks, found
 
     def _attach_targets(

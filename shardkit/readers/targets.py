@@ -65,15 +65,21 @@ def decode_mask(data: bytes, max_pixels: int) -> np.ndarray:
     return pixels
 
 
-def crop_mask(mask: np.ndarray, window: np.ndarray, flip: bool, size: tuple[int, int]) -> np.ndarray:
+def crop_mask(
+    mask: np.ndarray, window: np.ndarray, flip: bool, size: tuple[int, int], out: np.ndarray | None = None
+) -> np.ndarray:
     """A stored mask through one window: cropped, resized nearest-neighbour to size (height, width),
-    flipped. Indexing rows then columns touches only the output's pixels (no full-size resize)."""
+    flipped, into `out` when given (the batch's buffer: no copy after). Taking the output's rows,
+    then their columns, touches only the output's pixels (no full-size resize)."""
     x0, y0, x1, y1 = (float(v) for v in window)
     rows = nearest_indices(y0, y1, size[0], mask.shape[0])
     columns = nearest_indices(x0, x1, size[1], mask.shape[1])
     if flip:
         columns = columns[::-1]
-    return np.ascontiguousarray(mask[rows][:, columns])
+    if out is None:
+        out = np.empty(size, np.uint8)
+    np.take(mask[rows], columns, axis=1, out=out)
+    return out
 
 
 def column_value(columns: dict[str, Any] | None, name: str) -> Any:
@@ -159,9 +165,11 @@ def record_targets(
     box_format: str,
     center_crop: bool,
     max_pixels: int,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
-    """One record's (mask, (boxes, box index)) through its window; ImageError (the reason, naming
-    the field) for a missing field, a malformed column or a mask not the stored image's size."""
+    """One record's (mask, written into `out` when given; (boxes, box index)) through its window;
+    ImageError (the reason, naming the field) for a missing field, a malformed column or a mask not
+    the stored image's size."""
     cropped = None
     if mask is not None:
         data = (record.files or {}).get(mask)
@@ -173,7 +181,7 @@ def record_targets(
                 "mask",
                 f"{mask} is {pixels.shape[1]}x{pixels.shape[0]}, its image {stored[0]}x{stored[1]}: not aligned",
             )
-        cropped = crop_mask(pixels, window, flip, size)
+        cropped = crop_mask(pixels, window, flip, size, out)
     mapped = None
     if boxes is not None:
         try:
