@@ -4,6 +4,7 @@ computation from the packed records, in every format; the windows and flips ever
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -118,10 +119,10 @@ def _expected_boxes(
     return np.array(found, np.float64).reshape(-1, 4), np.array(index, np.int64)
 
 
-def _batches(output: Path, **options: Any) -> list[Any]:
+def _batches(folder: Path, **options: Any) -> list[Any]:
     on_error = options.pop("on_error", "raise")
     settings = {"crop": "random", "flip": True, "output": "numpy", "mask": "seg.png", "boxes": "objects.bbox"}
-    return list(open_shards(output, on_error=on_error, seed=3).loader(4, (48, 64), **{**settings, **options}))
+    return list(open_shards(folder, on_error=on_error, seed=3).loader(4, (48, 64), **{**settings, **options}))
 
 
 def _check_batches(
@@ -245,6 +246,10 @@ def test_bad_targets_follow_on_error(tmp_path: Path) -> None:
     assert kept == ["img00", "img03"]
     kept = [key for batch in _batches(tmp_path / "out", mask=None, on_error="skip") for key in batch.keys]
     assert kept == ["img00", "img01", "img02"]
+    if importlib.util.find_spec("torch") is not None:  # the device path drops the same records
+        batches = _batches(tmp_path / "out", on_error="skip", output="torch", device="cpu")
+        assert [key for batch in batches for key in batch.keys] == ["img00"]
+        assert batches[0].masks.shape == (1, 48, 64) and len(batches[0].boxes) == 1
     with pytest.raises(ShardReadError, match=r"record img03: .*no column 'objects\.bbox'"):
         _batches(tmp_path / "out", mask=None)
     with pytest.raises(ShardReadError, match=r"record img00: .*column 'objects' is not a list"):
@@ -262,9 +267,6 @@ def test_options_are_checked(packed: dict[str, Path]) -> None:
         dataset.loader(4, 32, output="numpy", boxes="objects.bbox", box_format="cxcywh")
     with pytest.raises(ConfigError, match="mask must be"):
         dataset.loader(4, 32, output="numpy", mask=3)
-    pytest.importorskip("torch")
-    with pytest.raises(ConfigError, match="leave device= out"):
-        dataset.loader(4, 32, mask="seg.png", device="cpu")
 
 
 def test_a_transform_warns_that_the_loader_ignores_it(packed: dict[str, Path]) -> None:
@@ -285,3 +287,16 @@ def test_torch_output_is_torchvision_typed(packed: dict[str, Path]) -> None:
     _, boxes, mask = v2.RandomHorizontalFlip(p=1.0)(batch.images[0], batch.boxes[0], tv_tensors.Mask(batch.masks[0]))
     assert torch.equal(mask, batch.masks[0].flip(-1))
     assert torch.allclose(boxes[:, 0], 32 - batch.boxes[0][:, 2])
+
+
+def test_the_device_path_gives_the_same_targets(packed: dict[str, Path]) -> None:
+    torch = pytest.importorskip("torch")
+    settings = {"crop": "random", "flip": True, "mask": "seg.png", "boxes": "objects.bbox", "workers": 2}
+    host = list(open_shards(packed["webdataset"], seed=3).loader(4, (48, 64), **settings))
+    device = list(open_shards(packed["webdataset"], seed=3).loader(4, (48, 64), device="cpu", **settings))
+    assert [b.keys for b in host] == [b.keys for b in device]
+    for a, b in zip(host, device, strict=True):
+        assert np.array_equal(a.windows, b.windows) and np.array_equal(a.flips, b.flips)
+        assert torch.equal(a.masks, b.masks) and b.masks.shape == (len(b.keys), 48, 64)
+        assert all(torch.equal(p, q) for p, q in zip(a.boxes, b.boxes, strict=True))
+        assert all(torch.equal(p, q) for p, q in zip(a.box_index, b.box_index, strict=True))

@@ -135,7 +135,8 @@ class EpochIteration:
         left without area dropped, and `batch.box_index[i]`, int64 (k,), which of the record's boxes
         they are (to gather per-box labels). torchvision's tv_tensors Mask and BoundingBoxes with
         output="torch" where torchvision is installed. A record lacking the field, or whose mask is
-        not its image's size, is a failure on_error handles. Not with device= (the CPU path's).
+        not its image's size, is a failure on_error handles. With device=, they are made on the loader's
+        threads (a mask's PNG is decoded on the host) and sent to the device with the images.
         A dataset's transform= is not applied here (a warning says so): it takes samples, not batches.
         """
         from .loader import BatchLoader, LoaderOptions

@@ -48,6 +48,7 @@ CROPS = ("random", "center", None)
 DEVICE_AHEAD = 2  # batches the device path makes past the one handed out
 OUTPUTS = ("torch", "numpy")
 _FAILED, _UNSUPPORTED = 1, 2
+Targets = tuple[np.ndarray | None, list[Any]]  # a batch's masks (or None) and per record (boxes, index)
 
 
 class Batch(tuple[Any, Any]):
@@ -87,6 +88,11 @@ class Batch(tuple[Any, Any]):
         batch.fields = fields if fields is not None else [{} for _ in keys]
         batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = None
         return batch
+
+    def tensors(self) -> list[Any]:
+        """The masks', boxes' and box indexes' tensors (none when not asked for)."""
+        found = [] if self.masks is None else [self.masks]
+        return found + list(self.boxes or ()) + list(self.box_index or ())
 
     @property
     def images(self) -> Any:
@@ -190,7 +196,7 @@ class _DeviceLane:
             torch = self._loader._torch
             current = torch.cuda.current_stream(self._loader.device)
             current.wait_event(done)
-            for tensor in (batch.images, batch.labels):
+            for tensor in (batch.images, batch.labels, *batch.tensors()):
                 tensor.record_stream(current)
         return batch
 
@@ -246,8 +252,6 @@ class BatchLoader:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
         check_target_options(options.mask, options.boxes, options.box_format)
         self.mask, self.boxes, self.box_format = options.mask, options.boxes, options.box_format
-        if self.device is not None and (self.mask is not None or self.boxes is not None):
-            raise ConfigError("mask= and boxes= are the CPU path's: leave device= out to get them")
         # imported here, not on a loader thread (an import there would hold the import lock)
         wants_typed = self._torch is not None and (self.mask is not None or self.boxes is not None)
         self._tv_tensors = tv_tensors() if wants_typed else None
@@ -316,19 +320,19 @@ class BatchLoader:
 
     def _gather(
         self, key: tuple[int, ...], number: int, chunk: list[Item]
-    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None, Any]:
-        """A batch's records with their windows and flips, drawn from their headers' sizes, the
-        records whose header failed and, on the device path, the JPEGs' bytes as the tensors its
-        decoder takes and the resample's taps (readers/device.py's plan): all of the device path's
-        host work on a loader thread (decoding is the device's), and the first step of `_decode`."""
-        sizes, boxes, flips, failures = self._sized_windows(key, number, chunk)
-        encoded = plan = None
-        if self.device is not None:
-            from .device import encoded_jpegs, plan_resample
+    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None, Any, Targets | None]:
+        """The device path's host work, on a loader thread (decoding is the device's): a batch's
+        records with their windows and flips, drawn from their headers' sizes, the records whose
+        header failed, the JPEGs' bytes as the tensors its decoder takes, the resample's taps
+        (readers/device.py's plan), and masks and boxes when asked (made on the host, as a mask's
+        PNG is decoded there)."""
+        from .device import encoded_jpegs, plan_resample
 
-            encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
-            plan = plan_resample(sizes[:, ::-1], boxes, flips, self.size)  # (sizes: width, height)
-        return chunk, boxes, flips, failures, encoded, plan
+        sizes, boxes, flips, failures = self._sized_windows(key, number, chunk)
+        targets = self._targets(chunk, sizes, window_corners(boxes), flips, failures)
+        encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
+        plan = plan_resample(sizes[:, ::-1], boxes, flips, self.size)  # (sizes: width, height)
+        return chunk, boxes, flips, failures, encoded, plan, targets
 
     def _sized_windows(
         self, key: tuple[int, ...], number: int, chunk: list[Item]
@@ -353,7 +357,8 @@ class BatchLoader:
         failures: dict[int, str],
         encoded: list[Any] | None,
         plan: Any,
-    ) -> tuple[list[Item], list[int], Any, np.ndarray, Any, np.ndarray, np.ndarray] | None:
+        targets: Targets | None,
+    ) -> tuple[list[Item], list[int], Any, np.ndarray, Any, np.ndarray, np.ndarray, Targets | None] | None:
         """The device path's first step, on its decode thread: the batch's images decoded on the
         device (readers/device.py) and laid end to end, with the rows kept (on_error), their shapes
         and their plan; None when every record failed and on_error skips them."""
@@ -378,7 +383,7 @@ class BatchLoader:
         plan = plan if keep is None else plan.take(rows)
         if not np.array_equal(plan.shapes, shapes):  # (a decoder that disagrees with the header)
             plan = plan_resample(shapes, boxes[rows], flips[rows], self.size)
-        return chunk, rows, flatten_images(self._torch, kept), shapes, plan, boxes[rows], flips[rows]
+        return chunk, rows, flatten_images(self._torch, kept), shapes, plan, boxes[rows], flips[rows], targets
 
     def _on_device(
         self,
@@ -389,6 +394,7 @@ class BatchLoader:
         plan: Any,
         boxes: np.ndarray,
         flips: np.ndarray,
+        targets: Targets | None,
     ) -> Batch:
         """A Batch on the device from what `_decode_on_device` made: the crops resized and flipped,
         the output and the labels queued on the device without waiting for it."""
@@ -403,6 +409,8 @@ class BatchLoader:
         images = finish(torch, pixels, self.dtype, self.mean, self.std)
         batch = Batch(images, to_device(torch, labels, self.device), [r.key for r in records])
         batch.windows, batch.flips = window_corners(boxes), flips.copy()
+        if targets is not None:
+            self._attach_targets(batch, targets, rows)
         if any(r.text is not None or r.columns is not None or r.files for r in records):
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]
@@ -498,7 +506,7 @@ class BatchLoader:
         windows: np.ndarray,
         flips: np.ndarray,
         failures: dict[int, str],
-    ) -> tuple[np.ndarray | None, list[Any]] | None:
+    ) -> Targets | None:
         """Masks (uint8 (n, H, W)) and per-record (boxes, index) through each record's window
         (readers/targets.py); a record whose targets fail joins `failures`. None when not asked."""
         if self.mask is None and self.boxes is None:
@@ -519,26 +527,34 @@ class BatchLoader:
                 failures[i] = str(error)
         return masks, found
 
-    def _attach_targets(
-        self, batch: Batch, targets: tuple[np.ndarray | None, list[Any]], keep: list[int] | None
-    ) -> None:
-        """The kept records' masks and boxes on the batch: torch tensors with output="torch", typed
-        as torchvision's Mask and BoundingBoxes where it is installed."""
+    def _attach_targets(self, batch: Batch, targets: Targets, keep: list[int] | None) -> None:
+        """The kept records' masks and boxes on the batch: torch tensors with output="torch" (on the
+        device on the device path), typed as torchvision's Mask and BoundingBoxes where it is installed."""
         masks, found = targets
         if keep is not None:
             masks = masks[keep] if masks is not None else None
             found = [found[i] for i in keep]
         torch, typed = self._torch, self._tv_tensors
+        if torch is None:
+            tensor: Any = None
+        elif self.device is None:
+            tensor = torch.from_numpy
+        else:
+            from .device import to_device
+
+            def tensor(array: np.ndarray) -> Any:
+                return to_device(torch, array, self.device)
+
         if masks is not None:
-            batch.masks = masks if torch is None else torch.from_numpy(masks)
+            batch.masks = masks if tensor is None else tensor(masks)
             if typed is not None:
                 batch.masks = typed.Mask(batch.masks)
         if self.boxes is None:
             return
         boxes: list[Any] = [b for b, _ in found]
         index: list[Any] = [k for _, k in found]
-        if torch is not None:
-            boxes, index = [torch.from_numpy(b) for b in boxes], [torch.from_numpy(k) for k in index]
+        if tensor is not None:
+            boxes, index = [tensor(b) for b in boxes], [tensor(k) for k in index]
             if typed is not None:
                 canvas = self.size
                 boxes = [typed.BoundingBoxes(b, format="XYXY", canvas_size=canvas) for b in boxes]
