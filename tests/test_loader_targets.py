@@ -47,13 +47,13 @@ def _targets(width: int, height: int, seed: int) -> tuple[Image.Image, list[list
     return mask, boxes, categories
 
 
-def _source(root: Path, count: int = IMAGES) -> Path:
+def _source(root: Path, count: int = IMAGES, prefix: str = "img") -> Path:
     """Sidecar samples: x.jpg (ImageNet photos when ../shared is here, else generated), x.seg.png
     and x.json whose `objects` holds bbox and category, as Hugging Face's detection sets do."""
     root.mkdir(parents=True)
     photos = sorted(IMAGENET_SAMPLE.glob("*.JPEG"))[:count] if IMAGENET_SAMPLE.is_dir() else []
     for i in range(count):
-        image = root / f"img{i:02d}.jpg"
+        image = root / f"{prefix}{i:02d}.jpg"
         if len(photos) == count:
             shutil.copyfile(photos[i], image)
         else:
@@ -61,8 +61,8 @@ def _source(root: Path, count: int = IMAGES) -> Path:
         with Image.open(image) as opened:
             width, height = ImageOps.exif_transpose(opened).size
         mask, boxes, categories = _targets(width, height, i)
-        mask.save(root / f"img{i:02d}.seg.png")
-        (root / f"img{i:02d}.json").write_text(json.dumps({"objects": {"bbox": boxes, "category": categories}}))
+        mask.save(root / f"{prefix}{i:02d}.seg.png")
+        (root / f"{prefix}{i:02d}.json").write_text(json.dumps({"objects": {"bbox": boxes, "category": categories}}))
     return root
 
 
@@ -126,8 +126,10 @@ def _batches(folder: Path, **options: Any) -> list[Any]:
 
 
 def _check_batches(
-    batches: list[Any], stored: dict[str, Any], size: tuple[int, int], center_crop: bool = False
+    batches: list[Any], stored: dict[str, Any], size: tuple[int, int], center_crop: bool | set[str] = False
 ) -> None:
+    """Every batch's masks and boxes against the independent computation; `center_crop`: whether the
+    output was packed with a center crop (a set: the keys that were, for a mix)."""
     seen = 0
     for batch in batches:
         assert batch.windows.shape == (len(batch.keys), 4) and batch.flips.dtype == bool
@@ -143,14 +145,13 @@ def _check_batches(
             expected = _expected_mask(mask, window, flip, size)
             assert np.mean(batch.masks[i] == expected) >= 0.99, key
             assert set(np.unique(batch.masks[i]).tolist()) <= set(np.unique(mask).tolist())
-            boxes, index = _expected_boxes(
-                sample.fields["objects"]["bbox"], sample.meta, window, flip, size, center_crop
-            )
+            crop = key in center_crop if isinstance(center_crop, set) else center_crop
+            boxes, index = _expected_boxes(sample.fields["objects"]["bbox"], sample.meta, window, flip, size, crop)
             assert batch.boxes[i].dtype == np.float32 and batch.box_index[i].dtype == np.int64
             assert np.array_equal(batch.box_index[i], index), key
             assert np.allclose(batch.boxes[i], boxes, atol=1.0), key
             seen += 1
-    assert seen == IMAGES
+    assert seen == (IMAGES if isinstance(center_crop, bool) else sum(len(batch.keys) for batch in batches))
 
 
 @pytest.mark.parametrize("format", FORMATS)
@@ -300,3 +301,16 @@ def test_the_device_path_gives_the_same_targets(packed: dict[str, Path]) -> None
         assert torch.equal(a.masks, b.masks) and b.masks.shape == (len(b.keys), 48, 64)
         assert all(torch.equal(p, q) for p, q in zip(a.boxes, b.boxes, strict=True))
         assert all(torch.equal(p, q) for p, q in zip(a.box_index, b.box_index, strict=True))
+
+
+def test_a_mix_maps_each_sources_boxes_by_its_own_manifest(packed: dict[str, Path], tmp_path: Path) -> None:
+    source = _source(tmp_path / "src", count=4, prefix="sq")
+    pack(PackConfig(str(source), str(tmp_path / "out"), sidecars=True, workers=1,
+                    resize=ResizeConfig(size=64, mode="center-crop")))  # fmt: skip
+    stored = {**_stored(packed["lmdb"]), **_stored(tmp_path / "out")}
+    mix = open_shards([packed["lmdb"], tmp_path / "out"], exhausted="stop", seed=3)
+    settings = {"flip": True, "output": "numpy", "mask": "seg.png", "boxes": "objects.bbox"}
+    batches = list(mix.loader(4, (48, 64), **settings))
+    keys = {key for batch in batches for key in batch.keys}
+    assert any(key.startswith("sq") for key in keys) and any(key.startswith("img") for key in keys)
+    _check_batches(batches, stored, (48, 64), center_crop={key for key in keys if key.startswith("sq")})
