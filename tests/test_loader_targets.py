@@ -5,6 +5,7 @@ computation from the packed records, in every format; the windows and flips ever
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import shutil
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 from PIL import Image, ImageDraw, ImageOps
 
 from shardkit import PackConfig, ResizeConfig, pack
-from shardkit.core.errors import ConfigError, ShardReadError
+from shardkit.core.errors import ConfigError, ImageError, ShardReadError
 from shardkit.readers import open_shards
+from shardkit.readers.targets import decode_mask
 from shardkit.synthetic import write_image
 from tests.conftest import IMAGENET_SAMPLE
 
@@ -314,3 +316,22 @@ def test_a_mix_maps_each_sources_boxes_by_its_own_manifest(packed: dict[str, Pat
     keys = {key for batch in batches for key in batch.keys}
     assert any(key.startswith("sq") for key in keys) and any(key.startswith("img") for key in keys)
     _check_batches(batches, stored, (48, 64), center_crop={key for key in keys if key.startswith("sq")})
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_mask_is_its_labels_never_converted_colours() -> None:
+    labels = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    palette = Image.fromarray(labels, mode="L").convert("P")
+    assert np.array_equal(decode_mask(_png(palette), 1000), labels)  # a palette image: its indices
+    assert np.array_equal(decode_mask(_png(Image.fromarray(labels.astype(np.uint16))), 1000), labels)
+    with pytest.raises(ImageError, match=r"labels outside 0\.\.255"):
+        decode_mask(_png(Image.fromarray(labels.astype(np.uint16) * 100)), 1000)
+    with pytest.raises(ImageError, match="RGB image, not one channel"):
+        decode_mask(_png(Image.new("RGB", (4, 3))), 1000)
+    with pytest.raises(ImageError, match="over"):
+        decode_mask(_png(Image.new("L", (40, 30))), 1000)  # (max_pixels bounds the decode)

@@ -59,6 +59,8 @@ def decode_mask(data: bytes, max_pixels: int) -> np.ndarray:
     if pixels.ndim != 2:
         raise ImageError("mask", f"a {image.mode} image, not one channel of labels")
     if pixels.dtype != np.uint8:
+        if not np.issubdtype(pixels.dtype, np.integer):
+            raise ImageError("mask", f"a {image.mode} image, not integer labels")
         if pixels.size and (int(pixels.min()) < 0 or int(pixels.max()) > 255):
             raise ImageError("mask", f"a {image.mode} image with labels outside 0..255")
         pixels = pixels.astype(np.uint8)
