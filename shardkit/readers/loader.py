@@ -11,7 +11,8 @@ lie in the record's bytes (no copy of the whole image). Records the kernel does 
 JPEGs, Fortran-order raw records), and every record when the kernel was not built, go through Pillow
 with the same window, DCT scale and filter: the same pixels within a level or two. Crops and flips
 come from a generator seeded by (seed, epoch, rank, batch number), so they do not depend on the
-number of threads. Reading never imports the pack side.
+number of threads; every batch says them (windows, flips), and a record's mask and boxes, when
+asked for, go through the same ones (readers/targets.py). Reading never imports the pack side.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Batch(tuple[Any, Any]):
         batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = None
         return batch
 
-    def tensors(self) -> list[Any]:
+    def target_tensors(self) -> list[Any]:
         """The masks', boxes' and box indexes' tensors (none when not asked for)."""
         found = [] if self.masks is None else [self.masks]
         return found + list(self.boxes or ()) + list(self.box_index or ())
@@ -196,7 +197,7 @@ class _DeviceLane:
             torch = self._loader._torch
             current = torch.cuda.current_stream(self._loader.device)
             current.wait_event(done)
-            for tensor in (batch.images, batch.labels, *batch.tensors()):
+            for tensor in (batch.images, batch.labels, *batch.target_tensors()):
                 tensor.record_stream(current)
         return batch
 
