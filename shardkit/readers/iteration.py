@@ -5,6 +5,7 @@ readers/order); what it offers the loader and the torch glue is readers.epoch.Ep
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,9 @@ class EpochIteration:
         dtype: Any = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        mask: str | None = None,
+        boxes: str | None = None,
+        box_format: str = "xywh",
     ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
@@ -122,13 +126,31 @@ class EpochIteration:
         and flip run on the device for a whole batch, and batches arrive there, the next one made on
         a side stream meanwhile (see shardkit.readers.device). dtype (torch.float16, bfloat16 or
         float32) with mean and std (per channel, on the 0..1 scale) normalizes them on the device.
+
+        Every batch says each image's window (`batch.windows`: x0, y0, x1, y1 in stored pixels) and
+        `batch.flips`. mask="seg.png" (a sidecar field): `batch.masks`, uint8 (N, H, W) label maps
+        cropped, resized nearest-neighbour and flipped as the images. boxes="objects.bbox" (a column,
+        or a dotted path into one; in the original image's pixels, box_format "xywh" as COCO or
+        "xyxy"): `batch.boxes[i]`, float32 (k, 4) x0, y0, x1, y1 in output pixels, clipped, boxes
+        left without area dropped, and `batch.box_index[i]`, int64 (k,), which of the record's boxes
+        they are (to gather per-box labels). torchvision's tv_tensors Mask and BoundingBoxes with
+        output="torch" where torchvision is installed. A record lacking the field, or whose mask is
+        not its image's size, is a failure on_error handles. With device=, they are made on the loader's
+        threads (a mask's PNG is decoded on the host) and sent to the device with the images.
+        A dataset's transform= is not applied here (a warning says so): it takes samples, not batches.
         """
         from .loader import BatchLoader, LoaderOptions
 
+        if getattr(self, "transform", None) is not None or any(
+            getattr(source, "transform", None) is not None for source in getattr(self, "sources", ())
+        ):
+            warnings.warn(
+                "transform= applies to ds[i] and iteration, not to the batch loader", UserWarning, stacklevel=2
+            )
         options = LoaderOptions(
             batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
-            device=device, dtype=dtype, mean=mean, std=std,
+            device=device, dtype=dtype, mean=mean, std=std, mask=mask, boxes=boxes, box_format=box_format,
         )  # fmt: skip
         return BatchLoader(self, options)
 

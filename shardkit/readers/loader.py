@@ -11,7 +11,8 @@ lie in the record's bytes (no copy of the whole image). Records the kernel does 
 JPEGs, Fortran-order raw records), and every record when the kernel was not built, go through Pillow
 with the same window, DCT scale and filter: the same pixels within a level or two. Crops and flips
 come from a generator seeded by (seed, epoch, rank, batch number), so they do not depend on the
-number of threads. Reading never imports the pack side.
+number of threads; every batch says them (windows, flips), and a record's mask and boxes, when
+asked for, go through the same ones (readers/targets.py). Reading never imports the pack side.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..core.errors import ConfigError, ImageError, ShardReadError, require
 from .decode import npy_layout, record_fields
 from .epoch import Cursor, Epochs, Item, check_progress
 from .order import Progress
+from .targets import center_cropped, check_target_options, record_targets, tv_tensors, window_corners
 from .windows import (
     JPEG_EXTENSIONS,
     center_boxes,
@@ -47,6 +49,7 @@ CROPS = ("random", "center", None)
 DEVICE_AHEAD = 2  # batches the device path makes past the one handed out
 OUTPUTS = ("torch", "numpy")
 _FAILED, _UNSUPPORTED = 1, 2
+Targets = tuple[np.ndarray | None, list[Any]]  # a batch's masks (or None) and per record (boxes, index)
 
 
 class Batch(tuple[Any, Any]):
@@ -56,11 +59,21 @@ class Batch(tuple[Any, Any]):
     images: uint8 (N, 3, H, W), in channels_last memory (the buffer is N x H x W x 3); labels:
     int64 (N,), -1 for unlabelled records. Torch tensors, or numpy arrays with output="numpy".
     texts: each image's caption (a string, a list of them, or None); fields: its columns (a dict).
+    windows: float64 (N, 4) numpy, each image's crop as x0, y0, x1, y1 in its stored pixels;
+    flips: bool (N,) numpy, whether it was flipped. With loader(mask=...), masks: uint8 (N, H, W)
+    label maps through the same windows and flips; with loader(boxes=...), boxes: per image float32
+    (k, 4) x0, y0, x1, y1 in output pixels, and box_index: int64 (k,), which of the record's boxes
+    they are (readers/targets.py). None when not asked for.
     """
 
     keys: list[str]
     texts: list[str | list[str] | None]
     fields: list[dict[str, Any]]
+    windows: np.ndarray | None
+    flips: np.ndarray | None
+    masks: Any
+    boxes: list[Any] | None
+    box_index: list[Any] | None
 
     def __new__(
         cls,
@@ -74,7 +87,13 @@ class Batch(tuple[Any, Any]):
         batch.keys = keys
         batch.texts = texts if texts is not None else [None] * len(keys)
         batch.fields = fields if fields is not None else [{} for _ in keys]
+        batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = None
         return batch
+
+    def target_tensors(self) -> list[Any]:
+        """The masks', boxes' and box indexes' tensors (none when not asked for)."""
+        found = [] if self.masks is None else [self.masks]
+        return found + list(self.boxes or ()) + list(self.box_index or ())
 
     @property
     def images(self) -> Any:
@@ -106,6 +125,9 @@ class LoaderOptions:
     dtype: Any
     mean: Sequence[float] | None
     std: Sequence[float] | None
+    mask: str | None
+    boxes: str | None
+    box_format: str
 
 
 class _DeviceLane:
@@ -175,7 +197,7 @@ class _DeviceLane:
             torch = self._loader._torch
             current = torch.cuda.current_stream(self._loader.device)
             current.wait_event(done)
-            for tensor in (batch.images, batch.labels):
+            for tensor in (batch.images, batch.labels, *batch.target_tensors()):
                 tensor.record_stream(current)
         return batch
 
@@ -229,6 +251,11 @@ class BatchLoader:
             self.pin_memory = False
         elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
+        check_target_options(options.mask, options.boxes, options.box_format)
+        self.mask, self.boxes, self.box_format = options.mask, options.boxes, options.box_format
+        # imported here, not on a loader thread (an import there would hold the import lock)
+        wants_typed = self._torch is not None and (self.mask is not None or self.boxes is not None)
+        self._tv_tensors = tv_tensors() if wants_typed else None
         self._stream: Any = None  # the device path's CUDA side stream (made on first use, kept)
         self._progress: Progress | None = None  # where the running (or last) epoch stands
         self._resume: Progress | None = None  # a loaded state, for the next iteration
@@ -294,11 +321,25 @@ class BatchLoader:
 
     def _gather(
         self, key: tuple[int, ...], number: int, chunk: list[Item]
-    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None, Any]:
-        """A batch's records with their windows and flips, drawn from their headers' sizes, the
-        records whose header failed and, on the device path, the JPEGs' bytes as the tensors its
-        decoder takes and the resample's taps (readers/device.py's plan): all of the device path's
-        host work on a loader thread (decoding is the device's), and the first step of `_decode`."""
+    ) -> tuple[list[Item], np.ndarray, np.ndarray, dict[int, str], list[Any] | None, Any, Targets | None]:
+        """The device path's host work, on a loader thread (decoding is the device's): a batch's
+        records with their windows and flips, drawn from their headers' sizes, the records whose
+        header failed, the JPEGs' bytes as the tensors its decoder takes, the resample's taps
+        (readers/device.py's plan), and masks and boxes when asked (made on the host, as a mask's
+        PNG is decoded there)."""
+        from .device import encoded_jpegs, plan_resample
+
+        sizes, boxes, flips, failures = self._sized_windows(key, number, chunk)
+        targets = self._targets(chunk, sizes, window_corners(boxes), flips, failures)
+        encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
+        plan = plan_resample(sizes[:, ::-1], boxes, flips, self.size)  # (sizes: width, height)
+        return chunk, boxes, flips, failures, encoded, plan, targets
+
+    def _sized_windows(
+        self, key: tuple[int, ...], number: int, chunk: list[Item]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, str]]:
+        """A batch's stored sizes (width, height) from the headers, windows, flips, and the records
+        whose header failed."""
         sizes = np.zeros((len(chunk), 2), np.int64)
         failures: dict[int, str] = {}
         for i, (_, _, record) in enumerate(chunk):
@@ -307,13 +348,7 @@ class BatchLoader:
             except ImageError as error:
                 failures[i], sizes[i] = error.reason, (1, 1)
         boxes, flips = self._windows(key, number, sizes)
-        encoded = plan = None
-        if self.device is not None:
-            from .device import encoded_jpegs, plan_resample
-
-            encoded = encoded_jpegs(self._torch, [item.record for item in chunk])
-            plan = plan_resample(sizes[:, ::-1], boxes, flips, self.size)  # (sizes: width, height)
-        return chunk, boxes, flips, failures, encoded, plan
+        return sizes, boxes, flips, failures
 
     def _decode_on_device(
         self,
@@ -323,7 +358,8 @@ class BatchLoader:
         failures: dict[int, str],
         encoded: list[Any] | None,
         plan: Any,
-    ) -> tuple[list[Item], list[int], Any, np.ndarray, Any] | None:
+        targets: Targets | None,
+    ) -> tuple[list[Item], list[int], Any, np.ndarray, Any, np.ndarray, np.ndarray, Targets | None] | None:
         """The device path's first step, on its decode thread: the batch's images decoded on the
         device (readers/device.py) and laid end to end, with the rows kept (on_error), their shapes
         and their plan; None when every record failed and on_error skips them."""
@@ -348,9 +384,19 @@ class BatchLoader:
         plan = plan if keep is None else plan.take(rows)
         if not np.array_equal(plan.shapes, shapes):  # (a decoder that disagrees with the header)
             plan = plan_resample(shapes, boxes[rows], flips[rows], self.size)
-        return chunk, rows, flatten_images(self._torch, kept), shapes, plan
+        return chunk, rows, flatten_images(self._torch, kept), shapes, plan, boxes[rows], flips[rows], targets
 
-    def _on_device(self, chunk: list[Item], rows: list[int], flat: Any, shapes: np.ndarray, plan: Any) -> Batch:
+    def _on_device(
+        self,
+        chunk: list[Item],
+        rows: list[int],
+        flat: Any,
+        shapes: np.ndarray,
+        plan: Any,
+        boxes: np.ndarray,
+        flips: np.ndarray,
+        targets: Targets | None,
+    ) -> Batch:
         """A Batch on the device from what `_decode_on_device` made: the crops resized and flipped,
         the output and the labels queued on the device without waiting for it."""
         from .device import finish, resample_planned, to_device
@@ -363,6 +409,9 @@ class BatchLoader:
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         images = finish(torch, pixels, self.dtype, self.mean, self.std)
         batch = Batch(images, to_device(torch, labels, self.device), [r.key for r in records])
+        batch.windows, batch.flips = window_corners(boxes), flips.copy()
+        if targets is not None:
+            self._attach_targets(batch, targets, rows)
         if any(r.text is not None or r.columns is not None or r.files for r in records):
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]
@@ -422,7 +471,9 @@ class BatchLoader:
         """One batch, on a loader thread: windows from the headers, then the kernel (or Pillow)."""
         dataset = self.dataset
         images = self._buffer(len(chunk))
-        chunk, boxes, flips, failures, _, _ = self._gather(key, number, chunk)
+        sizes, boxes, flips, failures = self._sized_windows(key, number, chunk)
+        windows = window_corners(boxes)
+        targets = self._targets(chunk, sizes, windows, flips, failures)  # (before decoding: a failure skips it)
         python_path = [i for i in range(len(chunk)) if i not in failures]
         if self.kernel is not None:
             python_path = self._through_kernel(chunk, python_path, boxes, flips, images, failures)
@@ -436,15 +487,79 @@ class BatchLoader:
                 failures[i] = str(error)
         keep = self._failed(chunk, failures)
         if keep is not None:
-            images = images[keep]
+            images, windows, flips = images[keep], windows[keep], flips[keep]
             chunk = [chunk[i] for i in keep]
         records = [item.record for item in chunk]
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         batch = self._batch(images, labels, [r.key for r in records])
+        batch.windows, batch.flips = windows, flips
+        if targets is not None:
+            self._attach_targets(batch, targets, keep)
         if any(r.text is not None or r.columns is not None or r.files for r in records):
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]  # sidecar fields as bytes
         return batch
+
+    def _targets(
+        self,
+        chunk: list[Item],
+        sizes: np.ndarray,
+        windows: np.ndarray,
+        flips: np.ndarray,
+        failures: dict[int, str],
+    ) -> Targets | None:
+        """Masks (uint8 (n, H, W)) and per-record (boxes, index) through each record's window
+        (readers/targets.py); a record whose targets fail joins `failures`. None when not asked."""
+        if self.mask is None and self.boxes is None:
+            return None
+        masks = np.empty((len(chunk), *self.size), np.uint8) if self.mask is not None else None
+        found: list[Any] = [None] * len(chunk)
+        for i, item in enumerate(chunk):
+            if i in failures:
+                continue
+            try:
+                _, found[i] = record_targets(
+                    item.record, (int(sizes[i][0]), int(sizes[i][1])), windows[i], bool(flips[i]), self.size,
+                    mask=self.mask, boxes=self.boxes, box_format=self.box_format,
+                    center_crop=center_cropped(item.dataset.manifest.settings), max_pixels=self.dataset.max_pixels,
+                    out=None if masks is None else masks[i],
+                )  # fmt: skip
+            except ImageError as error:
+                failures[i] = str(error)
+        return masks, found
+
+    def _attach_targets(self, batch: Batch, targets: Targets, keep: list[int] | None) -> None:
+        """The kept records' masks and boxes on the batch: torch tensors with output="torch" (on the
+        device on the device path), typed as torchvision's Mask and BoundingBoxes where it is installed."""
+        masks, found = targets
+        if keep is not None:
+            masks = masks[keep] if masks is not None else None
+            found = [found[i] for i in keep]
+        torch, typed = self._torch, self._tv_tensors
+        if torch is None:
+            tensor: Any = None
+        elif self.device is None:
+            tensor = torch.from_numpy
+        else:
+            from .device import to_device
+
+            def tensor(array: np.ndarray) -> Any:
+                return to_device(torch, array, self.device)
+
+        if masks is not None:
+            batch.masks = masks if tensor is None else tensor(masks)
+            if typed is not None:
+                batch.masks = typed.Mask(batch.masks)
+        if self.boxes is None:
+            return
+        boxes: list[Any] = [b for b, _ in found]
+        index: list[Any] = [k for _, k in found]
+        if tensor is not None:
+            boxes, index = [tensor(b) for b in boxes], [tensor(k) for k in index]
+            if typed is not None:
+                canvas = self.size
+                boxes = [typed.BoundingBoxes(b, format="XYXY", canvas_size=canvas) for b in boxes]
+        batch.boxes, batch.box_index = boxes, index
 
     def _through_kernel(
         self,
