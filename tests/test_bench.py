@@ -12,8 +12,12 @@ from shardkit.core.errors import ConfigError
 
 def test_bench_measures_every_pass_on_the_same_images(sample_dataset: Path, packed_sample) -> None:
     out = packed_sample("webdataset", 64, 16)
-    report = bench(out, against=sample_dataset, repeat=2)
+    calls: list[tuple[int, int]] = []
+    report = bench(out, against=sample_dataset, repeat=2, progress=lambda done, total: calls.append((done, total)))
     names = [row.name for row in report.rows]
+    # every pass run counted (a warm-up and 2 rounds each, then the paired overhead), in order
+    total = 3 * len(names) + 1
+    assert calls == [(done, total) for done in range(total + 1)]
     assert names[0] == BASELINE and "shards: bytes only (I/O)" in names and "shards: scale 1/2" in names
     assert all(row.images == 60 and len(row.seconds) == 2 and row.images_per_second > 0 for row in report.rows)
     assert report.ratio(BASELINE) == 1.0
@@ -62,3 +66,13 @@ def test_bench_refuses_a_training_size_by_the_one_rule(tmp_path: Path, train: in
     before anything is opened (the output here does not exist)."""
     with pytest.raises(ConfigError, match=f"train size must be between 8 and {MAX_SIDE} pixels, not {train}"):
         bench(tmp_path / "nothing", train=train)
+
+
+def test_the_plot_draws_the_bytes_only_pass_on_its_own_axis(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from shardkit.checks.bench import IO_ONLY
+    from shardkit.checks.plots import plot_bars
+
+    path = tmp_path / "bench.png"
+    plot_bars([BASELINE, "shards: Pillow", IO_ONLY], [300.0, 600.0, 9000.0], "t", "images/s", path, apart=[IO_ONLY])
+    assert path.stat().st_size > 0

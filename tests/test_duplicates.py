@@ -676,3 +676,19 @@ def test_groups_and_kept_files_are_those_of_all_pairs_on_ordinary_hashes(seed: i
             (f"{at}.jpg", str(keeper)) for at, keeper in decided if keeper is not None
         ]
         assert threshold == 0 or len(dropped) > 300
+
+
+def test_sheet_labels_keep_the_part_of_the_names_that_differs() -> None:
+    from shardkit.checks.duplicates import LABEL_CHARS, cell_labels
+
+    prefix = "/data/train/n01440764/n01440764_very_long_shared_name_"
+    labels = cell_labels([prefix + "0001.JPEG", prefix + "0002.JPEG"])
+    assert all(len(label) <= LABEL_CHARS for label in labels)
+    assert labels[0] != labels[1] and labels[0].endswith("0001.JPEG") and labels[0].startswith("…")
+    # short names as they are; a long one alone keeps its end
+    assert cell_labels(["a/cat.jpg", "b/dog.jpg"]) == ["cat.jpg", "dog.jpg"]
+    (alone,) = cell_labels(["x" * 40 + "_end.png"])
+    assert len(alone) == LABEL_CHARS and alone.endswith("_end.png") and "…" in alone
+    # one name in two folders: the folders tell them apart
+    left, right = cell_labels(["/a/some/folder/one/img.jpg", "/a/some/folder/two/img.jpg"])
+    assert left != right and left.endswith("one/img.jpg")

@@ -33,6 +33,7 @@ from ..storage.location import locate
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024
 MEMORY = "memory: same bytes, libjpeg-turbo"
+IO_ONLY = "shards: bytes only (I/O)"  # reads, decodes nothing: ~10x the decoders, plotted apart
 
 # A pass: one worker's part in, (images, bytes) out
 _PassFunction = Callable[[Any], tuple[int, int]]
@@ -345,7 +346,7 @@ def bench(
     cold: bool = False,
     train: int | None = None,
     device: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: str | int | None = None,
@@ -355,7 +356,8 @@ def bench(
     torchvision's RandomResizedCrop on the raw folder (when torchvision is installed), and with
     `device` ("cuda", or "cpu" for its torch code on the CPU) the loader's device path too. `output` may
     be a URL (see open_shards): the passes then read through the local cache, which the warm-up
-    fills (with `cold`, the cached copies are evicted from the page cache before each run)."""
+    fills (with `cold`, the cached copies are evicted from the page cache before each run).
+    `progress(done, total)` is called as each timed pass (or warm-up) ends."""
     _check_options(workers, repeat, train, device)
     read = _read(output, storage_options, cache_dir, cache_limit)
     manifest, root = read.dataset.manifest, read.dataset.folder
@@ -430,7 +432,7 @@ def _passes(
     if turbojpeg() is not None:
         passes.append(("shards: libjpeg-turbo", _shards, shard_pass("rgb"), read.paths))
     passes.append(("shards: Pillow", _shards, shard_pass("pil"), read.paths))
-    passes.append(("shards: bytes only (I/O)", _shards, shard_pass("bytes"), read.paths))
+    passes.append((IO_ONLY, _shards, shard_pass("bytes"), read.paths))
     passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), read.paths))
     if not cold:
         passes.append(
@@ -449,22 +451,33 @@ def _passes(
     return passes
 
 
-def _measure(read: _Output, passes: list[_Pass], report: BenchReport, progress: Callable[[str], None] | None) -> None:
+def _measure(
+    read: _Output, passes: list[_Pass], report: BenchReport, progress: Callable[[int, int], None] | None
+) -> None:
     """Time the passes into `report` on one pool of `report.workers` processes (started before
     timing), then the paired reader overhead where it applies; the pool and the dataset are
     closed whatever happens."""
     workers, cold = report.workers, report.cold
+    paired = workers == 1 and not cold and turbojpeg() is not None
+    runs = len(passes) * (report.repeat + (0 if cold else 1)) + paired
+    ticks = itertools.count(1)
+
+    def tick() -> None:
+        if progress is not None:
+            progress(next(ticks), runs)
+
+    if progress is not None:
+        progress(0, runs)
     pool = process_pool(workers) if workers > 1 else None
     finished = False
     try:
         if pool is not None:
             map_pool(pool, _folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
-        report.rows = _rounds(pool, passes, report, progress)
-        if workers == 1 and not cold and turbojpeg() is not None:
-            if progress is not None:
-                progress("reader overhead, paired")
+        report.rows = _rounds(pool, passes, report, tick)
+        if paired:
             by_shard = [[(r.data, r.ext) for r in read.dataset.records(shard)] for shard in range(len(read.paths))]
             report.paired_overhead = _paired_overhead(read.where, by_shard, report.repeat)
+            tick()
         finished = True
     finally:
         if pool is not None:
@@ -473,22 +486,22 @@ def _measure(read: _Output, passes: list[_Pass], report: BenchReport, progress: 
 
 
 def _rounds(
-    pool: ProcessPoolExecutor | None, passes: list[_Pass], report: BenchReport, progress: Callable[[str], None] | None
+    pool: ProcessPoolExecutor | None, passes: list[_Pass], report: BenchReport, tick: Callable[[], None]
 ) -> list[BenchRow]:
     """A warm-up (not with `cold`), then `repeat` rounds. Round-robin: every round runs each pass
     once, so a noisy neighbour slows the passes of a round alike, and ratios taken within rounds
-    hold still."""
+    hold still. `tick` after each pass run."""
     cold, repeat = report.cold, report.repeat
     rows = [BenchRow(name, 0, 0, [], report.workers) for name, *_ in passes]
     if not cold:
         for _, function, parts, _paths in passes:
             _run_split(pool, function, parts)  # warm-up: page cache, imports, lazy opens
-    for round_number in range(repeat):
-        if progress is not None:
-            progress(f"round {round_number + 1} of {repeat}")
+            tick()
+    for _ in range(repeat):
         for row, (_, function, parts, paths) in zip(rows, passes, strict=True):
             if cold:
                 _evict(paths)
             row.images, row.bytes, seconds = _run_split(pool, function, parts)
             row.seconds.append(seconds)
+            tick()
     return rows

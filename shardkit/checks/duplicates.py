@@ -442,7 +442,8 @@ def _draw_rows(
         top = 8 + row * (cell + label + 24)
         title = f"{group.kind}{' (leakage)' if group.leakage else ''}: {len(group.files)} files"
         draw.text((8, top), title, fill="red" if group.leakage else "black")
-        for column, name in enumerate(group.files[:per_group]):
+        shown = group.files[:per_group]
+        for column, (name, text) in enumerate(zip(shown, cell_labels(shown), strict=True)):
             left = 8 + column * (cell + 8)
             try:
                 thumbnail = picture(name)
@@ -450,4 +451,29 @@ def _draw_rows(
                 sheet.paste(thumbnail, (left, top + 14))
             except (OSError, ValueError, KeyError, ImageError, ShardReadError, Image.DecompressionBombError):
                 draw.rectangle((left, top + 14, left + cell, top + 14 + cell), outline="grey")
-            draw.text((left, top + 16 + cell), os.path.basename(name)[:20], fill="black")
+            draw.text((left, top + 16 + cell), text, fill="black")
+
+
+LABEL_CHARS = 20  # what fits under a 128 px thumbnail in Pillow's default font
+
+
+def cell_labels(names: Sequence[str], width: int = LABEL_CHARS) -> list[str]:
+    """Each file's name as it fits under its thumbnail, keeping what tells a group's files apart:
+    their base names (their whole paths when base names repeat), a prefix they all
+    share given up first for "…", then the middle of what is left. The end stays: where copies'
+    names differ (a number, a suffix) far more often than at their start."""
+    bases = [os.path.basename(name) for name in names]
+    if len(set(bases)) < len(bases):  # the same name in other folders: the paths, less what they share
+        bases = list(names)
+    # by characters on purpose: copies share prefixes within a name too ("n01440764_00")
+    shared = len(os.path.commonprefix(bases)) if len(bases) > 1 else 0  # noqa: RUF071
+    labels = []
+    for base in bases:
+        text = base
+        if len(text) > width and shared:
+            text = "…" + text[min(shared, len(text) - width + 1) :]  # no more of the prefix than needed
+        if len(text) > width:
+            head = (width - 1) // 3
+            text = text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+        labels.append(text)
+    return labels

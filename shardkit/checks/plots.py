@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +51,26 @@ def plot_probe(report: ProbeReport, path: Path) -> None:
     plt.close(figure)
 
 
-def plot_bars(labels: list[str], values: list[float], title: str, unit: str, path: Path) -> None:
+def plot_bars(
+    labels: list[str], values: list[float], title: str, unit: str, path: Path, apart: Sequence[str] = ()
+) -> None:
+    """Horizontal bars, each with its value. The bars named in `apart` go on a panel of their own,
+    with its own scale: bench's bytes-only pass runs ~10x the decoders and flattened them all."""
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(9, 0.5 * len(labels) + 1.5))
-    axis.barh(labels[::-1], values[::-1], color="#3b7dd8")
-    axis.set_xlabel(unit)
-    axis.set_title(title)
+    groups = [[(label, value) for label, value in zip(labels, values, strict=True) if (label in apart) == side]
+              for side in (False, True)]  # fmt: skip
+    groups = [group for group in groups if group]
+    figure, axes = plt.subplots(
+        len(groups), 1, figsize=(9, 0.5 * len(labels) + 1.5 + len(groups) - 1), squeeze=False,
+        gridspec_kw={"height_ratios": [len(group) for group in groups]},
+    )  # fmt: skip
+    for axis, group in zip(axes[:, 0], groups, strict=True):
+        names, numbers = [name for name, _ in group][::-1], [number for _, number in group][::-1]
+        bars = axis.barh(names, numbers, color="#3b7dd8")
+        axis.bar_label(bars, labels=[f"{number:,.0f}" for number in numbers], padding=3, fontsize=8)
+        axis.set_xlim(0, max(numbers, default=0) * 1.15 or 1)
+        axis.set_xlabel(unit)
+    axes[0, 0].set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -16,7 +16,7 @@ from .common import (
     check_plot_path,
     check_report_path,
     console,
-    err_console,
+    progress_bar,
     storage_options,
     user_errors,
     write_json_report,
@@ -53,21 +53,24 @@ def bench(
     with user_errors():
         check_report_path(json_path)
         check_plot_path(plot)
-        report = run_bench(
-            output, against=against, workers=workers, repeat=repeat, cold=cold, train=train, device=device,
-            storage_options=storage_options(storage_option), cache_dir=cache_dir, cache_limit=cache_limit,
-            progress=lambda name: err_console.print(f"[dim]measuring {name}[/]") if err_console.is_terminal else None,
-        )  # fmt: skip
+        with progress_bar(unit="passes") as bar:
+            task = bar.add_task("measuring", total=None, rate="")
+            report = run_bench(
+                output, against=against, workers=workers, repeat=repeat, cold=cold, train=train, device=device,
+                storage_options=storage_options(storage_option), cache_dir=cache_dir, cache_limit=cache_limit,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )  # fmt: skip
         render(report)
         if json_path is not None:
             write_json_report(json_path, report.to_json())
         if plot is not None:
+            from ..checks.bench import IO_ONLY
             from ..checks.plots import plot_bars
 
             plot_bars(
                 [row.name for row in report.rows], [row.images_per_second for row in report.rows],
                 f"decode throughput, {report.workers} process(es), {'cold' if report.cold else 'warm'} cache",
-                "images/s", plot,
+                "images/s", plot, apart=[row.name for row in report.rows if row.name == IO_ONLY],
             )  # fmt: skip
 
 

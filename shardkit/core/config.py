@@ -187,7 +187,7 @@ class PackConfig:
     resize: ResizeConfig = field(default_factory=ResizeConfig)
     encode: EncodeConfig = field(default_factory=EncodeConfig)
     shard_size: int | None = None  # records per shard; None: DEFAULT_SHARD_SIZE unless shard_bytes is given
-    shard_bytes: int | None = None  # or: source bytes per shard
+    shard_bytes: int | None = None  # or: bytes per shard as written (each image's output estimated)
     workers: int | None = None  # None: one per core
     shuffle: bool = False
     seed: int = 0
@@ -300,7 +300,7 @@ PACK_OPTION_TABLE: tuple[PackOption, ...] = (
                choices=ENCODINGS),
     PackOption("shard_size", PackConfig, "shard_size", int, "Records per shard.",
                default_help=f"{DEFAULT_SHARD_SIZE}, unless --shard-bytes"),
-    PackOption("shard_bytes", PackConfig, "shard_bytes", (str, int), "Or: source bytes per shard, e.g. 256MB.",
+    PackOption("shard_bytes", PackConfig, "shard_bytes", (str, int), "Or: bytes per shard as written, e.g. 256MB.",
                default_help="", parse=_parse_optional_bytes),
     PackOption("workers", PackConfig, "workers", int, "Writer processes.", default_help="one per core"),
     PackOption("shuffle", PackConfig, "shuffle", bool, "Seeded shuffle before sharding.", default_help="",

@@ -114,7 +114,7 @@ def process_image(
     if encode.encode == "raw" and raw_bytes > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
         raise ImageError("encode", record_too_big(raw_bytes))
     meta: dict[str, Any] = {"width": width, "height": height, "mode": header.mode, "format": header.format}
-    if _can_keep_original(header, geometry, encode):
+    if can_keep_original(header, geometry, encode):
         meta.update(stored_width=width, stored_height=height, encoding="original")
         timings["encode"] = timings.get("encode", 0.0) + time.perf_counter() - started
         return Encoded(data, "jpg", meta)
@@ -170,7 +170,7 @@ def check_pixels(header: ImageHeader, max_pixels: int) -> ImageHeader:
     return header
 
 
-def _can_keep_original(header: ImageHeader, geometry: Geometry, encode: EncodeConfig) -> bool:
+def can_keep_original(header: ImageHeader, geometry: Geometry, encode: EncodeConfig) -> bool:
     return (
         encode.encode == "original"
         and header.format == "jpeg"

@@ -25,6 +25,7 @@ from ..storage.location import locate
 from ..storage.store import Store
 from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
+from .estimate import calibrate
 from .finish import PackResult, already_complete, finish
 from .output import (
     HASHES_NAME,
@@ -160,7 +161,10 @@ def _refuse_for_buckets(config: PackConfig) -> None:
     if config.dedup != "none":
         raise ConfigError(f"{config.source}: --dedup hashes local files; it does not take a bucket source yet")
     if config.shard_bytes is not None:
-        raise ConfigError(f"{config.source}: --shard-bytes sizes local files; use --shard-size with a bucket source")
+        raise ConfigError(
+            f"{config.source}: --shard-bytes estimates each image's output from its local file; "
+            "use --shard-size with a bucket source"
+        )
     if is_remote(config.output):
         source, output = config.source.rstrip("/"), config.output.rstrip("/")
         if output == source or output.startswith(source + "/"):
@@ -187,6 +191,11 @@ def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Pat
         raise ConfigError(
             f"{config.source}: --dedup compares the images before packing, and a table of URLs is downloaded "
             "while packing; pack it, then run `shardkit duplicates OUT`"
+        )
+    if found.layout == "urls" and config.shard_bytes is not None:
+        raise ConfigError(
+            f"{config.source}: --shard-bytes estimates each image's output from its local file, and a table "
+            "of URLs is downloaded while packing; use --shard-size"
         )
     if found.listed is not None and output is not None:
         refuse_sources_inside([item.path for item in found.listed.items], config.output)
@@ -255,6 +264,13 @@ def _pack_to_remote(
 
 
 def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
+    """The shards to write. --shard-bytes weighs each item by its estimated output, calibrated on
+    a sample spread over the whole walk: the walk is read whole first, as for --shuffle."""
+    weigh, per_shard = None, 0
+    if config.shard_bytes is not None:
+        items = list(items)
+        sizes = calibrate(items, config)
+        weigh, per_shard = sizes.of, sizes.per_shard
     return plan_shards(
         items,
         suffix=get_format(config.format).suffix,
@@ -262,6 +278,8 @@ def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
         shard_bytes=config.shard_bytes,
         shuffle=config.shuffle,
         seed=config.seed,
+        weigh=weigh,
+        per_shard=per_shard,
     )
 
 

@@ -41,6 +41,8 @@ def settings_of(config: PackConfig, *, urls: bool = False) -> dict[str, Any]:
         # only when flags name a table's columns: the settings of every other pack keep their hash
         **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
         **({"sidecars": True} if config.sidecars else {}),
+        # shards cut by estimated output bytes, not source bytes as before: an older plan is another plan
+        **({"shard_bytes_of": "output"} if config.shard_bytes is not None else {}),
         **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
         **({"web": _web_settings(config)} if urls else {}),
     }

@@ -297,6 +297,12 @@ def _pack_one(
     return None, 0
 
 
+def pack_record(item: Item, job: ShardJob) -> Record | None:
+    """One item's record as a shard of `job` would hold it, or None if it fails (what --shard-bytes
+    calibrates its estimate of the output's bytes on: the very path a worker takes)."""
+    return _pack_one(item, job, dict.fromkeys(STAGES, 0.0), [])[0]
+
+
 def _stand_in(
     copies: tuple[Item, ...], job: ShardJob, timings: dict[str, float], errors: list[Failure]
 ) -> tuple[Record | None, int, str]:
