@@ -47,6 +47,7 @@ def test_workers_share_records_not_whole_shards() -> None:
     )
 
 
+@pytest.mark.slow  # (2.4 s: the fast suite stays under a minute)
 def test_bench_train_measures_the_loader_and_its_device_path(sample_dataset: Path, packed_sample) -> None:
     """--train with --device: the CPU loader and the device path each run a whole epoch (device
     "cpu" here, the torch code a GPU runs), beside torchvision on the raw folder."""

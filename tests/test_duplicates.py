@@ -598,6 +598,7 @@ def clustered_hashes(count: int, seed: int = 0, bits: int = 4) -> np.ndarray:
     return rng.integers(0, 2**63, dtype=np.uint64) ^ flips
 
 
+@pytest.mark.slow  # (1.9 s: the fast suite stays under a minute)
 def test_a_dense_cluster_is_grouped_in_memory_linear_in_its_size() -> None:
     """Issue #32: 20,000 hashes all within 8 bits of one another make 200 million pairs; listing
     them took 575 MB for 2,000 and 970 MB for 3,000. Grouping must take memory in the hashes."""

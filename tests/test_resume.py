@@ -664,6 +664,7 @@ def small_output(tmp_path: Path, images: int) -> Path:
     return out
 
 
+@pytest.mark.slow  # (6 s of the fast suite's 60)
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_long_mix_of_a_tiny_source_holds_bounded_memory(tmp_path: Path, shuffle: bool) -> None:
     """A source drawn past its end starts again in a fresh order each round: a mix kept every round's

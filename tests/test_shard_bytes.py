@@ -23,6 +23,8 @@ BOUND = 0.15
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """160 images: shards of 150 KB hold ~20 (at a few KB a shard, a tar's 10 KiB end padding is
+    most of what a shard is off by)."""
     return make_sample_dataset(tmp_path_factory.mktemp("generated") / "src", 160, classes=4, seed=3)
 
 
@@ -37,6 +39,7 @@ def packed(source: Path, output: Path, target: int, **overrides: object) -> list
     return deviations(output, target)
 
 
+@pytest.mark.slow  # (160 images to make: 4 s)
 @pytest.mark.parametrize("format", ["webdataset", "lmdb", "hdf5"])
 def test_shards_land_near_the_target_on_generated_images(generated: Path, tmp_path: Path, format: str) -> None:
     found = packed(generated, tmp_path / "out", 150_000, format=format)
@@ -44,6 +47,7 @@ def test_shards_land_near_the_target_on_generated_images(generated: Path, tmp_pa
     assert all(abs(d) <= BOUND for d in found), found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_dir(), reason="imagenet-sample is not here")
 def test_shards_land_near_the_target_on_imagenet(tmp_path: Path) -> None:
     found = packed(REAL, tmp_path / "out", 1_000_000, resize=ResizeConfig(256), workers=2)
@@ -51,7 +55,8 @@ def test_shards_land_near_the_target_on_imagenet(tmp_path: Path) -> None:
     assert all(abs(d) <= BOUND for d in found), found
 
 
-def test_raw_records_are_estimated_closely(generated: Path, tmp_path: Path) -> None:
+def test_raw_records_are_estimated_closely(sample_dataset: Path, tmp_path: Path) -> None:
+    generated = sample_dataset  # (the suite's 60 images, made once a run)
     config = PackConfig(
         str(generated), str(tmp_path / "out"), resize=ResizeConfig(48, mode="center-crop"),
         encode=EncodeConfig(encode="raw"), shard_size=20, workers=1,
@@ -65,7 +70,10 @@ def test_raw_records_are_estimated_closely(generated: Path, tmp_path: Path) -> N
     assert estimated == pytest.approx(sum(shard.bytes for shard in manifest.shards), rel=0.02)
 
 
-def test_the_estimate_is_the_same_each_time_and_a_resume_finds_the_pack_done(generated: Path, tmp_path: Path) -> None:
+def test_the_estimate_is_the_same_each_time_and_a_resume_finds_the_pack_done(
+    sample_dataset: Path, tmp_path: Path
+) -> None:
+    generated = sample_dataset
     config = PackConfig(str(generated), str(tmp_path / "out"), resize=ResizeConfig(64), shard_bytes=40_000, workers=1)
     items = list(walk(str(generated)).items)
     assert calibrate(items, config) == calibrate(items, config)

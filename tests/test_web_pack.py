@@ -298,6 +298,7 @@ def test_probe_of_a_url_table_reads_headers_by_ranges(site: tuple[Site, str], tm
     assert problem["count"] == 2 and any("HTTP 404" in example for example in problem["examples"])
 
 
+@pytest.mark.slow  # (3.1 s: waits out deadlines)
 def test_a_hung_server_a_dead_host_and_bad_bytes_cost_their_rows_not_the_run(
     site: tuple[Site, str], tmp_path: Path, shardkit
 ) -> None:
