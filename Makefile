@@ -1,7 +1,7 @@
 # shardkit: `make install` sets everything up, `make test` runs the suite, `make demo` shows the flow.
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,plot,ray,torch,s3,http
+EXTRAS ?= dev,plot,ray,torch,s3,http,video
 PY := $(VENV)/bin/python
 DEMO ?= demo
 

@@ -96,3 +96,47 @@ def make_sample_dataset(out: str | os.PathLike[str], images: int = 240, classes:
             write_image(folder / f"{name}.jpg", width, height, seed + i)
     (out / f"n{1000:08d}" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     return out
+
+
+VIDEO_CODECS = {".mp4": "libx264", ".mov": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9", ".avi": "mpeg4"}
+
+
+def video_frame(width: int, height: int, index: int, seed: int = 0) -> npt.NDArray[np.uint8]:
+    """Frame `index` of a generated video: a picture that moves by 3 pixels a frame, with the frame
+    number written in its top-left 8x8 block's grey level (index * 8 % 256), so a test can tell
+    which frame it got back after a lossy codec."""
+    base = picture(width + 256, height, seed)
+    shift = (3 * index) % 256
+    frame = np.ascontiguousarray(base[:, shift : shift + width])
+    frame[:8, :8] = (index * 8) % 256
+    return frame
+
+
+def write_video(
+    path: str | os.PathLike[str],
+    width: int = 320,
+    height: int = 240,
+    seconds: float = 2.0,
+    fps: int = 24,
+    seed: int = 0,
+    codec: str | None = None,
+    gop: int = 12,
+) -> Path:
+    """A real video file written with PyAV (the `video` extra): the container from the suffix (.mp4,
+    .mov, .mkv, .webm, .avi), the codec its common one (H.264, VP9 for .webm, MPEG-4 for .avi) unless
+    given; frames from `video_frame`, at constant `fps`, a keyframe every `gop` frames."""
+    import av
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec or VIDEO_CODECS[path.suffix.lower()], rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        for index in range(round(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(video_frame(width, height, index, seed), format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
