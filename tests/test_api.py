@@ -38,6 +38,19 @@ def test_importing_shardkit_imports_nothing_heavy() -> None:
     assert run.returncode == 0, run.stdout
 
 
+def test_reading_without_torch_never_imports_it(packed_sample) -> None:
+    """open_shards gives a torch Dataset only where torch is imported already: reading, iterating
+    and the numpy loader cost a script without torch no torch import."""
+    output = packed_sample("webdataset", 32, 30)
+    code = (
+        "import sys; from shardkit import open_shards; ds = open_shards(sys.argv[1]); ds[0]; list(ds[:3]); "
+        "next(iter(ds.loader(4, 16, output='numpy', workers=0))); print(type(ds).__name__); "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(output)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ShardDataset", run.stdout + run.stderr
+
+
 def test_pack_probe_and_verify_stay_functions_after_their_modules_are_imported() -> None:
     code = (
         "import shardkit.packing.pack, shardkit.packing.probe, shardkit.checks.verify, shardkit, pickle; "

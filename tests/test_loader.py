@@ -409,13 +409,26 @@ def test_pin_memory_without_cuda_says_so(packed: Path) -> None:
         ({"scale": (0.5, 0.1)}, "scale"),
         ({"ratio": (float("nan"), 1)}, "ratio"),
         ({"crop": "center", "resize": 100, "size": 224}, "smaller than the center crop"),
-        ({"workers": 0}, "workers"),
+        ({"workers": -1}, "workers"),
     ],
 )
 def test_bad_options_are_refused(packed: Path, options: dict, words: str) -> None:
     arguments = {"batch_size": 8, "size": 32, **options}
     with pytest.raises(ConfigError, match=words):
         open_shards(packed).loader(arguments.pop("batch_size"), arguments.pop("size"), **arguments)
+
+
+def test_workers_0_makes_each_batch_in_the_calling_thread(packed: Path) -> None:
+    """torch's num_workers=0: no thread is started, and the batches are those of any thread count."""
+    import threading
+
+    dataset = open_shards(packed, shuffle=True, seed=3)
+    before = threading.active_count()
+    inline = [(b.keys, b.images.copy()) for b in dataset.loader(8, 32, workers=0, output="numpy", flip=True)]
+    assert threading.active_count() == before
+    threaded = [(b.keys, b.images) for b in dataset.loader(8, 32, workers=2, output="numpy", flip=True)]
+    assert [k for k, _ in inline] == [k for k, _ in threaded]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(inline, threaded, strict=True))
 
 
 def test_every_path_gives_the_same_batches(packed: Path, tmp_path: Path) -> None:

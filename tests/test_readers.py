@@ -152,6 +152,32 @@ def test_map_style_with_distributed_sampler(packed: Path) -> None:
     assert len(keys) == 60 and len(set(keys)) == 60
 
 
+def test_slices_and_lists_of_indices_as_torch_and_numpy_take_them(packed: Path) -> None:
+    ds = open_shards(packed, decode="bytes")
+    keys = [sample.key for sample in ds]
+    assert [s.key for s in ds[2:9:3]] == keys[2:9:3] and [s.key for s in ds[-3:]] == keys[-3:]
+    assert [s.key for s in ds[[9, 0, 9, -1]]] == [keys[9], keys[0], keys[9], keys[-1]]
+    assert [s.key for s in ds[np.array([4, 1])]] == [keys[4], keys[1]] and ds[np.int64(5)].key == keys[5]
+    assert [s.key for s in ds.__getitems__(range(3))] == keys[:3]  # torch's batched fetch
+    assert ds[len(ds) : len(ds) + 5] == []
+    with pytest.raises(IndexError):
+        ds[[0, len(ds)]]
+    with pytest.raises(TypeError, match="an int, a slice or a list of ints, not str"):
+        ds["key"]
+
+
+def test_with_torch_imported_a_dataset_is_a_torch_dataset(packed: Path) -> None:
+    """Frameworks that ask for a torch Dataset (isinstance) take the output; without torch imported,
+    opening one never imports it (test_api checks that in a fresh process)."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    ds = open_shards(packed, decode="bytes", transform=lambda s: s.key)
+    assert isinstance(ds, Dataset)
+    batches = list(DataLoader(ds, batch_size=16, num_workers=2, collate_fn=list))
+    assert [key for batch in batches for key in batch] == [s for s in ds]
+
+
 def test_seeded_shuffle_repeats_and_changes_with_epoch(packed: Path) -> None:
     def order(seed: int, epoch: int) -> list[str]:
         ds = open_shards(packed, decode="bytes", shuffle=True, seed=seed, shuffle_buffer=10)

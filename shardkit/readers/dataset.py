@@ -13,13 +13,14 @@ so a dataset can be created before DataLoader workers fork. This module never im
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, overload
 
 import numpy as np
 
@@ -109,6 +110,15 @@ class ReadOptions:
 
 
 class ShardDataset(EpochIteration):
+    """One shardkit output, as `open_shards` opens it: a map-style dataset of `Sample`s.
+
+    `len(ds)`, `ds[i]` (an int, a slice or a list of ints: a list of samples), `ds.get(key)`;
+    iteration in stored (or shuffled) order, split by rank; `ds.loader(...)`, the batch loader;
+    `ds.iterable()`, a torch IterableDataset; `ds.set_epoch(e)`. Opened while torch is imported,
+    it is also a `torch.utils.data.Dataset` (readers/torch_data), so anything that asks for one
+    takes it; DataLoader fetches a batch's samples in one call (`__getitems__`).
+    """
+
     def __init__(
         self,
         folder: Path | str,
@@ -175,7 +185,37 @@ class ShardDataset(EpochIteration):
 
     # --- map-style ----------------------------------------------------------------------------
 
-    def __getitem__(self, index: int) -> Any:
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice | Sequence[SupportsIndex]) -> list[Any]: ...
+
+    def __getitem__(self, index: SupportsIndex | slice | Sequence[SupportsIndex]) -> Any:
+        """A sample by its place (negative counts from the end), or a list of them for a slice or a
+        list of places, as a torch Subset or numpy would take them."""
+        if isinstance(index, slice):
+            return self.__getitems__(range(len(self))[index])
+        if isinstance(index, (list, tuple, range)) or getattr(index, "ndim", 0) > 0:  # (a numpy array, a tensor)
+            return self.__getitems__(index)  # type: ignore[arg-type]
+        try:
+            place = operator.index(index)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"a sample's index is an int, a slice or a list of ints, not {type(index).__name__}"
+            ) from None
+        return self._at(place)
+
+    def __getitems__(self, indices: Sequence[SupportsIndex]) -> list[Any]:
+        """The samples at `indices`, in their order: torch's DataLoader asks for a batch's in one
+        call. Read in stored order (a tar's records one after another), handed back as asked."""
+        places = [operator.index(i) for i in indices]
+        found: dict[int, Any] = {}
+        for place in sorted(set(places), key=lambda i: i + len(self) if i < 0 else i):
+            found[place] = self._at(place)
+        return [found[place] for place in places]
+
+    def _at(self, index: int) -> Any:
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
@@ -535,7 +575,7 @@ def _open_one(
         remote = Remote(folder, cache)
         manifest = read_remote_manifest(folder)
         subset, joined = _narrowed(folder, manifest, options)
-        return ShardDataset(folder.url, manifest, options, remote=remote, subset=subset, joined=joined)
+        return _dataset_class()(folder.url, manifest, options, remote=remote, subset=subset, joined=joined)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
         # A cheap stat catches truncated or replaced shards before any is opened or mapped.
@@ -550,7 +590,17 @@ def _open_one(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
     subset, joined = _narrowed(folder, manifest, options)
-    return ShardDataset(folder, manifest, options, subset=subset, joined=joined)
+    return _dataset_class()(folder, manifest, options, subset=subset, joined=joined)
+
+
+def _dataset_class() -> type[ShardDataset]:
+    """ShardDataset, or with torch imported, its twin that is also a torch Dataset: a training script
+    gets a real `torch.utils.data.Dataset`, and a script without torch never imports it."""
+    if "torch" not in sys.modules:
+        return ShardDataset
+    from .torch_data import TorchShardDataset
+
+    return TorchShardDataset
 
 
 def _filters(select: Any) -> bool:

@@ -24,8 +24,8 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -231,8 +231,11 @@ class BatchLoader:
         self.crop, self.flip = crop, bool(options.flip)
         self.scale, self.ratio = (scale[0], scale[1]), (ratio[0], ratio[1])
         workers, prefetch = options.workers, options.prefetch
-        self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
-        self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
+        if workers == 0:  # torch's DataLoader reads num_workers=0 so: in the calling thread
+            self.workers, self.prefetch = 0, 0
+        else:
+            self.workers = _positive("workers", workers if workers is not None else (os.cpu_count() or 1))
+            self.prefetch = _positive("prefetch", prefetch if prefetch is not None else 2 * self.workers)
         self.output, self.drop_last = output, options.drop_last
         if output == "torch":
             self._torch = require("torch", "torch")
@@ -290,7 +293,9 @@ class BatchLoader:
         position, items = self.dataset.epoch_items(progress, workers=(0, 1))  # threads do not split the epoch
         first = position.done // self.batch_size
         named = f"shardkit-loader-{next(_POOLS)}"
-        pool = ThreadPoolExecutor(self.workers, thread_name_prefix=named)
+        pool: Executor = (
+            ThreadPoolExecutor(self.workers, thread_name_prefix=named) if self.workers else _InCallingThread()
+        )
         lane = _DeviceLane(self, DEVICE_AHEAD) if self.device is not None else None
         pending: deque[tuple[Future[Any] | None, int]] = deque()
         try:
@@ -639,7 +644,19 @@ class BatchLoader:
 _POOLS = itertools.count()  # each epoch's pool names its threads apart from every other's
 
 
-def _stop(pool: ThreadPoolExecutor, lane: _DeviceLane | None, named: str) -> None:
+class _InCallingThread(Executor):
+    """workers=0: each batch is made when it is asked for, in the thread that iterates."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # (Ctrl-C too: raised where the result is taken, as with threads)
+            done.set_exception(error)
+        return done
+
+
+def _stop(pool: Executor, lane: _DeviceLane | None, named: str) -> None:
     """The loader's threads ended before the caller goes on, whatever a Ctrl-C interrupted. It
     can land in a join (at an epoch's end), leaving the join half done; or in a submit, between
     a thread's start and the pool's record of it (Thread.start waits for the thread, and that
