@@ -67,6 +67,25 @@ def blocks(text: str) -> list[Block]:
     return found
 
 
+def table_rows(text: str) -> set[str]:
+    """The row names (first cells) of the tables a command printed: a page that shows a table shows
+    the rows it prints today, no fewer and no more."""
+    return {cells[1].strip() for line in text.splitlines() if len(cells := line.split("│")) > 2 and cells[1].strip()}
+
+
+def shown_outputs(block: Block) -> dict[str, str]:
+    """What a console block shows each command printing, by command."""
+    shown: dict[str, str] = {}
+    command = None
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            command = line[2:]
+            shown[command] = ""
+        elif command is not None:
+            shown[command] += line + "\n"
+    return shown
+
+
 def commands(block: Block) -> list[tuple[str, str | None]]:
     """(command, the `error: ...` line it must print, or None) of a bash or console block."""
     lines = block.code.splitlines()
@@ -233,7 +252,8 @@ def run(path: Path, folder: Path) -> int:
     text = path.read_text()
     if any(word in text for word in ("photos/", "demo/", "<!-- setup:")):  # (else no sample is made)
         _photos(folder)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": search, "COLUMNS": "110"}  # (tables drawn as wide as the pages show them)
     done = 0
     for block in blocks(text):
         where = f"{path.name}:{block.line}"
@@ -250,6 +270,11 @@ def run(path: Path, folder: Path) -> int:
         else:
             for command, error_line in commands(block):
                 ran = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+                rows = table_rows(shown_outputs(block).get(command, "")) if block.kind == "console" else set()
+                if rows and rows != table_rows(ran.stdout):
+                    printed = table_rows(ran.stdout)
+                    raise SystemExit(f"{where}: `{command}` prints rows {sorted(printed - rows)} the page lacks, "
+                                     f"and not {sorted(rows - printed)} it shows")  # fmt: skip
                 if error_line is None and ran.returncode != 0:
                     raise SystemExit(f"{where}: `{command}` exited {ran.returncode}:\n{ran.stderr[-2000:]}")
                 if error_line is not None and error_line.startswith("FAILED "):  # verify's report, exit 1

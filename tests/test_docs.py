@@ -56,11 +56,12 @@ def test_the_readme_is_short_and_starts_with_a_quickstart() -> None:
 @pytest.mark.slow
 def test_the_runner_fails_a_page_whose_code_is_stale(tmp_path: Path) -> None:
     """A test of the tests: a command that fails, an error line that is not what the command says,
-    and a Python block that raises each fail the page."""
+    a Python block that raises, and a table of rows the command no longer prints each fail the page."""
     cases = {
         "command": "```console\n$ shardkit verify nowhere/\n```\n",
         "error": "```console\n$ shardkit pack --format lmbd a b\nerror: some other words\n```\n",
         "python": "```python\nfrom shardkit import open_shards\nopen_shards('nowhere/')\n```\n",
+        "table": "```console\n$ shardkit doctor\n│ python │ 3 │\n│ a row doctor lost │ x │\n```\n",
     }
     for name, page in cases.items():
         path = tmp_path / f"{name}.md"

@@ -14,11 +14,11 @@ from .common import console
 
 OPTIONAL = (
     "numpy", "webdataset", "lmdb", "h5py", "PyTurboJPEG", "ray", "torch", "torchvision", "matplotlib", "fsspec", "s3fs",
-    "gcsfs", "aiohttp",
+    "gcsfs", "aiohttp", "av",
 )  # fmt: skip
 # the pip extra that brings each optional package (pyproject.toml)
 EXTRAS = {"ray": "ray", "torch": "torch", "torchvision": "torch", "matplotlib": "plot", "s3fs": "s3", "gcsfs": "gcs",
-          "aiohttp": "http"}  # fmt: skip
+          "aiohttp": "http", "av": "video"}  # fmt: skip
 # Pillow-SIMD replaces Pillow (the same PIL package); it builds from source against libjpeg's headers.
 PILLOW_SIMD = (
     "pip uninstall -y pillow && CC='cc -mavx2' pip install --no-cache-dir --no-binary pillow-simd pillow-simd "
