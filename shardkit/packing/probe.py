@@ -44,6 +44,7 @@ from .census import (
 from .copies import candidate_names, confirm_copies
 from .objects import Transfer, object_digest, probe_objects
 from .sources import Item, SourceWalk, walk
+from .sources.table import NO_FILE
 
 __all__ = [
     "CHUNK_FILES", "PARALLEL_MIN_FILES", "SHORT_SIDE_BINS", "Census", "Counts", "ExactCopies", "FileProblem",
@@ -313,14 +314,15 @@ def _table_runs(
 def _table_census(found: SourceWalk, captions: Counter[int], without_file: int) -> dict[str, Any]:
     assert found.table is not None
     unrowed = sum(1 for skip in found.skipped if skip.reason.startswith("no row in "))
+    fileless = sum(1 for skip in found.skipped if skip.reason.endswith(f": {NO_FILE}"))  # (said by the walk)
     lengths = np.array(sorted(captions), dtype=np.float64)
     counts = np.array([captions[length] for length in sorted(captions)], dtype=np.int64)
     return {
         "name": found.table.name,
         "rows": found.table.rows,
-        "rows_without_file": without_file,
+        "rows_without_file": without_file + fileless,
         "images_without_row": unrowed,
-        "bad_rows": len(found.skipped) - unrowed,
+        "bad_rows": len(found.skipped) - unrowed - fileless,
         "columns": list(found.table.found),
         "captions": int(counts.sum()),
         "caption_chars": counted_percentiles(lengths, counts) if len(counts) else {},

@@ -22,6 +22,8 @@ from .folder import listing, walk_runs
 from .item import Caption, Item, Run, SourceWalk, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
+NO_FILE = "no such file"  # how a row naming no file ends its reason (probe counts those rows apart)
+
 
 def from_table(
     root: str,
@@ -63,7 +65,10 @@ def from_table(
     found = SourceWalk(root, "table", [], classes, [], table=table)
     class_index = {name: i for i, name in enumerate(classes)}
     rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
-    found.items = _table_items(root, rows, found.skipped, paths, images or (lambda: _local_images(root)))
+    # A local row naming no file is said at its line, as every other bad row is (one lstat a row; a
+    # bucket's rows are checked by the worker's read, which names the object)
+    exists = (lambda rel: os.path.lexists(os.path.join(root, rel))) if images is None else None
+    found.items = _table_items(root, rows, found.skipped, paths, images or (lambda: _local_images(root)), exists)
     return found
 
 
@@ -165,7 +170,12 @@ def check_columns(table: Table, flag: str = "--path-column") -> None:
 
 
 def _table_items(
-    root: str, rows: Rows, skipped: list[Failure], rowed: np.ndarray, images: Callable[[], Iterable[Run]]
+    root: str,
+    rows: Rows,
+    skipped: list[Failure],
+    rowed: np.ndarray,
+    images: Callable[[], Iterable[Run]],
+    exists: Callable[[str], bool] | None,
 ) -> Iterator[Item]:
     table = rows.table
     path_column = table.config.path_column
@@ -190,6 +200,9 @@ def _table_items(
                 skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
             taken[hashed].append(real)
+        if exists is not None and not exists(real):
+            skipped.append(skip(rel, f"{where}: {display(rel)}: {NO_FILE}"))
+            continue
         label, problem = table_label(row.values, rows)
         text: Caption | None = None
         columns: dict[str, Any] | None = None
