@@ -335,3 +335,17 @@ def test_a_mask_is_its_labels_never_converted_colours() -> None:
         decode_mask(_png(Image.new("RGB", (4, 3))), 1000)
     with pytest.raises(ImageError, match="over"):
         decode_mask(_png(Image.new("L", (40, 30))), 1000)  # (max_pixels bounds the decode)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[[10**400, 0, 4, 4]], [[float("nan"), 0, 4, 4]], [[1, 2, 3]], [["1", 2, 3, 4]], [[True, 2, 3, 4]], {"a": 1}],
+)
+def test_a_strangers_boxes_are_refused_in_one_line(value: object) -> None:
+    """A shard's columns are a stranger's JSON: an integer no float holds, NaN, a short box, text
+    or booleans are a malformed column (the loader's on_error), never another exception."""
+    from shardkit.core.errors import ImageError
+    from shardkit.readers.targets import parse_boxes
+
+    with pytest.raises(ImageError, match="is not a list of"):
+        parse_boxes(value, "objects.bbox", "xywh")

@@ -102,16 +102,23 @@ def column_value(columns: dict[str, Any] | None, name: str) -> Any:
 def parse_boxes(value: Any, name: str, box_format: str) -> np.ndarray:
     """A column's boxes ([[a, b, c, d], ...] of finite numbers) as float64 (k, 4) x0, y0, x1, y1."""
     if not isinstance(value, list) or not all(
-        isinstance(box, list)
-        and len(box) == 4
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)
-        for box in value
+        isinstance(box, list) and len(box) == 4 and all(_finite(v) for v in box) for box in value
     ):
         raise ImageError("boxes", f"column {name!r} is not a list of [{', '.join(box_format)}] numbers")
     boxes = np.array(value, np.float64).reshape(-1, 4)
     if box_format == "xywh":
         boxes[:, 2:] += boxes[:, :2]
     return boxes
+
+
+def _finite(value: Any) -> bool:
+    """A number a box may hold: JSON from a stranger's shard may hold an integer no float holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def stored_boxes(boxes: np.ndarray, meta: dict[str, Any], stored: tuple[int, int], center_crop: bool) -> np.ndarray:
