@@ -155,6 +155,7 @@ def test_select_refusals_are_one_line(tar: Path) -> None:
         (pc.field("label") > 10**6, "select keeps no record"),
         (pc.field("no_such_column") > 1, "select: "),
         ("one-key", "select must be a list of keys"),
+        ([keys[0], 7], "select: keys are text; 7 is a int"),
         (lambda t: [True], "the callable must return"),
     ]  # fmt: skip
     for select, message in cases:
@@ -261,7 +262,7 @@ def test_join_refusals_are_one_line(tar: Path, tmp_path: Path) -> None:
         (pa.table({"name": keys[:2], "x": [1, 2]}), "no 'key' column"),
         (pa.table({"key": keys[:2]}), "no column besides 'key'"),
         (tmp_path / "t.txt", "a table must be parquet, CSV or JSONL"),
-        (tmp_path / "missing.parquet", "join: "),
+        (tmp_path / "missing.parquet", "missing.parquet: no such file or folder"),
         (42, "join must be a table's path or a pyarrow Table"),
     ]  # fmt: skip
     for join, message in cases:

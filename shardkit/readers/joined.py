@@ -95,6 +95,8 @@ def load_table(table: Any) -> Any:
         raise ConfigError(f"join must be a table's path or a pyarrow Table, not {type(table).__name__}")
     path = os.fspath(table)
     suffix = os.path.splitext(path)[1].lower()
+    if "://" not in path and not os.path.lexists(path):  # (a URL is read through pyarrow's filesystems)
+        raise ConfigError(f"join: {path}: no such file or folder")
     if suffix not in TABLE_SUFFIXES:
         raise ConfigError(f"join: {path}: a table must be parquet, CSV or JSONL ({', '.join(TABLE_SUFFIXES)})")
     try:

@@ -206,7 +206,11 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
         raise ConfigError(
             f"select must be a list of keys, a pyarrow Expression or a callable, not {type(selection).__name__}"
         )
-    wanted = pa.array(list(selection) if not isinstance(selection, pa.Array) else selection, pa.string())
+    try:
+        wanted = pa.array(list(selection) if not isinstance(selection, pa.Array) else selection, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        odd = next((k for k in selection if k is not None and not isinstance(k, str)), None)
+        raise ConfigError(f"select: keys are text; {odd!r} is a {type(odd).__name__}") from None
     unknown = wanted.filter(pc.invert(pc.is_in(wanted, value_set=index.keys)))
     if len(unknown):
         names = ", ".join(repr(k) for k in unknown[:SHOWN].to_pylist())
