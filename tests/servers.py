@@ -256,6 +256,16 @@ class FaultServer:
         with self.lock:
             return [hit for hit in self.hits if hit.path == path]
 
+    def done_hits_of(self, path: str, timeout: float = 10.0) -> list[Hit]:
+        """hits_of, once each has finished: a client holds a whole response before the handler's
+        thread records that it is done, so a test comparing `finished` times waits for them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            hits = self.hits_of(path)
+            if all(hit.finished for hit in hits) or time.monotonic() > deadline:
+                return hits
+            time.sleep(0.005)
+
     def enter(self, path: str, headers: dict[str, str]) -> Hit:
         with self.lock:
             self.counts[path] = self.counts.get(path, 0) + 1

@@ -294,7 +294,7 @@ def test_results_come_in_the_order_asked_whatever_order_they_finish(fresh: Fault
     with Downloader(replace(WEB, threads=8, per_host=8)) as downloader:
         results = list(downloader.fetch((fresh.url(path), None) for path in paths))
     assert results == [JPEG + f"{i}".encode() for i in range(len(delays))]
-    finished = sorted(paths, key=lambda path: fresh.hits_of(path)[0].finished)
+    finished = sorted(paths, key=lambda path: fresh.done_hits_of(path)[0].finished)
     assert finished != paths  # (the server finished them out of order)
 
 
@@ -310,8 +310,8 @@ def test_a_slow_url_does_not_hold_back_other_hosts(server: FaultServer, fresh: F
     requests = [(fresh.url("/image/slow?delay=0.6"), None)] + [(server.url(f"/image/quick{i}"), None) for i in range(6)]
     with Downloader(replace(WEB, threads=4, per_host=1)) as downloader:
         assert len(list(downloader.fetch(requests))) == 7
-    slow = fresh.hits_of("/image/slow?delay=0.6")[0]
-    assert max(server.hits_of(f"/image/quick{i}")[0].finished for i in range(6)) < slow.finished
+    slow = fresh.done_hits_of("/image/slow?delay=0.6")[0]
+    assert max(server.done_hits_of(f"/image/quick{i}")[0].finished for i in range(6)) < slow.finished
 
 
 def test_the_look_ahead_is_bounded(server: FaultServer) -> None:

@@ -13,6 +13,7 @@ so a dataset can be created before DataLoader workers fork. This module never im
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 import os
 import sys
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, cast, overload
 
 import numpy as np
 
@@ -596,11 +597,23 @@ def _open_one(
 def _dataset_class() -> type[ShardDataset]:
     """ShardDataset, or with torch imported, its twin that is also a torch Dataset: a training script
     gets a real `torch.utils.data.Dataset`, and a script without torch never imports it."""
-    if "torch" not in sys.modules:
-        return ShardDataset
-    from .torch_data import TorchShardDataset
+    return _torch_twin() if "torch" in sys.modules else ShardDataset
 
-    return TorchShardDataset
+
+@functools.cache
+def _torch_twin() -> type[ShardDataset]:
+    """TorchShardDataset: ShardDataset and torch's map-style Dataset, nothing else different. Made
+    on first use (torch is imported already) and found by pickle as this module's attribute."""
+    from torch.utils.data import Dataset
+
+    twin = type("TorchShardDataset", (ShardDataset, Dataset), {"__module__": __name__, "__doc__": _torch_twin.__doc__})
+    return cast(type[ShardDataset], twin)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchShardDataset":  # (pickle's way to the twin, in a DataLoader worker)
+        return _torch_twin()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _filters(select: Any) -> bool:

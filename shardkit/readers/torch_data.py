@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-from .dataset import ShardDataset
 from .epoch import Epochs, check_progress
 from .order import Progress, round_robin_counts
 from .split import rank_and_world
@@ -109,8 +108,3 @@ def register_sample_collate(sample_type: type) -> None:
         return sample_type(key, image, label, meta, list(parts[4]), list(parts[5]))
 
     default_collate_fn_map.setdefault(sample_type, collate_samples)
-
-
-class TorchShardDataset(ShardDataset, Dataset[Any]):
-    """A ShardDataset that is a torch map-style `Dataset` too: what `open_shards` returns while
-    torch is imported. Nothing else differs."""
