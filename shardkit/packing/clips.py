@@ -81,15 +81,25 @@ class _Encoder:
             stream.codec_context.thread_count = 1  # one thread: the same bytes on every run (resume)
             stream.options = {"preset": "veryfast", "crf": "23"}
             self.stream = stream
-        frame.pts = self.fed  # (read when it is sent: the same frame may go to the next clip too)
+        # in the clip's time base, or PyAV rescales it from the source's (read when it is sent: the
+        # same frame may go to the next clip too)
+        frame.pts, frame.time_base = self.fed, 1 / self.fps
         self.fed += 1
-        for packet in self.stream.encode(frame):
-            self.container.mux(packet)
+        try:
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
+        except av.FFmpegError as error:
+            raise ImageError("encode", _said(error)) from None
 
     def close(self) -> bytes:
-        for packet in self.stream.encode():
-            self.container.mux(packet)
-        self.container.close()
+        import av
+
+        try:
+            for packet in self.stream.encode():
+                self.container.mux(packet)
+            self.container.close()
+        except av.FFmpegError as error:
+            raise ImageError("encode", _said(error)) from None
         return self.buffer.getvalue()
 
     def abandon(self) -> None:
