@@ -220,7 +220,7 @@ def holds_file(
                         continue
                     try:
                         if entry.is_dir():
-                            stack.append(f"{rel}/{name}")
+                            stack.append(f"{rel}/{name}" if rel else name)
                         elif entry.is_file() and (dot := name.rfind(".")) > 0 and name[dot:].lower() in extensions:
                             return True
                     except OSError:
