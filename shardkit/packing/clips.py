@@ -32,6 +32,7 @@ from ..core.config import (
 )
 from ..core.errors import ImageError, describe, require
 from ..core.safeio import open_regular
+from .video_probe import native_path
 
 if TYPE_CHECKING:
     import av.container
@@ -128,7 +129,7 @@ def cut(path: str, source: str, clips: ClipConfig, resize: ResizeConfig, max_pix
     fd = open_regular(path)  # a FIFO or a device is refused here, never waited on
     with os.fdopen(fd, "rb") as file:
         try:
-            container = av.open(file, metadata_errors="ignore")
+            container = av.open(native_path(fd, file), metadata_errors="ignore")
         except av.FFmpegError as error:
             raise ImageError("header", f"not a video FFmpeg reads ({_said(error)})") from None
         except (ValueError, OSError) as error:

@@ -4,8 +4,8 @@
 A file counts as a video by its content (an MP4/MOV 'ftyp' box at offset 4, Matroska/WebM's EBML
 magic, AVI's RIFF header), and as readable only once its first frame decodes. What the header does
 not say is measured with bounded work: a duration missing from it comes from the packets' timestamps
-(demuxed, not decoded; at most MAX_PACKETS), a variable frame rate from the first VFR_FRAMES frames'
-timestamps. Nothing here prints."""
+(at most MAX_PACKETS), a variable frame rate from the first VFR_FRAMES packets' timestamps (demuxed:
+only the first frame is decoded). Nothing here prints."""
 
 from __future__ import annotations
 
@@ -71,9 +71,17 @@ def probe_video(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
             return VideoRow(relpath, size, "not a video: no MP4, Matroska or AVI header")
         file.seek(0)
         try:
-            return _probe_open(file, relpath, size, kind, max_pixels)
+            return _probe_open(native_path(fd, file), relpath, size, kind, max_pixels)
         except Exception as error:  # PyAV's own types for a file it cannot read
             return VideoRow(relpath, size, f"cannot read: {describe(error)}")
+
+
+def native_path(fd: int, file: Any) -> Any:
+    """What PyAV opens for a descriptor checked to be a regular file: its /dev/fd path, read by
+    FFmpeg's own I/O (through a Python file object every read is a call back into Python: the probe
+    ran at 0.65x its floor so), or the file object where /dev/fd is missing."""
+    path = f"/dev/fd/{fd}"
+    return path if os.path.exists(path) else file
 
 
 def _probe_open(file: Any, relpath: str, size: int, kind: str, max_pixels: int) -> VideoRow:
@@ -88,15 +96,18 @@ def _probe_open(file: Any, relpath: str, size: int, kind: str, max_pixels: int) 
                 relpath, size, f"{context.width}x{context.height} is over the limit of {max_pixels:,} pixels"
             )
         audio = len(container.streams.audio)
-        times: list[float] = []
-        first = None
-        for frame in container.decode(stream):
+        times: list[float] = []  # the first packets' timestamps: demuxed, not decoded
+        first = None  # the first frame: the one decode
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.time_base is not None:
+                times.append(float(packet.pts * packet.time_base))
             if first is None:
-                first = frame
-            if frame.time is not None:
-                times.append(frame.time)
-            if len(times) >= VFR_FRAMES:
+                first = next(iter(packet.decode()), None)  # (a flush packet at the end decodes what is held)
+            if first is not None and len(times) >= VFR_FRAMES:
                 break
+        if first is None:  # a short file whose decoder still holds its first frame
+            first = next(iter(stream.codec_context.decode(None)), None)
+        times.sort()  # (B-frames come out of order)
         if first is None:
             return VideoRow(relpath, size, "no frame decodes", kind)
         rotation = round((getattr(first, "rotation", 0) or 0) / 90) % 4 * 90
