@@ -83,6 +83,14 @@ def _streamed_webm(path: Path, seconds: float = 1.0, fps: int = 24) -> None:
     pipe.close()
 
 
+def zeroed(mp4: bytes) -> bytes:
+    """An MP4 whose frames are zeros (its header and index intact)."""
+    data = bytearray(mp4)
+    start = data.find(b"mdat") + 4
+    data[start : start + (len(data) - start) // 2] = bytes((len(data) - start) // 2)
+    return bytes(data)
+
+
 def _rotated(path: Path, degrees: int, seconds: float = 1.0) -> None:
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=24)
@@ -101,7 +109,7 @@ VFR_MS = [0, 40, 60, 140, 160, 240, 300, 320, 420, 460, 500, 580, 640, 700, 720,
 # name -> expected clip count by the rule floor((duration - S) / stride) + 1, duration = last frame + one frame
 EXPECTED = {"cat/a.mp4": 4, "cat/b.webm": 2, "cat/streamed.webm": 2, "dog/c.avi": 2, "dog/d.mkv": 2,
             "dog/rot.mp4": 2, "dog/vfr.mp4": 2}  # fmt: skip
-HOSTILE = {"bad/empty_text.mp4", "bad/header_only.mp4", "bad/truncated.mp4", "bad/short.mp4"}
+HOSTILE = {"bad/empty_text.mp4", "bad/header_only.mp4", "bad/truncated.mp4", "bad/short.mp4", "bad/zeroed.mp4"}
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +129,8 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (bad / "truncated.mp4").write_bytes(whole[: len(whole) // 2])  # its moov box, at the end, is gone
     (bad / "header_only.mp4").write_bytes(whole[:40])
     (bad / "empty_text.mp4").write_text("not a video at all\n")
+    (bad / "zeroed.mp4").write_bytes(zeroed(whole))
+    (root / "dog/clip.png").write_bytes(b"")  # an image where videos are packed: listed
     return root
 
 
@@ -159,14 +169,15 @@ def test_every_video_is_cut_into_clips_or_listed(packed: Path) -> None:
         by_source.setdefault(record.meta["source"], []).append(record)
     assert {name: len(clips) for name, clips in by_source.items()} == EXPECTED
     errors = {row["path"]: row for row in map(json.loads, (packed / "errors.jsonl").read_text().splitlines())}
-    assert set(errors) == HOSTILE | {"dog/notes.jpg"}
+    assert set(errors) == HOSTILE | {"dog/notes.jpg", "dog/clip.png"}
+    assert errors["bad/zeroed.mp4"]["stage"] == "decode"
     assert errors["bad/short.mp4"]["stage"] == "clip" and "shorter than one clip" in errors["bad/short.mp4"]["reason"]
     assert errors["bad/empty_text.mp4"]["stage"] == "header"
     assert errors["bad/header_only.mp4"]["stage"] == "header"
     assert errors["bad/truncated.mp4"]["stage"] in ("header", "decode")
     assert "takes the videos only" in errors["dog/notes.jpg"]["reason"]
     totals = read_manifest(packed).totals
-    assert totals == {"inputs": 12, "records": sum(EXPECTED.values()), "errors": 5, "videos": 7}
+    assert totals == {"inputs": 14, "records": sum(EXPECTED.values()), "errors": 7, "videos": 7}
     assert verify(packed).ok and verify(packed, deep=True).ok
 
 

@@ -11,7 +11,7 @@ import pytest
 from shardkit.packing.video_probe import probe_video, probe_videos, sniff
 from shardkit.synthetic import write_video
 from tests.inprocess import run_cli
-from tests.test_video_pack import VFR_MS, _rotated, _streamed_webm, _vfr
+from tests.test_video_pack import VFR_MS, _rotated, _streamed_webm, _vfr, zeroed
 
 av = pytest.importorskip("av")
 
@@ -30,6 +30,7 @@ def videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "b/text.mp4").write_text("not a video\n")
     (root / "b/truncated.mp4").write_bytes(whole[: len(whole) // 2])
     (root / "b/header_only.mp4").write_bytes(whole[:40])
+    (root / "b/zeroed.mp4").write_bytes(zeroed(whole))
     return root
 
 
@@ -47,6 +48,10 @@ def test_each_video_as_displayed(videos: Path) -> None:
     assert probe_video(str(videos / "b/three.avi"), "b/three.avi").codec == "mpeg4"
     assert probe_video(str(videos / "b/text.mp4"), "b/text.mp4").error.startswith("not a video")
     assert probe_video(str(videos / "a/one.mp4"), "a/one.mp4", max_pixels=100).error.startswith("96x64 is over")
+    assert (
+        probe_video(str(videos / "b/zeroed.mp4"), "zeroed.mp4").error
+        == "cannot read: Invalid data found when processing input"
+    )
     for name in ("truncated.mp4", "header_only.mp4"):
         assert probe_video(str(videos / "b" / name), name).error is not None
     assert sniff(b"\x00\x00\x00\x18ftypisom") == "mp4" and sniff(b"RIFF\x00\x00\x00\x00AVI ") == "avi"
@@ -54,9 +59,9 @@ def test_each_video_as_displayed(videos: Path) -> None:
 
 def test_census_and_json(videos: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     report = probe_videos(videos, workers=1)
-    assert (report.files, report.videos, report.vfr, report.rotated) == (10, 7, 1, 1)
+    assert (report.files, report.videos, report.vfr, report.rotated) == (11, 7, 1, 1)
     assert report.codecs == {"h264": 4, "vp9": 2, "mpeg4": 1}
-    assert sum(report.problems.values()) == 3
+    assert sum(report.problems.values()) == 4
     assert report.recommendation is not None and report.recommendation.fps == 24
     out = tmp_path / "probe.json"
     result = run_cli(capfd, "probe", videos, "--json", out, "--workers", "1")

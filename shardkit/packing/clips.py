@@ -32,7 +32,7 @@ from ..core.config import (
 )
 from ..core.errors import ImageError, describe, require
 from ..core.safeio import open_regular
-from .video_probe import native_path
+from .video_probe import native_path, said
 
 if TYPE_CHECKING:
     import av.container
@@ -90,7 +90,7 @@ class _Encoder:
             for packet in self.stream.encode(frame):
                 self.container.mux(packet)
         except av.FFmpegError as error:
-            raise ImageError("encode", _said(error)) from None
+            raise ImageError("encode", said(error)) from None
 
     def close(self) -> bytes:
         import av
@@ -100,7 +100,7 @@ class _Encoder:
                 self.container.mux(packet)
             self.container.close()
         except av.FFmpegError as error:
-            raise ImageError("encode", _said(error)) from None
+            raise ImageError("encode", said(error)) from None
         return self.buffer.getvalue()
 
     def abandon(self) -> None:
@@ -131,16 +131,11 @@ def cut(path: str, source: str, clips: ClipConfig, resize: ResizeConfig, max_pix
         try:
             container = av.open(native_path(fd, file), metadata_errors="ignore")
         except av.FFmpegError as error:
-            raise ImageError("header", f"not a video FFmpeg reads ({_said(error)})") from None
+            raise ImageError("header", f"not a video FFmpeg reads ({said(error)})") from None
         except (ValueError, OSError) as error:
             raise ImageError("header", f"not a video FFmpeg reads ({describe(error)})") from None
         with container:
             return _cut(av, container, source, clips, resize, max_pixels)
-
-
-def _said(error: Exception) -> str:
-    text = getattr(error, "strerror", None) or str(error)
-    return str(text).strip() or type(error).__name__
 
 
 def _cut(
@@ -219,7 +214,7 @@ def _cut(
             prev = (t, picture)
             last_t = t
     except av.FFmpegError as error:
-        raise ImageError("decode", _said(error)) from None
+        raise ImageError("decode", said(error)) from None
     finally:
         pending = list(active)
         active.clear()

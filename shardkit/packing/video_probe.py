@@ -73,7 +73,13 @@ def probe_video(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
         try:
             return _probe_open(native_path(fd, file), relpath, size, kind, max_pixels)
         except Exception as error:  # PyAV's own types for a file it cannot read
-            return VideoRow(relpath, size, f"cannot read: {describe(error)}")
+            return VideoRow(relpath, size, f"cannot read: {said(error)}")
+
+
+def said(error: BaseException) -> str:
+    """What FFmpeg said, without PyAV's errno and function name around it."""
+    text = getattr(error, "strerror", None) or describe(error)
+    return str(text).strip() or type(error).__name__
 
 
 def native_path(fd: int, file: Any) -> Any:

@@ -9,12 +9,14 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 
+from ...core.clips import VIDEO_EXTENSIONS
 from ...core.errors import Failure, SourceError
 from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import not_regular
 from .item import Run, SourceWalk, display, skip, unique_keys
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
+VIDEO_SUFFIXES = frozenset(f".{ext}" for ext in VIDEO_EXTENSIONS)  # as IMAGE_EXTENSIONS: with the dot
 Listing = list[str | tuple[list[str], list[str]]]  # sub-folders (relpaths), and runs of (relpaths, keys)
 
 
@@ -192,6 +194,8 @@ def not_a_file(entry: os.DirEntry[str]) -> str:
 def not_taken(name: str, extensions: frozenset[str]) -> str:
     """Why a regular file is not taken: an image in a pack of videos, or the other way round, says so."""
     if extensions is IMAGE_EXTENSIONS:
+        if name[name.rfind(".") :].lower() in VIDEO_SUFFIXES:
+            return "a video; pack videos with --clip-seconds S"
         return "not an image file extension"
     if name[name.rfind(".") :].lower() in IMAGE_EXTENSIONS:
         return "an image; a pack with --clip-seconds takes the videos only"

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ...core.clips import VIDEO_EXTENSIONS
-from .folder import from_folder, holds_file
+from .folder import VIDEO_SUFFIXES, from_folder, holds_file
 from .item import SourceWalk
-
-# as folder.IMAGE_EXTENSIONS: with the dot, lower case
-VIDEO_SUFFIXES = frozenset(f".{ext}" for ext in VIDEO_EXTENSIONS)
 
 
 def from_videos(root: str, labels: str, keys: bool) -> SourceWalk:
