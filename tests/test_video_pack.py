@@ -286,3 +286,21 @@ def test_sigkill_then_resume_gives_the_same_clips(videos: Path, packed: Path, tm
     assert shards == {s.name: s.sha256 for s in read_manifest(clean).shards}
     assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
     assert verify(out).ok
+
+
+def test_a_metadata_table_gives_each_clip_its_video_caption_and_columns(videos: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "v").mkdir(parents=True)
+    os.link(videos / "cat/b.webm", source / "v/b.webm")
+    os.link(videos / "dog/d.mkv", source / "unnamed.mkv")
+    rows = [{"file_name": "v/b.webm", "caption": "a moving picture", "place": "here"},
+            {"file_name": "v/gone.mp4", "caption": "no such file"}]  # fmt: skip
+    (source / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    pack(pack_config(source, out, clip_seconds=SECONDS, workers=1))
+    records = _records(out)
+    assert [r.key for r in records] == ["v/b_000000", "v/b_000001"]
+    assert {(r.text, json.dumps(r.columns)) for r in records} == {("a moving picture", '{"place": "here"}')}
+    errors = {row["path"]: row["reason"] for row in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    assert set(errors) == {"unnamed.mkv", "v/gone.mp4"} and "no row" in errors["unnamed.mkv"]
+    assert verify(out).ok

@@ -316,6 +316,8 @@ def _clips_of(
 
     started = time.perf_counter()
     try:
+        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
         made = cut(item.path, display(item.relpath), clips, job.resize, job.encode.max_pixels)
         timings["encode"] += time.perf_counter() - started
         size = os.stat(item.path).st_size

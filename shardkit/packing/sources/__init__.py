@@ -24,12 +24,12 @@ from ...core.config import LABEL_MODES, TableConfig, WebConfig
 from ...core.errors import SourceError
 from ...storage.urls import is_remote
 from .bucket import fetch_copy, open_bucket
-from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
+from .folder import IMAGE_EXTENSIONS, VIDEO_SUFFIXES, check_folder, from_folder
 from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
 from .listfile import from_list
 from .rows import Table, find_table, table_kind
 from .sidecars import from_sidecars
-from .table import from_table
+from .table import from_table, local_runs
 from .urls import from_urls, url_table
 from .video import from_videos, holds_videos
 
@@ -109,17 +109,19 @@ def walk(
 def _videos(
     source: str | os.PathLike[str], labels: str, keys: bool, table: TableConfig | None, sidecars: bool
 ) -> SourceWalk:
-    """A local folder of videos; what the video convention does not take yet is refused by name."""
+    """A local folder of videos, or of videos named by its metadata table (a row a video: its caption
+    and columns go to each of its clips); what the video convention does not take yet is refused."""
     root = os.fspath(source)
     if is_remote(root):
         raise SourceError(f"{root}: videos are packed from a local folder; a bucket's prefix is not taken yet")
     if not os.path.isdir(root):
         raise SourceError(f"{display(root)}: --clip-seconds needs a folder of videos")
-    if sidecars or (table is not None and table.path is not None):
-        raise SourceError(f"{display(root)}: videos take class folders; --sidecars and --metadata are for images")
+    if sidecars:
+        raise SourceError(f"{display(root)}: videos take class folders or a metadata table; --sidecars is for images")
     check_folder(root)
-    if find_table(root, table or TableConfig()) is not None:
-        raise SourceError(f"{display(root)}: a metadata table beside videos is not taken yet; use class folders")
+    metadata = find_table(root, table or TableConfig())
+    if metadata is not None:  # videos no row names are listed, as images are in a pack of images
+        return from_table(root, metadata, labels, keys, images=lambda: local_runs(root, VIDEO_SUFFIXES))
     return from_videos(root, labels, keys)
 
 
