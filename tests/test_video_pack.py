@@ -304,3 +304,10 @@ def test_a_metadata_table_gives_each_clip_its_video_caption_and_columns(videos: 
     errors = {row["path"]: row["reason"] for row in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
     assert set(errors) == {"unnamed.mkv", "v/gone.mp4"} and "no row" in errors["unnamed.mkv"]
     assert verify(out).ok
+
+
+def test_a_timestamp_jump_is_refused_not_cut_into_a_million_clips(tmp_path: Path) -> None:
+    _vfr(tmp_path / "jump.mp4", [0, 40, 80, 120, 100_000, 100_040])  # 100 s between two frames
+    with pytest.raises(ImageError) as refused:
+        cut(str(tmp_path / "jump.mp4"), "jump.mp4", ClipConfig(0.04), ResizeConfig(), 10**8)
+    assert refused.value.stage == "decode" and "timestamps jump" in refused.value.reason

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 _INTERPOLATION = {"bilinear": "BILINEAR", "bicubic": "BICUBIC", "lanczos": "LANCZOS"}
 _TOLERANCE = 0.002  # seconds: webm and mkv round timestamps to milliseconds
 CLIP_NUMBER_DIGITS = 6  # clip keys `<video key>_000003`: sort in order, never a dot
+MAX_CLIPS = 10**CLIP_NUMBER_DIGITS - 1  # of one video (a clip a second: 11 days)
+MAX_GAP = 60.0  # seconds between two frames' timestamps: more is a damaged file, not a still scene
 
 
 def clip_key(video_key: str, number: int) -> str:
@@ -201,16 +203,22 @@ def _cut(
                 shape = (rotation, width, height, *stored_size(width, height, resize))
             assert shape is not None
             picture = _displayed(frame, shape, resize)
-            while (start := t0 + next_clip * step) <= t + tolerance:
+            # Clips open one at a time, each fed and finished before the next opens, so a gap in
+            # the timestamps never holds more encoders than clips overlap (seconds / stride).
+            while True:
+                for clip in active:
+                    while clip.fed < count and clip.targets[clip.fed] < t - tolerance:
+                        assert prev is not None
+                        clip.add(prev[1])
+                for clip in [c for c in active if c.fed == count and t >= c.start + seconds - tolerance]:
+                    active.remove(clip)
+                    finish(clip)
+                if (start := t0 + next_clip * step) > t + tolerance:
+                    break
+                if len(made) + len(active) >= MAX_CLIPS:
+                    raise ImageError("clip", f"more than {MAX_CLIPS:,} clips; use a longer --clip-stride")
                 active.append(_Encoder(start, [start + j / fps for j in range(count)], shape[3], shape[4], fps))
                 next_clip += 1
-            for clip in active:
-                while clip.fed < count and clip.targets[clip.fed] < t - tolerance:
-                    assert prev is not None
-                    clip.add(prev[1])
-            for clip in [c for c in active if c.fed == count and t >= c.start + seconds - tolerance]:
-                active.remove(clip)
-                finish(clip)
             prev = (t, picture)
             last_t = t
     except av.FFmpegError as error:
@@ -251,6 +259,8 @@ def _frames(
             t = 0.0 if last is None else last + 1 / source_fps
         if last is not None and t <= last:
             continue
+        if last is not None and t - last > MAX_GAP:  # a damaged timestamp would open clips by the million
+            raise ImageError("decode", f"its timestamps jump {t - last:,.1f} s after {last:.3f} s; a damaged file?")
         last = t
         yield t, frame
 
