@@ -20,6 +20,7 @@ av = pytest.importorskip("av")
 def videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("probe_videos")
     write_video(root / "a/one.mp4", 96, 64, seconds=1.0, fps=24)
+    write_video(root / "a/long.mp4", 96, 64, seconds=3.0, fps=30)  # B-frames past the packets read
     write_video(root / "a/two.webm", 128, 96, seconds=0.5, fps=24)
     write_video(root / "b/three.avi", 96, 64, seconds=1.0, fps=20)
     write_video(root / "b/four.mkv", 96, 64, seconds=1.0, fps=25)
@@ -42,6 +43,7 @@ def test_each_video_as_displayed(videos: Path) -> None:
     turned = probe_video(str(videos / "b/turned.mp4"), "b/turned.mp4")
     assert (turned.width, turned.height, turned.rotation) == (64, 96, 90)
     assert probe_video(str(videos / "b/vfr.mp4"), "b/vfr.mp4").vfr
+    assert not probe_video(str(videos / "a/long.mp4"), "a/long.mp4").vfr
     streamed = probe_video(str(videos / "b/streamed.webm"), "b/streamed.webm")
     assert streamed.error is None and streamed.codec == "vp9"
     assert streamed.duration == pytest.approx(1.0, abs=0.1)  # from the packets: the header has none
@@ -59,14 +61,14 @@ def test_each_video_as_displayed(videos: Path) -> None:
 
 def test_census_and_json(videos: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     report = probe_videos(videos, workers=1)
-    assert (report.files, report.videos, report.vfr, report.rotated) == (11, 7, 1, 1)
-    assert report.codecs == {"h264": 4, "vp9": 2, "mpeg4": 1}
+    assert (report.files, report.videos, report.vfr, report.rotated) == (12, 8, 1, 1)
+    assert report.codecs == {"h264": 5, "vp9": 2, "mpeg4": 1}
     assert sum(report.problems.values()) == 4
     assert report.recommendation is not None and report.recommendation.fps == 24
     out = tmp_path / "probe.json"
     result = run_cli(capfd, "probe", videos, "--json", out, "--workers", "1")
     assert result.returncode == 0, result.stderr
-    assert "7 readable videos" in result.stdout and "recommendation" in result.stdout
+    assert "8 readable videos" in result.stdout and "recommendation" in result.stdout
     data = json.loads(out.read_text())["videos"]
-    assert data["count"] == 7 and data["codecs"]["h264"] == 4
+    assert data["count"] == 8 and data["codecs"]["h264"] == 5
     assert set(data["distributions"]) == {"duration", "fps", "width", "height"}

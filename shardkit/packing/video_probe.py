@@ -25,6 +25,7 @@ from .sources import Item, walk
 
 CHUNK_VIDEOS = 16  # a job: enough to pay its trip to a worker, few enough to keep both cores busy
 VFR_FRAMES = 32
+REORDER = 16  # packets read past VFR_FRAMES: B-frames arrive out of order, so the last read leave holes
 MAX_PACKETS = 200_000  # the most packets read to measure a duration the header lacks (hours of video)
 QUANTILES = (0.0, 0.05, 0.5, 0.95, 1.0)
 
@@ -109,11 +110,12 @@ def _probe_open(file: Any, relpath: str, size: int, kind: str, max_pixels: int) 
                 times.append(float(packet.pts * packet.time_base))
             if first is None:
                 first = next(iter(packet.decode()), None)  # (a flush packet at the end decodes what is held)
-            if first is not None and len(times) >= VFR_FRAMES:
+            if first is not None and len(times) >= VFR_FRAMES + REORDER:
                 break
         if first is None:  # a short file whose decoder still holds its first frame
             first = next(iter(stream.codec_context.decode(None)), None)
-        times.sort()  # (B-frames come out of order)
+        # in display order; the last REORDER dropped, whose neighbours may still be unread
+        times = sorted(times)[: max(2, len(times) - REORDER)] if len(times) > VFR_FRAMES else sorted(times)
         if first is None:
             return VideoRow(relpath, size, "no frame decodes", kind)
         rotation = round((getattr(first, "rotation", 0) or 0) / 90) % 4 * 90
