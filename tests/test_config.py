@@ -13,6 +13,7 @@ from shardkit.core.config import (
     PACK_OPTION_TABLE,
     PACK_OPTIONS,
     PRESET_KEYS,
+    ClipConfig,
     EncodeConfig,
     PackConfig,
     ResizeConfig,
@@ -97,10 +98,12 @@ def test_each_pack_option_is_one_row_that_the_cli_presets_and_config_follow(tmp_
              "workers": 3, "shuffle": True, "seed": 9, "labels": "none", "train_size": 160, "max_pixels": 1000,
              "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4,
              "url_column": "link", "retries": 2, "backoff": 0.75, "timeout": 9.5, "max_download": "2MB",
-             "download_threads": 4, "per_host": 2, "respect_noai": False}  # fmt: skip
+             "download_threads": 4, "per_host": 2, "respect_noai": False, "clip_seconds": 2, "clip_stride": 1.5,
+             "clip_fps": 8}  # fmt: skip
     assert set(given) == {option.name for option in PACK_OPTION_TABLE}
     built = pack_config("src", "out", **given)
-    owners = {PackConfig: built, ResizeConfig: built.resize, EncodeConfig: built.encode, WebConfig: built.web}
+    owners = {PackConfig: built, ResizeConfig: built.resize, EncodeConfig: built.encode, WebConfig: built.web,
+              ClipConfig: built.clips}  # fmt: skip
     for option in PACK_OPTION_TABLE:
         value = getattr(owners[option.owner], option.field)
         assert value != option.default, option.name  # the flat option reached its field

@@ -59,7 +59,12 @@ def check_manifest(
         report.problems.append(
             Problem("manifest", f"totals say {totals['duplicates']} duplicates, {ERRORS_NAME} lists {duplicates}")
         )
-    if totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
+    if "videos" in totals:  # clips of videos: a record is a clip, an input a video packed or listed
+        if totals.get("inputs") != totals["videos"] + totals.get("errors", 0):
+            report.problems.append(Problem("manifest", "inputs are not videos + errors"))
+        if totals["videos"] > totals.get("records", 0):
+            report.problems.append(Problem("manifest", "more videos packed than clips"))
+    elif totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))
     listed = {s.name for s in manifest.shards} | {c.name for c in manifest.companions}
     listed |= {MANIFEST_NAME, ERRORS_NAME, INDEX_NAME}

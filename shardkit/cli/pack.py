@@ -180,7 +180,11 @@ def render(result: PackResult) -> None:
     table = Table(title=f"packed into {result.output}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    table.add_row("images packed", f"{result.records:,} of {result.inputs:,} inputs")
+    videos = result.manifest.totals.get("videos")
+    if videos is not None:  # a pack of videos: a record is a clip
+        table.add_row("clips packed", f"{result.records:,} from {videos:,} of {result.inputs:,} inputs")
+    else:
+        table.add_row("images packed", f"{result.records:,} of {result.inputs:,} inputs")
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
     if result.duplicates:
         table.add_row("  of which duplicates", f"{result.duplicates:,} (left out by --dedup)")

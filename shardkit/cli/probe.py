@@ -17,11 +17,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.config import PROBE_OPTIONS, TableConfig, WebConfig, check_train_size, check_workers, options
-from ..core.errors import ConfigError, ShardkitError, describe
+from ..core.errors import ConfigError, ShardkitError, SourceError, describe
 from ..packing.sources import display
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeChunk, ProbeReport
+    from ..packing.video_probe import VideoReport
 
 from .common import (
     STORAGE_OPTION_HELP,
@@ -91,17 +92,79 @@ def probe(
                 caption_column=caption_column,
             )  # fmt: skip
             web = WebConfig(url_column=url_column, retries=retries, timeout=timeout)
-            report = _run(
-                source_path(source), settings, write_rows, table, sidecars, storage_options(storage_option), web
-            )
-        render(report)
+            where = source_path(source)
+            videos = _run_videos(where, settings) if metadata is None and not sidecars else None
+            try:
+                report = _run(where, settings, write_rows, table, sidecars, storage_options(storage_option), web)
+            except SourceError:
+                if videos is None:
+                    raise
+                report = None  # a folder of videos only
+        if report is not None:
+            render(report)
+        if videos is not None:
+            render_videos(videos)
         if json_path is not None:
-            write_json_report(json_path, report.to_json())
-        if plot is not None:
+            whole = report.to_json() if report is not None else {"root": where}
+            write_json_report(json_path, {**whole, **({"videos": videos.to_json()} if videos is not None else {})})
+        if plot is not None and report is not None:
             from ..checks.plots import plot_probe
 
             plot_probe(report, plot)
             console.print(f"plot written to {plot}")
+
+
+def _run_videos(source: str, settings: dict[str, Any]) -> VideoReport | None:
+    """The census of a local folder's videos, or None where it holds none."""
+    from ..packing.sources.video import holds_videos
+
+    if not holds_videos(source):
+        return None
+    from ..packing.video_probe import probe_videos
+
+    with progress_bar() as bar:
+        task = bar.add_task("probing videos", total=None, rate="")
+        started = time.perf_counter()
+
+        def advance(done: int, total: int | None) -> None:
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
+
+        return probe_videos(
+            source, workers=settings["workers"], max_pixels=settings["max_pixels"],
+            train_size=settings["train_size"], progress=advance,
+        )  # fmt: skip
+
+
+def render_videos(report: VideoReport) -> None:
+    rate = report.files / report.seconds if report.seconds else 0
+    console.print(
+        f"[bold]{escape(display(report.root))}[/]: {report.videos:,} readable videos, {report.files - report.videos:,}"
+        f" not, {human_bytes(report.bytes)}, {report.total_seconds:,.1f} s of video, probed in {report.seconds:.2f}s"
+        f" ({rate:,.0f} files/s on {report.workers} process{'es' if report.workers > 1 else ''})"
+    )
+    if report.videos:
+        table = Table(title="videos", title_justify="left")
+        table.add_column("")
+        for name in ("p0", "p5", "p50", "p95", "p100"):
+            table.add_column(name, justify="right")
+        for what, values in report.distributions.items():
+            table.add_row(what, *(f"{values[name]:g}" for name in ("p0", "p5", "p50", "p95", "p100")))
+        console.print(table)
+        shown = ", ".join(f"{name} {count:,}" for name, count in report.codecs.items())
+        formats = ", ".join(f"{name} {count:,}" for name, count in report.pix_fmts.items())
+        console.print(f"codecs: {shown}; pixel formats: {formats}")
+        console.print(
+            f"variable frame rate: {report.vfr:,}; rotated: {report.rotated:,}; with audio: {report.with_audio:,}"
+        )
+    for reason, count in report.problems.items():
+        examples = ", ".join(escape(name) for name in report.examples.get(reason, []))
+        console.print(f"[yellow]{count:,} not readable[/]: {escape(reason)} (e.g. {examples})")
+    advice = report.recommendation
+    if advice is not None:
+        size = f"--resize {advice.resize}" if advice.resize is not None else "no --resize"
+        fps = f" --clip-fps {advice.fps:g}" if advice.fps is not None else ""
+        console.print(f"[bold]recommendation[/]: pack --clip-seconds S {size}{fps} ({escape(advice.reason)})")
 
 
 def _run(

@@ -179,6 +179,51 @@ class WebConfig:
             raise ConfigError(f"downloads per host must be 1 to 1024, not {self.per_host}")
 
 
+# A clip holds at most this many frames: what one clip's encoder and a resume's plan may hold of a
+# video at once, whatever --clip-seconds x --clip-fps asks (10 minutes at 30 fps is 18,000).
+MAX_CLIP_FRAMES = 18_000
+MAX_CLIP_FPS = 240.0  # the highest clip frame rate asked for or taken from a source
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    """How videos are cut into clips (pack --clip-seconds): `seconds` None packs images, not videos.
+    A clip starts every `stride` seconds (default: `seconds`, back to back) on the video's own
+    timeline; its frames are picked by timestamp at `fps` (default: the source's, and never more
+    than the source's: a frame is never made up)."""
+
+    seconds: float | None = None
+    stride: float | None = None
+    fps: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("seconds", "stride", "fps"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"--clip-{name} must be a number of more than 0, not {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.seconds is None and (self.stride is not None or self.fps is not None):
+            raise ConfigError("--clip-stride and --clip-fps cut videos into clips; give --clip-seconds too")
+        if self.fps is not None and self.fps > MAX_CLIP_FPS:
+            raise ConfigError(f"--clip-fps must be at most {MAX_CLIP_FPS:g}, not {self.fps:g}")
+        if (
+            self.seconds is not None
+            and self.seconds * (self.fps or MAX_CLIP_FPS) > MAX_CLIP_FRAMES
+            and (self.fps is not None or self.seconds > MAX_CLIP_FRAMES / 30)
+        ):
+            raise ConfigError(
+                f"a clip holds at most {MAX_CLIP_FRAMES:,} frames; --clip-seconds {self.seconds:g} is too long"
+            )
+
+    @property
+    def step(self) -> float:
+        """Seconds from one clip's start to the next."""
+        assert self.seconds is not None
+        return self.stride if self.stride is not None else self.seconds
+
+
 @dataclass(frozen=True)
 class PackConfig:
     source: str
@@ -208,6 +253,7 @@ class PackConfig:
     dedup: str = "none"
     dedup_threshold: int = DEFAULT_DEDUP_THRESHOLD
     web: WebConfig = field(default_factory=WebConfig)  # a URL table's downloads
+    clips: ClipConfig = field(default_factory=ClipConfig)  # videos cut into clips (--clip-seconds)
 
     def __post_init__(self) -> None:
         if self.dedup not in DEDUP_MODES:
@@ -254,7 +300,7 @@ class PackOption:
     derived from `PACK_OPTION_TABLE`: a new option is one row here, plus its use."""
 
     name: str
-    owner: type  # PackConfig, ResizeConfig, EncodeConfig or WebConfig
+    owner: type  # PackConfig, ResizeConfig, EncodeConfig, WebConfig or ClipConfig
     field: str  # the owner's field: its default is the option's
     types: type | tuple[type, ...]  # what a preset may give (and the CLI's value type: the first)
     help: str
@@ -279,6 +325,15 @@ def _parse_resize(value: Any) -> Any:
     if re.fullmatch(r"[0-9]{1,9}", text):
         return int(text)
     raise ConfigError(f"--resize takes a number of pixels, 'auto' or 'none', not {value!r}")
+
+
+def _parse_optional_float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return value  # (a bool is refused by ClipConfig, by name)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"not a number of seconds or frames: {value!r}") from None
 
 
 def _parse_optional_bytes(value: Any) -> int | None:
@@ -329,6 +384,13 @@ PACK_OPTION_TABLE: tuple[PackOption, ...] = (
     PackOption("respect_noai", WebConfig, "respect_noai", bool,
                "Skip images served with X-Robots-Tag: noai or noimageai.", default_help="",
                flags=("--respect-noai/--ignore-noai",)),
+    PackOption("clip_seconds", ClipConfig, "seconds", (float, int),
+               "Pack the source's videos, each cut into clips of this many seconds (one record a clip).",
+               default_help="", parse=_parse_optional_float),
+    PackOption("clip_stride", ClipConfig, "stride", (float, int), "Seconds from one clip's start to the next.",
+               default_help="--clip-seconds", parse=_parse_optional_float),
+    PackOption("clip_fps", ClipConfig, "fps", (float, int), "Frames per second of a clip (at most the source's).",
+               default_help="the source's", parse=_parse_optional_float),
 )  # fmt: skip
 
 # The flat options of `pack` (CLI flags, '_' for '-', and preset keys) and their defaults, and the
@@ -367,7 +429,8 @@ def pack_config(
     """A validated PackConfig from the flat options (what the CLI and presets say: `resize=256` or
     "auto" or "none", `shard_bytes="256MB"`, ...): what `shardkit pack` runs, for library users too."""
     values = options(PACK_OPTIONS, preset, **given)
-    owned: dict[type, dict[str, Any]] = {PackConfig: {}, ResizeConfig: {}, EncodeConfig: {}, WebConfig: {}}
+    owned: dict[type, dict[str, Any]] = {PackConfig: {}, ResizeConfig: {}, EncodeConfig: {}, WebConfig: {},
+                                         ClipConfig: {}}  # fmt: skip
     for option in PACK_OPTION_TABLE:
         value = values[option.name]
         owned[option.owner][option.field] = option.parse(value) if option.parse is not None else value
@@ -377,6 +440,7 @@ def pack_config(
         resize=ResizeConfig(**owned[ResizeConfig]),
         encode=EncodeConfig(**owned[EncodeConfig]),
         web=WebConfig(**owned[WebConfig]),
+        clips=ClipConfig(**owned[ClipConfig]),
         resume=resume,
         overwrite=overwrite,
         storage_options=storage_options,

@@ -81,6 +81,8 @@ def finish(
     records = sum(r.shard.count for r in ordered)
     duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
     totals = {"inputs": inputs, "records": records, "errors": len(error_rows)}
+    if config.clips.seconds is not None:  # records are clips: each video packed (whole) or listed, once
+        totals["videos"] = inputs - len(error_rows)
     if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
         totals["duplicates"] = duplicates
     transient = sum(1 for row in error_rows if row.transient)

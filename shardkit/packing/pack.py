@@ -176,8 +176,28 @@ def _refuse_for_buckets(config: PackConfig) -> None:
 def _walk(config: PackConfig) -> SourceWalk:
     return walk(
         config.source, labels=config.labels, table=config.table, sidecars=config.sidecars,
-        storage_options=config.storage_options, web=config.web,
+        storage_options=config.storage_options, web=config.web, videos=config.clips.seconds is not None,
     )  # fmt: skip
+
+
+def _refuse_for_videos(config: PackConfig) -> None:
+    """What a pack of videos does not take (yet), refused by name before any work: each weighs
+    or hashes an image's pixels, which a video is not."""
+    where = config.source
+    if config.dedup != "none":
+        raise ConfigError(f"{where}: --dedup compares images; it does not take videos (--clip-seconds) yet")
+    if config.shard_bytes is not None:
+        raise ConfigError(
+            f"{where}: --shard-bytes estimates images; with --clip-seconds use --shard-size (videos a shard)"
+        )
+    if config.resize.size == "auto":
+        raise ConfigError(
+            f"{where}: --resize auto follows probe's advice for images; give --resize N with --clip-seconds"
+        )
+    if config.resize.mode == "center-crop":
+        raise ConfigError(f"{where}: clips keep the whole frame; --resize-mode center-crop is for images")
+    if config.encode.encode != "jpeg":
+        raise ConfigError(f"{where}: clips are always H.264 MP4; --encode is for images")
 
 
 def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None) -> Prepared:
@@ -186,6 +206,8 @@ def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Pat
     the output's state folder for a resume) and leave out the copies."""
     if is_remote(config.source):
         _refuse_for_buckets(config)
+    if config.clips.seconds is not None:
+        _refuse_for_videos(config)
     found = _walk(config)
     if found.layout == "urls" and config.dedup != "none":
         raise ConfigError(
@@ -360,6 +382,7 @@ def _write_all(
                 spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
                 found.options, web=web, earlier=None if retried is None else retried.errors,
                 **({} if remote is None else upload_fields(remote, spec.name, scratch)),
+                clips=config.clips if config.clips.seconds is not None else None,
             )  # fmt: skip
         planned.walked = True
 

@@ -45,7 +45,19 @@ def settings_of(config: PackConfig, *, urls: bool = False) -> dict[str, Any]:
         **({"shard_bytes_of": "output"} if config.shard_bytes is not None else {}),
         **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
         **({"web": _web_settings(config)} if urls else {}),
+        # videos cut into clips: the clip settings and the encoder, which decide every clip's bytes
+        **(
+            {"clips": asdict(config.clips), "video_backend": _video_backend()}
+            if config.clips.seconds is not None
+            else {}
+        ),
     }
+
+
+def _video_backend() -> str:
+    import av
+
+    return f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info})"
 
 
 def _web_settings(config: PackConfig) -> dict[str, Any]:

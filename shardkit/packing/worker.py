@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig, WebConfig
+from ..core.clips import CLIP_EXT
+from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, ClipConfig, EncodeConfig, ResizeConfig, WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFormatError, StorageError, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
@@ -72,6 +73,7 @@ class ShardJob:
     remote: Store | None = None
     scratch: str | None = None
     held: Held | None = None
+    clips: ClipConfig | None = None  # the items are videos, each cut into clips: a record a clip
 
 
 @dataclass
@@ -132,10 +134,11 @@ def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
             errors.extend(failures)
             if record is not None:
                 input_bytes += size
+            for one in record if isinstance(record, list) else [] if record is None else [record]:
                 written = time.perf_counter()
                 with writing(where, spec.name):
-                    writer.add(record)
-                rows.append(index_row(record, spec.name, len(rows)))
+                    writer.add(one)
+                rows.append(index_row(one, spec.name, len(rows)))
                 timings["write"] += time.perf_counter() - written
             if _progress_counter is not None:
                 with _progress_counter.get_lock():
@@ -173,19 +176,26 @@ def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
 
 def _packed(
     job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str]
-) -> Generator[tuple[Record | None, int, list[Failure]], None, None]:
-    """Each item's record (None where it failed), source bytes and failures, in the shard's order.
+) -> Generator[tuple[Record | list[Record] | None, int, list[Failure]], None, None]:
+    """Each item's record (None where it failed; a video's clips, a list), source bytes and
+    failures, in the shard's order.
     A table of URLs' rows are encoded as their downloads arrive and handed on in order, so the
     encoder never idles while one row waits out its retries (fetched.py); any other source's are
     read and encoded in turn, a failed item's --dedup copies tried in its slot."""
     items = job.spec.items
+    if job.clips is not None:
+        for item in items:
+            failures: list[Failure] = []
+            clips, size = _clips_of(item, job, job.clips, timings, failures)
+            yield clips, size, failures
+        return
     if job.web is not None:
         from .fetched import downloads_in_any_order, refetched  # (urllib3 and threads: only for URL tables)
 
         if job.earlier is not None:
             shard = str(Path(job.output) / job.spec.name)
             for item, kept in zip(items, refetched(items, shard, job.format, job.earlier, job.web), strict=True):
-                failures: list[Failure] = []
+                failures = []
                 record, size = _pack_one(item, job, timings, failures, kept)
                 yield record, size, failures
             return
@@ -293,6 +303,34 @@ def _pack_one(
     except ImageError as error:
         errors.append(_error(item.relpath, error.stage, error.reason))
     except Exception as error:  # a codec's own exception type for a file it cannot handle, or a bug
+        errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
+    return None, 0
+
+
+def _clips_of(
+    item: Item, job: ShardJob, clips: ClipConfig, timings: dict[str, float], errors: list[Failure]
+) -> tuple[list[Record] | None, int]:
+    """A video's clips as records (keys: the video's, then the clip's number), or (None, 0) with
+    the reason appended to `errors`: a video is packed whole or listed, one row, never both."""
+    from .clips import clip_key, cut  # (PyAV: only for a pack of videos)
+
+    started = time.perf_counter()
+    try:
+        if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
+            raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
+        made = cut(item.path, display(item.relpath), clips, job.resize, job.encode.max_pixels)
+        timings["encode"] += time.perf_counter() - started
+        size = os.stat(item.path).st_size
+        records = [
+            Record(clip_key(item.key, clip.number), clip.data, CLIP_EXT, item.label, clip.meta, item.text, item.columns)
+            for clip in made
+        ]
+        return records, size
+    except OSError as error:
+        errors.append(_error(item.relpath, "read", describe(error)))
+    except ImageError as error:
+        errors.append(_error(item.relpath, error.stage, error.reason))
+    except Exception as error:  # PyAV's own exception types for a file it cannot handle, or a bug
         errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
     return None, 0
 

@@ -7,9 +7,10 @@ to a `SourceWalk`; `walk()` picks the convention:
 - `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
 - `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png);
 - `urls`: a table file whose rows name images by http(s) URL (downloaded by the worker);
-- `bucket`: an object-storage prefix walked with the folder, table and sidecar conventions.
+- `bucket`: an object-storage prefix walked with the folder, table and sidecar conventions;
+- `video`: a folder of videos (class sub-folders or flat), each cut into clips by the worker.
 
-A new convention (videos) is a module here and a branch in `walk()`.
+A new convention is a module here and a branch in `walk()`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from ...core.config import LABEL_MODES, TableConfig, WebConfig
 from ...core.errors import SourceError
 from ...storage.urls import is_remote
 from .bucket import fetch_copy, open_bucket
-from .folder import IMAGE_EXTENSIONS, check_folder, from_folder
+from .folder import IMAGE_EXTENSIONS, VIDEO_SUFFIXES, check_folder, from_folder
 from .item import Item, Run, SourceList, SourceWalk, display, make_key, payload, with_payload
 from .listfile import from_list
 from .rows import Table, find_table, table_kind
 from .sidecars import from_sidecars
-from .table import from_table
+from .table import from_table, local_runs
 from .urls import from_urls, url_table
+from .video import from_videos, holds_videos
 
 __all__ = [
     "IMAGE_EXTENSIONS", "Item", "Run", "SourceList", "SourceWalk", "display", "make_key", "payload", "walk",
@@ -46,6 +48,7 @@ def walk(
     sidecars: bool = False,
     storage_options: dict[str, Any] | None = None,
     web: WebConfig | None = None,
+    videos: bool = False,
 ) -> SourceWalk:
     """Start walking `source` (a folder, a list file, or a bucket's prefix: s3://, gs://... reached
     with `storage_options`, which a local source ignores: they are the output's too); `labels` is
@@ -53,9 +56,12 @@ def walk(
     leaves the keys of a folder's items empty (probe has no use for them, and they cost more than
     the walk). A folder with a metadata table (`table.path`, or metadata.jsonl|csv|parquet at its
     root) has one sample per row; with `sidecars`, files sharing a stem are one sample. A table
-    file whose rows hold URLs (its column `web.url_column`) is a table of images to download."""
+    file whose rows hold URLs (its column `web.url_column`) is a table of images to download.
+    With `videos`, a local folder's videos are the items (class sub-folders or flat), not its images."""
     if labels not in LABEL_MODES:
         raise SourceError(f"labels must be auto, folders or none, not {labels!r}")
+    if videos:
+        return _videos(source, labels, keys, table, sidecars)
     if is_remote(source) and table_kind(os.fspath(source)) is not None:  # a table of URLs in a bucket or on the web
         return _remote_url_table(os.fspath(source), labels, keys, table, sidecars, storage_options, web)
     if is_remote(source):
@@ -88,7 +94,35 @@ def walk(
     _refuse_mixed(root, metadata, sidecars, labels)
     if metadata is not None:
         return from_table(root, metadata, labels, keys)
-    return from_sidecars(root, keys) if sidecars else from_folder(root, labels, keys)
+    if sidecars:
+        return from_sidecars(root, keys)
+    try:
+        return from_folder(root, labels, keys)
+    except SourceError:
+        if holds_videos(root):  # a folder of videos given as one of images: say how to pack it
+            raise SourceError(
+                f"{display(root)}: no images found, but it holds videos; cut them into clips with --clip-seconds S"
+            ) from None
+        raise
+
+
+def _videos(
+    source: str | os.PathLike[str], labels: str, keys: bool, table: TableConfig | None, sidecars: bool
+) -> SourceWalk:
+    """A local folder of videos, or of videos named by its metadata table (a row a video: its caption
+    and columns go to each of its clips); what the video convention does not take yet is refused."""
+    root = os.fspath(source)
+    if is_remote(root):
+        raise SourceError(f"{root}: videos are packed from a local folder; a bucket's prefix is not taken yet")
+    if not os.path.isdir(root):
+        raise SourceError(f"{display(root)}: --clip-seconds needs a folder of videos")
+    if sidecars:
+        raise SourceError(f"{display(root)}: videos take class folders or a metadata table; --sidecars is for images")
+    check_folder(root)
+    metadata = find_table(root, table or TableConfig())
+    if metadata is not None:  # videos no row names are listed, as images are in a pack of images
+        return from_table(root, metadata, labels, keys, images=lambda: local_runs(root, VIDEO_SUFFIXES))
+    return from_videos(root, labels, keys)
 
 
 def _remote_url_table(

@@ -9,12 +9,14 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 
+from ...core.clips import VIDEO_EXTENSIONS
 from ...core.errors import Failure, SourceError
 from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import not_regular
 from .item import Run, SourceWalk, display, skip, unique_keys
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
+VIDEO_SUFFIXES = frozenset(f".{ext}" for ext in VIDEO_EXTENSIONS)  # as IMAGE_EXTENSIONS: with the dot
 Listing = list[str | tuple[list[str], list[str]]]  # sub-folders (relpaths), and runs of (relpaths, keys)
 
 
@@ -23,18 +25,19 @@ def check_folder(root: str) -> None:
         raise SourceError(f"{display(root)}: permission denied")
 
 
-def from_folder(root: str, labels: str, keys: bool) -> SourceWalk:
-    """A folder of class sub-folders (labels from the top-level folders) or of images."""
+def from_folder(root: str, labels: str, keys: bool, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> SourceWalk:
+    """A folder of class sub-folders (labels from the top-level folders) or of images (or of the
+    files with other `extensions`: videos, sources/video.py)."""
     skipped: list[Failure] = []
     seen: set[tuple[int, int]] = set()  # folders the walk has entered
-    top = listing(root, "", skipped, seen, keys)  # the walk's first listing, made once
+    top = listing(root, "", skipped, seen, keys, extensions)  # the walk's first listing, made once
     # in walk order, sharing what was entered: a folder reached again (a link to an earlier class)
     # is skipped here as the walk will skip it
     entered = set(seen)
     return walk_tree(
         root, root if root.endswith("/") else root + "/", top, labels, skipped,
-        lambda folders: [rel for rel in folders if _holds_image(root, rel, entered)],
-        lambda rel_dir: listing(root, rel_dir, skipped, seen, keys),
+        lambda folders: [rel for rel in folders if holds_file(root, rel, entered, extensions)],
+        lambda rel_dir: listing(root, rel_dir, skipped, seen, keys, extensions), extensions,
     )  # fmt: skip
 
 
@@ -46,6 +49,7 @@ def walk_tree(
     skipped: list[Failure],
     holding: Callable[[list[str]], list[str]],
     list_folder: Callable[[str], Listing],
+    extensions: frozenset[str] = IMAGE_EXTENSIONS,
 ) -> SourceWalk:
     """The class-folder or flat walk of a tree of any kind (a local folder, a bucket's prefix) from
     its top-level listing: `holding(folders)` keeps the top-level folders with an image somewhere
@@ -56,7 +60,8 @@ def walk_tree(
     folders = [part for part in top if isinstance(part, str)]
     held = [] if top_level_images else holding(folders)
     if not top_level_images and not held:
-        raise SourceError(f"{display(root)}: no images found (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
+        what = "images" if extensions is IMAGE_EXTENSIONS else "videos"
+        raise SourceError(f"{display(root)}: no {what} found (looked for {', '.join(sorted(extensions))})")
     use_folders = labels == "folders" or (labels == "auto" and not top_level_images)
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
@@ -121,7 +126,14 @@ def sort_names(names: list[str]) -> None:
         names.sort(key=os.fsencode)
 
 
-def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]], keys: bool) -> Listing:
+def listing(
+    root: str,
+    rel_dir: str,
+    skipped: list[Failure],
+    seen: set[tuple[int, int]],
+    keys: bool,
+    extensions: frozenset[str] = IMAGE_EXTENSIONS,
+) -> Listing:
     """One folder's sub-folders (relpaths) and runs of image files between them ((relpaths, keys)),
     in sorted order; what is not taken goes to `skipped`. Folder links are followed, but a folder
     already visited is not entered again."""
@@ -138,10 +150,10 @@ def listing(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int
         except OSError as error:
             skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, f"cannot stat: {error.strerror}"))
             continue
-        if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS:
+        if is_file and (dot := name.rfind(".")) > 0 and name[dot:].lower() in extensions:
             names.append(name)  # (os.path.splitext, minus its cost: hidden names never get here)
         else:
-            reason = "not an image file extension" if is_file else not_a_file(entry)
+            reason = not_taken(name, extensions) if is_file else not_a_file(entry)
             skipped.append(skip(f"{rel_dir}/{name}" if rel_dir else name, reason))
     return sorted_listing(names, rel_dir, keys)
 
@@ -179,9 +191,23 @@ def not_a_file(entry: os.DirEntry[str]) -> str:
     return f"{reason}, through a link" if entry.is_symlink() else reason
 
 
-def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
-    """Whether a folder has an image file somewhere below it; stops at the first one found. Folders
-    in `seen` (entered before) are not entered again, and those entered here are added to it."""
+def not_taken(name: str, extensions: frozenset[str]) -> str:
+    """Why a regular file is not taken: an image in a pack of videos, or the other way round, says so."""
+    if extensions is IMAGE_EXTENSIONS:
+        if name[name.rfind(".") :].lower() in VIDEO_SUFFIXES:
+            return "a video; pack videos with --clip-seconds S"
+        return "not an image file extension"
+    if name[name.rfind(".") :].lower() in IMAGE_EXTENSIONS:
+        return "an image; a pack with --clip-seconds takes the videos only"
+    return "not a video file extension"
+
+
+def holds_file(
+    root: str, rel_dir: str, seen: set[tuple[int, int]], extensions: frozenset[str] = IMAGE_EXTENSIONS
+) -> bool:
+    """Whether a folder has an image file (or one of `extensions`) somewhere below it; stops at the
+    first one found. Folders in `seen` (entered before) are not entered again, and those entered
+    here are added to it."""
     stack = [rel_dir]
     while stack:
         rel = stack.pop()
@@ -198,10 +224,8 @@ def _holds_image(root: str, rel_dir: str, seen: set[tuple[int, int]]) -> bool:
                         continue
                     try:
                         if entry.is_dir():
-                            stack.append(f"{rel}/{name}")
-                        elif (
-                            entry.is_file() and (dot := name.rfind(".")) > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
-                        ):
+                            stack.append(f"{rel}/{name}" if rel else name)
+                        elif entry.is_file() and (dot := name.rfind(".")) > 0 and name[dot:].lower() in extensions:
                             return True
                     except OSError:
                         continue

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
-from .folder import listing, walk_runs
+from .folder import IMAGE_EXTENSIONS, listing, walk_runs
 from .item import Caption, Item, Run, SourceWalk, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
@@ -258,12 +258,19 @@ def caption_and_columns(values: dict[str, Any], table: Table) -> tuple[Caption |
 
 
 def _local_images(root: str) -> Iterator[Run]:
-    """The local folder's images, as runs (what is not taken is not a table's business)."""
+    return local_runs(root, IMAGE_EXTENSIONS)
+
+
+def local_runs(root: str, extensions: frozenset[str]) -> Iterator[Run]:
+    """The local folder's images (or videos: `extensions`), as runs (what is not taken is not a
+    table's business)."""
     seen: set[tuple[int, int]] = set()
     ignored: list[Failure] = []
-    top = listing(root, "", ignored, seen, False)
+    top = listing(root, "", ignored, seen, False, extensions)
     prefix = root if root.endswith("/") else root + "/"
-    return walk_runs(prefix, top, None, ignored, lambda rel_dir: listing(root, rel_dir, ignored, seen, False))
+    return walk_runs(
+        prefix, top, None, ignored, lambda rel_dir: listing(root, rel_dir, ignored, seen, False, extensions)
+    )
 
 
 def _unrowed(
