@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from shardkit.checks.verify import verify
 from shardkit.core.clips import CLIP_EXT, CLIP_META
 from shardkit.core.config import ClipConfig, ResizeConfig, pack_config
 from shardkit.core.errors import ConfigError, ImageError, SourceError
-from shardkit.core.manifest import read_manifest
+from shardkit.core.manifest import ERRORS_NAME, read_manifest
 from shardkit.formats import get_format
 from shardkit.formats.base import Record
 from shardkit.packing.clips import clip_key, cut
@@ -179,6 +180,20 @@ def test_every_video_is_cut_into_clips_or_listed(packed: Path) -> None:
     totals = read_manifest(packed).totals
     assert totals == {"inputs": 14, "records": sum(EXPECTED.values()), "errors": 7, "videos": 7}
     assert verify(packed).ok and verify(packed, deep=True).ok
+
+
+def test_verify_source_accounts_for_every_video_once(packed: Path, videos: Path, tmp_path: Path) -> None:
+    """--source walks the videos as the pack did: each video is packed (by however many clips) or
+    listed, once; a video added since is lost."""
+    report = verify(packed, source=videos)
+    assert report.ok, report.problems
+    grown = tmp_path / "grown"
+    shutil.copytree(videos, grown)
+    write_video(grown / "cat/new.mp4", 96, 64, seconds=1.0, fps=24)
+    problems = verify(packed, source=grown).problems
+    assert [(p.kind, p.detail) for p in problems] == [
+        ("lost", f"source file cat/new.mp4 is neither packed nor in {ERRORS_NAME}")
+    ]
 
 
 def test_clips_follow_the_contract(packed: Path) -> None:

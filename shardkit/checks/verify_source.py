@@ -29,6 +29,9 @@ def walked_as(manifest: Manifest | ManifestError | None) -> dict[str, Any]:
     if isinstance(table, dict):
         with contextlib.suppress(TypeError, ValueError, ConfigError):
             how["table"] = TableConfig(**table)
+    clips = settings.get("clips")
+    if isinstance(clips, dict) and clips.get("seconds") is not None:  # videos cut into clips: a video an input
+        how["videos"] = True
     web = settings.get("web")
     if isinstance(web, dict) and isinstance(web.get("url_column"), str):
         with contextlib.suppress(ConfigError):
@@ -52,6 +55,8 @@ def check_source(
         walked = [hashes([display(item.relpath) for item in found.items])]
     walked.append(hashes([skip.path for skip in found.skipped]))
     expected = np.unique(joined(walked))
+    if how.get("videos"):  # a video's clips all name it: packed once, however many clips it gave
+        packed = np.unique(packed)
     logged = hashes([row["path"] for row in error_rows(log, None)])
     accounted, times = np.unique(np.concatenate([packed, logged]), return_counts=True)
     lost = set(np.setdiff1d(expected, accounted, assume_unique=True).tolist())

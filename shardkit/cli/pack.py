@@ -201,7 +201,8 @@ def render(result: PackResult) -> None:
         table.add_row("nodes", f"{result.nodes} (Ray)")
     table.add_row("resize", f"{result.resize or 'none'}")
     table.add_row("bytes in -> out", f"{human_bytes(result.input_bytes)} -> {human_bytes(result.output_bytes)}")
-    table.add_row("time", f"{result.seconds:.2f}s ({result.images_per_second:,.0f} images/s)")
+    unit = "clips" if "videos" in result.manifest.totals else "images"
+    table.add_row("time", f"{result.seconds:.2f}s ({result.images_per_second:,.0f} {unit}/s)")
     busy = sum(result.stage_seconds.values())
     if busy:
         split = "  ".join(f"{stage} {seconds / busy:.0%}" for stage, seconds in result.stage_seconds.items())

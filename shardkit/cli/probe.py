@@ -162,9 +162,9 @@ def render_videos(report: VideoReport) -> None:
         console.print(f"[yellow]{count:,} not readable[/]: {escape(reason)} (e.g. {examples})")
     advice = report.recommendation
     if advice is not None:
-        size = f"--resize {advice.resize}" if advice.resize is not None else "no --resize"
+        size = f" --resize {advice.resize}" if advice.resize is not None else ""  # (none: the reason says why)
         fps = f" --clip-fps {advice.fps:g}" if advice.fps is not None else ""
-        console.print(f"[bold]recommendation[/]: pack --clip-seconds S {size}{fps} ({escape(advice.reason)})")
+        console.print(f"[bold]recommendation[/]: pack --clip-seconds S{size}{fps} ({escape(advice.reason)})")
 
 
 def _run(
