@@ -62,7 +62,9 @@ def _av_errors() -> Iterator[None]:
     except ImageError:
         raise
     except Exception as error:
-        raise ImageError("decode", f"broken clip: {describe(error, with_type=True)}") from None
+        said = getattr(error, "strerror", None)  # FFmpeg's words, without its errno and '<none>' file name
+        why = f"{type(error).__name__}: {said}" if isinstance(said, str) else describe(error, with_type=True)
+        raise ImageError("decode", f"broken clip: {why}") from None
 
 
 def clip_frames(

@@ -357,7 +357,7 @@ class BatchLoader:
         for i, (_, _, record) in enumerate(chunk):
             if is_clip(record):
                 raise ConfigError(
-                    f"{chunk[i].shard_name}: record {record.key} is a video clip: read clips with loader(frames=T)"
+                    f"{chunk[i].shard_name}: record {record.key} is a video clip: read clips with frames=T"
                 )
             try:
                 sizes[i] = record_size(record, self.dataset.max_pixels)
