@@ -15,7 +15,7 @@ clips, T = clip-seconds x clip-fps frames each, random-resized crop to --size, f
   source     each clip from its source on a pool of --workers threads: open, seek to its start (the
              keyframe before it), decode to its end, take the frames at the clip's times, crop to a
              random-resized window of the source's size, resize to --size, flip (Pillow, as the loader)
-Printed: each pass's median frames/s and clips/s, and the median of the per-round ratios
+Printed: each pass's median images/s (frames out) and clips/s, and the median of the per-round ratios
 loader / source with their range (benchkit.ratios: the machine is shared).
 """
 
@@ -153,7 +153,7 @@ def main() -> None:
         results: dict[str, Any] = {"environment": environment(shardkit.__version__), "args": vars(args)}
         for name, values in rates.items():
             clips_s = statistics.median(values)
-            print(f"{name:11s} {clips_s * frames:8.0f} frames/s {clips_s:7.1f} clips/s")
+            print(f"{name:11s} {clips_s * frames:8.0f} images/s (frames) {clips_s:7.1f} clips/s")
             results[name] = {"clips_per_s": values, "frames_per_s": [v * frames for v in values]}
         for name in ("loader", "loader-ff2"):
             found = ratios(rates[name], rates["source"])

@@ -200,3 +200,25 @@ def test_frames_and_what_the_output_holds_must_agree(tmp_path: Path, output: Pat
 def test_decode_clip_is_what_sample_video_gives(clips: list[Record]) -> None:
     video = decode_clip(clips[3].data, clips[3].meta, 10**8)
     assert frame_numbers(video) == list(range(12, 23))
+
+
+def test_torch_collates_clip_samples(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    records = [clip_record(f"c{i}", i, frames=4, first=i) for i in range(4)]
+    folder = write_output(tmp_path / "out", "webdataset", [records])
+    batches = list(DataLoader(open_shards(folder), batch_size=2))
+    assert [tuple(b.video.shape) for b in batches] == [(2, 4, 48, 64, 3)] * 2
+    assert batches[0].image == [None, None] and batches[1].label.tolist() == [2, 3]
+    assert isinstance(batches[0].video, torch.Tensor) and batches[0].key == ["c0", "c1"]
+
+
+@pytest.mark.slow
+def test_torch_workers_read_every_clip_once(output: Path) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(open_shards(output).iterable(), batch_size=None, num_workers=2)
+    keys = [sample.key for sample in loader]
+    assert sorted(keys) == [f"c{i}" for i in range(6)]
