@@ -219,6 +219,15 @@ def test_torch_workers_read_every_clip_once(output: Path) -> None:
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(open_shards(output).iterable(), batch_size=None, num_workers=2)
+    open_shards(output)[0]  # a clip decoded here first: forked workers must not inherit swscale's threads
+    loader = DataLoader(open_shards(output).iterable(), batch_size=None, num_workers=2, timeout=60)
     keys = [sample.key for sample in loader]
     assert sorted(keys) == [f"c{i}" for i in range(6)]
+
+
+def test_a_whole_clip_over_the_memory_limit_is_refused_unread(clips: list[Record]) -> None:
+    from shardkit.core.errors import ImageError
+
+    meta = {**clips[0].meta, "frames": 90_000, "stored_width": 4096, "stored_height": 2160}
+    with pytest.raises(ImageError, match="bytes of frames, over the limit of"):
+        decode_clip(clips[0].data, meta, 10**9)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any, TypeGuard
@@ -25,7 +26,10 @@ from .decode import refuse_over
 
 FRAME_SLACK = 2  # frames a clip may hold beyond its meta's count (an encoder's rounding)
 MAX_FRAMES = 100_000  # the most frames a clip's meta may declare (an hour at 24 fps and more)
-DECODE_THREADS = 1  # FFmpeg threads per clip: the loader's threads decode clips side by side
+MAX_VIDEO_BYTES = 4 << 30  # the most a whole clip's RGB frames (Sample.video) may take in memory
+# FFmpeg threads per clip: the loader's threads decode clips side by side, and 2 per clip gained
+# nothing with 2 loader threads on 2 cores (scripts/bench_video.py: 94 against 96 clips/s)
+DECODE_THREADS = 1
 
 
 _THREAD = threading.local()  # each thread's swscale context (see frame_rgb)
@@ -35,14 +39,23 @@ def frame_rgb(frame: Any) -> np.ndarray:
     """A decoded frame as HxWx3 uint8 RGB. One VideoReformatter per thread, reused: PyAV's
     frame.to_ndarray makes a new swscale context for every frame, which cost 3x the decode itself
     (a 456x256 clip of 16 frames: 56 ms against 20 ms). Not shared across threads: swscale's
-    context is not thread-safe."""
+    context is not thread-safe. One thread each: the loader's threads are the parallelism, and
+    swscale's own worker threads hung a torch DataLoader worker forked after a read (they do not
+    survive the fork; the context is dropped in the child too)."""
     reformatter = getattr(_THREAD, "reformatter", None)
     if reformatter is None:
         from av.video.reformatter import VideoReformatter
 
         reformatter = _THREAD.reformatter = VideoReformatter()
-    pixels: np.ndarray = reformatter.reformat(frame, format="rgb24").to_ndarray()
+    pixels: np.ndarray = reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
     return pixels
+
+
+def _forget_reformatter() -> None:
+    _THREAD.__dict__.clear()  # (a forked child does not get the threads of an inherited context)
+
+
+os.register_at_fork(after_in_child=_forget_reformatter)
 
 
 def is_clip(record: Record) -> bool:
@@ -104,6 +117,9 @@ def clip_frames(
             raise ImageError(
                 "decode", f"broken clip: {context.width}x{context.height} frames, the meta says {width}x{height}"
             )
+        # FFmpeg's own limit, the stored size: a stream whose parameter sets change the size midway
+        # is refused by the decoder before it allocates for it, not after a frame shows it
+        context.options = {**context.options, "max_pixels": str(width * height)}
         if threads > 1:
             stream.thread_type, stream.thread_count = "AUTO", threads
         else:
@@ -125,7 +141,11 @@ def clip_frames(
 
 
 def decode_clip(data: bytes, meta: dict[str, Any], max_pixels: int) -> np.ndarray:
-    """A clip's frames as a (T, H, W, 3) uint8 array."""
+    """A clip's frames as a (T, H, W, 3) uint8 array, refused unread over MAX_VIDEO_BYTES."""
+    width, height = clip_size(meta, max_pixels)
+    need = (declared_frames(meta) + FRAME_SLACK) * width * height * 3
+    if need > MAX_VIDEO_BYTES:
+        raise ImageError("decode", f"clip of {need:,} bytes of frames, over the limit of {MAX_VIDEO_BYTES:,}")
     with _av_errors():
         frames = [frame_rgb(frame) for frame in clip_frames(data, meta, max_pixels)]
     video: np.ndarray = np.stack(frames)
