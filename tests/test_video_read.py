@@ -231,3 +231,8 @@ def test_a_whole_clip_over_the_memory_limit_is_refused_unread(clips: list[Record
     meta = {**clips[0].meta, "frames": 90_000, "stored_width": 4096, "stored_height": 2160}
     with pytest.raises(ImageError, match="bytes of frames, over the limit of"):
         decode_clip(clips[0].data, meta, 10**9)
+
+
+def test_a_clip_not_of_whole_macroblocks_decodes() -> None:
+    record = clip_record("odd", 0, frames=3, width=70, height=46)
+    assert decode_clip(record.data, record.meta, 10**8).shape == (3, 46, 70, 3)

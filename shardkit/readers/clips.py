@@ -117,9 +117,10 @@ def clip_frames(
             raise ImageError(
                 "decode", f"broken clip: {context.width}x{context.height} frames, the meta says {width}x{height}"
             )
-        # FFmpeg's own limit, the stored size: a stream whose parameter sets change the size midway
-        # is refused by the decoder before it allocates for it, not after a frame shows it
-        context.options = {**context.options, "max_pixels": str(width * height)}
+        # FFmpeg's own limit, about the stored size: a stream whose parameter sets change the size
+        # midway is refused by the decoder before it allocates for it, not after a frame shows it.
+        # FFmpeg checks its buffers' size, padded to macroblocks and aligned: hence the margin.
+        context.options = {**context.options, "max_pixels": str((width + 64) * (height + 32))}
         if threads > 1:
             stream.thread_type, stream.thread_count = "AUTO", threads
         else:
