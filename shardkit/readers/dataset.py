@@ -32,6 +32,7 @@ from ..core.safeio import check_regular
 from ..formats import get_format
 from ..formats.base import Record, ShardReader
 from ..formats.folder_labels import FolderLabels, folder_classes
+from .clips import is_clip, sample_video
 from .decode import decode as decode_bytes
 from .decode import decode_pil, record_fields
 from .epoch import ShardSpace
@@ -59,6 +60,9 @@ class Sample(NamedTuple):
     meta: dict[str, Any]  # shardkit's own: source path, original and stored sizes
     text: str | list[str] | None = None  # the caption (or several), when the source had one
     fields: dict[str, Any] = {}  # noqa: RUF012 - the user's columns; readers give each sample its own dict
+    # a clip's frames (readers/clips): (T, H, W, 3) uint8 ("rgb"), the MP4's bytes, a list of PIL
+    # images, or a (T, 3, H, W) uint8 tensor ("torch"); its `image` is None. None for an image.
+    video: Any = None
 
 
 _collate_registered = False  # torch's default_collate knows Sample (torch_data.register_sample_collate)
@@ -284,15 +288,19 @@ class ShardDataset(EpochIteration):
         """A record of shard `shard_name` as this dataset hands it out: decoded as `decode` says, its
         fields, then `transform`. A record that does not decode raises ShardReadError (naming the
         shard and key) whatever on_error says: the caller's OnError decides."""
+        image = video = None
         try:
-            image = self._decoded(record)
+            if is_clip(record):
+                video = sample_video(record, self.decode, self.max_pixels)
+            else:
+                image = self._decoded(record)
         except (ImageError, ValueError) as error:
             raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode ({error})") from None
         try:
             fields = record_fields(record, self.decode, self.max_pixels) if record.columns or record.files else {}
         except (ImageError, ValueError) as error:
             raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode a field ({error})") from None
-        sample = Sample(record.key, image, record.label, record.meta, record.text, fields)
+        sample = Sample(record.key, image, record.label, record.meta, record.text, fields, video)
         if not _collate_registered and "torch" in sys.modules:  # DataLoader(ds, batch_size=N) collates these
             _register_collate()
         return self.transform(sample) if self.transform is not None else sample

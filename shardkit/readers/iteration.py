@@ -106,6 +106,7 @@ class EpochIteration:
         mask: str | None = None,
         boxes: str | None = None,
         box_format: str = "xywh",
+        frames: int | None = None,
     ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
@@ -138,6 +139,13 @@ class EpochIteration:
         not its image's size, is a failure on_error handles. With device=, they are made on the loader's
         threads (a mask's PNG is decoded on the host) and sent to the device with the images.
         A dataset's transform= is not applied here (a warning says so): it takes samples, not batches.
+
+        frames=T reads an output of video clips (readers/clips.py): images uint8 (N, T, 3, H, W),
+        T consecutive frames of each clip from an offset drawn like the windows (the middle ones
+        unless crop="random"; a clip with fewer repeats its last frame), one window and one flip for
+        all of a clip's frames, drawn as an image's from the clip's stored size; `batch.offsets` says
+        each clip's first frame. Decoded with PyAV on the same threads; no device=, mask= or boxes=.
+        frames= on images, or no frames= on clips, is a ConfigError at the first batch.
         """
         from .loader import BatchLoader, LoaderOptions
 
@@ -151,6 +159,7 @@ class EpochIteration:
             batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
             device=device, dtype=dtype, mean=mean, std=std, mask=mask, boxes=boxes, box_format=box_format,
+            frames=frames,
         )  # fmt: skip
         return BatchLoader(self, options)
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..core.codecs import crop_kernel
 from ..core.errors import ConfigError, ImageError, ShardReadError, require
+from .clips import clip_geometry, clip_offsets, crop_clips, is_clip
 from .decode import npy_layout, record_fields
 from .epoch import Cursor, Epochs, Item, check_progress
 from .order import Progress
@@ -64,6 +65,10 @@ class Batch(tuple[Any, Any]):
     label maps through the same windows and flips; with loader(boxes=...), boxes: per image float32
     (k, 4) x0, y0, x1, y1 in output pixels, and box_index: int64 (k,), which of the record's boxes
     they are (readers/targets.py). None when not asked for.
+
+    With loader(frames=T), a batch of clips: images uint8 (N, T, 3, H, W) (the buffer is
+    N x T x H x W x 3), one window and flip per clip, and offsets: int64 (N,) numpy, the first of
+    each clip's frames taken (readers/clips.py); offsets is None for images.
     """
 
     keys: list[str]
@@ -74,6 +79,7 @@ class Batch(tuple[Any, Any]):
     masks: Any
     boxes: list[Any] | None
     box_index: list[Any] | None
+    offsets: np.ndarray | None
 
     def __new__(
         cls,
@@ -87,7 +93,7 @@ class Batch(tuple[Any, Any]):
         batch.keys = keys
         batch.texts = texts if texts is not None else [None] * len(keys)
         batch.fields = fields if fields is not None else [{} for _ in keys]
-        batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = None
+        batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = batch.offsets = None
         return batch
 
     def target_tensors(self) -> list[Any]:
@@ -128,6 +134,7 @@ class LoaderOptions:
     mask: str | None
     boxes: str | None
     box_format: str
+    frames: int | None
 
 
 class _DeviceLane:
@@ -256,6 +263,9 @@ class BatchLoader:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
         check_target_options(options.mask, options.boxes, options.box_format)
         self.mask, self.boxes, self.box_format = options.mask, options.boxes, options.box_format
+        self.frames = None if options.frames is None else _positive("frames", options.frames)
+        if self.frames is not None and (self.device is not None or self.mask is not None or self.boxes is not None):
+            raise ConfigError("frames= (clips) takes no device=, mask= or boxes=: clips are decoded on the CPU")
         # imported here, not on a loader thread (an import there would hold the import lock)
         wants_typed = self._torch is not None and (self.mask is not None or self.boxes is not None)
         self._tv_tensors = tv_tensors() if wants_typed else None
@@ -300,6 +310,8 @@ class BatchLoader:
         pending: deque[tuple[Future[Any] | None, int]] = deque()
         try:
             step: Any = self._decode if lane is None else self._gather
+            if self.frames is not None:
+                step = self._decode_clips
             for number, (positions, chunk) in enumerate(self._chunks(items), start=first):
                 work = pool.submit(step, position.stream.key, number, chunk) if chunk else None
                 if work is not None and lane is not None:
@@ -348,6 +360,10 @@ class BatchLoader:
         sizes = np.zeros((len(chunk), 2), np.int64)
         failures: dict[int, str] = {}
         for i, (_, _, record) in enumerate(chunk):
+            if is_clip(record):
+                raise ConfigError(
+                    f"{chunk[i].shard_name}: record {record.key} is a video clip: read clips with frames=T"
+                )
             try:
                 sizes[i] = record_size(record, self.dataset.max_pixels)
             except ImageError as error:
@@ -505,6 +521,35 @@ class BatchLoader:
             batch.fields = [record_fields(r, "bytes") for r in records]  # sidecar fields as bytes
         return batch
 
+    def _decode_clips(self, key: tuple[int, ...], number: int, chunk: list[Item]) -> Batch:
+        """One batch of clips, on a loader thread (readers/clips.py): each clip's window and flip
+        drawn as an image's, from its meta's stored size; its `frames` consecutive frames from an
+        offset seeded as the windows are (centered unless crop="random"); all cropped the same."""
+        frames, limit = cast(int, self.frames), self.dataset.max_pixels
+        for item in chunk:
+            if not is_clip(item.record):
+                raise ConfigError(
+                    f"{item.shard_name}: record {item.record.key} is not a video clip: frames= reads clips only"
+                )
+        records = [item.record for item in chunk]
+        sizes, counts, failures = clip_geometry(records, limit)
+        boxes, flips = self._windows(key, number, sizes)
+        rng = np.random.default_rng([*key, number, 0x636C6970]) if self.crop == "random" else None
+        offsets = clip_offsets(counts, frames, rng)
+        images = self._buffer(len(chunk), frames)
+        crop_clips(records, boxes, flips, offsets, images, failures, limit)
+        windows, keep = window_corners(boxes), self._failed(chunk, failures)
+        if keep is not None:
+            images, windows, flips, offsets = images[keep], windows[keep], flips[keep], offsets[keep]
+            records = [records[i] for i in keep]
+        labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
+        batch = self._batch(images, labels, [r.key for r in records])
+        batch.windows, batch.flips, batch.offsets = windows, flips, offsets
+        if any(r.text is not None or r.columns is not None or r.files for r in records):
+            batch.texts = [r.text for r in records]
+            batch.fields = [record_fields(r, "bytes") for r in records]
+        return batch
+
     def _targets(
         self,
         chunk: list[Item],
@@ -627,18 +672,19 @@ class BatchLoader:
             )
         return [i for i in range(len(chunk)) if i not in failures]
 
-    def _buffer(self, n: int) -> np.ndarray:
-        shape = (n, *self.size, 3)
+    def _buffer(self, *lead: int) -> np.ndarray:
+        shape = (*lead, *self.size, 3)  # (N, H, W, 3), or (N, T, H, W, 3) for clips
         if self.pin_memory:
             pinned: np.ndarray = self._torch.empty(shape, dtype=self._torch.uint8, pin_memory=True).numpy()
             return pinned
         return np.empty(shape, np.uint8)
 
     def _batch(self, images: np.ndarray, labels: np.ndarray, keys: list[str]) -> Batch:
-        chw = images.transpose(0, 3, 1, 2)  # a view: the memory stays N x H x W x 3 (channels_last)
+        order = (0, 3, 1, 2) if images.ndim == 4 else (0, 1, 4, 2, 3)  # clips: (N, T, H, W, 3)
+        chw = images.transpose(order)  # a view: the memory stays N x H x W x 3 (channels_last)
         if self._torch is None:
             return Batch(chw, labels, keys)
-        return Batch(self._torch.from_numpy(images).permute(0, 3, 1, 2), self._torch.from_numpy(labels), keys)
+        return Batch(self._torch.from_numpy(images).permute(order), self._torch.from_numpy(labels), keys)
 
 
 _POOLS = itertools.count()  # each epoch's pool names its threads apart from every other's

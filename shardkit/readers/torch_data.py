@@ -96,7 +96,8 @@ def register_sample_collate(sample_type: type) -> None:
     """Teach torch's default_collate the Sample: keys, images, labels and meta collate as they did
     before samples had captions (lists, stacked tensors, a dict of lists), and `text` and `fields`
     become lists, one per sample, None and all (default_collate refuses None and would stack
-    nothing else). Uses torch's collate_fn_map, what its `collate` documents for custom types."""
+    nothing else); so do images, and clips' videos, where any of them is None. Uses torch's
+    collate_fn_map, what its `collate` documents for custom types."""
     try:
         from torch.utils.data._utils.collate import collate, default_collate_fn_map
     except ImportError:  # a torch without the map: its default_collate is left as it is
@@ -104,7 +105,16 @@ def register_sample_collate(sample_type: type) -> None:
 
     def collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
         parts = list(zip(*batch, strict=True))
-        key, image, label, meta = (collate(list(part), collate_fn_map=collate_fn_map) for part in parts[:4])
-        return sample_type(key, image, label, meta, list(parts[4]), list(parts[5]))
+        key, label, meta = (collate(list(parts[i]), collate_fn_map=collate_fn_map) for i in (0, 2, 3))
+        image, video = (_stacked(list(parts[i]), collate, collate_fn_map) for i in (1, 6))
+        return sample_type(key, image, label, meta, list(parts[4]), list(parts[5]), video)
 
     default_collate_fn_map.setdefault(sample_type, collate_samples)
+
+
+def _stacked(part: list[Any], collate: Any, collate_fn_map: Any) -> Any:
+    """Images (or clips' videos) stacked as default_collate stacks them; a list where any is None
+    (a clip's image, an image's video), which default_collate refuses."""
+    if any(item is None for item in part):
+        return part
+    return collate(part, collate_fn_map=collate_fn_map)
