@@ -326,3 +326,19 @@ def test_a_timestamp_jump_is_refused_not_cut_into_a_million_clips(tmp_path: Path
     with pytest.raises(ImageError) as refused:
         cut(str(tmp_path / "jump.mp4"), "jump.mp4", ClipConfig(0.04), ResizeConfig(), 10**8)
     assert refused.value.stage == "decode" and "timestamps jump" in refused.value.reason
+
+
+def test_bench_compares_the_clips_with_their_source_videos(packed: Path, videos: Path) -> None:
+    from shardkit.checks.bench import VIDEO_BASELINE, bench
+
+    report = bench(packed, against=videos, repeat=1, train=32)
+    rows = {row.name: row for row in report.rows}
+    clips = sum(EXPECTED.values())
+    assert (report.baseline, report.unit, report.images) == (VIDEO_BASELINE, "clips", clips)
+    assert list(rows) == [
+        VIDEO_BASELINE,
+        "shards: clips, PyAV",
+        "shards: bytes only (I/O)",
+        "train 32: shards clip loader",
+    ]
+    assert all(row.images == clips for row in report.rows) and report.ratio("shards: clips, PyAV") is not None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+from ..core.clips import CLIP_EXT
 from ..core.codecs import turbojpeg
 from ..core.config import check_train_size, check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
@@ -33,7 +34,11 @@ from ..storage.location import locate
 BASELINE = "folder: PIL (ImageFolder loader)"
 MAX_WORKERS = 1024
 MEMORY = "memory: same bytes, libjpeg-turbo"
-IO_ONLY = "shards: bytes only (I/O)"  # reads, decodes nothing: ~10x the decoders, plotted apart
+VIDEO_BASELINE = "videos: PyAV, each clip's span"  # an output of clips: decoded from its source videos
+IO_ONLY = "shards: bytes only (I/O)"
+CLIP_FRAMES = (
+    16  # the frames of a clip the clip loader's pass takes  # reads, decodes nothing: ~10x the decoders, plotted apart
+)
 
 # A pass: one worker's part in, (images, bytes) out
 _PassFunction = Callable[[Any], tuple[int, int]]
@@ -82,9 +87,13 @@ class BenchReport:
     repeat: int
     rows: list[BenchRow] = field(default_factory=list)
     paired_overhead: list[float] = field(default_factory=list)  # one per round, see _paired_overhead
+    baseline: str = BASELINE  # the pass the others are compared with (an output of clips: VIDEO_BASELINE)
+    unit: str = "images"  # what a pass counts: images, or clips
 
-    def ratio(self, name: str, baseline: str = BASELINE) -> float | None:
-        """Speed of pass `name` over `baseline`: the median of the ratios within each round."""
+    def ratio(self, name: str, baseline: str | None = None) -> float | None:
+        """Speed of pass `name` over `baseline` (the report's own by default): the median of the
+        ratios within each round."""
+        baseline = self.baseline if baseline is None else baseline
         rows = {row.name: row for row in self.rows}
         if name not in rows or baseline not in rows:
             return None
@@ -107,6 +116,7 @@ class BenchReport:
             "output": self.output, "source": self.source, "format": self.format, "images": self.images,
             "workers": self.workers, "cold": self.cold, "repeat": self.repeat,
             "rows": [row.to_json() for row in self.rows],
+            "baseline": self.baseline, "unit": self.unit,
             "speedup_vs_folder_pil": {row.name: self.ratio(row.name) for row in self.rows},
             "reader_overhead": self.reader_overhead(), "paired_overhead_per_round": self.paired_overhead,
         }  # fmt: skip
@@ -290,7 +300,9 @@ def _train_loader(job: tuple[Where, int, int, str | None]) -> tuple[int, int]:
     a device, the device path's (readers/device.py), its last batch waited for."""
     where, size, workers, device = job
     dataset = _open(where)
-    how = {"output": "numpy"} if device is None else {"device": device}
+    how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
+    if dataset.manifest.totals.get("videos") is not None:  # clips: 16 frames of each
+        how["frames"] = CLIP_FRAMES
     count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, **how))
     if device is not None and device.startswith("cuda"):
         import torch
@@ -335,6 +347,11 @@ class _Output(NamedTuple):
     paths: list[str]
     blobs: list[tuple[bytes, str]]
     sources: list[str]
+    spans: list[tuple[float, float, float]]  # an output of clips: each record's (start, end, fps)
+
+    @property
+    def clips(self) -> bool:
+        return bool(self.blobs) and self.blobs[0][1] == CLIP_EXT
 
 
 def bench(
@@ -368,6 +385,10 @@ def bench(
         if not all(read.sources):
             raise ShardkitError(f"{root}: records carry no source paths; cannot bench against a folder")
         files = source_files(against, read.sources)
+    if read.clips:
+        if device is not None:
+            raise ConfigError("--device measures the image loader's device path; an output of clips has none")
+        report.baseline, report.unit = VIDEO_BASELINE, "clips"
     passes = _passes(read, files, workers, cold, train, device)
     _measure(read, passes, report, progress)
     return report
@@ -411,7 +432,19 @@ def _read(
     records = [record for shard in range(len(manifest.shards)) for record in dataset.records(shard)]
     blobs = [(record.data, record.ext) for record in records]
     sources = [str(record.meta.get("source", "")) for record in records]
-    return _Output(where, dataset, paths, blobs, sources)
+    spans = [_span(record.meta) for record in records] if blobs and blobs[0][1] == CLIP_EXT else []
+    return _Output(where, dataset, paths, blobs, sources, spans)
+
+
+def _span(meta: dict[str, Any]) -> tuple[float, float, float]:
+    """A clip's (start, end, fps) from its meta, which a stranger wrote: numbers, or the pass fails."""
+    try:
+        start, end, fps = (float(meta[name]) for name in ("start", "end", "fps"))
+    except (KeyError, TypeError, ValueError):
+        raise ShardkitError("a clip's meta has no start, end and fps: cannot find it in its video") from None
+    if not (0 <= start < end and 0 < fps <= 1000):
+        raise ShardkitError(f"a clip's meta says start {start}, end {end}, fps {fps}: not a span of a video")
+    return start, end, fps
 
 
 def _passes(
@@ -425,6 +458,8 @@ def _passes(
         return [(read.where, part, mode, scale) for part in shard_splits]
 
     passes: list[_Pass] = []
+    if read.clips:
+        return _clip_passes(read, files, workers, train, shard_pass)
     if files:
         passes.append((BASELINE, _folder_pil, _split(files, workers), files))
         if turbojpeg() is not None:
@@ -451,6 +486,51 @@ def _passes(
     return passes
 
 
+def _clip_passes(
+    read: _Output, files: list[str], workers: int, train: int | None, shard_pass: Callable[[str], list[Any]]
+) -> list[_Pass]:
+    """An output of clips: each clip decoded from its source video (seek to its start, decode to its
+    end, its frames picked at its fps, as pack picked them), against the shards' clips decoded, the
+    bytes alone, and with `train` the clip loader."""
+    passes: list[_Pass] = []
+    if files:
+        spans = [(path, *span) for path, span in zip(files, read.spans, strict=True)]
+        passes.append((VIDEO_BASELINE, _video_spans, _split(spans, workers), sorted(set(files))))
+    passes.append(("shards: clips, PyAV", _shards, shard_pass("rgb"), read.paths))
+    passes.append((IO_ONLY, _shards, shard_pass("bytes"), read.paths))
+    if train is not None:
+        passes.append(
+            (f"train {train}: shards clip loader", _train_loader, [(read.where, train, workers, None)], read.paths)
+        )
+    return passes
+
+
+def _video_spans(spans: list[tuple[str, float, float, float]]) -> tuple[int, int]:
+    """Each clip from its source video, as one would without shards: the frames of [start, end)
+    decoded (from the keyframe before start), those at the clip's fps turned to RGB arrays."""
+    av = require("av", "video")
+    count = size = 0
+    for path, start, end, fps in spans:
+        try:
+            with av.open(path) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                container.seek(int(start / stream.time_base), stream=stream, backward=True)
+                wanted, frames = start, 0
+                for frame in container.decode(stream):
+                    if frame.time is None or frame.time < wanted - 0.002:
+                        continue
+                    if frame.time >= end:
+                        break
+                    frame.to_ndarray(format="rgb24")
+                    wanted, frames = wanted + 1 / fps, frames + 1
+        except av.error.FFmpegError as error:
+            raise ShardkitError(f"{path}: cannot decode ({error})") from None
+        size += os.path.getsize(path) * frames // max(1, round((end - start) * fps))  # (its share, roughly)
+        count += 1
+    return count, size
+
+
 def _measure(
     read: _Output, passes: list[_Pass], report: BenchReport, progress: Callable[[int, int], None] | None
 ) -> None:
@@ -458,7 +538,7 @@ def _measure(
     timing), then the paired reader overhead where it applies; the pool and the dataset are
     closed whatever happens."""
     workers, cold = report.workers, report.cold
-    paired = workers == 1 and not cold and turbojpeg() is not None
+    paired = workers == 1 and not cold and turbojpeg() is not None and not read.clips
     runs = len(passes) * (report.repeat + (0 if cold else 1)) + paired
     ticks = itertools.count(1)
 

@@ -70,7 +70,7 @@ def bench(
             plot_bars(
                 [row.name for row in report.rows], [row.images_per_second for row in report.rows],
                 f"decode throughput, {report.workers} process(es), {'cold' if report.cold else 'warm'} cache",
-                "images/s", plot, apart=[row.name for row in report.rows if row.name == IO_ONLY],
+                f"{report.unit}/s", plot, apart=[row.name for row in report.rows if row.name == IO_ONLY],
             )  # fmt: skip
 
 
@@ -79,11 +79,12 @@ def render(report: BenchReport) -> None:
 
     cache = "cold cache (evicted before each run)" if report.cold else "warm cache"
     table = Table(
-        title=f"{report.images:,} images, {report.format} shards, {report.workers} process(es), {cache}, "
+        title=f"{report.images:,} {report.unit}, {report.format} shards, {report.workers} process(es), {cache}, "
         f"median of {report.repeat}",
         title_justify="left",
     )
-    for column in ("pass", "images/s", "spread", "MB/s", "per core", "vs folder PIL"):
+    against = "vs folder PIL" if report.baseline == BASELINE else "vs the videos"
+    for column in ("pass", f"{report.unit}/s", "spread", "MB/s", "per core", against):
         table.add_column(column, justify="left" if column == "pass" else "right")
     for row in report.rows:
         fastest, slowest = row.images / min(row.seconds), row.images / max(row.seconds)
@@ -109,5 +110,5 @@ def render(report: BenchReport) -> None:
                 f"training input: {loader.split(': ', 1)[1]} is {report.ratio(loader, training[0]):.2f}x "
                 "torchvision's RandomResizedCrop on the raw folder (median of the per-round ratios)"
             )
-    if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == BASELINE for r in report.rows):
+    if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == report.baseline for r in report.rows):
         console.print("[dim]pass --against SRC to compare with the raw folder[/]")
