@@ -231,9 +231,30 @@ def _training_names(folder: Path) -> None:
     NAMESPACE.update(model=model, optimizer=optimizer, train_step=train_step, epochs=2)
 
 
+def _videos(folder: Path) -> None:
+    """videos/: class folders of generated videos (H.264 mp4, VP9 webm), and a text file named .mp4."""
+    from shardkit.synthetic import write_video
+
+    if (folder / "videos").exists():
+        return
+    for i in range(3):
+        write_video(folder / "videos" / "walk" / f"w{i}.mp4", 320, 240, seconds=4.0, fps=24, seed=i)
+    for i in range(2):
+        write_video(folder / "videos" / "run" / f"r{i}.webm", 426, 240, seconds=3.0, fps=30, seed=10 + i)
+    (folder / "videos" / "run" / "notes.mp4").write_text("not a video\n")
+
+
+def _clips_out(folder: Path) -> None:
+    _videos(folder)
+    if not (folder / "clips-out" / "manifest.json").exists():
+        _shardkit(folder, "pack", "videos", "clips-out", "--clip-seconds", "1", "--clip-fps", "8", "--resize", "96")
+
+
 NAMESPACE: dict[str, object] = {"__name__": "__docs__"}
 SETUPS: dict[str, Callable[[Path], None]] = {
     "coco-shards": _coco_shards,
+    "videos": _videos,
+    "clips-out": _clips_out,
     "demo-shards": _demo_shards,
     "damaged": _damaged,
     "captioned": _captioned,
