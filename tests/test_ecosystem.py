@@ -95,6 +95,7 @@ print(json.dumps(keys[:total]))
 """
 
 
+@pytest.mark.slow  # (1.8 s: DALI's import and pipeline build)
 def test_dali_reads_every_sample_with_our_index_files_and_scans_nothing(tars: Path) -> None:
     pytest.importorskip("nvidia.dali", reason="nvidia-dali-cuda120 (dev extra) is not installed")
     manifest = read_manifest(tars)

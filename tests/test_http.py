@@ -221,6 +221,7 @@ def slow_server(mode: str) -> Iterator[str]:
         listener.close()
 
 
+@pytest.mark.slow  # (2.8 s of waiting out deadlines: the fast suite stays near a minute)
 @pytest.mark.parametrize("mode", ["silent", "trickle"])
 def test_a_server_that_never_answers_or_trickles_ends_with_the_url(tmp_path: Path, monkeypatch, mode: str) -> None:
     """A socket timeout alone is reset by every byte: each request has a total deadline and, after

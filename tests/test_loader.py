@@ -161,7 +161,10 @@ def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
                         - np.searchsorted(np.sort(b), values, "right") / len(b)).max())  # fmt: skip
 
 
-@pytest.mark.parametrize(("width", "height"), [(500, 375), (256, 341), (224, 224), (1000, 60), (40, 900)])
+@pytest.mark.parametrize(
+    ("width", "height"),
+    [pytest.param(500, 375, marks=pytest.mark.slow), (256, 341), (224, 224), (1000, 60), (40, 900)],  # (2 s)
+)
 def test_random_crops_are_distributed_like_torchvisions(width: int, height: int) -> None:
     """Area share, aspect ratio and position of the windows, against torchvision's own get_params
     (two-sample Kolmogorov-Smirnov at a 0.1% level), on sizes where the fallback is rare and where

@@ -328,6 +328,7 @@ def test_a_timestamp_jump_is_refused_not_cut_into_a_million_clips(tmp_path: Path
     assert refused.value.stage == "decode" and "timestamps jump" in refused.value.reason
 
 
+@pytest.mark.slow  # (a bench of four passes)
 def test_bench_compares_the_clips_with_their_source_videos(packed: Path, videos: Path) -> None:
     from shardkit.checks.bench import VIDEO_BASELINE, bench
 
