@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import signal
+import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,3 +94,30 @@ def bucket_objects(s3: Any, prefix: str) -> dict[str, bytes]:
 def folder_files(folder: Path) -> dict[str, bytes]:
     """The files directly in `folder` (an output), by name."""
     return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
+def run_killing(
+    command: list[str], checkpoint: Path, kills: int, seed: int, most_delay: float, env: dict[str, str] | None = None
+) -> None:
+    """Run `command` until it exits 0, killing it with SIGKILL `kills` times first, each at a random
+    instant (up to `most_delay` s) after it has written `checkpoint` once more: a training loop
+    stopped mid-step, as a preempted job is. Each kill must be what ended the run."""
+    chance = random.Random(seed)
+    done = 0
+    while True:
+        child = subprocess.Popen(command, env=env)
+        if done < kills:  # once the loop is saving, kill it at a random instant of a step
+            before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
+            deadline = time.monotonic() + 60
+            while child.poll() is None and time.monotonic() < deadline:
+                if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
+                    time.sleep(chance.uniform(0, most_delay))
+                    child.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.005)
+        code = child.wait(timeout=120)
+        if code == 0:
+            break
+        assert code == -signal.SIGKILL
+        done += 1
+    assert done == kills

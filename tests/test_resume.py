@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.readers.order import Progress, Stream, round_robin_counts, span_positions, take
+
+from .helpers import run_killing
 
 SHUFFLED = dict(shuffle=True, seed=7, shuffle_buffer=16)
 
@@ -406,34 +409,10 @@ for batch in loader:
 @pytest.mark.slow
 def test_a_training_loop_killed_anywhere_resumes_exactly(tar_packed: Path, tmp_path: Path) -> None:
     packed = tar_packed
-    import random
-    import signal
-    import subprocess
-    import sys
-    import time
-
     expected = [k for b in open_shards(packed, **SHUFFLED).loader(4, 32, output="numpy") for k in b.keys]
     script, checkpoint = tmp_path / "train.py", tmp_path / "checkpoint.json"
     script.write_text(TRAIN)
-    chance = random.Random(18)
-    kills = 0
-    while True:
-        child = subprocess.Popen([sys.executable, str(script), str(packed), str(checkpoint)])
-        if kills < 4:  # once the loop is saving, kill it at a random instant of a step
-            before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
-            deadline = time.monotonic() + 60
-            while child.poll() is None and time.monotonic() < deadline:
-                if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
-                    time.sleep(chance.uniform(0, 0.12))
-                    child.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.005)
-        code = child.wait(timeout=120)
-        if code == 0:
-            break
-        assert code == -signal.SIGKILL
-        kills += 1
-    assert kills == 4
+    run_killing([sys.executable, str(script), str(packed), str(checkpoint)], checkpoint, 4, 18, 0.12)
     assert json.loads(checkpoint.read_text())["seen"] == expected
 
 

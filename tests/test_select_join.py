@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,8 @@ from shardkit.core.errors import ConfigError
 from shardkit.formats import available_formats
 from shardkit.readers import open_shards
 from shardkit.readers.subset import runs
+
+from .helpers import run_killing
 
 SHUFFLED: dict[str, Any] = dict(shuffle=True, seed=7, shuffle_buffer=8)
 
@@ -334,35 +338,11 @@ for batch in loader:
 
 @pytest.mark.slow
 def test_a_loop_over_a_subset_killed_anywhere_resumes_exactly(tar: Path, tmp_path: Path) -> None:
-    import random
-    import signal
-    import subprocess
-    import sys
-    import time
-
     wanted = picked(tar)
     script, checkpoint, keys_file = tmp_path / "train.py", tmp_path / "checkpoint.json", tmp_path / "keys.json"
     script.write_text(TRAIN)
     keys_file.write_text(json.dumps(wanted))
-    chance = random.Random(34)
-    kills = 0
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    while True:
-        child = subprocess.Popen([sys.executable, str(script), str(tar), str(checkpoint), str(keys_file)], env=env)
-        if kills < 2:  # once the loop is saving, kill it at a random instant of a step
-            before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
-            deadline = time.monotonic() + 60
-            while child.poll() is None and time.monotonic() < deadline:
-                if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
-                    time.sleep(chance.uniform(0, 0.08))
-                    child.send_signal(signal.SIGKILL)
-                    break
-                time.sleep(0.005)
-        code = child.wait(timeout=120)
-        if code == 0:
-            break
-        assert code == -signal.SIGKILL
-        kills += 1
-    assert kills == 2
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    run_killing([sys.executable, str(script), str(tar), str(checkpoint), str(keys_file)], checkpoint, 2, 34, 0.08, env)
     seen = json.loads(checkpoint.read_text())["seen"]
     assert Counter(seen) == Counter(wanted)  # the subset, each record exactly once

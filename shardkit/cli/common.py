@@ -7,7 +7,8 @@ import json
 import math
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -104,6 +105,18 @@ def progress_bar(unit: str = "files") -> Progress:
         transient=True,
         disable=not err_console.is_terminal,
     )
+
+
+def rated(bar: Progress, description: str) -> Callable[[int, int | None], None]:
+    """A task on `bar` and its progress callback, which shows the rate since the task began."""
+    task = bar.add_task(description, total=None, rate="")
+    started = time.perf_counter()
+
+    def advance(done: int, total: int | None) -> None:
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
+
+    return advance
 
 
 def write_json_report(path: Path, data: Any) -> None:

@@ -31,6 +31,7 @@ from .common import (
     console,
     human_bytes,
     progress_bar,
+    rated,
     source_path,
     storage_options,
     user_errors,
@@ -123,13 +124,7 @@ def _run_videos(source: str, settings: dict[str, Any]) -> VideoReport | None:
     from ..packing.video_probe import probe_videos
 
     with progress_bar() as bar:
-        task = bar.add_task("probing videos", total=None, rate="")
-        started = time.perf_counter()
-
-        def advance(done: int, total: int | None) -> None:
-            rate = done / max(time.perf_counter() - started, 1e-9)
-            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
-
+        advance = rated(bar, "probing videos")
         return probe_videos(
             source, workers=settings["workers"], max_pixels=settings["max_pixels"],
             train_size=settings["train_size"], progress=advance,
@@ -179,12 +174,7 @@ def _run(
     from ..packing.probe import probe as run_probe  # here: `shardkit --help` need not import numpy
 
     with progress_bar() as bar:
-        task = bar.add_task("probing", total=None, rate="")
-        started = time.perf_counter()
-
-        def advance(done: int, total: int | None) -> None:
-            rate = done / max(time.perf_counter() - started, 1e-9)
-            bar.update(task, completed=done, total=total, rate=f"{rate:,.0f}/s")
+        advance = rated(bar, "probing")
 
         confirming: list[Any] = []
 
