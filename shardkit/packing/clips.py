@@ -32,6 +32,7 @@ from ..core.config import (
 )
 from ..core.errors import ImageError, describe, require
 from ..core.safeio import open_regular
+from .sources.item import Span
 from .video_probe import native_path, said
 
 if TYPE_CHECKING:
@@ -127,6 +128,20 @@ def cut(path: str, source: str, clips: ClipConfig, resize: ResizeConfig, max_pix
     """The clips of the video at `path` (`source`: its name under SRC, for the metadata), or
     ImageError naming the stage and cause: not a video, a header over `max_pixels`, a decode
     error, or no whole clip in it."""
+    with _opened(path) as (av, container):
+        return _cut(av, container, source, clips, resize, max_pixels)
+
+
+def cut_span(path: str, source: str, span: Span, clips: ClipConfig, resize: ResizeConfig, max_pixels: int) -> Clip:
+    """The one clip of a span table's row: [span.start, span.end) of the video at `path`, its
+    frames picked as a fixed clip's are; ImageError as `cut` says, and for a span the video does
+    not hold (before its first frame, past its end) or of too many frames."""
+    with _opened(path) as (av, container):
+        return _span(av, container, source, span, clips, resize, max_pixels)
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[tuple[Any, av.container.InputContainer]]:
     av = require("av", "video")
     fd = open_regular(path)  # a FIFO or a device is refused here, never waited on
     with os.fdopen(fd, "rb") as file:
@@ -137,17 +152,11 @@ def cut(path: str, source: str, clips: ClipConfig, resize: ResizeConfig, max_pix
         except (ValueError, OSError) as error:
             raise ImageError("header", f"not a video FFmpeg reads ({describe(error)})") from None
         with container:
-            return _cut(av, container, source, clips, resize, max_pixels)
+            yield av, container
 
 
-def _cut(
-    av: Any,
-    container: av.container.InputContainer,
-    source: str,
-    clips: ClipConfig,
-    resize: ResizeConfig,
-    max_pixels: int,
-) -> list[Clip]:
+def _header(container: av.container.InputContainer, max_pixels: int) -> tuple[Any, float]:
+    """The video stream and its frame rate (capped at MAX_CLIP_FPS), or ImageError at "header"."""
     if not container.streams.video:
         raise ImageError("header", "no video stream")
     stream = container.streams.video[0]
@@ -161,15 +170,36 @@ def _cut(
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     if not rate or rate <= 0:
         raise ImageError("header", "no frame rate in its header")
-    source_fps = min(float(rate), MAX_CLIP_FPS)
-    fps = Fraction(min(clips.fps or source_fps, source_fps)).limit_denominator(1001)
-    seconds, step = clips.seconds, clips.step
-    assert seconds is not None
+    return stream, min(float(rate), MAX_CLIP_FPS)
+
+
+def _clip_fps(clips: ClipConfig, source_fps: float) -> Fraction:
+    """A clip's frame rate: --clip-fps, never more than the source's (a frame is never made up)."""
+    return Fraction(min(clips.fps or source_fps, source_fps)).limit_denominator(1001)
+
+
+def _frame_count(seconds: float, fps: Fraction) -> int:
     count = round(seconds * fps)
     if not 1 <= count <= MAX_CLIP_FRAMES:
         raise ImageError(
             "clip", f"a clip of {seconds:g} s at {float(fps):g} fps holds {count} frames; not 1 to {MAX_CLIP_FRAMES:,}"
         )
+    return count
+
+
+def _cut(
+    av: Any,
+    container: av.container.InputContainer,
+    source: str,
+    clips: ClipConfig,
+    resize: ResizeConfig,
+    max_pixels: int,
+) -> list[Clip]:
+    stream, source_fps = _header(container, max_pixels)
+    fps = _clip_fps(clips, source_fps)
+    seconds, step = clips.seconds, clips.step
+    assert seconds is not None
+    count = _frame_count(seconds, fps)
     tolerance = min(_TOLERANCE, 0.25 / source_fps)
     codec = stream.codec_context.name
     made: list[Clip] = []
@@ -187,12 +217,7 @@ def _cut(
         if held > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", f"its clips pass {MAX_RECORD_BYTES >> 20} MiB; cut the video shorter")
         assert shape is not None
-        end = clip.start + seconds
-        meta = {
-            "source": source, "start": round(clip.start, 6), "end": round(end, 6), "fps": float(fps), "frames": count,
-            "width": shape[1], "height": shape[2], "stored_width": shape[3], "stored_height": shape[4], "codec": codec,
-        }  # fmt: skip
-        made.append(Clip(len(made), data, meta))
+        made.append(Clip(len(made), data, _meta(source, clip.start, clip.start + seconds, fps, count, shape, codec)))
 
     try:
         for t, frame in _frames(av, container, stream, source_fps, max_pixels):
@@ -241,6 +266,74 @@ def _cut(
             "clip", f"shorter than one clip: {end - t0:.3f} s of video, clips of {seconds:g} s; nothing packed"
         )
     return made
+
+
+def _span(
+    av: Any,
+    container: av.container.InputContainer,
+    source: str,
+    span: Span,
+    clips: ClipConfig,
+    resize: ResizeConfig,
+    max_pixels: int,
+) -> Clip:
+    stream, source_fps = _header(container, max_pixels)
+    fps = _clip_fps(clips, source_fps)
+    count = _frame_count(span.end - span.start, fps)
+    tolerance = min(_TOLERANCE, 0.25 / source_fps)
+    # Back to the keyframe at or before the start (a seek is in the stream's time base): decoding
+    # from there, not from 0, is what makes a row late in a long video cheap.
+    if stream.time_base:
+        with contextlib.suppress(av.FFmpegError):  # (a file that cannot seek is decoded from its start)
+            container.seek(max(0, int(span.start / stream.time_base)), stream=stream, backward=True)
+    clip: _Encoder | None = None
+    prev: tuple[float, Any] | None = None
+    shape: tuple[int, int, int, int, int] | None = None
+    try:
+        for t, frame in _frames(av, container, stream, source_fps, max_pixels):
+            if prev is None:
+                if t > span.start + tolerance:
+                    raise ImageError("clip", f"starts at {span.start:g} s, before the video's first frame ({t:.3f} s)")
+                rotation = _quarter_turns(frame)
+                width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
+                shape = (rotation, width, height, *stored_size(width, height, resize))
+                clip = _Encoder(span.start, [span.start + j / fps for j in range(count)], shape[3], shape[4], fps)
+            assert clip is not None and shape is not None
+            while prev is not None and clip.fed < count and clip.targets[clip.fed] < t - tolerance:
+                clip.add(prev[1])
+            if clip.fed == count:
+                break  # (the rest of the video is not this row's)
+            prev = (t, _displayed(frame, shape, resize))
+    except av.FFmpegError as error:
+        raise ImageError("decode", said(error)) from None
+    except BaseException:
+        if clip is not None:
+            clip.abandon()
+        raise
+    if prev is None or clip is None or shape is None:
+        raise ImageError("decode", "no frame decodes")
+    if clip.fed < count:  # the video ended: its last frame lasts one frame's time
+        end = prev[0] + 1 / source_fps
+        if span.end > end + tolerance:
+            clip.abandon()
+            raise ImageError("clip", f"ends at {span.end:g} s, past the video's end ({end:.3f} s)")
+        while clip.fed < count:
+            clip.add(prev[1])
+    data = clip.close()
+    if len(data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
+        raise ImageError("encode", f"its clip passes {MAX_RECORD_BYTES >> 20} MiB; cut a shorter span")
+    codec = stream.codec_context.name
+    return Clip(0, data, _meta(source, span.start, span.end, fps, count, shape, codec))
+
+
+def _meta(
+    source: str, start: float, end: float, fps: Fraction, count: int, shape: tuple[int, int, int, int, int], codec: str
+) -> dict[str, Any]:
+    """A clip's meta: core/clips.py's CLIP_META."""
+    return {
+        "source": source, "start": round(start, 6), "end": round(end, 6), "fps": float(fps), "frames": count,
+        "width": shape[1], "height": shape[2], "stored_width": shape[3], "stored_height": shape[4], "codec": codec,
+    }  # fmt: skip
 
 
 def _frames(

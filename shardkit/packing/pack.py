@@ -209,6 +209,10 @@ def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Pat
     if config.clips.seconds is not None:
         _refuse_for_videos(config)
     found = _walk(config)
+    if found.layout == "spans" and config.clips.stride is not None:
+        raise ConfigError(
+            f"{config.source}: the table's start and end columns give each clip's span; leave out --clip-stride"
+        )
     if found.layout == "urls" and config.dedup != "none":
         raise ConfigError(
             f"{config.source}: --dedup compares the images before packing, and a table of URLs is downloaded "

@@ -312,26 +312,33 @@ def _clips_of(
 ) -> tuple[list[Record] | None, int]:
     """A video's clips as records (keys: the video's, then the clip's number), or (None, 0) with
     the reason appended to `errors`: a video is packed whole or listed, one row, never both."""
-    from .clips import clip_key, cut  # (PyAV: only for a pack of videos)
+    from .clips import clip_key, cut, cut_span  # (PyAV: only for a pack of videos)
 
     started = time.perf_counter()
+    where = f"{item.span.where}: " if item.span is not None else ""  # a span row's error names its line
     try:
         if job.confine is not None and not os.path.realpath(item.path).startswith(job.confine + os.sep):
             raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
-        made = cut(item.path, display(item.relpath), clips, job.resize, job.encode.max_pixels)
+        source = display(item.relpath)
+        if item.span is not None:  # a span table's row: its one clip, keyed by the row already
+            clip = cut_span(item.path, source, item.span, clips, job.resize, job.encode.max_pixels)
+            made, keys = [clip], [item.key]
+        else:
+            made = cut(item.path, source, clips, job.resize, job.encode.max_pixels)
+            keys = [clip_key(item.key, clip.number) for clip in made]
         timings["encode"] += time.perf_counter() - started
         size = os.stat(item.path).st_size
         records = [
-            Record(clip_key(item.key, clip.number), clip.data, CLIP_EXT, item.label, clip.meta, item.text, item.columns)
-            for clip in made
+            Record(key, clip.data, CLIP_EXT, item.label, clip.meta, item.text, item.columns)
+            for key, clip in zip(keys, made, strict=True)
         ]
         return records, size
     except OSError as error:
-        errors.append(_error(item.relpath, "read", describe(error)))
+        errors.append(_error(item.relpath, "read", where + describe(error)))
     except ImageError as error:
-        errors.append(_error(item.relpath, error.stage, error.reason))
+        errors.append(_error(item.relpath, error.stage, where + error.reason))
     except Exception as error:  # PyAV's own exception types for a file it cannot handle, or a bug
-        errors.append(_error(item.relpath, _blame(error), f"{describe(error, with_type=True)}"))
+        errors.append(_error(item.relpath, _blame(error), f"{where}{describe(error, with_type=True)}"))
     return None, 0
 
 

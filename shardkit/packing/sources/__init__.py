@@ -109,8 +109,10 @@ def walk(
 def _videos(
     source: str | os.PathLike[str], labels: str, keys: bool, table: TableConfig | None, sidecars: bool
 ) -> SourceWalk:
-    """A local folder of videos, or of videos named by its metadata table (a row a video: its caption
-    and columns go to each of its clips); what the video convention does not take yet is refused."""
+    """A local folder of videos, or of videos named by its metadata table: a row a video (its caption
+    and columns go to each of its clips), or, when the table has `start` and `end` columns, a row a
+    clip (that span of its video; --clip-seconds and --clip-stride do not apply). What the video
+    convention does not take yet is refused."""
     root = os.fspath(source)
     if is_remote(root):
         raise SourceError(f"{root}: videos are packed from a local folder; a bucket's prefix is not taken yet")
@@ -121,7 +123,8 @@ def _videos(
     check_folder(root)
     metadata = find_table(root, table or TableConfig())
     if metadata is not None:  # videos no row names are listed, as images are in a pack of images
-        return from_table(root, metadata, labels, keys, images=lambda: local_runs(root, VIDEO_SUFFIXES))
+        videos = lambda: local_runs(root, VIDEO_SUFFIXES)  # noqa: E731
+        return from_table(root, metadata, labels, keys, images=videos, spans=True)
     return from_videos(root, labels, keys)
 
 

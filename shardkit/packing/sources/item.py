@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 Caption = str | list[str]  # one caption, or several (a table's list column)
 
+
+class Span(NamedTuple):
+    """A span table's row: the part of its video that is the row's one clip (seconds on the video's
+    timeline, `end` excluded), and where the row is (its errors name it: "spans.csv line 3")."""
+
+    start: float
+    end: float
+    where: str
+
+
 # Characters kept as they are in keys; everything else (and '.') is percent-escaped so keys are
 # ASCII, unique, and safe for tar member names where '.' separates the key from the extension.
 _KEY_SAFE = "/ _-'()+,;=@!~&$[]"
@@ -39,6 +49,7 @@ class Item(NamedTuple):
     text: Caption | None = None
     columns: dict[str, Any] | None = None
     sidecars: dict[str, str] | None = None
+    span: Span | None = None  # a span table's row: its video's one clip
 
 
 def payload(item: Item) -> str:
@@ -47,6 +58,10 @@ def payload(item: Item) -> str:
     compact list keeps. `with_payload` reads it back."""
     if item.sidecars is not None:
         return json.dumps({"sidecars": item.sidecars}, sort_keys=True, ensure_ascii=False)
+    if item.span is not None:  # (a changed span rewrites its shard, as a changed caption does)
+        extra = json.loads(row_json(item.text, item.columns))
+        extra["span"] = list(item.span)
+        return json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     if item.text is None and item.columns is None:
         return ""
     return row_json(item.text, item.columns)
@@ -67,7 +82,10 @@ def with_payload(item: Item, text: str) -> Item:
     if not text:
         return item
     fields = json.loads(text)
-    return item._replace(text=fields.get("text"), columns=fields.get("columns"), sidecars=fields.get("sidecars"))
+    span = Span(*fields["span"]) if "span" in fields else None
+    return item._replace(
+        text=fields.get("text"), columns=fields.get("columns"), sidecars=fields.get("sidecars"), span=span
+    )
 
 
 class Run(NamedTuple):
@@ -102,7 +120,7 @@ class SourceWalk:
     `skipped` as it goes. Only the folders on the current path are held in memory, never the whole list."""
 
     root: str
-    layout: str  # "folders", "flat", "list", "table" or "sidecars" (one per module of sources/)
+    layout: str  # "folders", "flat", "list", "table", "spans" (a table of videos' spans) or "sidecars"
     items: Iterable[Item]
     classes: list[str] = field(default_factory=list)
     skipped: list[Failure] = field(default_factory=list)
@@ -116,7 +134,7 @@ class SourceWalk:
         """The real folder a table's rows may name files in (a link among them must not lead
         outside the source); None for conventions that only walk the folder, and for a bucket (its
         rows' paths are checked to stay under the prefix, and an object is no link)."""
-        return os.path.realpath(self.root) if self.layout == "table" and self.options is None else None
+        return os.path.realpath(self.root) if self.layout in ("table", "spans") and self.options is None else None
 
 
 def parse_label(text: str) -> int | None:

@@ -7,6 +7,7 @@ folder's links followed), so two rows naming one file through a linked folder ar
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from array import array
@@ -19,9 +20,11 @@ import numpy as np
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import IMAGE_EXTENSIONS, listing, walk_runs
-from .item import Caption, Item, Run, SourceWalk, display, make_key, row_json, skip, whole_label
+from .item import Caption, Item, Run, SourceWalk, Span, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
 
+SPAN_COLUMNS = ("start", "end")  # a video table with both: a row is one clip, this span (seconds) of its video
+SPAN_ROW_DIGITS = 9  # a span clip's key: `<video key>_000000003`, the row's line: sorts in row order
 NO_FILE = "no such file"  # how a row naming no file ends its reason (probe counts those rows apart)
 
 
@@ -32,10 +35,13 @@ def from_table(
     keys: bool,
     real: Callable[[str], str] | None = None,
     images: Callable[[], Iterable[Run]] | None = None,
+    spans: bool = False,
 ) -> SourceWalk:
     """A table's walk. `real(rel)` names the file a row's path names (default: its folder's links
     resolved, `RealPaths`), and `images()` walks the images under the source (default: the local
-    folder's walk), for those no row names; a bucket gives its own."""
+    folder's walk), for those no row names; a bucket gives its own. With `spans` (a table of videos)
+    and both SPAN_COLUMNS in the table, each row names a video and a span of it: one clip a row, and
+    rows may share a video."""
     if labels == "folders":
         raise SourceError(f"{display(root)}: samples come from {table.name}; labels come from a column, not folders")
     config = table.config
@@ -52,19 +58,22 @@ def from_table(
         key_hashes.append(hash(make_key(rel)))
         labels_seen.see(row.values)
     check_columns(table)
+    spans = spans and has_spans(table)
     classes = labels_seen.classes(table)
     # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
     # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
     paths = np.frombuffer(path_hashes, dtype=np.int64)
+    stems = np.frombuffer(key_hashes, dtype=np.int64)
+    if spans:  # rows naming one video share its key by right: only two videos' keys clash
+        stems = np.unique(np.stack([paths, stems], axis=1), axis=0)[:, 1].copy()
     paths.sort()
     repeated = set(paths[1:][paths[1:] == paths[:-1]].tolist())  # paths (by hash) that two rows name
-    stems = np.frombuffer(key_hashes, dtype=np.int64)
     stems.sort()
     clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
     del stems, key_hashes
-    found = SourceWalk(root, "table", [], classes, [], table=table)
+    found = SourceWalk(root, "spans" if spans else "table", [], classes, [], table=table)
     class_index = {name: i for i, name in enumerate(classes)}
-    rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real)
+    rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real, spans)
     # A local row naming no file is said at its line, as every other bad row is (one lstat a row; a
     # bucket's rows are checked by the worker's read, which names the object)
     exists = (lambda rel: os.path.lexists(os.path.join(root, rel))) if images is None else None
@@ -117,6 +126,7 @@ class Rows:
     keys: bool
     stamp: tuple[int, int, int, int] | None
     real: Callable[[str], str]  # the path hashes above are of real paths
+    spans: bool = False  # rows are spans of videos (a video named by many rows)
 
 
 class LabelKinds:
@@ -195,7 +205,7 @@ def _table_items(
             continue
         real = rows.real(rel)
         hashed = hash(real)
-        if hashed in rows.repeated:
+        if hashed in rows.repeated and not rows.spans:
             if real in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
                 skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
                 continue
@@ -203,19 +213,51 @@ def _table_items(
         if exists is not None and not exists(real):
             skipped.append(skip(rel, f"{where}: {display(rel)}: {NO_FILE}"))
             continue
-        label, problem = table_label(row.values, rows)
+        span, problem = row_span(row.values, where) if rows.spans else (None, "")
+        label: int | None = None
         text: Caption | None = None
         columns: dict[str, Any] | None = None
+        if not problem:
+            label, problem = table_label(row.values, rows)
         if not problem:
             text, columns, problem = caption_and_columns(row.values, table)
         if problem:
             skipped.append(skip(rel, f"{where}: {problem}"))
             continue
         key = make_key(rel, keep_extension=hash(make_key(rel)) in rows.clashing) if rows.keys else ""
-        yield Item(os.path.join(root, rel), rel, key, label, text, columns)
+        if span is not None and key:  # one clip a row: the video's key and the row's number
+            key = f"{key}_{row.line:0{SPAN_ROW_DIGITS}d}"
+        yield Item(os.path.join(root, rel), rel, key, label, text, columns, span=span)
     if file_stamp(table.path) != rows.stamp:
         raise SourceError(f"{table.shown}: changed while it was being read; pack again (--resume keeps what was done)")
     _unrowed(images(), table.name, rowed, skipped, rows.real)
+
+
+def has_spans(table: Table) -> bool:
+    """Whether a video table's rows are spans: it has both SPAN_COLUMNS (its header, or a JSONL
+    table's first row, says)."""
+    return all(name in table.found for name in SPAN_COLUMNS)
+
+
+def row_span(values: dict[str, Any], where: str) -> tuple[Span | None, str]:
+    """(a span table row's span, "") or (None, why not): start and end numbers, end after start.
+    (Whether the video holds the span is the worker's to say: it alone reads the video.)"""
+    bounds: list[float] = []
+    for name in SPAN_COLUMNS:
+        value = values.get(name)
+        if value is None or value == "":
+            return None, f"no {name} in column {name!r}"
+        try:
+            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None or not math.isfinite(number):
+            return None, f"{name} {str(value)[:40]!r} is not a number of seconds"
+        bounds.append(number)
+    start, end = bounds
+    if end <= start:
+        return None, f"end {end:g} s is not after start {start:g} s"
+    return Span(start, end, where), ""
 
 
 def table_label(values: dict[str, Any], rows: Rows) -> tuple[int | None, str]:
