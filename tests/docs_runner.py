@@ -244,6 +244,22 @@ def _videos(folder: Path) -> None:
     (folder / "videos" / "run" / "notes.mp4").write_text("not a video\n")
 
 
+SPAN_TABLE = """file_name,start,end,caption
+walk/w0.mp4,0.5,2.0,a person starts walking
+walk/w0.mp4,1.5,3.5,they walk past a tree
+run/r0.webm,0.0,1.25,someone runs
+"""
+
+
+def _spans(folder: Path) -> None:
+    """annotated/: two of videos/ and a span table (rows of start, end, caption; two of one video)."""
+    _videos(folder)
+    for rel in ("walk/w0.mp4", "run/r0.webm"):
+        (folder / "annotated" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / "videos" / rel, folder / "annotated" / rel)
+    (folder / "annotated" / "metadata.csv").write_text(SPAN_TABLE)
+
+
 def _clips_out(folder: Path) -> None:
     _videos(folder)
     if not (folder / "clips-out" / "manifest.json").exists():
@@ -255,6 +271,7 @@ SETUPS: dict[str, Callable[[Path], None]] = {
     "coco-shards": _coco_shards,
     "videos": _videos,
     "clips-out": _clips_out,
+    "spans": _spans,
     "demo-shards": _demo_shards,
     "damaged": _damaged,
     "captioned": _captioned,
