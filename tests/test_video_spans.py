@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +129,36 @@ def test_a_repack_and_another_format_hold_the_same_clips(packed: Packed, source:
     assert [(r.key, r.text, r.meta) for r in lmdb] == [(r.key, r.text, r.meta) for r in records]
     assert np.all([a.data == b.data for a, b in zip(lmdb, records, strict=True)])
     assert verify(tmp_path / "lmdb", deep=True, source=source).ok
+
+
+def _pack_cli(source: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    options = ["--clip-seconds", "1", "--clip-fps", str(FPS), "--resize", str(RESIZE), "--workers", "1"]
+    command = [sys.executable, "-m", "shardkit", "pack", str(source), str(out), *options, "--shard-size", "2", *extra]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow  # kills a process
+def test_sigkill_then_resume_gives_the_same_clips(source: Path, tmp_path: Path) -> None:
+    many = tmp_path / "many"
+    many.mkdir()
+    os.link(source / "a.mp4", many / "a.mp4")
+    spans = "".join(f"a.mp4,{i * 0.05:.2f},{i * 0.05 + 0.8:.2f},row {i}\n" for i in range(24))
+    (many / "metadata.csv").write_text("file_name,start,end,caption\n" + spans)
+    out = tmp_path / "killed"
+    process = _pack_cli(many, out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("shard-*.tar"))) < 2:
+        time.sleep(0.002)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
+    resumed = _pack_cli(many, out, "--resume")
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert "reused from the earlier run" in stdout
+    clean = tmp_path / "clean"
+    assert _pack_cli(many, clean).wait(120) == 0
+    shards = {s.name: s.sha256 for s in read_manifest(out).shards}
+    assert len(shards) == 12 and shards == {s.name: s.sha256 for s in read_manifest(clean).shards}
+    assert verify(out, deep=True, source=many).ok
