@@ -82,7 +82,7 @@ def test_each_row_is_one_clip_of_its_span_with_its_caption(packed: Packed, sourc
         line = int(record.key.rsplit("_", 1)[1])
         meta = record.meta
         assert set(CLIP_META) <= set(meta) and (meta["start"], meta["end"]) == GOOD[line]
-        assert record.text == lines[line - 1].split(",", 3)[3]
+        assert record.text == lines[line - 1].split(",", 3)[3] and record.columns is None  # start, end: in meta
         assert meta["source"] == lines[line - 1].split(",")[0] and meta["fps"] == FPS
         with av.open(io.BytesIO(record.data)) as clip:
             frames = [f.to_ndarray(format="gray") for f in clip.decode(video=0)]

@@ -59,6 +59,8 @@ def from_table(
         labels_seen.see(row.values)
     check_columns(table)
     spans = spans and has_spans(table)
+    if spans and table.config.columns is None:  # (a clip's meta holds its span already, as numbers)
+        table.columns = [name for name in table.columns or () if name not in SPAN_COLUMNS]
     classes = labels_seen.classes(table)
     # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
     # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
