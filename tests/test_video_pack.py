@@ -257,6 +257,22 @@ def test_clip_stride_and_a_first_frame_after_zero(tmp_path: Path) -> None:
     assert made[0].meta["stored_width"] == 96  # no --resize: the source's size
 
 
+def test_a_span_from_0_takes_a_first_frame_shown_a_frame_late(tmp_path: Path) -> None:
+    """Annotations start at 0; some files show their first frame a frame later: within one frame
+    it stands in; more than that is a span before the video, refused."""
+    from shardkit.packing.clips import cut_span
+    from shardkit.packing.sources.item import Span
+
+    _vfr(tmp_path / "late.mp4", [40 + 40 * i for i in range(25)])  # 25 fps, the first frame at 40 ms
+    clip = cut_span(str(tmp_path / "late.mp4"), "late.mp4", Span(0.0, 0.4, "t line 2"), ClipConfig(1.0, None, 10),
+                    ResizeConfig(), 10**8)  # fmt: skip
+    assert clip.meta["start"] == 0.0 and clip.meta["frames"] == 4
+    _vfr(tmp_path / "later.mp4", [200 + 40 * i for i in range(25)])
+    with pytest.raises(ImageError, match="before the video's first frame"):
+        cut_span(str(tmp_path / "later.mp4"), "later.mp4", Span(0.0, 0.4, "t line 2"), ClipConfig(1.0, None, 10),
+                 ResizeConfig(), 10**8)  # fmt: skip
+
+
 def test_a_header_over_max_pixels_is_refused_before_decoding(videos: Path) -> None:
     with pytest.raises(ImageError) as refused:
         cut(str(videos / "cat/a.mp4"), "cat/a.mp4", ClipConfig(0.5), ResizeConfig(), 96 * 64 - 1)

@@ -292,7 +292,9 @@ def _span(
     try:
         for t, frame in _frames(av, container, stream, source_fps, max_pixels):
             if prev is None:
-                if t > span.start + tolerance:
+                # An annotation's 0 names a video whose first frame some containers show a frame or two
+                # late (B-frame delay, an edit list): within one frame, its first frame stands in.
+                if t > span.start + max(tolerance, 1 / source_fps):
                     raise ImageError("clip", f"starts at {span.start:g} s, before the video's first frame ({t:.3f} s)")
                 rotation = _quarter_turns(frame)
                 width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
