@@ -24,10 +24,21 @@ def _run(page: Path, folder: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def page_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, subprocess.CompletedProcess[str]]:
+    """Every page run once, two at a time (a page is one process, mostly waiting on the commands it
+    starts): the pages take half the time they take one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = {page: tmp_path_factory.mktemp(page.stem) for page in PAGES}
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(PAGES, pool.map(lambda page: _run(page, folders[page]), PAGES), strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
-def test_every_code_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
-    ran = _run(page, tmp_path)
+def test_every_code_block_of_the_page_runs(page: Path, page_runs: dict[Path, subprocess.CompletedProcess[str]]) -> None:
+    ran = page_runs[page]
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     expected = sum(1 for block in blocks(page.read_text()) if block.kind in RUN and not block.not_run)
     assert f"{expected} blocks run" in ran.stdout
