@@ -16,7 +16,7 @@ from typing import Any
 
 from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.core.errors import Failure
-from shardkit.core.manifest import iter_errors
+from shardkit.core.manifest import iter_errors, read_manifest
 from shardkit.core.pools import map_local, map_threads
 from shardkit.packing.probe import (
     CHUNK_FILES,
@@ -121,3 +121,27 @@ def run_killing(
         assert code == -signal.SIGKILL
         done += 1
     assert done == kills
+
+
+def killed_then_resumed(
+    pack_cli: Callable[..., subprocess.Popen[str]], source: Path, out: Path, clean: Path
+) -> tuple[dict[str, str], dict[str, str]]:
+    """A pack (`pack_cli(source, out, *extra)`) killed with SIGKILL once two shards are written,
+    finished with --resume (which must reuse them), and the same pack run clean: the shards' sha256
+    by name, of the resumed output and of the clean one."""
+    process = pack_cli(source, out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("shard-*.tar"))) < 2:
+        time.sleep(0.002)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
+    resumed = pack_cli(source, out, "--resume")
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert "reused from the earlier run" in stdout
+    assert pack_cli(source, clean).wait(120) == 0
+    return (
+        {s.name: s.sha256 for s in read_manifest(out).shards},
+        {s.name: s.sha256 for s in read_manifest(clean).shards},
+    )

@@ -8,10 +8,8 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,8 @@ from shardkit.formats.base import Record
 from shardkit.packing.clips import clip_key, cut
 from shardkit.packing.pack import pack
 from shardkit.synthetic import video_frame, write_video
+
+from .helpers import killed_then_resumed
 
 av = pytest.importorskip("av")
 
@@ -299,22 +299,9 @@ def _pack_cli(source: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow  # kills a process
 def test_sigkill_then_resume_gives_the_same_clips(videos: Path, packed: Path, tmp_path: Path) -> None:
-    out = tmp_path / "killed"
-    process = _pack_cli(videos, out)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list(out.glob("shard-*.tar"))) < 2:
-        time.sleep(0.002)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(30)
-    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
-    resumed = _pack_cli(videos, out, "--resume")
-    stdout, stderr = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, stderr
-    assert "reused from the earlier run" in stdout
-    clean = tmp_path / "clean"
-    assert _pack_cli(videos, clean).wait(120) == 0
-    shards = {s.name: s.sha256 for s in read_manifest(out).shards}
-    assert shards == {s.name: s.sha256 for s in read_manifest(clean).shards}
+    out, clean = tmp_path / "killed", tmp_path / "clean"
+    shards, clean_shards = killed_then_resumed(_pack_cli, videos, out, clean)
+    assert shards == clean_shards
     assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
     assert verify(out).ok
 

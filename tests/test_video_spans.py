@@ -6,10 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,8 @@ from shardkit.formats import get_format
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.synthetic import write_video
+
+from .helpers import killed_then_resumed
 
 av = pytest.importorskip("av")
 
@@ -146,19 +146,6 @@ def test_sigkill_then_resume_gives_the_same_clips(source: Path, tmp_path: Path) 
     spans = "".join(f"a.mp4,{i * 0.05:.2f},{i * 0.05 + 0.8:.2f},row {i}\n" for i in range(24))
     (many / "metadata.csv").write_text("file_name,start,end,caption\n" + spans)
     out = tmp_path / "killed"
-    process = _pack_cli(many, out)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list(out.glob("shard-*.tar"))) < 2:
-        time.sleep(0.002)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(30)
-    assert not (out / "manifest.json").exists(), "the run finished before it could be killed"
-    resumed = _pack_cli(many, out, "--resume")
-    stdout, stderr = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, stderr
-    assert "reused from the earlier run" in stdout
-    clean = tmp_path / "clean"
-    assert _pack_cli(many, clean).wait(120) == 0
-    shards = {s.name: s.sha256 for s in read_manifest(out).shards}
-    assert len(shards) == 12 and shards == {s.name: s.sha256 for s in read_manifest(clean).shards}
+    shards, clean_shards = killed_then_resumed(_pack_cli, many, out, tmp_path / "clean")
+    assert len(shards) == 12 and shards == clean_shards
     assert verify(out, deep=True, source=many).ok
