@@ -21,9 +21,14 @@ def main() -> None:
     # command's own handlers replace these once it runs.
     for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, _stopped_before_start)
+    from .core.timeline import mark
+
+    mark("main")
     import typer
 
     from .cli import app
+
+    mark("imported")
 
     exceptions = _click_exceptions()
     try:
@@ -37,6 +42,7 @@ def main() -> None:
     except typer.Abort:  # Ctrl-C while click itself was parsing (typer's, or click's re-exported)
         sys.stderr.write("interrupted\n")
         sys.exit(128 + signal.SIGINT)
+    mark("exit")
     sys.exit(code if isinstance(code, int) else 0)
 
 

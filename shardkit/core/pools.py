@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from .errors import WorkerDiedError
 from .processes import start_worker, started_context
 from .stops import stop_if_stopping, stops_deferred, wait_any
+from .timeline import mark
 
 Result = TypeVar("Result")
 
@@ -103,6 +104,7 @@ def map_local(
             yield index, function(job)
         return
     workers = min(workers, len(jobs)) if isinstance(jobs, Sized) else workers
+    mark("pool")
     pool = process_pool(workers, initializer, initargs)
     pending: dict[Future[Result], int] = {}
     numbered = enumerate(upcoming)

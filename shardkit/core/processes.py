@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from .timeline import mark
+
 # "<driver pid>:<folder>": the driver's multiprocessing temp folder, for core/forkserver_exit.py.
 FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
@@ -99,6 +101,7 @@ def start_worker(driver: int, initializer: Callable[..., None] | None = None, in
     """Runs first in every worker process. Ctrl-C, which a terminal sends to every process, is the
     driver's to handle (it stops the workers itself); a SIGTERM ends a worker as usual. When the
     driver dies (even by kill -9) the worker exits within a second instead of working for nobody."""
+    mark("worker")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELPER_BLOCKED)  # (blocked in the forkserver)
     threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()

@@ -21,6 +21,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
+from ..core.timeline import mark
 from ..formats import get_format
 from .encode import STAGES
 from .index import join as join_index
@@ -109,6 +110,7 @@ def finish(
         write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
     with writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
+    mark("manifest")
     if not keep_state and not transient:  # else the done markers stay: --resume tries those rows again
         remove_state(output)
     return PackResult(

@@ -20,6 +20,7 @@ from typing import Any
 from ..core.config import PackConfig
 from ..core.errors import ConfigError, OutputError, describe
 from ..core.manifest import MANIFEST_NAME
+from ..core.timeline import mark
 from ..formats import get_format
 from ..storage.location import locate
 from ..storage.store import Store
@@ -94,6 +95,7 @@ def _pack_into(
     pack to a bucket, into which each shard is uploaded as soon as it is written, and the files
     beside the whole output once all are (packing/publish.py)."""
     started = time.perf_counter()
+    mark("pack")
     if not is_remote(config.source):
         refuse_overlap(config.source, config.output)
     with ray_session(config):  # connected before anything is written or deleted
@@ -382,6 +384,8 @@ def _write_all(
             # (a shard in a bucket is written again whole: its records are not here to keep)
             retried = retried_shard(output, spec, shard_hash) if config.resume and web and not remote else None
             job_specs.append(spec.index)
+            if len(job_specs) == 1:
+                mark("planned")  # the first job, handed to the workers
             yield ShardJob(
                 spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
                 found.options, web=web, earlier=None if retried is None else retried.errors,
@@ -397,6 +401,7 @@ def _write_all(
         results[job_specs[job_number]] = result
         if tally is not None and web is not None:
             tally.add(result)
+    mark("results")
     remove_stale_shards(output, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
     inputs = planned.images + len(found.skipped)

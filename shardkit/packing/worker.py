@@ -29,6 +29,7 @@ from ..core.errors import Failure, HeaderError, ImageError, OutputError, ShardFo
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.manifest import ShardInfo, idx_name, info_of, sha256_file, write_json_atomic
 from ..core.safeio import open_regular, read_regular
+from ..core.timeline import mark
 from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
 from ..storage.store import Store
@@ -111,8 +112,11 @@ def init_worker(counter: Any) -> None:
 def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
+    mark(f"job {job.spec.name}")
     with contextlib.ExitStack() as scratch:
-        return _write_shard(job, scratch)
+        result = _write_shard(job, scratch)
+    mark(f"done {job.spec.name}")
+    return result
 
 
 def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
