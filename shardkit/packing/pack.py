@@ -20,6 +20,7 @@ from typing import Any
 from ..core.config import PackConfig
 from ..core.errors import ConfigError, OutputError, describe
 from ..core.manifest import MANIFEST_NAME
+from ..core.pools import default_workers
 from ..core.timeline import mark
 from ..formats import get_format
 from ..storage.location import locate
@@ -40,6 +41,7 @@ from .output import (
     temp_dir,
     writing,
 )
+from .parts import Joining, split_last
 from .plan import PlanDigest, ShardSpec, fingerprint, plan_shards
 from .publish import (
     RemoteOutput,
@@ -55,7 +57,7 @@ from .resume import remove_stale_shards, resumable, retried_shard, reused_shard,
 from .running import Planned, ProgressCallback, Tally, ray_session, run_jobs
 from .sources import Item, SourceList, SourceWalk, walk
 from .upload import keep
-from .worker import ShardJob, ShardResult
+from .worker import PartResult, ShardJob, ShardResult
 
 __all__ = ["HashProgress", "PackResult", "ProgressCallback", "Tally", "pack", "resolve_resize"]
 
@@ -383,9 +385,6 @@ def _write_all(
                 continue
             # (a shard in a bucket is written again whole: its records are not here to keep)
             retried = retried_shard(output, spec, shard_hash) if config.resume and web and not remote else None
-            job_specs.append(spec.index)
-            if len(job_specs) == 1:
-                mark("planned")  # the first job, handed to the workers
             yield ShardJob(
                 spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
                 found.options, web=web, earlier=None if retried is None else retried.errors,
@@ -394,13 +393,40 @@ def _write_all(
             )  # fmt: skip
         planned.walked = True
 
+    def numbered(upcoming: Iterator[ShardJob]) -> Iterator[ShardJob]:
+        for job in upcoming:
+            job_specs.append(job.spec.index)
+            if job.part is not None:
+                parts[len(job_specs) - 1] = job
+            if len(job_specs) == 1:
+                mark("planned")  # the first job, handed to the workers
+            yield job
+
     intact = None if remote is None else in_bucket(remote, output)
-    for job_number, result in run_jobs(config, jobs(), planned, progress):
-        if remote is not None:
-            keep(output, result)  # its index part and done marker, from wherever it ran
-        results[job_specs[job_number]] = result
-        if tally is not None and web is not None:
-            tally.add(result)
+    workers = config.workers or default_workers()
+    # Parts are encoded by local workers and written here: not for a Ray task (its node's files),
+    # a shard to upload, a URL table's downloads (a worker's own pool) or videos (a clip is a job).
+    splits = (
+        workers > 1 and config.executor == "local" and remote is None and web is None and config.clips.seconds is None
+    )
+    parts: dict[int, ShardJob] = {}  # job number -> its part job, until that part is back
+    joining = Joining()
+    upcoming = split_last(jobs(), workers) if splits else jobs()
+    try:
+        for job_number, outcome in run_jobs(config, numbered(upcoming), planned, progress):
+            if isinstance(outcome, PartResult):
+                whole = joining.add(parts.pop(job_number), outcome)
+                if whole is None:
+                    continue
+                outcome = whole
+            result = outcome
+            if remote is not None:
+                keep(output, result)  # its index part and done marker, from wherever it ran
+            results[job_specs[job_number]] = result
+            if tally is not None and web is not None:
+                tally.add(result)
+    finally:
+        joining.abandon()
     mark("results")
     remove_stale_shards(output, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]

@@ -13,7 +13,7 @@ from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import PackConfig
 from ..core.pools import default_workers, map_local
 from ..core.processes import mp_context, start_resource_tracker
-from .worker import ShardJob, ShardResult, init_worker, write_shard
+from .worker import PartResult, ShardJob, ShardResult, init_worker, run_job, write_shard
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
 
@@ -52,8 +52,9 @@ class Tally:
 
 def run_jobs(
     config: PackConfig, jobs: Iterator[ShardJob], planned: Planned, progress: ProgressCallback | None
-) -> Iterator[tuple[int, ShardResult]]:
-    """Yield (job number, result) as shards finish, drawing jobs from the plan as workers free up."""
+) -> Iterator[tuple[int, ShardResult | PartResult]]:
+    """Yield (job number, result) as jobs finish, drawing jobs from the plan as workers free up: a
+    shard's result, or a part's records (local workers only, packing/parts.py)."""
     if config.executor == "ray":
         return _run_on_ray(jobs, planned, progress)
     return _run_local(jobs, config.workers or default_workers(), planned, progress)
@@ -61,7 +62,7 @@ def run_jobs(
 
 def _run_local(
     jobs: Iterator[ShardJob], workers: int, planned: Planned, progress: ProgressCallback | None
-) -> Iterator[tuple[int, ShardResult]]:
+) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
     while shards are in flight."""
     start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as core/processes says
@@ -81,8 +82,10 @@ def _run_local(
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        for index, result in map_local(write_shard, jobs, workers, initializer=init_worker, initargs=(counter,)):
-            errors[0] += len(result.errors)
+        for index, result in map_local(run_job, jobs, workers, initializer=init_worker, initargs=(counter,)):
+            errors[0] += (
+                len(result.errors) if isinstance(result, ShardResult) else sum(len(f) for _, _, f in result.packed)
+            )
             yield index, result
     finally:
         stop.set()

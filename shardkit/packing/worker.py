@@ -75,6 +75,10 @@ class ShardJob:
     scratch: str | None = None
     held: Held | None = None
     clips: ClipConfig | None = None  # the items are videos, each cut into clips: a record a clip
+    # A part of a shard (packing/parts.py): `spec.items` are the part's; the worker encodes them
+    # and hands the records back for the driver to write (encode_part), numbered from 0 of `parts`.
+    part: int | None = None
+    parts: int = 1
 
 
 @dataclass
@@ -114,68 +118,127 @@ def write_shard(job: ShardJob) -> ShardResult:
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
     mark(f"job {job.spec.name}")
     with contextlib.ExitStack() as scratch:
-        result = _write_shard(job, scratch)
+        shard = ShardWriting(job, scratch)
+        packed = _packed(job, shard.timings, shard.stand_ins)
+        try:
+            for record, size, failures in packed:
+                shard.add(record, size, failures)
+                if _progress_counter is not None:
+                    with _progress_counter.get_lock():
+                        _progress_counter.value += 1
+            result = shard.close()
+        finally:
+            packed.close()  # (downloads still queued are dropped)
+            shard.discard()
     mark(f"done {job.spec.name}")
     return result
 
 
-def _write_shard(job: ShardJob, scratch: contextlib.ExitStack) -> ShardResult:
-    backend = get_format(job.format)
-    spec = job.spec
-    where, temp, idx_temp = _temp_paths(job, scratch)
+@dataclass
+class PartResult:
+    """A part of a shard (`ShardJob.part`), encoded by a worker for the driver to write
+    (packing/parts.py): each item's record, source bytes and failures, in the shard's order."""
+
+    name: str  # the shard's
+    part: int
+    packed: list[tuple[Record | list[Record] | None, int, list[Failure]]]
+    timings: dict[str, float]
+    stand_ins: dict[str, str]
+
+
+def encode_part(job: ShardJob) -> PartResult:
+    """The records of a part of a shard (`job.spec` holds that part's items), as `write_shard`
+    would write them, without writing: a shard's parts are encoded on several workers at once."""
+    mark(f"part {job.spec.name}:{job.part}")
     timings = dict.fromkeys(STAGES, 0.0)
-    errors: list[Failure] = []
-    input_bytes = 0
-    rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
     stand_ins: dict[str, str] = {}
-    with writing(where, spec.name):
-        temp.parent.mkdir(parents=True, exist_ok=True)
-        writer: ShardWriter = backend.writer(str(temp))
-    closed = False
-    packed = _packed(job, timings, stand_ins)
-    try:
-        for record, size, failures in packed:
-            errors.extend(failures)
-            if record is not None:
-                input_bytes += size
-            for one in record if isinstance(record, list) else [] if record is None else [record]:
-                written = time.perf_counter()
-                with writing(where, spec.name):
-                    writer.add(one)
-                rows.append(index_row(one, spec.name, len(rows)))
-                timings["write"] += time.perf_counter() - written
-            if _progress_counter is not None:
-                with _progress_counter.get_lock():
-                    _progress_counter.value += 1
+    packed = []
+    for done in _packed(job, timings, stand_ins):
+        packed.append(done)
+        if _progress_counter is not None:
+            with _progress_counter.get_lock():
+                _progress_counter.value += 1
+    mark(f"done {job.spec.name}:{job.part}")
+    return PartResult(job.spec.name, job.part or 0, packed, timings, stand_ins)
+
+
+def run_job(job: ShardJob) -> ShardResult | PartResult:
+    """What a worker runs: a whole shard, or a part of one."""
+    return write_shard(job) if job.part is None else encode_part(job)
+
+
+class ShardWriting:
+    """A shard being written under a temporary name, its records handed in order (by the items'
+    encoding in this process, or by a driver joining the parts workers encoded); `close` puts it
+    in place, on record (see `_place`); `discard` removes whatever is left of it unplaced."""
+
+    def __init__(self, job: ShardJob, scratch: contextlib.ExitStack) -> None:
+        self.job = job
+        self.backend = get_format(job.format)
+        self.where, self.temp, self.idx_temp = _temp_paths(job, scratch)
+        self.timings = dict.fromkeys(STAGES, 0.0)
+        self.errors: list[Failure] = []
+        self.input_bytes = 0
+        self.rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
+        self.stand_ins: dict[str, str] = {}
+        with writing(self.where, job.spec.name):
+            self.temp.parent.mkdir(parents=True, exist_ok=True)
+            self.writer: ShardWriter = self.backend.writer(str(self.temp))
+        self.closed = False
+
+    def add(self, record: Record | list[Record] | None, size: int, failures: list[Failure]) -> None:
+        """One item's outcome: its record (a video's clips, a list; None where it failed), its
+        source bytes, its failures."""
+        self.errors.extend(failures)
+        if record is not None:
+            self.input_bytes += size
+        name = self.job.spec.name
+        for one in record if isinstance(record, list) else [] if record is None else [record]:
+            written = time.perf_counter()
+            with writing(self.where, name):
+                self.writer.add(one)
+            self.rows.append(index_row(one, name, len(self.rows)))
+            self.timings["write"] += time.perf_counter() - written
+
+    def close(self) -> ShardResult:
+        job, temp, idx_temp = self.job, self.temp, self.idx_temp
         closing = time.perf_counter()
-        with writing(where, spec.name):
-            count = writer.close()
-            closed = True
-            info = ShardInfo(spec.name, count, temp.stat().st_size, sha256_file(temp))
-            companion = _write_idx_file(backend, temp, idx_temp, info)
-            worker = f"{socket.gethostname()}:{os.getpid()}"
-            result = ShardResult(
-                info, errors, input_bytes, timings, job.plan, worker=worker, companion=companion, stand_ins=stand_ins
-            )
-            if job.remote is None:
-                _place(job, result, rows, temp, idx_temp)
-        timings["write"] += time.perf_counter() - closing
-        if job.remote is not None:
-            uploading = time.perf_counter()
-            with writing(where, spec.name):
-                result.index_part = part_bytes(rows)
-                result.already_held = not deliver(job.remote, info, temp, companion, idx_temp, job.held)
-            timings["upload"] = time.perf_counter() - uploading
-    except BaseException:
-        if not closed:  # the first failure is the one to report; the abort's own is not
+        try:
+            with writing(self.where, job.spec.name):
+                count = self.writer.close()
+                self.closed = True
+                info = ShardInfo(job.spec.name, count, temp.stat().st_size, sha256_file(temp))
+                companion = _write_idx_file(self.backend, temp, idx_temp, info)
+                worker = f"{socket.gethostname()}:{os.getpid()}"
+                result = ShardResult(
+                    info, self.errors, self.input_bytes, self.timings, job.plan, worker=worker,
+                    companion=companion, stand_ins=self.stand_ins,
+                )  # fmt: skip
+                if job.remote is None:
+                    _place(job, result, self.rows, temp, idx_temp)
+            self.timings["write"] += time.perf_counter() - closing
+            if job.remote is not None:
+                uploading = time.perf_counter()
+                with writing(self.where, job.spec.name):
+                    result.index_part = part_bytes(self.rows)
+                    result.already_held = not deliver(job.remote, info, temp, companion, idx_temp, job.held)
+                self.timings["upload"] = time.perf_counter() - uploading
+        except BaseException:
+            self._abort()
+            raise
+        return result
+
+    def _abort(self) -> None:
+        if not self.closed:  # the first failure is the one to report; the abort's own is not
+            self.closed = True
             with contextlib.suppress(Exception):
-                writer.abort()
-        raise
-    finally:
-        packed.close()  # (downloads still queued are dropped)
-        temp.unlink(missing_ok=True)
-        idx_temp.unlink(missing_ok=True)
-    return result
+                self.writer.abort()
+
+    def discard(self) -> None:
+        """Whatever of the shard was not put in place: the writer aborted, its temporary files gone."""
+        self._abort()
+        self.temp.unlink(missing_ok=True)
+        self.idx_temp.unlink(missing_ok=True)
 
 
 def _packed(

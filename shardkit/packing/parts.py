@@ -1,0 +1,94 @@
+"""The last shards of a pack split into parts that several workers encode at once, and the driver
+writing each such shard from its parts: one worker per shard left the others idle while the last
+shards were written (a pack of 700 images, one shard, ran on one of two cores; at 3,500 images the
+workers sat idle for 1.1 s of a 5.5 s pack, scripts/bench_pack_workers.py).
+
+Only the last `workers` shards of the plan are split, each into up to two parts per worker, of at
+least MIN_PART items: the earlier shards keep a worker each, and their records never pass through
+the driver. A split shard's bytes are a whole one's: the same records, in the same order, through
+the same writer (worker.ShardWriting), with the same done marker and index part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from .worker import PartResult, ShardJob, ShardResult, ShardWriting
+
+MIN_PART = 16  # items: below this a part's round trip (~1 ms) weighs more than what it evens out
+
+
+def split_last(jobs: Iterator[ShardJob], workers: int) -> Iterator[ShardJob]:
+    """`jobs` in order, the last `workers` of them as parts: the plan is read `workers` shards
+    ahead, so the tail is known before it is handed out."""
+    ahead: deque[ShardJob] = deque()
+    for job in jobs:
+        ahead.append(job)
+        if len(ahead) > workers:
+            yield ahead.popleft()
+    for job in ahead:
+        yield from split(job, workers)
+
+
+def split(job: ShardJob, workers: int) -> Iterator[ShardJob]:
+    """The job as up to 2 x `workers` part jobs of near-equal item counts (itself when too small)."""
+    items = job.spec.items
+    parts = min(2 * workers, len(items) // MIN_PART)
+    if parts < 2:
+        yield job
+        return
+    bounds = [len(items) * number // parts for number in range(parts + 1)]
+    for number in range(parts):
+        own = items[bounds[number] : bounds[number + 1]]
+        keys = {item.key for item in own}
+        copies = {key: copies for key, copies in job.copies.items() if key in keys}
+        yield replace(job, spec=replace(job.spec, items=own), copies=copies, part=number, parts=parts)
+
+
+@dataclass
+class _Joined:
+    writing: ShardWriting
+    parts: int
+    waiting: dict[int, PartResult] = field(default_factory=dict)
+    next: int = 0
+
+
+class Joining:
+    """The split shards the driver is writing: each opened at its first part back, its parts
+    written in the shard's order as soon as those before them are, closed and put in place at
+    the last. `abandon` discards every one still open (a pack stopped or failing)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, _Joined] = {}
+        self._scratch = contextlib.ExitStack()  # (a split shard is never one to upload: no scratch)
+
+    def add(self, job: ShardJob, result: PartResult) -> ShardResult | None:
+        """A part back from a worker (`job` is its part job); the shard's result once it is whole."""
+        joined = self._open.get(result.name)
+        if joined is None:
+            joined = self._open[result.name] = _Joined(ShardWriting(job, self._scratch), job.parts)
+        joined.waiting[result.part] = result
+        writing = joined.writing
+        while joined.next in joined.waiting:
+            part = joined.waiting.pop(joined.next)
+            for stage, seconds in part.timings.items():
+                writing.timings[stage] = writing.timings.get(stage, 0.0) + seconds
+            writing.stand_ins.update(part.stand_ins)
+            for record, size, failures in part.packed:
+                writing.add(record, size, failures)
+            joined.next += 1
+        if joined.next < joined.parts:
+            return None
+        del self._open[result.name]
+        try:
+            return writing.close()
+        finally:
+            writing.discard()
+
+    def abandon(self) -> None:
+        for joined in self._open.values():
+            joined.writing.discard()
+        self._open.clear()

@@ -1,0 +1,151 @@
+"""The last shards of a pack split into parts that several workers encode, the driver writing each
+shard from its parts (packing/parts.py): the bytes, index, errors and --dedup stand-ins of a whole
+shard, and a kill -9 at any point resumed to the same output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.manifest import read_manifest
+from shardkit.formats import available_formats
+from shardkit.packing.pack import pack
+from shardkit.packing.parts import MIN_PART, split_last
+from shardkit.packing.plan import ShardSpec
+from shardkit.packing.sources import Item
+from shardkit.packing.worker import ShardJob
+from shardkit.synthetic import make_sample_dataset, write_image
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _job(index: int, count: int) -> ShardJob:
+    items = tuple(Item(f"/src/{index}_{n}.jpg", f"{index}_{n}.jpg", f"{index}_{n}", None) for n in range(count))
+    copies = {items[0].key: (Item("/src/copy.jpg", "copy.jpg", "copy", None),)} if items else {}
+    spec = ShardSpec(index, f"shard-{index:06d}.tar", items)
+    return ShardJob(spec, "/out", "webdataset", ResizeConfig(64), PackConfig("a", "b").encode, "plan", copies=copies)
+
+
+def test_only_the_last_shards_are_split_each_into_near_equal_parts() -> None:
+    sizes = [100, 100, 100, 4 * MIN_PART + 3, MIN_PART + 5]
+    jobs = [_job(index, count) for index, count in enumerate(sizes)]
+    handed = list(split_last(iter(jobs), workers=2))
+    whole = [job for job in handed if job.part is None]
+    assert [job.spec.index for job in whole] == [0, 1, 2, 4]  # (the last is too small to split)
+    parts = [job for job in handed if job.part is not None]
+    assert [(job.spec.index, job.part, job.parts) for job in parts] == [(3, number, 4) for number in range(4)]
+    assert [item for job in parts for item in job.spec.items] == list(jobs[3].spec.items)
+    assert {len(job.spec.items) for job in parts} <= {MIN_PART, MIN_PART + 1}
+    assert parts[0].copies == jobs[3].copies and all(not job.copies for job in parts[1:])
+    assert [job.spec.index for job in handed] == [0, 1, 2, 3, 3, 3, 3, 4]  # the plan's order kept
+    # a plan of one shard, as a small folder's is: two parts a worker
+    assert [job.part for job in split_last(iter([_job(0, 700)]), workers=2)] == [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """162 files in 2 class folders, two of them broken."""
+    folder = make_sample_dataset(tmp_path_factory.mktemp("parts") / "src", 160, classes=2, seed=3)
+    (folder / "n00001001" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut short")  # in the last part
+    return folder
+
+
+def _config(source: Path, out: Path, workers: int, **overrides: object) -> PackConfig:
+    values: dict[str, object] = {"resize": ResizeConfig(48), "shard_size": 64, "workers": workers}
+    values.update(overrides)
+    return PackConfig(source=str(source), output=str(out), **values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_split_shards_are_the_bytes_of_whole_ones(source: Path, tmp_path: Path, name: str) -> None:
+    one = pack(_config(source, tmp_path / "one", 1, format=name))
+    three = pack(_config(source, tmp_path / "three", 3, format=name))
+    assert one.shards == 3  # 64, 64, 34: with 3 workers every one is split (4, 4 and 2 parts)
+    for shard, other in zip(
+        read_manifest(tmp_path / "one").shards, read_manifest(tmp_path / "three").shards, strict=True
+    ):
+        assert (shard.name, shard.count, shard.bytes, shard.sha256) == (
+            other.name,
+            other.count,
+            other.bytes,
+            other.sha256,
+        )
+    assert one.manifest.settings["plan"] == three.manifest.settings["plan"]
+    assert one.manifest.totals == three.manifest.totals
+    assert one.errors == 2  # the sample's corrupt file and the broken one
+    for file in ("errors.jsonl", *(f.name for f in (tmp_path / "one").iterdir() if f.suffix == ".idx")):
+        assert (tmp_path / "one" / file).read_bytes() == (tmp_path / "three" / file).read_bytes()
+    assert pq.read_table(tmp_path / "one" / "index.parquet").equals(pq.read_table(tmp_path / "three" / "index.parquet"))
+    assert three.stage_seconds["decode"] > 0 and three.stage_seconds["write"] > 0  # the parts' stages counted
+    assert (
+        not any((tmp_path / "three" / ".shardkit").iterdir()) if (tmp_path / "three" / ".shardkit").exists() else True
+    )
+
+
+def test_a_copy_stands_in_for_a_failed_file_in_a_split_shard(tmp_path: Path) -> None:
+    """img_060.jpg fails in its worker (its caption is not UTF-8) after --dedup kept it and left
+    out img_061.jpg, its copy: the copy is packed in its place, in the shard's last part."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for number in range(70):
+        write_image(source / f"img_{number:03d}.jpg", 40 + number, 36, seed=number)
+    (source / "img_061.jpg").write_bytes((source / "img_060.jpg").read_bytes())
+    (source / "img_060.txt").write_bytes(b"\xff\xfe not text")
+    (source / "img_061.txt").write_text("the copy")
+    one = pack(_config(source, tmp_path / "one", 1, shard_size=100, dedup="exact", sidecars=True))
+    two = pack(_config(source, tmp_path / "two", 2, shard_size=100, dedup="exact", sidecars=True))
+    assert read_manifest(tmp_path / "one").shards == read_manifest(tmp_path / "two").shards
+    assert (tmp_path / "one" / "errors.jsonl").read_bytes() == (tmp_path / "two" / "errors.jsonl").read_bytes()
+    assert one.manifest.totals == two.manifest.totals and two.records == 69
+    keys = pq.read_table(tmp_path / "two" / "index.parquet", columns=["key"]).column("key").to_pylist()
+    assert "img_061" in keys and "img_060" not in keys
+
+
+def _pack_process(source: Path, out: Path, timeline: Path, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--resize", "48",
+               "--shard-size", "64", "--workers", "2", *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SHARDKIT_TIMELINE": str(timeline)}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_the_tail_is_encoded_as_parts_on_the_workers(source: Path, tmp_path: Path) -> None:
+    timeline = tmp_path / "timeline.txt"
+    process = _pack_process(source, tmp_path / "out", timeline)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    events = [line.split(" ", 2)[1:] for line in timeline.read_text().splitlines()]
+    driver = {pid for pid, event in events if event == "main"}
+    parts = {event.split(" ")[1] for pid, event in events if event.startswith("part ") and pid not in driver}
+    # 64, 64, 34 records on 2 workers: the first whole, the last two in 4 and 2 parts
+    assert parts == {f"shard-000001.tar:{n}" for n in range(4)} | {f"shard-000002.tar:{n}" for n in range(2)}
+    assert any(event == "job shard-000000.tar" for _, event in events)
+
+
+@pytest.mark.slow  # kills a process
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_kill_while_parts_are_joined_resumes_to_the_same_bytes(source: Path, tmp_path: Path, seed: int) -> None:
+    clean, out, timeline = tmp_path / "clean", tmp_path / "out", tmp_path / "timeline.txt"
+    assert _pack_process(source, clean, tmp_path / "clean.txt").wait(120) == 0
+    process = _pack_process(source, out, timeline)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "part " not in (timeline.read_text() if timeline.exists() else ""):
+        time.sleep(0.002)
+    time.sleep([0.0, 0.05, 0.15][seed])  # as the parts are encoded, joined, put in place
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    resumed = _pack_process(source, out, tmp_path / "resumed.txt", "--resume")
+    _, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert {s.name: s.sha256 for s in read_manifest(out).shards} == {
+        s.name: s.sha256 for s in read_manifest(clean).shards
+    }
+    assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean.iterdir())
