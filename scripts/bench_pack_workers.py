@@ -118,8 +118,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--source", type=Path, default=SAMPLE)
-    default_i2d = Path(__file__).resolve().parents[1] / ".venv-img2dataset" / "bin" / "img2dataset"
-    parser.add_argument("--img2dataset", default=str(default_i2d) if default_i2d.exists() else shutil.which("img2dataset"))
+    beside = Path(__file__).resolve().parents[1] / ".venv-img2dataset" / "bin" / "img2dataset"  # (make img2dataset)
+    parser.add_argument("--img2dataset", default=str(beside) if beside.exists() else shutil.which("img2dataset"))
     parser.add_argument("--img2dataset-images", default="700")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

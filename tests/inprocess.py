@@ -1,5 +1,5 @@
-"""`shardkit ARGS` run in the test's own process: the real entry point (shardkit.__main__.main, the
-function the `shardkit` script calls) with sys.argv set, its exit code and its output as a
+"""`shardkit ARGS` run in the test's own process: the real entry point (shardkit.__main__.run, what
+the `shardkit` script's main() runs before it exits the process) with sys.argv set, its exit code and its output as a
 subprocess would give them, without an interpreter start and the CLI's imports (torch for some
 commands) each time.
 
@@ -7,7 +7,7 @@ For what a command says and how it exits. Whatever needs a real process (signals
 code the interpreter itself gives, start-up time and imports, stdin and terminals) stays a
 subprocess in the tests that check it.
 
-Everything the run changes in the process is put back: the signal handlers (main() installs its own
+Everything the run changes in the process is put back: the signal handlers (run() installs its own
 before the CLI does), the blocked signals, sys.unraisablehook (the CLI's, and pytest's before it),
 sys.argv, the working folder and the variables asked for. Warnings are shown on stderr as Python
 shows them in a fresh process (pytest would otherwise collect them), so that a test of "one line on
@@ -48,7 +48,7 @@ def run_cli(
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`shardkit *args` in-process; `env` adds or replaces variables for the run only."""
-    from shardkit.__main__ import main
+    from shardkit.__main__ import run
 
     argv = ["shardkit", *map(str, args)]
     capfd.readouterr()  # what the test printed before is not the command's output
@@ -67,7 +67,7 @@ def run_cli(
                 warnings.simplefilter("ignore", category, append=True)
             warnings.showwarning = _show_on_stderr
             try:
-                main()
+                run()
                 code = 0
             except SystemExit as exit_:
                 if exit_.code is None or isinstance(exit_.code, int):

@@ -18,7 +18,6 @@ from rich.table import Table
 
 from ..core.config import PROBE_OPTIONS, TableConfig, WebConfig, check_train_size, check_workers, options
 from ..core.errors import ConfigError, ShardkitError, SourceError, describe
-from ..packing.sources import display
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeChunk, ProbeReport
@@ -132,6 +131,8 @@ def _run_videos(source: str, settings: dict[str, Any]) -> VideoReport | None:
 
 
 def render_videos(report: VideoReport) -> None:
+    from ..packing.sources import display
+
     rate = report.files / report.seconds if report.seconds else 0
     console.print(
         f"[bold]{escape(display(report.root))}[/]: {report.videos:,} readable videos, {report.files - report.videos:,}"
@@ -200,6 +201,8 @@ def _run(
 
 
 def render(report: ProbeReport) -> None:
+    from ..packing.sources import display  # (here: the other commands need no walk)
+
     rate = report.files / report.seconds if report.seconds else 0
     console.print(
         f"[bold]{display(report.root)}[/]: {report.images:,} readable images, {report.files - report.images:,} not, "
@@ -305,6 +308,8 @@ FIELDS = ("path", "bytes", "format", "width", "height", "displayed_width", "disp
 
 def _rows(relpaths: list[str], rows: list[tuple[Any, ...]]) -> Iterator[list[Any]]:
     """Each file's row, values in FIELDS order; built from the raw rows (no object per file)."""
+    from ..packing.sources import display
+
     for relpath, (size, h, error, warnings, *_) in zip(relpaths, rows, strict=True):
         if h is None:
             yield [
