@@ -14,8 +14,10 @@ now, and the driver reads the parts with pyarrow's own JSON reader, which needs 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,19 @@ def write_part_bytes(path: Path, data: bytes) -> None:
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temp.write_bytes(data)
     os.replace(temp, path)
+
+
+def load_soon() -> None:
+    """Import what `join` needs (pyarrow's JSON reader and parquet writer, ~0.1 s) on a thread of
+    its own, while the shards are written: imported by `join` itself, it was on every pack's
+    critical path after the last shard (scripts/bench_pack_workers.py)."""
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):  # (join says what is missing)
+            import pyarrow.json
+            import pyarrow.parquet  # noqa: F401
+
+    threading.Thread(target=load, name="shardkit-load-index", daemon=True).start()
 
 
 def join(parts: Iterable[Path], output: Path, temp_dir: Path) -> ShardInfo:

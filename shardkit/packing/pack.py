@@ -29,6 +29,7 @@ from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .estimate import calibrate
 from .finish import PackResult, already_complete, finish
+from .index import load_soon
 from .output import (
     HASHES_NAME,
     claim,
@@ -361,6 +362,7 @@ def _write_all(
     in the bucket, on record as uploaded); a shard whose files changed is written again. With
     --dedup, errors.jsonl says what the workers did with the fallbacks (`settle`)."""
     fallbacks = fallbacks or {}
+    load_soon()  # index.parquet's writer, imported while the shards are written
     digest = PlanDigest(settings)
     results: dict[int, ShardResult] = {}
     job_specs: list[int] = []  # job number -> shard index
