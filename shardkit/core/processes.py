@@ -23,7 +23,9 @@ from .timeline import mark
 FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
-FORKSERVER_PRELOAD = ("shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.probe")
+FORKSERVER_PRELOAD = (
+    "shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.encode", "shardkit.packing.probe",
+)  # fmt: skip
 
 
 def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:

@@ -40,7 +40,6 @@ _RESAMPLE = {
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
 }
-STAGES = ("read", "decode", "resize", "encode", "write")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from ..core.errors import HeaderError
 from ..core.headers import read_header
 from ..formats import get_format
 from ..formats.base import Record
-from .encode import can_keep_original, plan_geometry
 from .plan import ShardSpec
 from .sources import Item
 
@@ -42,6 +41,8 @@ class OutputSizes:
             return 0
         if header.width * header.height > self.encode.max_pixels:
             return 0
+        from .encode import can_keep_original, plan_geometry  # (imaging: --shard-bytes only)
+
         geometry = plan_geometry(*header.displayed_size, self.resize)
         pixels = geometry.size[0] * geometry.size[1]
         if can_keep_original(header, geometry, self.encode):

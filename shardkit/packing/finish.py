@@ -23,14 +23,13 @@ from ..core.manifest import (
 )
 from ..core.timeline import mark
 from ..formats import get_format
-from .encode import STAGES
 from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row
 from .output import remove_state, state_dir, writing
 from .resume import CREATED_BY
 from .sources import SourceWalk
-from .worker import ShardResult
+from .worker import STAGES, ShardResult
 
 
 @dataclass

@@ -21,7 +21,6 @@ from ..core.config import EncodeConfig
 from ..core.errors import describe
 from ..core.phash import THUMBNAIL, dct_hash
 from ..core.safeio import read_regular
-from .encode import grey_average, oriented, to_rgb
 
 _BACKGROUND = EncodeConfig().background  # transparent pixels: on what pack composites them by default
 
@@ -81,6 +80,8 @@ def grey_thumbnail(data: bytes, max_pixels: int) -> np.ndarray:
     scale that keeps at least twice its size (JPEG); ValueError with the reason when the image
     cannot give one."""
     from PIL import Image
+
+    from .encode import grey_average, oriented, to_rgb
 
     try:
         with warnings.catch_warnings():

@@ -34,7 +34,6 @@ from ..formats import get_format
 from ..formats.base import Backend, Record, ShardWriter
 from ..storage.store import Store
 from ..storage.urls import is_remote
-from .encode import STAGES, check_pixels, process_image, record_too_big
 from .index import part_bytes, part_path, write_part
 from .index import row as index_row
 from .objects import object_bytes, object_reads
@@ -46,6 +45,9 @@ from .sources.sidecars import Sidecars, read_sidecars
 from .upload import Held, deliver
 
 T = TypeVar("T")
+
+# What a worker times, per shard: the worker time split of pack's summary.
+STAGES = ("read", "decode", "resize", "encode", "write")
 
 
 if TYPE_CHECKING:
@@ -351,6 +353,8 @@ def _pack_one(
                 raise ImageError("read", "a link to a file outside the source folder (rows may name only files in it)")
             data, header = read_source(item.path, job.encode.max_pixels, job.storage_options)
         timings["read"] += time.perf_counter() - started
+        from .encode import process_image, record_too_big  # (imaging: the workers', not the driver's)
+
         encoded = process_image(data, job.resize, job.encode, timings, header)
         if len(encoded.data) > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", record_too_big(len(encoded.data)))
@@ -482,6 +486,8 @@ def _checked(parse: Callable[[], ImageHeader], size: int, max_pixels: int) -> Im
         header = parse()
     except HeaderError as error:
         raise ImageError("header", str(error)) from None
+    from .encode import check_pixels
+
     check_pixels(header, max_pixels)
     if size > max_source_bytes(max_pixels):
         raise ImageError("read", f"{size:,} bytes is more than an image of {max_pixels:,} pixels needs; not read")

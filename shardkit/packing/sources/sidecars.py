@@ -16,14 +16,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from PIL import Image
-
 from ...core.config import LABEL_RULE, MAX_RECORD_BYTES, ResizeConfig
 from ...core.errors import Failure, ImageError, describe
 from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import loads
 from ...formats.base import RESERVED_FIELDS
-from ..encode import plan_geometry
 from .folder import entries, not_a_file, sort_names
 from .item import Item, SourceWalk, make_key, parse_label, skip
 from .rows import BOM, MAX_EXTRA_BYTES
@@ -209,6 +206,10 @@ def _aligned(name: str, part: str, data: bytes, meta: dict[str, Any], resize: Re
     stored = (meta["stored_width"], meta["stored_height"])
     if stored == size:
         return data
+    from PIL import Image  # (here: the walk, in the driver, needs no imaging)
+
+    from ..encode import plan_geometry
+
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > max_pixels:

@@ -23,7 +23,6 @@ import numpy as np
 from ...core.config import TableConfig, WebConfig
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
-from ...storage.webget import redact, url_problem
 from .item import Item, SourceWalk, display
 from .rows import Table, read_rows, table_kind
 from .table import LabelKinds, RealPaths, Rows, caption_and_columns, check_columns, table_label
@@ -86,6 +85,8 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
 
 
 def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]:
+    from ...storage.webget import redact, url_problem  # (urllib3: only for a table of URLs)
+
     table = rows.table
     column = table.config.path_column
     taken: dict[int, list[str]] = {}  # URL hash -> the URLs taken, for the few hashes seen twice
