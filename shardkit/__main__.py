@@ -83,12 +83,15 @@ def _exit(code: int) -> None:
     """Exit once the atexit handlers have run (multiprocessing's, tempfile's finalizers), without
     the interpreter's teardown of every module and object: 50 ms of a pack's 1.5 s, to free what
     the process's end frees anyway. Everything the commands write is closed by then. Where a
-    thread that the interpreter would wait for is still running, the usual exit waits for it."""
+    thread that the interpreter would wait for is still running, or a profiler or coverage is
+    watching, the usual exit."""
     import atexit
     import threading
 
     if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()[1:]):
         sys.exit(code)
+    if sys.gettrace() is not None or sys.getprofile() is not None or "coverage" in sys.modules:
+        sys.exit(code)  # a profiler's or coverage's report is written at the interpreter's exit
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more to say there
