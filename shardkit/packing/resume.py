@@ -57,7 +57,10 @@ def settings_of(config: PackConfig, *, urls: bool = False) -> dict[str, Any]:
 def _video_backend() -> str:
     import av
 
-    return f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info})"
+    from .clips import ENCODER_OPTIONS
+
+    options = ",".join(f"{key}={value}" for key, value in sorted(ENCODER_OPTIONS.items()))
+    return f"PyAV {av.__version__} (FFmpeg {av.ffmpeg_version_info}), libx264 {options}"
 
 
 def _web_settings(config: PackConfig) -> dict[str, Any]:
