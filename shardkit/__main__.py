@@ -88,7 +88,8 @@ def _exit(code: int) -> None:
     import atexit
     import threading
 
-    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()[1:]):
+    others = (thread for thread in threading.enumerate() if thread is not threading.current_thread())
+    if any(thread.is_alive() and not thread.daemon for thread in others):
         sys.exit(code)
     if sys.gettrace() is not None or sys.getprofile() is not None or "coverage" in sys.modules:
         sys.exit(code)  # a profiler's or coverage's report is written at the interpreter's exit

@@ -402,3 +402,15 @@ def test_a_table_pack_killed_outright_resumes_to_the_same_bytes(
     assert resumed.returncode == 0, resumed.stderr
     assert shard_hashes(out) == shard_hashes(clean)
     assert read_manifest(out).index.sha256 == read_manifest(clean).index.sha256
+
+
+def test_the_forkserver_starts_first_only_for_a_pack_that_may_start_workers() -> None:
+    from shardkit.__main__ import _starts_workers
+
+    assert _starts_workers(["pack", "SRC", "OUT"]) and _starts_workers(["pack", "SRC", "OUT", "--workers", "2"])
+    for words in (
+        ["pack", "SRC", "OUT", "--workers", "1"], ["pack", "SRC", "OUT", "--workers=1"],
+        ["pack", "SRC", "OUT", "--executor", "ray"], ["pack", "SRC", "OUT", "--executor=ray"],
+        ["pack", "--help"], ["probe", "SRC"], ["verify", "OUT"], [],
+    ):  # fmt: skip
+        assert not _starts_workers(words), words
