@@ -8,9 +8,7 @@ encode. Each stage raises `ImageError(stage, reason)`.
 
 from __future__ import annotations
 
-import functools
 import io
-import os
 import time
 import warnings
 from collections.abc import MutableMapping
@@ -20,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..core.codecs import DCT_FACTORS, pil_build, turbojpeg
+from ..core.codecs import DCT_FACTORS, turbojpeg, write_codec
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
 from ..core.errors import HeaderError, ImageError
 from ..core.headers import ImageHeader, parse_bytes
@@ -271,20 +269,6 @@ def _resize(image: Image.Image, geometry: Geometry, displayed: tuple[int, int], 
         left, top, right, bottom = geometry.box
         box = (left * sx, top * sy, right * sx, bottom * sy)
     return image.resize(geometry.size, _RESAMPLE[resize.resample], box=box)
-
-
-@functools.cache
-def write_codec() -> str:
-    """Which libjpeg the write side uses: Pillow's own when it is libjpeg-turbo (it decodes and encodes
-    straight into its image buffer, so it beats PyTurboJPEG's numpy round trip: 1.08 vs 1.19 ms per
-    ImageNet decode, 0.27 vs 0.29 ms per 256px encode), else PyTurboJPEG when it loads, else Pillow.
-    SHARDKIT_WRITE_CODEC=pillow|pyturbojpeg forces one (for tests and comparisons)."""
-    forced = os.environ.get("SHARDKIT_WRITE_CODEC")
-    if forced in ("pillow", "pyturbojpeg"):
-        return forced if forced == "pillow" or turbojpeg() is not None else "pillow"
-    if pil_build()["libjpeg_turbo"] or turbojpeg() is None:
-        return "pillow"
-    return "pyturbojpeg"
 
 
 def encode_jpeg(image: Image.Image, quality: int) -> bytes:

@@ -76,7 +76,7 @@ def _jpeg_backend() -> str:
     # Different codecs may encode different bytes: a resume must not mix them.
     import PIL
 
-    from .encode import write_codec
+    from ..core.codecs import write_codec
 
     return f"{write_codec()} (PIL {PIL.__version__})"
 
