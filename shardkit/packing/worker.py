@@ -115,6 +115,13 @@ def init_worker(counter: Any) -> None:
     _progress_counter = counter
 
 
+def _count_one() -> None:
+    """One item done, on the live progress counter (when the executor gave this process one)."""
+    if _progress_counter is not None:
+        with _progress_counter.get_lock():
+            _progress_counter.value += 1
+
+
 def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
@@ -125,9 +132,7 @@ def write_shard(job: ShardJob) -> ShardResult:
         try:
             for record, size, failures in packed:
                 shard.add(record, size, failures)
-                if _progress_counter is not None:
-                    with _progress_counter.get_lock():
-                        _progress_counter.value += 1
+                _count_one()
             result = shard.close()
         finally:
             packed.close()  # (downloads still queued are dropped)
@@ -157,9 +162,7 @@ def encode_part(job: ShardJob) -> PartResult:
     packed = []
     for done in _packed(job, timings, stand_ins):
         packed.append(done)
-        if _progress_counter is not None:
-            with _progress_counter.get_lock():
-                _progress_counter.value += 1
+        _count_one()
     mark(f"done {job.spec.name}:{job.part}")
     return PartResult(job.spec.name, job.part or 0, packed, timings, stand_ins)
 
