@@ -232,9 +232,7 @@ def _cut(
         for t, frame in _frames(av, container, stream, source_fps, max_pixels):
             if prev is None:
                 t0 = t
-                rotation = _quarter_turns(frame)
-                width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
-                shape = (rotation, width, height, *stored_size(width, height, resize))
+                shape = _shape(frame, resize)
             assert shape is not None
             picture = _displayed(frame, shape, resize)
             # Clips open one at a time, each fed and finished before the next opens, so a gap in
@@ -305,9 +303,7 @@ def _span(
                 # late (B-frame delay, an edit list): within one frame, its first frame stands in.
                 if t > span.start + max(tolerance, 1 / source_fps):
                     raise ImageError("clip", f"starts at {span.start:g} s, before the video's first frame ({t:.3f} s)")
-                rotation = _quarter_turns(frame)
-                width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
-                shape = (rotation, width, height, *stored_size(width, height, resize))
+                shape = _shape(frame, resize)
                 clip = _Encoder(span.start, [span.start + j / fps for j in range(count)], shape[3], shape[4], fps)
             assert clip is not None and shape is not None
             while prev is not None and clip.fed < count and clip.targets[clip.fed] < t - tolerance:
@@ -367,6 +363,14 @@ def _frames(
             raise ImageError("decode", f"its timestamps jump {t - last:,.1f} s after {last:.3f} s; a damaged file?")
         last = t
         yield t, frame
+
+
+def _shape(frame: Any, resize: ResizeConfig) -> tuple[int, int, int, int, int]:
+    """A video's clip geometry from its first frame: quarter turns, width and height as displayed,
+    and the stored width and height."""
+    rotation = _quarter_turns(frame)
+    width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
+    return (rotation, width, height, *stored_size(width, height, resize))
 
 
 def _quarter_turns(frame: Any) -> int:
