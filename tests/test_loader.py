@@ -201,6 +201,31 @@ def test_center_crop_is_torchvisions_resize_then_center_crop() -> None:
         assert np.abs(ours.astype(int) - theirs.astype(int)).mean() < 0.6, (width, height)
 
 
+@needs_kernel
+def test_the_kernels_jpeg_sizes_are_the_header_parsers(odd_images: Path) -> None:
+    """`jpeg_sizes` is headers.jpeg_size in C (the loader takes its rows where they are plain and
+    asks record_size for the rest): the same answer on real, odd and fuzzed JPEG headers."""
+    import random
+
+    from shardkit.core.headers import jpeg_size
+
+    datas = [jpeg(np.full((7 + i, 300 - i, 3), i, np.uint8)) for i in range(0, 60, 7)]
+    datas += [path.read_bytes() for path in sorted(odd_images.rglob("*")) if path.is_file()]
+    datas += [b"", b"\xff\xd8", b"\xff\xd8\xff\xc0" + bytes(5), b"\xff\xd8\xff\xe0\xff\xff" + bytes(20)]
+    rng = random.Random(5)
+    for _ in range(400):
+        data = bytearray(rng.choice(datas[:9]))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(min(len(data), 120))
+            data[at] = rng.choice((0x00, 0xFF, 0xC0, 0xC4, 0xD9, 0xDA, 0x01, rng.randrange(256)))
+        datas.append(bytes(data[: rng.choice((len(data), rng.randrange(len(data) + 1)))]))
+    sizes = np.empty((len(datas), 2), np.int64)
+    kernel.jpeg_sizes(datas, sizes)
+    expected = [jpeg_size(data) or (-1, -1) for data in datas]
+    assert [tuple(row) for row in sizes.tolist()] == expected
+    assert sum(size != (-1, -1) for size in expected) > 100  # most stayed plain: both parsers answered
+
+
 # --- the loader -----------------------------------------------------------------------------------
 
 

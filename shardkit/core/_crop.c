@@ -698,6 +698,49 @@ static PyObject *crop_raw_batch(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* headers.jpeg_size, line for line: (width, height) from the first frame header of a JPEG whose
+ * segments are laid out plainly, or -1, -1 where Python's parser must have the last word. */
+static void jpeg_size(const unsigned char *data, Py_ssize_t length, int64_t *size) {
+    size[0] = size[1] = -1;
+    Py_ssize_t pos = 2, end = length - 9;
+    while (pos < end) {
+        if (data[pos] != 0xFF) return;
+        int marker = data[pos + 1];
+        if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+            size[0] = ((int64_t)data[pos + 7] << 8) | data[pos + 8];
+            size[1] = ((int64_t)data[pos + 5] << 8) | data[pos + 6];
+            return;
+        }
+        if (marker == 0xFF) pos += 1;
+        else if (marker == 0xDA || marker == 0xD9 || (marker >= 0xD0 && marker <= 0xD8) || marker == 0x01) return;
+        else pos += 2 + (((Py_ssize_t)data[pos + 2] << 8) | data[pos + 3]);
+    }
+}
+
+static PyObject *jpeg_sizes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *datas;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "O!w*:jpeg_sizes", &PyList_Type, &datas, &out)) return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(datas);
+    PyObject *result = NULL;
+    if (out.len != count * 2 * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "jpeg_sizes: out must hold 2 int64 per data");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        int64_t *size = (int64_t *)out.buf + 2 * i;
+        if (PyBytes_Check(data)) jpeg_size((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), size);
+        else size[0] = size[1] = -1; /* (Python's parser reads other buffers) */
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_batch", decode_batch, METH_VARARGS,
      "decode_batch(datas, boxes, flips, rows, out, height, width, max_pixels) -> list: JPEG i's crop box (float64 "
@@ -708,6 +751,9 @@ static PyMethodDef methods[] = {
      "crop_raw_batch(datas, geometry, boxes, flips, rows, out, height, width, max_pixels) -> list: as decode_batch, "
      "for raw records: record i's pixels are geometry[3i+1] x geometry[3i+2] RGB (uint8, rows of width * 3 bytes) "
      "starting at byte geometry[3i] of datas[i] (int64 geometry); no DCT scaling."},
+    {"jpeg_sizes", jpeg_sizes, METH_VARARGS,
+     "jpeg_sizes(datas, out) -> None: headers.jpeg_size of each bytes in the list datas into out (int64, 2 per "
+     "data: width, height), -1, -1 where it gives None."},
     {NULL, NULL, 0, NULL},
 };
 
