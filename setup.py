@@ -8,6 +8,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("shardkit.core._scan", ["shardkit/core/_scan.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("shardkit.core._tar", ["shardkit/core/_tar.c"], optional=True, extra_compile_args=["-O2"]),
         Extension(
             "shardkit.core._crop", ["shardkit/core/_crop.c"], libraries=["jpeg"], optional=True, extra_compile_args=["-O3"]
         ),

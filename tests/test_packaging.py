@@ -26,7 +26,8 @@ def test_the_sdist_carries_the_license_and_what_its_tests_read(tmp_path: Path) -
     sdist = tmp_path / built.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"LICENSE", "pyproject.toml", "setup.py", "shardkit/core/_crop.c", "shardkit/core/_scan.c"} <= names
+    sources = {"shardkit/core/_crop.c", "shardkit/core/_scan.c", "shardkit/core/_tar.c"}
+    assert {"LICENSE", "pyproject.toml", "setup.py", *sources} <= names
     assert set(READ_BY_TESTS) <= names
     assert not [name for name in names if name.endswith((".so", ".pyc"))]
     assert "Apache License" in (ROOT / "LICENSE").read_text()

@@ -8,7 +8,7 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.codecs import cpu_flags, crop_kernel, header_scanner, pil_build, turbojpeg_problem
+from ..core.codecs import cpu_flags, crop_kernel, header_scanner, pil_build, tar_walker, turbojpeg_problem
 from ..core.version import __version__
 from .common import console
 
@@ -42,6 +42,8 @@ def doctor() -> None:
     table.add_row("libturbojpeg (PyTurboJPEG)", "[green]loaded[/]" if turbo is None else f"[yellow]no[/]: {turbo}")
     scanner = "[green]compiled (C)[/]" if header_scanner() else "[yellow]pure Python[/]: no C compiler at install?"
     table.add_row("probe header scanner", scanner)
+    walk = "[green]compiled (C)[/]" if tar_walker() else "[yellow]pure Python[/]: no C compiler at install?"
+    table.add_row("tar record walk", walk)
     kernel = (
         "[green]compiled (C, libjpeg-turbo)[/]"
         if crop_kernel()
@@ -66,8 +68,9 @@ def doctor() -> None:
         advice.append(
             "libturbojpeg (fast JPEG decode and encode): apt-get install libturbojpeg0, or your system's package"
         )
-    if not header_scanner() or not crop_kernel():
-        advice.append(f"the compiled scanner and crop kernel: apt-get install gcc libjpeg-dev, then {REBUILD}")
+    if not header_scanner() or not tar_walker() or not crop_kernel():
+        compiled = "the compiled scanner, tar walk and crop kernel"
+        advice.append(f"{compiled}: apt-get install gcc libjpeg-dev, then {REBUILD}")
     if extras:
         advice.append(f"optional parts not installed: pip install 'shardkit[{','.join(sorted(extras))}]'")
     for line in advice:

@@ -1,5 +1,6 @@
 """Which codecs and compiled parts this machine has: libjpeg-turbo through PyTurboJPEG, which PIL
-build, the header scanner (`_scan`) and the crop-decode kernel (`_crop`), the CPU's SIMD flags."""
+build, the header scanner (`_scan`), the tar record walk (`_tar`) and the crop-decode kernel (`_crop`), the
+CPU's SIMD flags."""
 
 from __future__ import annotations
 
@@ -54,6 +55,23 @@ def header_scanner() -> Any | None:
         from . import _scan  # type: ignore[attr-defined]  # a C extension with no stub, maybe not built
 
         return _scan
+    except ImportError:
+        return None
+
+
+@functools.cache
+def tar_walker() -> Any | None:
+    """The compiled tar record walk of the WebDataset reader (shardkit._tar), or None when it was not
+    built (formats/webdataset then walks the headers in Python, with the same results).
+
+    Set SHARDKIT_NO_CTAR=1 to force the pure-Python walk (for comparisons and tests).
+    """
+    if os.environ.get("SHARDKIT_NO_CTAR"):
+        return None
+    try:
+        from . import _tar  # type: ignore[attr-defined]  # a C extension with no stub, maybe not built
+
+        return _tar
     except ImportError:
         return None
 

@@ -7,7 +7,9 @@ The reader parses tar headers itself (ustar, pax, GNU long names) instead of goi
 small read-ahead and each image exactly once; a range that starts inside a shard walks on from the
 nearest record offset an earlier range left (`marks`), and random access uses a table of member
 offsets built from the headers. The tar's headers themselves are `tar_headers`' (written and
-walked); the files other readers want beside the tars are `tar_companions`'.
+walked); the files other readers want beside the tars are `tar_companions`'. Where it was built, a
+compiled walk (`core/_tar.c`) takes the plain records, a batch and their members per call, and
+Python's walk goes on from the first record it leaves (`_walk`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tarfile
 from collections.abc import Iterator
 from typing import Any
 
+from ..core.codecs import tar_walker
 from ..core.config import MAX_RECORD_BYTES
 from ..core.errors import ShardFormatError, describe
 from ..core.safeio import loads, open_regular
@@ -85,10 +88,13 @@ _BATCH_BYTES = 8 << 20  # ... or fewer, when their images add up to this
 Entry = tuple[
     str, dict[str, tuple[int, int]], int
 ]  # key, (data offset, size) by extension, where the next record starts
+_WALK_END, _WALK_PYTHON = 1, 2  # how a compiled walk stopped: at the end marker; at a record for Python
+_SKIP_STEP = 1024  # records a compiled walk passes over per call (it holds the GIL: ~3 ms at most)
 _MAX_MARKS = 4096  # record offsets a reader remembers (a few per range read; forgotten all at once past this)
 OTHER_PARTS = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
 
 
+Payloads = dict[str, bytes] | None  # a record's members read by the compiled walk, by extension
 # (image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
 _Small = tuple[
     str, "int | None", bytes, int, "str | list[str] | None", "dict[str, Any] | None", "dict[str, bytes] | None"
@@ -153,11 +159,36 @@ class TarShardReader(ShardReader):
 
     def _members(self) -> list[Entry]:
         if self._entries is None:
-            entries = list(_group(tar_members(self._bytes(READ_AHEAD), self.path), self.path))
+            entries = [entry[:3] for entry in self._walk(self._bytes(READ_AHEAD), 0, [(None, False)])]
             if len({key for key, _, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
         return self._entries
+
+    def _walk(self, data: FileBytes, pos: int, phases: list[tuple[int | None, bool]]) -> Iterator[Entry]:
+        """The records from the header at byte `pos` (a record's first), as Entries: through the
+        compiled walk (core/_tar.c) while it takes them, then Python's from the record it leaves
+        (odd headers, damage: the same records, or the same error, either way). `phases`: (how many
+        records, or None for all; whether their members are read) in turn: a read record's Entry
+        carries its members' bytes, {extension: bytes}, as a fourth item (then nothing is read
+        twice, and a batch of records is read in one call)."""
+        walker = tar_walker()
+        if walker is not None:
+            for count, read in phases:
+                left = (1 << 62) if count is None else count
+                while left > 0:
+                    step = min(left, _BATCH if read else _SKIP_STEP)
+                    found, pos, state = walker.walk(
+                        data.fd, pos, data.size, step, _BATCH_BYTES if read else 1 << 62, MAX_RECORD_BYTES, read
+                    )
+                    left -= len(found)
+                    yield from found
+                    if state == _WALK_END:
+                        return
+                    if state == _WALK_PYTHON:
+                        yield from _group(tar_members(data, self.path, pos), self.path)
+                        return
+        yield from _group(tar_members(data, self.path, pos), self.path)
 
     def __len__(self) -> int:
         return len(self._members())
@@ -165,7 +196,11 @@ class TarShardReader(ShardReader):
     def keys(self) -> list[str]:
         return [key for key, _, _ in self._members()]
 
-    def _member(self, data: FileBytes, key: str, members: dict[str, tuple[int, int]], ext: str) -> bytes:
+    def _member(
+        self, data: FileBytes, key: str, members: dict[str, tuple[int, int]], ext: str, read: Payloads = None
+    ) -> bytes:
+        if read is not None:  # read by the compiled walk
+            return read[ext]
         offset, size = members[ext]
         payload = data.get(offset, size)
         if len(payload) != size:
@@ -180,12 +215,13 @@ class TarShardReader(ShardReader):
         decodes, the same Python work per record runs with cold caches and costs about twice as
         much. A damaged record ends the stream only after every good record before it."""
         while True:
-            batch: list[tuple[str, dict[str, tuple[int, int]], _Small]] = []
+            batch: list[tuple[str, dict[str, tuple[int, int]], _Small, Payloads]] = []
             batch_bytes, damage = 0, None
             try:
-                for key, members, _ in entries:
-                    small = self._small_members(data, key, members)
-                    batch.append((key, members, small))
+                for entry in entries:
+                    key, members, read = entry[0], entry[1], entry[3] if len(entry) > 3 else None
+                    small = self._small_members(data, key, members, read)
+                    batch.append((key, members, small, read))
                     batch_bytes += small[3]
                     if len(batch) >= _BATCH or batch_bytes >= _BATCH_BYTES:
                         break
@@ -193,12 +229,12 @@ class TarShardReader(ShardReader):
                 damage = error  # raised after the good records collected before it
             ready: list[Record] = []
             try:
-                for (key, members, (image_ext, label, blob, _, text, columns, files)), meta in zip(
-                    batch, json_objects([small[2] for _, _, small in batch]), strict=True
+                for (key, members, (image_ext, label, blob, _, text, columns, files), read), meta in zip(
+                    batch, json_objects([small[2] for _, _, small, _ in batch]), strict=True
                 ):
                     if meta is None:
                         meta = parse_meta(blob, f"{self.path}: record {key}")
-                    image = self._member(data, key, members, image_ext)
+                    image = self._member(data, key, members, image_ext, read)
                     record = Record(key, image, image_ext, label, meta, text, columns, files)
                     ready.append(checked(record, self.path))
             except ShardFormatError:
@@ -210,9 +246,12 @@ class TarShardReader(ShardReader):
             if not batch:
                 return
 
-    def _small_members(self, data: FileBytes, key: str, members: dict[str, tuple[int, int]]) -> _Small:
+    def _small_members(
+        self, data: FileBytes, key: str, members: dict[str, tuple[int, int]], read: Payloads = None
+    ) -> _Small:
         """(image extension, label, metadata JSON, bytes of all members, caption, columns, fields)
-        of one record; checks sizes before any read."""
+        of one record; checks sizes before any read (`read`: its members already read, whose sizes
+        the compiled walk checked)."""
         image_ext = None
         total = 0
         for ext, (_, size) in members.items():
@@ -226,29 +265,29 @@ class TarShardReader(ShardReader):
         label = None
         if "cls" in members:
             try:
-                label = int(self._member(data, key, members, "cls"))
+                label = int(self._member(data, key, members, "cls", read))
             except ValueError:
                 raise ShardFormatError(f"{self.path}: record {key} has a label that is not an integer") from None
-        blob = self._member(data, key, members, "json") if "json" in members else b"{}"
+        blob = self._member(data, key, members, "json", read) if "json" in members else b"{}"
         if len(members) <= 3 and members.keys() <= {image_ext, "cls", "json"}:
             return image_ext, label, blob, total, None, None, None  # image, label, metadata: the common case
         text: str | list[str] | None = None
         where = f"{self.path}: record {key}"
         if "captions.json" in members:
             try:
-                text = loads(self._member(data, key, members, "captions.json"))
+                text = loads(self._member(data, key, members, "captions.json", read))
             except ValueError as error:
                 raise ShardFormatError(f"{where} has unreadable captions ({error})") from None
         elif "txt" in members:
             try:
-                text = self._member(data, key, members, "txt").decode("utf-8")
+                text = self._member(data, key, members, "txt", read).decode("utf-8")
             except UnicodeDecodeError:
                 raise ShardFormatError(f"{where} has a caption that is not UTF-8") from None
         columns = None
         if "columns.json" in members:
-            columns = parse_meta(self._member(data, key, members, "columns.json"), f"{where}: columns")
+            columns = parse_meta(self._member(data, key, members, "columns.json", read), f"{where}: columns")
         others = [ext for ext in members if ext != image_ext and ext not in OTHER_PARTS]
-        files = {ext: self._member(data, key, members, ext) for ext in others} if others else None
+        files = {ext: self._member(data, key, members, ext, read) for ext in others} if others else None
         return image_ext, label, blob, total, text, columns, files
 
     def read(self, index: int) -> Record:
@@ -266,14 +305,15 @@ class TarShardReader(ShardReader):
         mark = max(record for record in marks if record <= start)
         data = self._bytes(READ_AHEAD)
         reached = [mark, marks[mark]]  # records walked past, and the offset where the next one starts
-        entries = self._walked(_group(tar_members(data, self.path, marks[mark]), self.path), reached)
+        wanted = None if stop is None else stop - start
+        phases = [(start - mark, False), (wanted, True)]
+        entries = self._walked(self._walk(data, marks[mark], phases), reached)
         if start > mark:
             for _ in itertools.islice(entries, start - mark):
                 pass
             if reached[0] < start:
                 raise ShardFormatError(f"{self.path}: ends after {reached[0]:,} records")
             self._mark(start, reached[1])
-        wanted = None if stop is None else stop - start
         yield from self._records(data, itertools.islice(entries, wanted))
         if stop is not None and reached[0] == stop:
             self._mark(stop, reached[1])
