@@ -3,7 +3,7 @@
 the same run.
 
 usage: python scripts/bench_train.py SRC [--copies 12] [--short 256] [--workers 2] [--rounds 5]
-                                         [--peers-python /path/to/venv/bin/python]
+                                         [--peers-python /path/to/venv/bin/python] [--only WORD ...]
 
 SRC is a folder of JPEGs (ImageNet's `n01440764_tench.JPEG` naming gives the classes). They are
 resized to short side --short (quality 90, like a pre-resized ImageNet), hard-linked --copies times
@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchkit import jpeg_files, link_classes, pythonpath_env, ratios, span, warm
 
@@ -220,6 +221,34 @@ def build_raw(folder: Path, root: Path) -> Path:
     return shards
 
 
+def summary(report: dict[str, dict[str, Any]], rates: dict[str, list[float]], workers: int) -> None:
+    """The loader against its kernel alone, and the raw loader against a memcpy, where those ran."""
+    loader_name, raw_name = "shards: loader (crop-decode)", "raw shards: loader (no decode)"
+    kernel_name, single_name = f"kernel alone, {workers} threads", f"kernel alone, 1 thread (x {workers})"
+    copy_name, raw_kernel_name = (
+        f"raw shards: memcpy of the records, {workers} thr.",
+        f"raw kernel alone, 1 thread (x {workers})",
+    )
+    ran = set(report)
+    if {loader_name, kernel_name} <= ran:
+        per_round = ratios(rates[loader_name], rates[kernel_name])
+        print(f"loader at {report[loader_name]['median'] / report[kernel_name]['median']:.0%} of the kernel alone on "
+              f"{workers} threads (per round {statistics.median(per_round):.0%} {span(per_round)})")  # fmt: skip
+    if {loader_name, single_name} <= ran:
+        print(f"loader at {report[loader_name]['median'] / report[single_name]['median']:.0%} of {workers} x the "
+              f"kernel's single-thread rate")  # fmt: skip
+    if {raw_name, loader_name, copy_name} <= ran:
+        raw, copy = report[raw_name]["median"], report[copy_name]["median"]
+        per_round = ratios(rates[raw_name], rates[loader_name])
+        print(f"raw-record loader / JPEG loader: {statistics.median(per_round):.2f}x {span(per_round)}; "
+              f"raw loader at {raw / copy:.0%} of a memcpy of its records")  # fmt: skip
+    if {raw_name, raw_kernel_name, single_name} <= ran:
+        raw, raw_kernel, single = (report[name]["median"] for name in (raw_name, raw_kernel_name, single_name))
+        print(f"raw kernel alone: {raw_kernel / workers:,.0f} images/s on one thread "
+              f"({raw_kernel / single:.2f}x the JPEG kernel's); the raw loader at {raw / raw_kernel:.0%} of "
+              f"{workers} x it")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path)
@@ -231,6 +260,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--peers-python", help="a venv's python with ffcv and nvidia-dali")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="WORD",
+        help="run only the methods whose names contain one of these words (the first is the baseline)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shardkit-train-") as temp:
         root = Path(temp)
@@ -262,6 +297,8 @@ def main() -> None:
             for peer in ("ffcv", "dali"):
                 name = "FFCV (.beton of the folder)" if peer == "ffcv" else "DALI CPU (our tars)"
                 methods[name] = [args.peers_python, "-c", PEERS, peer, str(folder), str(shards), *common, beton]
+        if args.only:
+            methods = {name: command for name, command in methods.items() if any(word in name for word in args.only)}
         rates: dict[str, list[float]] = {name: [] for name in methods}
         for round_number in range(args.rounds):
             order = list(methods) if round_number % 2 == 0 else list(reversed(methods))
@@ -286,20 +323,7 @@ def main() -> None:
             report[name] = {"images_per_second": rates[name], "median": median, "ratio": statistics.median(ratio)}
             print(f"{name:<42} {median:>10,.0f} {min(rates[name]):>7,.0f}-{max(rates[name]):<7,.0f} "
                   f"{statistics.median(ratio):>9.2f}x {span(ratio)}")  # fmt: skip
-        single = report[f"kernel alone, 1 thread (x {args.workers})"]["median"]
-        threaded = report[f"kernel alone, {args.workers} threads"]["median"]
-        loader = report["shards: loader (crop-decode)"]["median"]
-        print(f"loader at {loader / threaded:.0%} of the kernel alone on {args.workers} threads, "
-              f"{loader / single:.0%} of {args.workers} x its single-thread rate")  # fmt: skip
-        raw = report["raw shards: loader (no decode)"]["median"]
-        copy = report[f"raw shards: memcpy of the records, {args.workers} thr."]["median"]
-        per_round = ratios(rates["raw shards: loader (no decode)"], rates["shards: loader (crop-decode)"])
-        print(f"raw-record loader / JPEG loader: {statistics.median(per_round):.2f}x {span(per_round)}; "
-              f"raw loader at {raw / copy:.0%} of a memcpy of its records")  # fmt: skip
-        raw_kernel = report[f"raw kernel alone, 1 thread (x {args.workers})"]["median"]
-        print(f"raw kernel alone: {raw_kernel / args.workers:,.0f} images/s on one thread "
-              f"({raw_kernel / single:.2f}x the JPEG kernel's); the raw loader at {raw / raw_kernel:.0%} of "
-              f"{args.workers} x it")  # fmt: skip
+        summary(report, rates, args.workers)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
 
