@@ -38,6 +38,20 @@ def test_importing_shardkit_imports_nothing_heavy() -> None:
     assert run.returncode == 0, run.stdout
 
 
+def test_the_pack_driver_imports_no_numpy_before_its_workers_start() -> None:
+    """A pack's driver imports the CLI, the pack and its plan while the forkserver imports numpy,
+    PIL and the codecs for the workers: numpy (~50 ms) in the driver too made it the last to be
+    ready. (The index's pyarrow brings numpy later, on a thread, while the workers work.)"""
+    code = (
+        "import sys, shardkit.cli, shardkit.cli.pack, shardkit.packing.pack, shardkit.packing.running, "
+        "shardkit.packing.finish; from shardkit.formats import get_format; [get_format(n) for n in "
+        "('webdataset', 'lmdb', 'hdf5')]; heavy = [m for m in ('numpy', 'PIL.Image', 'pyarrow', 'h5py') "
+        "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+
+
 def test_reading_without_torch_never_imports_it(packed_sample) -> None:
     """open_shards gives a torch Dataset only where torch is imported already: reading, iterating
     and the numpy loader cost a script without torch no torch import."""

@@ -17,8 +17,6 @@ import os
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ..core.errors import ConfigError, ShardFormatError, describe
 from ..core.safeio import check_regular, open_regular
 from .base import (
@@ -112,6 +110,8 @@ class Hdf5ShardWriter(ShardWriter):
             self._fd = None  # this filesystem cannot reserve: write unreserved (as HDF5 does by itself)
 
     def _flush(self) -> None:
+        import numpy as np  # (with h5py, which imports it: the registry imports this module for any format)
+
         self._reserve(0)
         if self._data is None:
             self._data = self._file.create_dataset(
@@ -123,6 +123,8 @@ class Hdf5ShardWriter(ShardWriter):
         self._buffer = bytearray()
 
     def close(self) -> int:
+        import numpy as np
+
         if self._data is None:  # all of it held: contiguous, no padding
             self._reserve(2 * self._index_bytes)
             data = np.frombuffer(self._buffer, dtype=np.uint8)
@@ -234,6 +236,8 @@ class Hdf5ShardReader(ShardReader):
         return self._directory
 
     def _read_directory(self) -> tuple[list[int], list[str], list[str], list[int]]:
+        import numpy as np
+
         h5 = self._open()
         _refuse_links_outside(h5, self.path)
         _check_index_datasets(h5, self.path)

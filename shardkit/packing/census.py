@@ -14,14 +14,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.errors import Failure
-from ..core.headers import EXTENSION_FORMATS, ImageHeader
+from ..core.headers import ImageHeader
+from .scan_rows import ScanRow
 from .sources import display
 
 SHORT_SIDE_BINS = (0, 64, 128, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 4096)
-
-# One file as the scanner (or its Python twin) reports it: (bytes, header tuple or None, error,
-# warnings, head hash, file identity).
-ScanRow = tuple[Any, ...]
 
 
 class ProbeRecord(NamedTuple):
@@ -43,21 +40,6 @@ class Recommendation:
     bytes_before: int
     bytes_after_estimate: int
     decode_work_saved: float  # share of decoded pixels saved per epoch (decode time ~ pixels)
-
-
-class FileProblem(str):
-    """A file's problem as probe reports it: the reason (a str, so it prints and serializes as one)
-    with its kind attached by whoever found it, never guessed from the wording."""
-
-    kind: str
-
-    def __new__(cls, reason: str, kind: str) -> FileProblem:
-        problem = super().__new__(cls, reason)
-        problem.kind = kind
-        return problem
-
-    def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:
-        return (FileProblem, (str(self), self.kind))
 
 
 @dataclass(frozen=True)
@@ -355,22 +337,6 @@ def _histogram(shorts: np.ndarray, counts: np.ndarray) -> list[tuple[int, int | 
     return [(lo, None if math.isinf(hi) else int(hi), int(n)) for lo, hi, n in bins if n]
 
 
-def header_warnings(header: ImageHeader, relpath: str, max_pixels: int) -> tuple[str, ...]:
-    """What is wrong with a readable header: "truncated", "extension-mismatch", "too-many-pixels"."""
-    expected = EXTENSION_FORMATS.get("." + relpath.rpartition(".")[2].lower())
-    if header.complete and expected == header.format and header.width * header.height <= max_pixels:
-        return ()  # the common case, kept cheap
-    warnings: list[str] = []
-    if not header.complete:
-        warnings.append("truncated")
-    if expected is not None and expected != header.format:
-        warnings.append("extension-mismatch")
-    if header.width * header.height > max_pixels:
-        warnings.append("too-many-pixels")
-    return tuple(warnings)
-
-
-CANNOT_READ = "cannot read (permissions, I/O)"
 _PROBLEM_KINDS = {
     "truncated": "truncated (no end marker)",
     "extension-mismatch": "extension does not match content",

@@ -16,16 +16,15 @@ import re
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, NamedTuple
-
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import Failure
-from ..core.phash import distances, near_components
 from ..core.pools import default_workers, map_local
 from ..core.safeio import file_stamp, open_regular
-from .hashes import hash_files
 from .sources import Item, display, payload
+
+if TYPE_CHECKING:  # (numpy is imported where it is used: a pack without --dedup never needs it)
+    import numpy as np
 
 CHUNK_FILES = 256
 
@@ -51,6 +50,8 @@ def hash_paths(
     come, and with `reuse` (a --resume) a file whose size, times and inode are those cached is not
     read again: a stopped `pack --dedup` resumes without hashing what it had hashed. The cache is
     best effort: one that cannot be read or written is not used, and nothing fails for it."""
+    import numpy as np
+
     result = Hashed([None] * len(paths), np.zeros(len(paths), np.uint64), np.zeros(len(paths), bool), [])
     stamps = [file_stamp(path) for path in paths] if cache is not None else []
     taken = np.zeros(len(paths), bool)
@@ -83,7 +84,7 @@ def hash_paths(
         ([paths[at] for at in todo[i : i + CHUNK_FILES]], near, max_pixels) for i in range(0, len(todo), CHUNK_FILES)
     ]
     with _cache_writer(cache, near, max_pixels, fresh=not usable) as out:
-        for index, rows in map_local(hash_files, chunks, workers or default_workers()):
+        for index, rows in map_local(_hash_files, chunks, workers or default_workers()):
             lines = []
             for offset, row in enumerate(rows):
                 at = todo[index * CHUNK_FILES + offset]
@@ -232,6 +233,8 @@ def dedup_items(
     a chain of copies (A near B near C does not drop C when C is far from A). A file that cannot
     be read or hashed, or (`confine`: a table's source) lies outside that folder, is kept: the pack
     records why it fails, as it would without --dedup."""
+    import numpy as np
+
     near = mode == "near"
     inside = [confine is None or os.path.realpath(item.path).startswith(confine + os.sep) for item in items]
     table = hash_paths([item.path for item, ok in zip(items, inside, strict=True) if ok], near, max_pixels, workers,
@@ -245,8 +248,19 @@ def dedup_items(
     return keep_first(items, Hashed(digests, hashes, hashed, []), threshold if near else None)
 
 
+def _hash_files(chunk: tuple[list[str], bool, int]) -> list[tuple[str | None, int | None, str | None]]:
+    """hashes.hash_files, imported in the worker that runs it (it imports numpy and the codecs)."""
+    from .hashes import hash_files
+
+    return hash_files(chunk)
+
+
 def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> Deduplicated:
     """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only)."""
+    import numpy as np
+
+    from ..core.phash import near_components
+
     near = threshold is not None
     digests, hashes, hashed = table.digests, table.hashes, table.hashed
     # Distinct hash values and their groups (joined through pairs within the threshold): a kept
@@ -347,6 +361,8 @@ def _same_bytes(item: Item, original: Item) -> str:
 
 
 def _near(item: Item, original: Item, hashes: np.ndarray, at: int, kept: int) -> str:
+    from ..core.phash import distances
+
     bits = int(distances(hashes[at : at + 1], hashes[kept : kept + 1])[0])
     return f"a near copy of {display(original.relpath)} (DCT hashes {bits} bits apart)"
 

@@ -15,10 +15,10 @@ from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..formats import get_format
 from ..formats.base import Record
 from ..storage.download import Downloader, DownloadError, download, fetch_head, fetch_range
-from .census import ScanRow
 from .encode import check_pixels
 from .objects import Transfer
 from .ranges import ReadRange, probe_row
+from .scan_rows import ScanRow
 from .sources import Item
 from .sources.urls import expected_sha256
 

@@ -14,8 +14,8 @@ from typing import Any
 from ..core.errors import StorageError
 from ..storage.store import Store
 from ..storage.urls import URL_SCHEME
-from .census import ScanRow
 from .ranges import PACK_FIRST, RangeReads, probe_row
+from .scan_rows import ScanRow
 
 _STORES: dict[tuple[str, str], Store] = {}  # (bucket URL, options) -> its store, made once a process
 

@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..core.manifest import json_sha256, sorted_json
 from ..core.safeio import file_stamp
 from ..storage.urls import is_remote
@@ -67,6 +65,8 @@ def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
     """The items in the order of np.random.default_rng(seed).permutation(len(items)), held as one
     block of UTF-8 text (a record per item: where its path starts, relpath, key, label) and an
     offset array, not as objects: ~60 bytes an item for ImageNet's names instead of ~300."""
+    import numpy as np  # (here: only --shuffle needs numpy, and the pack driver does not import it)
+
     block = bytearray()
     offsets = [0]
     heads: dict[tuple[str, bool], int] = {}  # the part of each path before its relpath: the root

@@ -26,23 +26,20 @@ from ..core.errors import HeaderError, describe
 from ..core.headers import ImageHeader, read_head, read_header
 from ..core.pools import default_workers, map_local, map_threads
 from .census import (
-    CANNOT_READ,
     SHORT_SIDE_BINS,
     Census,
     Counts,
     ExactCopies,
-    FileProblem,
     ProbeRecord,
     ProbeReport,
     Recommendation,
-    ScanRow,
     counted_percentiles,
     counted_quantiles,
-    header_warnings,
     recommend,
 )
 from .copies import candidate_names, confirm_copies
 from .objects import Transfer, object_digest, probe_objects
+from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 from .sources import Item, SourceWalk, walk
 from .sources.table import NO_FILE
 

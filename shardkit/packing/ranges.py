@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..core.errors import HeaderError, StorageError, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, head_hash, parse_header
-from .census import CANNOT_READ, FileProblem, ScanRow, header_warnings
+from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 
 # (start, length) -> (the bytes, fewer at the object's end, and the object's whole size)
 ReadRange = Callable[[int, int], tuple[bytes, int]]

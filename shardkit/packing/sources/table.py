@@ -13,15 +13,16 @@ import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
 from .folder import IMAGE_EXTENSIONS, listing, walk_runs
 from .item import Caption, Item, Run, SourceWalk, Span, display, make_key, row_json, skip, whole_label
 from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
+
+if TYPE_CHECKING:  # (imported where a table is read: the pack driver of a folder never needs numpy)
+    import numpy as np
 
 SPAN_COLUMNS = ("start", "end")  # a video table with both: a row is one clip, this span (seconds) of its video
 SPAN_ROW_DIGITS = 9  # a span clip's key: `<video key>_000000003`, the row's line: sorts in row order
@@ -62,6 +63,8 @@ def from_table(
     if spans and table.config.columns is None:  # (a clip's meta holds its span already, as numbers)
         table.columns = [name for name in table.columns or () if name not in SPAN_COLUMNS]
     classes = labels_seen.classes(table)
+    import numpy as np
+
     # Sorted in place (the arrays' own buffers: no copy), duplicates are neighbours. A path two rows
     # name counts as a key clash too, so its one packed copy keeps its extension: rare, and harmless.
     paths = np.frombuffer(path_hashes, dtype=np.int64)
@@ -323,6 +326,8 @@ def _unrowed(
     """Images under the source that no row names (by real path: a row may name one through a linked
     folder): each is an input not packed, with its reason. (Other files, the table itself among
     them, are not samples of a table source.)"""
+    import numpy as np
+
     for run in runs:
         hashes = np.fromiter((hash(real(rel)) for rel in run.relpaths), dtype=np.int64, count=len(run.relpaths))
         at = np.minimum(np.searchsorted(rowed, hashes), max(len(rowed) - 1, 0))

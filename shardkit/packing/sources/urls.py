@@ -18,8 +18,6 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import replace
 
-import numpy as np
-
 from ...core.config import TableConfig, WebConfig
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
@@ -72,6 +70,8 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
         labels_seen.see(row.values)
     check_columns(table, flag="--url-column")
     classes = labels_seen.classes(table)
+    import numpy as np  # (here: the pack driver of a folder never imports numpy)
+
     hashes = np.frombuffer(url_hashes, dtype=np.uint32)
     hashes.sort()  # in place: duplicates are neighbours
     repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
