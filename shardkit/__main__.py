@@ -39,12 +39,12 @@ def run() -> None:
 
     mark("main")
     if _starts_workers(sys.argv[1:]):
-        from .core.processes import started_context
+        from .core.processes import PACK_PRELOAD, started_context
 
         # The forkserver imports what the workers run while this process imports the CLI's
         # modules: started when the pool is, it kept both workers waiting 0.2 s (of a 1.5 s
         # pack of 700 images, scripts/bench_pack_workers.py). It exits with this process.
-        started_context()
+        started_context(PACK_PRELOAD)
     import typer
 
     from .cli import app

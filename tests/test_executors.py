@@ -45,7 +45,7 @@ def test_the_forkserver_preloads_modules_that_exist() -> None:
     would then import the job modules itself (a rename once did that)."""
     import importlib
 
-    from shardkit.core.processes import FORKSERVER_PRELOAD
+    from shardkit.core.processes import FORKSERVER_PRELOAD, PACK_PRELOAD
 
-    for name in FORKSERVER_PRELOAD:
+    for name in FORKSERVER_PRELOAD + PACK_PRELOAD:
         importlib.import_module(name)

@@ -26,19 +26,28 @@ FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
 FORKSERVER_PRELOAD = (
     "shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.encode", "shardkit.packing.probe",
 )  # fmt: skip
+# What a pack's workers run: the forkserver `__main__` starts for a pack imports only these. Its
+# imports are what the first worker waits for (the driver's own, numpy-free, end sooner); the
+# driver's modules and probe's census took it ~30 ms more (scripts/bench_pack_workers.py).
+PACK_PRELOAD = ("shardkit.core.forkserver_exit", "shardkit.packing.worker", "shardkit.packing.encode")
 
 
-def mp_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
+def mp_context(
+    preload: tuple[str, ...] = FORKSERVER_PRELOAD,
+) -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
     # Never fork a big parent: forkserver children start from a small clean process.
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     # The server imports the job modules (numpy, PIL, codecs) once; every worker forks ready to run.
-    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    # (`preload` counts where this call starts the server: it starts once a process)
+    context.set_forkserver_preload(list(preload))
     return context
 
 
-def started_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
+def started_context(
+    preload: tuple[str, ...] = FORKSERVER_PRELOAD,
+) -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
     """mp_context, with multiprocessing's helper processes started the way a stop signal to the
     whole group needs. Both are started with SIGINT and SIGHUP blocked, which they keep:
     - the resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP killed it, the
@@ -47,7 +56,7 @@ def started_context() -> multiprocessing.context.SpawnContext | multiprocessing.
     - the forkserver ignores SIGINT only once its preload imports are done: a Ctrl-C during them
       printed its KeyboardInterrupt traceback.
     Workers unblock both (start_worker). SIGTERM still ends either at once: it prints nothing."""
-    context = mp_context()
+    context = mp_context(preload)
     if context.get_start_method() != "forkserver":
         return context
     import multiprocessing.forkserver
