@@ -4,11 +4,13 @@ compared with."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import random
 import signal
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -145,3 +147,13 @@ def killed_then_resumed(
         {s.name: s.sha256 for s in read_manifest(out).shards},
         {s.name: s.sha256 for s in read_manifest(clean).shards},
     )
+
+
+def raw_tar(path: Path, members: list[tuple[str, bytes]], format: int = tarfile.PAX_FORMAT) -> Path:
+    """A tar written by Python's tarfile (a writer that is not ours), its members in the order given."""
+    with tarfile.open(path, "w", format=format) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path

@@ -11,7 +11,6 @@ import os
 import resource
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from shardkit.formats.base import Record
 from shardkit.packing.pack import pack
 from shardkit.readers.dataset import open_shards
 from shardkit.synthetic import encode, picture, write_image
-from tests.helpers import read_errors
+from tests.helpers import raw_tar, read_errors
 
 DEEP = b"[" * 200_000 + b"]" * 200_000  # json.loads recurses once per level
 
@@ -88,15 +87,6 @@ def only_shardkit_errors(folder: Path, **options) -> set[str]:
     kinds = {problem.kind for problem in report.problems}
     assert "internal" not in kinds and "crashed" not in kinds, report.problems
     return kinds
-
-
-def raw_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return path
 
 
 # --- JSON nested too deeply -------------------------------------------------------------------

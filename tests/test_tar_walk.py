@@ -20,6 +20,7 @@ from shardkit.core.errors import ShardFormatError
 from shardkit.formats import webdataset
 from shardkit.formats.base import Record
 from shardkit.formats.webdataset import TarShardReader, TarShardWriter
+from tests.helpers import raw_tar
 from tests.test_formats import seeded_bytes
 
 walker = tar_walker()
@@ -49,16 +50,6 @@ def our_tar(path: Path, made: list[Record] | None = None) -> Path:
     for record in made if made is not None else records():
         writer.add(record)
     writer.close()
-    return path
-
-
-def foreign_tar(path: Path, members: list[tuple[str, bytes]], format: int = tarfile.PAX_FORMAT) -> Path:
-    """A tar written by Python's tarfile, members in the order given."""
-    with tarfile.open(path, "w", format=format) as tar:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
     return path
 
 
@@ -140,34 +131,32 @@ def test_batches_stop_at_the_record_and_byte_limits(tmp_path: Path) -> None:
 
 
 FOREIGN: dict[str, Callable[[Path], Path]] = {
-    "gnu long names": lambda p: foreign_tar(
+    "gnu long names": lambda p: raw_tar(
         p,
         [("a/" + "x" * 120 + ".jpg", b"1" * 700), ("a/" + "x" * 120 + ".cls", b"3"), ("b.jpg", b"2" * 10)],
         tarfile.GNU_FORMAT,
     ),
-    "pax names": lambda p: foreign_tar(p, [("ä.jpg", b"1"), ("ä.cls", b"2"), ("b.jpg", b"3"), ("c.jpg", b"4")]),
-    "pax after plain": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("ö.jpg", b"3"), ("d.jpg", b"4")]),
-    "ustar prefix": lambda p: foreign_tar(
+    "pax names": lambda p: raw_tar(p, [("ä.jpg", b"1"), ("ä.cls", b"2"), ("b.jpg", b"3"), ("c.jpg", b"4")]),
+    "pax after plain": lambda p: raw_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("ö.jpg", b"3"), ("d.jpg", b"4")]),
+    "ustar prefix": lambda p: raw_tar(
         p,
         [("d" * 90 + "/e" * 20 + "/a.jpg", b"1"), ("d" * 90 + "/e" * 20 + "/a.cls", b"5"), ("z.jpg", b"0")],
         tarfile.USTAR_FORMAT,
     ),
-    "gnu magic": lambda p: foreign_tar(
-        p, [("a.jpg", b"1" * 5000), ("a.json", b"{}"), ("b.jpg", b"2")], tarfile.GNU_FORMAT
-    ),
-    "no extension and hidden": lambda p: foreign_tar(
+    "gnu magic": lambda p: raw_tar(p, [("a.jpg", b"1" * 5000), ("a.json", b"{}"), ("b.jpg", b"2")], tarfile.GNU_FORMAT),
+    "no extension and hidden": lambda p: raw_tar(
         p, [("a.jpg", b"1"), ("README", b"r"), ("a.cls", b"1"), (".DS_Store", b"x"), ("b.jpg", b"2")]
     ),
-    "caption only sample": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("b.txt", b"t"), ("c.jpg", b"3")]),
-    "member twice": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("b.jpg", b"2"), ("c.jpg", b"3")]),
-    "key in two places": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"2")]),
-    "two images": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("a.png", b"2"), ("a.cls", b"7"), ("b.jpg", b"3")]),
-    "empty members": lambda p: foreign_tar(p, [("a.jpg", b""), ("a.json", b""), ("b.jpg", b"")]),
-    "empty tar": lambda p: foreign_tar(p, []),
-    "bad label": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("a.cls", b"x"), ("b.jpg", b"2")]),
-    "label with spaces": lambda p: foreign_tar(p, [("a.jpg", b"1"), ("a.cls", b" 7\n"), ("b.jpg", b"2")]),
-    "dot only extension": lambda p: foreign_tar(p, [("a.", b"1"), ("b.jpg", b"2")]),
-    "many members": lambda p: foreign_tar(p, [(f"a.f{i}", b"1") for i in range(70)] + [("b.jpg", b"2")]),
+    "caption only sample": lambda p: raw_tar(p, [("a.jpg", b"1"), ("b.txt", b"t"), ("c.jpg", b"3")]),
+    "member twice": lambda p: raw_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("b.jpg", b"2"), ("c.jpg", b"3")]),
+    "key in two places": lambda p: raw_tar(p, [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"2")]),
+    "two images": lambda p: raw_tar(p, [("a.jpg", b"1"), ("a.png", b"2"), ("a.cls", b"7"), ("b.jpg", b"3")]),
+    "empty members": lambda p: raw_tar(p, [("a.jpg", b""), ("a.json", b""), ("b.jpg", b"")]),
+    "empty tar": lambda p: raw_tar(p, []),
+    "bad label": lambda p: raw_tar(p, [("a.jpg", b"1"), ("a.cls", b"x"), ("b.jpg", b"2")]),
+    "label with spaces": lambda p: raw_tar(p, [("a.jpg", b"1"), ("a.cls", b" 7\n"), ("b.jpg", b"2")]),
+    "dot only extension": lambda p: raw_tar(p, [("a.", b"1"), ("b.jpg", b"2")]),
+    "many members": lambda p: raw_tar(p, [(f"a.f{i}", b"1") for i in range(70)] + [("b.jpg", b"2")]),
 }
 
 
