@@ -130,6 +130,18 @@ def test_batches_stop_at_the_record_and_byte_limits(tmp_path: Path) -> None:
     assert (over, at, state) == ([], 0, 2)
 
 
+@needs_walker
+def test_offsets_past_the_file_are_left_to_python(tmp_path: Path) -> None:
+    """A direct call with offsets no reader passes: no sum may wrap (a review found a crash at 2**63 - 1)."""
+    path = our_tar(tmp_path / "ours.tar")
+    fd, size = os.open(path, os.O_RDONLY), os.path.getsize(path)
+    try:
+        for pos, claimed in ((2**63 - 1, size), (2**63 - 512, size), (-1, size), (size + 1, size), (0, 2**62)):
+            assert walker.walk(fd, pos, claimed, 10, 1 << 40, 1 << 30, True) == ([], pos, 2)
+    finally:
+        os.close(fd)
+
+
 FOREIGN: dict[str, Callable[[Path], Path]] = {
     "gnu long names": lambda p: raw_tar(
         p,
@@ -157,6 +169,11 @@ FOREIGN: dict[str, Callable[[Path], Path]] = {
     "label with spaces": lambda p: raw_tar(p, [("a.jpg", b"1"), ("a.cls", b" 7\n"), ("b.jpg", b"2")]),
     "dot only extension": lambda p: raw_tar(p, [("a.", b"1"), ("b.jpg", b"2")]),
     "many members": lambda p: raw_tar(p, [(f"a.f{i}", b"1") for i in range(70)] + [("b.jpg", b"2")]),
+    "leading slash": lambda p: raw_tar(  # split_name's key of "/a.jpg" is "a"; of "//a.jpg", "//a"
+        p,
+        [("/a.jpg", b"1"), ("a.cls", b"7"), ("//c.jpg", b"2"), ("//c.cls", b"3"), ("d/e.jpg", b"4")],
+        tarfile.USTAR_FORMAT,
+    ),
 }
 
 

@@ -160,6 +160,7 @@ static int plain_member(Reader *r, int64_t pos, Member *m, int64_t *next) {
     const char *base = memchr(m->name, '/', length) ? strrchr(m->name, '/') + 1 : m->name;
     const char *dot = memchr(base, '.', length - (base - m->name));
     if (dot == NULL || dot == base) return 0;
+    if (base == m->name + 1) return 0; /* "/a.jpg": split_name's key is "a", without the slash */
     m->key_length = (int)(dot - m->name);
     m->ext = dot + 1;
     m->ext_length = (int)(length - (dot + 1 - m->name));
@@ -221,6 +222,11 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     r->fd = fd, r->file_size = file_size, r->start = 0, r->length = 0;
+    if (pos < 0 || file_size < 0 || pos > file_size || file_size > INT64_MAX / 2) {
+        /* no offset sums can wrap below this (the reader passes offsets within the file): Python */
+        PyMem_Free(r), PyMem_Free(members), Py_XDECREF(payloads);
+        return Py_BuildValue("(NLi)", entries, pos, PYTHON);
+    }
     int state = PYTHON, count = 0; /* count: members of the open record */
     int64_t record_start = pos, record_bytes = 0, batch_bytes = 0, end = pos;
     long long records = 0;
