@@ -13,7 +13,22 @@ def _stopped_before_start(signum: int, frame: object = None) -> None:
     # Nothing has started yet: nothing to stop, nothing to resume. (The words are the CLI's.)
     what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
     os.write(2, f"{what}\n".encode())
+    _remove_forkserver_folder()
     os._exit(128 + signum)
+
+
+def _remove_forkserver_folder() -> None:
+    """multiprocessing's folder of the forkserver `run` started (it holds its socket), which this
+    exit leaves to no exit handler: the forkserver removes it once this process is gone, unless the
+    same signal ends it too (a SIGTERM to the group). Nothing will start a worker now."""
+    processes = sys.modules.get("shardkit.core.processes")  # (not imported: no forkserver started)
+    if processes is None:
+        return
+    driver, _, folder = os.environ.get(processes.FORKSERVER_TEMP_ENV, "").partition(":")
+    if driver == str(os.getpid()) and os.path.basename(folder).startswith("pymp-"):
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

@@ -218,6 +218,54 @@ def test_a_stop_while_the_command_loads_exits_with_its_code(python_command, tmp_
     assert (done.returncode, done.stderr) == (143, "stopped by SIGTERM\n")
 
 
+@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, True), (signal.SIGHUP, False), (signal.SIGINT, True)])
+def test_a_stop_while_a_pack_loads_leaves_no_forkserver_folder(
+    python_command, tmp_path: Path, signum: int, group: bool
+) -> None:
+    """A pack starts its forkserver before the CLI's imports, and a stop in that window exits with no
+    exit handler: multiprocessing's folder for the forkserver's socket (TMPDIR/pymp-*) stayed
+    behind when the same SIGTERM ended the forkserver too, or when the forkserver had not yet
+    imported its own exit handler (2 runs in 60 of scripts/stress_signals.py). Timed with a
+    stand-in for typer that sends the signal as it is imported, as above."""
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="tmp", dir="/tmp"))  # short: the socket's path has a limit
+    stand_in = tmp_path / "path"
+    stand_in.mkdir()
+    kill = f"os.killpg(0, {int(signum)})" if group else f"os.kill(os.getpid(), {int(signum)})"
+    (stand_in / "typer.py").write_text(f"import os, time\n{kill}\ntime.sleep(30)\n")
+    for i in range(4):
+        write_image(tmp_path / "src" / f"{i}.jpg", 64, 48, seed=i)
+    env = {**os.environ, "TMPDIR": str(temp),
+           "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    process = subprocess.Popen(
+        [*python_command, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+    )  # fmt: skip
+    _, stderr = process.communicate(timeout=60)
+    said = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    assert (process.returncode, stderr) == (128 + signum, said + "\n")
+    assert wait_for_group(process.pid, 10) == []
+    assert list(temp.iterdir()) == []
+    temp.rmdir()
+
+
+def test_a_forkserver_whose_driver_is_gone_removes_its_folder(tmp_path: Path) -> None:
+    """The forkserver's exit handler is registered by its first preload import; a driver gone
+    before that import (a stop in its first 0.1 s) left the folder to nobody."""
+    folder = tmp_path / "pymp-test"
+    folder.mkdir()
+    (folder / "listener").write_text("")
+    env = {**os.environ, "SHARDKIT_FORKSERVER_TEMP": f"1:{folder}"}  # a driver that is not the parent
+    subprocess.run([sys.executable, "-c", "import shardkit.core.forkserver_exit"], check=True, env=env, timeout=60)
+    assert not folder.exists()
+    other = tmp_path / "not-multiprocessings"  # only a folder multiprocessing names pymp-*
+    other.mkdir()
+    env["SHARDKIT_FORKSERVER_TEMP"] = f"1:{other}"
+    subprocess.run([sys.executable, "-c", "import shardkit.core.forkserver_exit"], check=True, env=env, timeout=60)
+    assert other.exists()
+
+
 @contextlib.contextmanager
 def shards_held_back(folder: Path) -> Iterator[tuple[str, threading.Event]]:
     """An HTTP server on loopback serving `folder` that holds every shard's download until the

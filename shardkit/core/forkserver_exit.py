@@ -21,8 +21,12 @@ def _register() -> None:
     # see it (they are not the forkserver).
     driver, _, folder = os.environ.pop(FORKSERVER_TEMP_ENV, "").partition(":")
     # Only in the forkserver itself (the driver's child), and only a folder multiprocessing made.
-    if driver.isdigit() and int(driver) == os.getppid() and os.path.basename(folder).startswith("pymp-"):
+    if not (driver.isdigit() and os.path.basename(folder).startswith("pymp-")):
+        return
+    if int(driver) == os.getppid():
         atexit.register(_remove_if_orphaned, int(driver), folder)
+    else:  # the driver was gone before these imports ran (a stop signal in its first 0.1 s): orphaned now
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _remove_if_orphaned(driver: int, folder: str) -> None:
