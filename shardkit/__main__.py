@@ -21,10 +21,11 @@ def _remove_forkserver_folder() -> None:
     """multiprocessing's folder of the forkserver `run` started (it holds its socket), which this
     exit leaves to no exit handler: the forkserver removes it once this process is gone, unless the
     same signal ends it too (a SIGTERM to the group). Nothing will start a worker now."""
-    processes = sys.modules.get("shardkit.core.processes")  # (not imported: no forkserver started)
-    if processes is None:
+    # Not imported, or still being imported (the signal came in its import): no forkserver started.
+    name = getattr(sys.modules.get("shardkit.core.processes"), "FORKSERVER_TEMP_ENV", None)
+    if name is None:
         return
-    driver, _, folder = os.environ.get(processes.FORKSERVER_TEMP_ENV, "").partition(":")
+    driver, _, folder = os.environ.get(name, "").partition(":")
     if driver == str(os.getpid()) and os.path.basename(folder).startswith("pymp-"):
         import shutil
 

@@ -250,6 +250,17 @@ def test_a_stop_while_a_pack_loads_leaves_no_forkserver_folder(
     temp.rmdir()
 
 
+def test_a_stop_inside_the_import_of_the_process_machinery_exits_cleanly() -> None:
+    """The early handler looks for the forkserver's folder through core.processes; a signal inside
+    that module's import found it half made (an AttributeError traceback, exit 1: stress_signals)."""
+    code = (
+        "import sys, types; sys.modules['shardkit.core.processes'] = types.ModuleType('shardkit.core.processes'); "
+        "from shardkit.__main__ import _remove_forkserver_folder; _remove_forkserver_folder(); print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
 def test_a_forkserver_whose_driver_is_gone_removes_its_folder(tmp_path: Path) -> None:
     """The forkserver's exit handler is registered by its first preload import; a driver gone
     before that import (a stop in its first 0.1 s) left the folder to nobody."""
