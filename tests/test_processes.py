@@ -263,18 +263,24 @@ def test_a_stop_inside_the_import_of_the_process_machinery_exits_cleanly() -> No
 
 def test_a_forkserver_whose_driver_is_gone_removes_its_folder(tmp_path: Path) -> None:
     """The forkserver's exit handler is registered by its first preload import; a driver gone
-    before that import (a stop in its first 0.1 s) left the folder to nobody."""
-    folder = tmp_path / "pymp-test"
-    folder.mkdir()
-    (folder / "listener").write_text("")
-    env = {**os.environ, "SHARDKIT_FORKSERVER_TEMP": f"1:{folder}"}  # a driver that is not the parent
-    subprocess.run([sys.executable, "-c", "import shardkit.core.forkserver_exit"], check=True, env=env, timeout=60)
-    assert not folder.exists()
-    other = tmp_path / "not-multiprocessings"  # only a folder multiprocessing names pymp-*
-    other.mkdir()
-    env["SHARDKIT_FORKSERVER_TEMP"] = f"1:{other}"
-    subprocess.run([sys.executable, "-c", "import shardkit.core.forkserver_exit"], check=True, env=env, timeout=60)
-    assert other.exists()
+    before that import (a stop in its first 0.1 s) left the folder to nobody. A live driver's
+    folder is never touched: a pytest worker that imported the preloads itself (a test does)
+    once removed its own forkserver's socket that way, and its next pool could not start."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that was a process and is no more
+
+    def imported_with(driver: int, folder: Path) -> None:
+        env = {**os.environ, "SHARDKIT_FORKSERVER_TEMP": f"{driver}:{folder}"}  # a driver that is not the parent
+        code = "import shardkit.core.forkserver_exit"
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+    for name, driver, kept in (("pymp-gone", gone.pid, False), ("pymp-alive", os.getpid(), True),
+                               ("not-multiprocessings", gone.pid, True)):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "listener").write_text("")
+        imported_with(driver, folder)
+        assert folder.exists() == kept, name
 
 
 @contextlib.contextmanager

@@ -25,8 +25,20 @@ def _register() -> None:
         return
     if int(driver) == os.getppid():
         atexit.register(_remove_if_orphaned, int(driver), folder)
-    else:  # the driver was gone before these imports ran (a stop signal in its first 0.1 s): orphaned now
+    elif not _alive(int(driver)):  # gone before these imports ran (a stop in its first 0.1 s): orphaned
         shutil.rmtree(folder, ignore_errors=True)
+    # (else the driver lives and the folder is in use: the driver imported this module itself, as a
+    # test of the preloads does, or the variable reached another process's forkserver)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's: alive)
+        pass
+    return True
 
 
 def _remove_if_orphaned(driver: int, folder: str) -> None:
