@@ -176,36 +176,28 @@ static int is_small_part(const Member *m) { /* webdataset.OTHER_PARTS */
     return 0;
 }
 
-/* The record made of members[0:count]: (key, members, next[, payloads]) as webdataset's Entry, or
- * NULL with an exception set. */
+/* The record made of members[0:count]: (key, members, next) as webdataset's Entry, with a fourth
+ * item {ext: bytes} of `payloads` (the members' bytes in member order) when given; NULL with an
+ * exception set. Each extension's str is made once, for both dicts. */
 static PyObject *entry(Member *members, int count, int64_t next, PyObject *payloads) {
     PyObject *key = PyUnicode_DecodeASCII(members[0].name, members[0].key_length, NULL);
     PyObject *table = PyDict_New();
+    PyObject *read = payloads == NULL ? NULL : PyDict_New();
     PyObject *found = NULL;
-    if (key == NULL || table == NULL) goto done;
+    if (key == NULL || table == NULL || (payloads != NULL && read == NULL)) goto done;
     for (int i = 0; i < count; i++) {
         PyObject *ext = PyUnicode_DecodeASCII(members[i].ext, members[i].ext_length, NULL);
         PyObject *where = Py_BuildValue("(LL)", (long long)members[i].offset, (long long)members[i].size);
-        int failed = ext == NULL || where == NULL || PyDict_SetItem(table, ext, where) < 0;
+        int failed = ext == NULL || where == NULL || PyDict_SetItem(table, ext, where) < 0 ||
+                     (read != NULL && PyDict_SetItem(read, ext, PyList_GET_ITEM(payloads, i)) < 0);
         Py_XDECREF(ext), Py_XDECREF(where);
         if (failed) goto done;
     }
-    found = payloads == NULL ? Py_BuildValue("(OOL)", key, table, (long long)next)
-                             : Py_BuildValue("(OOLO)", key, table, (long long)next, payloads);
+    found = read == NULL ? Py_BuildValue("(OOL)", key, table, (long long)next)
+                         : Py_BuildValue("(OOLO)", key, table, (long long)next, read);
 done:
-    Py_XDECREF(key), Py_XDECREF(table);
+    Py_XDECREF(key), Py_XDECREF(table), Py_XDECREF(read);
     return found;
-}
-
-/* The open record's payloads as {ext: bytes}, or NULL with an exception set. */
-static PyObject *payload_table(Member *members, int count, PyObject *payloads) {
-    PyObject *table = PyDict_New();
-    for (int i = 0; table != NULL && i < count; i++) {
-        PyObject *ext = PyUnicode_DecodeASCII(members[i].ext, members[i].ext_length, NULL);
-        if (ext == NULL || PyDict_SetItem(table, ext, PyList_GET_ITEM(payloads, i)) < 0) Py_CLEAR(table);
-        Py_XDECREF(ext);
-    }
-    return table;
 }
 
 static PyObject *walk(PyObject *self, PyObject *args) {
@@ -241,10 +233,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             int images = 0;
             for (int i = 0; i < count; i++) images += !is_small_part(&members[i]);
             if (images == 0) break; /* a sample without an image: Python leaves it out */
-            PyObject *table = read ? payload_table(members, count, payloads) : NULL;
-            if (read && table == NULL) goto failed;
-            PyObject *made = entry(members, count, kind == 1 ? pos : end, table);
-            Py_XDECREF(table);
+            PyObject *made = entry(members, count, kind == 1 ? pos : end, read ? payloads : NULL);
             if (made == NULL || PyList_Append(entries, made) < 0) {
                 Py_XDECREF(made);
                 goto failed;
