@@ -21,15 +21,15 @@ def _remove_forkserver_folder() -> None:
     """multiprocessing's folder of the forkserver `run` started (it holds its socket), which this
     exit leaves to no exit handler: the forkserver removes it once this process is gone, unless the
     same signal ends it too (a SIGTERM to the group). Nothing will start a worker now."""
-    # Not imported, or still being imported (the signal came in its import): no forkserver started.
-    name = getattr(sys.modules.get("shardkit.core.processes"), "FORKSERVER_TEMP_ENV", None)
-    if name is None:
+    processes = sys.modules.get("shardkit.core.processes")
+    name, read = getattr(processes, "FORKSERVER_TEMP_ENV", None), getattr(processes, "forkserver_folder", None)
+    if name is None or read is None:  # not imported, or still being imported: no forkserver started
         return
-    driver, _, folder = os.environ.get(name, "").partition(":")
-    if driver == str(os.getpid()) and os.path.basename(folder).startswith("pymp-"):
+    named = read(os.environ.get(name, ""))
+    if named is not None and named[0] == os.getpid():
         import shutil
 
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(named[1], ignore_errors=True)
 
 
 def main() -> None:

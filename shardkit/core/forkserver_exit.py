@@ -13,19 +13,20 @@ import shutil
 import sys
 import time
 
-from .processes import FORKSERVER_TEMP_ENV
+from .processes import FORKSERVER_TEMP_ENV, forkserver_folder
 
 
 def _register() -> None:
     # Taken out of the environment: the workers forked from here, and whatever they start, must not
     # see it (they are not the forkserver).
-    driver, _, folder = os.environ.pop(FORKSERVER_TEMP_ENV, "").partition(":")
-    # Only in the forkserver itself (the driver's child), and only a folder multiprocessing made.
-    if not (driver.isdigit() and os.path.basename(folder).startswith("pymp-")):
+    named = forkserver_folder(os.environ.pop(FORKSERVER_TEMP_ENV, ""))
+    if named is None:
         return
-    if int(driver) == os.getppid():
-        atexit.register(_remove_if_orphaned, int(driver), folder)
-    elif not _alive(int(driver)):  # gone before these imports ran (a stop in its first 0.1 s): orphaned
+    driver, folder = named
+    # Only in the forkserver itself (the driver's child), or where the driver is gone.
+    if driver == os.getppid():
+        atexit.register(_remove_if_orphaned, driver, folder)
+    elif not _alive(driver):  # gone before these imports ran (a stop in its first 0.1 s): orphaned
         shutil.rmtree(folder, ignore_errors=True)
     # (else the driver lives and the folder is in use: the driver imported this module itself, as a
     # test of the preloads does, or the variable reached another process's forkserver)

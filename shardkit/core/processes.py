@@ -21,6 +21,17 @@ from .timeline import mark
 
 # "<driver pid>:<folder>": the driver's multiprocessing temp folder, for core/forkserver_exit.py.
 FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
+
+
+def forkserver_folder(value: str) -> tuple[int, str] | None:
+    """FORKSERVER_TEMP_ENV's value read: (the driver's pid, its folder), or None where it names no
+    folder multiprocessing made (pymp-*): the one rule of what may be removed as the forkserver's."""
+    driver, _, folder = value.partition(":")
+    if driver.isdigit() and os.path.basename(folder).startswith("pymp-"):
+        return int(driver), folder
+    return None
+
+
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
 FORKSERVER_PRELOAD = (
