@@ -159,7 +159,7 @@ class TarShardReader(ShardReader):
 
     def _members(self) -> list[Entry]:
         if self._entries is None:
-            entries = [entry[:3] for entry in self._walk(self._bytes(READ_AHEAD), 0, [(None, False)])]
+            entries = list(self._walk(self._bytes(READ_AHEAD), 0, [(None, False)]))  # (unread: 3-tuples)
             if len({key for key, _, _ in entries}) != len(entries):
                 raise ShardFormatError(f"{self.path}: a key appears in two places")
             self._entries = entries
