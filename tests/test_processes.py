@@ -202,16 +202,20 @@ def test_a_pack_under_a_long_tmpdir_starts_its_workers(python_command, tmp_path:
     assert list(temp.iterdir()) == []
 
 
+def typer_that_signals(tmp_path: Path, kill: str) -> dict[str, str]:
+    """An environment whose `import typer` runs `kill` (a statement using os), then sleeps: a stop
+    timed to the CLI's first import, after `__main__` installed its early handlers."""
+    stand_in = tmp_path / "path"
+    stand_in.mkdir()
+    (stand_in / "typer.py").write_text(f"import os, time\n{kill}\ntime.sleep(30)\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_a_stop_while_the_command_loads_exits_with_its_code(python_command, tmp_path: Path) -> None:
     """A stop signal in the 0.3 s the CLI takes to import (typer, rich) ended the process by the
     default action (-15, no line). Timed here with a stand-in for typer on PYTHONPATH that sends
     the signal as it is imported."""
-    stand_in = tmp_path / "path"
-    stand_in.mkdir()
-    (stand_in / "typer.py").write_text(
-        "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")])}
+    env = typer_that_signals(tmp_path, f"os.kill(os.getpid(), {int(signal.SIGTERM)})")
     done = subprocess.run(
         [*python_command, "probe", str(tmp_path)], capture_output=True, text=True, env=env, timeout=60
     )
@@ -230,14 +234,10 @@ def test_a_stop_while_a_pack_loads_leaves_no_forkserver_folder(
     import tempfile
 
     temp = Path(tempfile.mkdtemp(prefix="tmp", dir="/tmp"))  # short: the socket's path has a limit
-    stand_in = tmp_path / "path"
-    stand_in.mkdir()
     kill = f"os.killpg(0, {int(signum)})" if group else f"os.kill(os.getpid(), {int(signum)})"
-    (stand_in / "typer.py").write_text(f"import os, time\n{kill}\ntime.sleep(30)\n")
+    env = {**typer_that_signals(tmp_path, kill), "TMPDIR": str(temp)}
     for i in range(4):
         write_image(tmp_path / "src" / f"{i}.jpg", 64, 48, seed=i)
-    env = {**os.environ, "TMPDIR": str(temp),
-           "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     process = subprocess.Popen(
         [*python_command, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,

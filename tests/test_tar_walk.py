@@ -19,9 +19,9 @@ from shardkit.core.codecs import tar_walker
 from shardkit.core.errors import ShardFormatError
 from shardkit.formats import webdataset
 from shardkit.formats.base import Record
-from shardkit.formats.webdataset import TarShardReader, TarShardWriter
+from shardkit.formats.webdataset import TarShardReader
 from tests.helpers import raw_tar
-from tests.test_formats import seeded_bytes
+from tests.test_formats import seeded_bytes, write
 
 walker = tar_walker()
 needs_walker = pytest.mark.skipif(walker is None, reason="shardkit.core._tar was not compiled (no C compiler?)")
@@ -46,11 +46,7 @@ def records(count: int = 6, seed: int = 0) -> list[Record]:
 
 
 def our_tar(path: Path, made: list[Record] | None = None) -> Path:
-    writer = TarShardWriter(str(path))
-    for record in made if made is not None else records():
-        writer.add(record)
-    writer.close()
-    return path
+    return write(path, "webdataset", made if made is not None else records())
 
 
 def read_every_way(path: Path) -> Outcome:
