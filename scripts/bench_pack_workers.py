@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchkit import SAMPLE, environment, jpeg_files, warm
+from benchkit import SAMPLE, compiled, environment, jpeg_files, warm
 
 PHASES = ("start", "setup", "to work", "work", "finish", "exit")
 
@@ -130,6 +130,7 @@ def main() -> None:
     i2d_sizes = {int(size) for size in args.img2dataset_images.split(",") if size} if args.img2dataset else set()
     import shardkit
 
+    compiled()
     report: dict[str, object] = {"environment": environment(shardkit.__version__), "sizes": {}}
     print(f"{args.workers} workers against 1, whole processes, {args.repeat} alternating rounds; "
           f"{len(files)} photos of {args.source}, linked\n")  # fmt: skip

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchkit import REPO, pythonpath_env, ratios, span, warm
+from benchkit import REPO, compiled, pythonpath_env, ratios, span, warm
 
 PACK = """
 import json, sys, time
@@ -50,6 +50,7 @@ print(json.dumps(statistics.median(seconds)))
 
 
 def run(checkout: Path, *args: str) -> str:
+    compiled(checkout)
     environment = pythonpath_env(checkout)
     # cwd: `python -c` puts the working folder ahead of PYTHONPATH, so run from the repo root the
     # "base" children would import this checkout and compare it with itself

@@ -49,6 +49,7 @@ from benchkit import (
     SAMPLE,
     all_pids,
     command_output,
+    compiled,
     cpu_seconds,
     descendants,
     environment,
@@ -584,6 +585,7 @@ def main(argv: list[str]) -> int:
         floor_child(argv[1:])
         return 0
     args = parse_args(argv)
+    compiled()
     cli = cli_command()
     build_s = build_tree(args.tree, args.n, args.images)
     steps: list[tuple[str, Callable[[], Run]]] = [

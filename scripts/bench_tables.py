@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchkit import SAMPLE, jpeg_files, pythonpath_env, ratios, span, warm
+from benchkit import SAMPLE, compiled, jpeg_files, pythonpath_env, ratios, span, warm
 
 WALK = """
 import resource, sys, time
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["memory", "speed"])
     parser.add_argument("--tmp", type=Path, help="where to build the huge source (default: the system's temp)")
     args = parser.parse_args()
+    compiled()
     if args.only != "speed":
         memory(args.rows, args.kind, args.tmp)
     if args.only != "memory":

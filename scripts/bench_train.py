@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchkit import jpeg_files, link_classes, pythonpath_env, ratios, span, warm
+from benchkit import compiled, jpeg_files, link_classes, pythonpath_env, ratios, span, warm
 
 EPOCH = """
 import gc, json, sys, time
@@ -267,6 +267,7 @@ def main() -> None:
         help="run only the methods whose names contain one of these words (the first is the baseline)",
     )
     args = parser.parse_args()
+    compiled()
     with tempfile.TemporaryDirectory(prefix="shardkit-train-") as temp:
         root = Path(temp)
         folder, shards = build(args.source, root, args.copies, args.short)

@@ -58,7 +58,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from benchkit import REPO, SAMPLE, environment, jpeg_files, pythonpath_env, ratios, span
+from benchkit import REPO, SAMPLE, compiled, environment, jpeg_files, pythonpath_env, ratios, span
 
 TRANSIENT = ("503", "cut", "429")
 KINDS = (*TRANSIENT, "404")
@@ -484,6 +484,7 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--photos", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    compiled()
     if args.serve:
         serve(args)
         return

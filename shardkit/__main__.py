@@ -51,6 +51,7 @@ def run() -> None:
     # command's own handlers replace these once it runs.
     for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, _stopped_before_start)
+    from .core import blas  # noqa: F401 - before anything imports numpy
     from .core.timeline import mark
 
     mark("main")

@@ -49,3 +49,34 @@ def test_the_forkserver_preloads_modules_that_exist() -> None:
 
     for name in FORKSERVER_PRELOAD + PACK_PRELOAD:
         importlib.import_module(name)
+
+
+BLAS_SCRIPT = """
+import os
+from shardkit.core.pools import map_local
+
+def blas_threads(_):
+    import numpy  # (imported by the forkserver's preloads already)
+    return os.environ.get("OPENBLAS_NUM_THREADS")
+
+if __name__ == "__main__":
+    print(sorted({value for _, value in map_local(blas_threads, [0, 1, 2, 3], 2)}))
+    print(os.environ.get("OPENBLAS_NUM_THREADS"))  # this process's own: a library user's, untouched
+"""
+
+
+@pytest.mark.parametrize(("given", "seen"), [(None, "['1']\nNone"), ("3", "['3']\n3")])
+def test_workers_get_one_blas_thread_unless_the_environment_says(tmp_path, given: str | None, seen: str) -> None:
+    """numpy's OpenBLAS started a thread per core in the forkserver, spinning ~0.1 s of CPU that
+    two busy workers needed (core/blas.py): workers get one, and a user's own setting stands."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "blas.py"
+    script.write_text(BLAS_SCRIPT)
+    env = {name: value for name, value in os.environ.items() if name != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == seen
