@@ -422,3 +422,41 @@ def test_a_plain_reader_leaves_only_what_the_format_declares(tmp_path: Path, nam
     assert set(os.listdir(tmp_path)) == {path.name} | declared
     assert all(leftover.what for leftover in get_format(name).leftovers)
     assert (name == "lmdb") == bool(declared)
+
+
+def test_the_tar_writers_hash_and_members_are_the_files(tmp_path: Path) -> None:
+    """The writer hashes what it writes and keeps each member's place, so that pack reads no shard
+    again: the sha256 and DALI's index it gives are the written file's, read back, for plain and
+    pax names, names with spaces (DALI's v1.1), non-ASCII ones, captions, columns, sidecars, hidden
+    and extension-less members, and a record whose key holds a dot (wds2idx groups by name)."""
+    from shardkit.core.manifest import sha256_file
+    from shardkit.formats.tar_companions import dali_index
+    from shardkit.formats.tar_headers import FileBytes, tar_members
+
+    cases = {
+        "plain": [Record(f"k{n:03d}", seeded_bytes(700 + n, n), "jpg", n, {"source": f"{n}.jpg"}) for n in range(40)],
+        "odd names": [
+            Record("a", b"\xff\xd8jpeg", "jpg", 3, {"source": "a.jpg"}, files={"seg.png": b"png", "depth.npy": b""}),
+            Record("b/" + "long" * 40, b"x" * 1000, "jpg", None, {}, text="", columns={"k": [1, 2]}),
+            Record("c.d", b"", "npy", 0, {"w": 1}, text=["one", "二"], columns={}),
+            Record("ünï/çödé", b"y" * 513, "jpg", 1, {}),
+            Record(".hidden", b"z", "jpg", None, {}),
+            Record("no_ext", b"z", "", None, {}),
+        ],
+        "spaced": [Record("my photo", b"p" * 10, "jpg", None, {}), Record("plain", b"q", "jpg", None, {})],
+    }
+    for name, records in cases.items():
+        path = tmp_path / f"{name}.tar"
+        writer = get_format("webdataset").writer(str(path))
+        for record in records:
+            writer.add(record)
+        assert writer.close() == len(records)
+        assert writer.sha256() == sha256_file(path), name
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            read = [member[:3] for member in tar_members(FileBytes(fd, os.fstat(fd).st_size), str(path))]
+        finally:
+            os.close(fd)
+        assert writer.members == read, name
+        assert dali_index(str(path), writer.members) == dali_index(str(path)), name
+    assert dali_index(str(tmp_path / "spaced.tar"), None).startswith(b"v1.1 ")

@@ -130,7 +130,7 @@ def _check_companion(job: ShardJob, shard: str, check: ShardCheck) -> None:
     companion = job.companion
     idx_file = get_format(job.format).idx_file
     assert companion is not None
-    expected = idx_file(shard) if idx_file is not None else None
+    expected = idx_file(shard, None) if idx_file is not None else None
     if expected is None or hashlib.sha256(expected).hexdigest() != companion.sha256:
         check.problems.append(Problem("companion", "does not match the shard's members", companion.name))
         return

@@ -140,9 +140,13 @@ def encode_meta(meta: dict[str, Any]) -> str:
 
 class ShardWriter(ABC):
     """A writer opened on a temporary path with keyword options: `add(record)`, `close()` returning
-    the count, `abort()` after a failure."""
+    the count, `abort()` after a failure. A writer that sees every byte it writes may keep the
+    shard's sha256 and its members as it goes (`sha256`, `members`), so that the shard just
+    written is not read again to hash it and index it."""
 
     OPTIONS: ClassVar[dict[str, Any]] = {}  # option name -> default (its type is the default's type)
+    # the members written, (name, data offset, size), for Backend.idx_file; None where not kept
+    members: list[tuple[str, int, int]] | None = None
 
     def __init__(self, path: str, **options: Any) -> None:
         self.path = path
@@ -164,6 +168,11 @@ class ShardWriter(ABC):
 
     @abstractmethod
     def abort(self) -> None: ...
+
+    def sha256(self) -> str | None:
+        """The sha256 of the shard's bytes, once closed; None where the writer kept none (its file
+        is hashed instead)."""
+        return None
 
 
 class ShardReader(ABC):
@@ -245,8 +254,9 @@ class Backend:
     writer: Callable[..., ShardWriter]  # (path, **options): unknown options are a ConfigError
     reader: Callable[[str], ShardReader]
     # a shard's .idx file for other readers (DALI's), written beside it (core.manifest.idx_name): its
-    # bytes, or None where the shard cannot have one; None for formats that need none
-    idx_file: Callable[[str], bytes | None] | None = None
+    # bytes, or None where the shard cannot have one; None for formats that need none. Given the
+    # members its writer kept (ShardWriter.members), from those, without reading the shard.
+    idx_file: Callable[[str, list[tuple[str, int, int]] | None], bytes | None] | None = None
     # files other readers may leave beside a shard (LMDB's lock file)
     leftovers: tuple[Leftover, ...] = ()
     # the files for other readers beside the whole output, derived from its shards in manifest order:

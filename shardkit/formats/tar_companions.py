@@ -7,7 +7,7 @@ and compares.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from ..core.manifest import WIDS_NAME, ShardInfo, wids_index
 from ..core.safeio import open_regular
@@ -28,9 +28,17 @@ def dali_samples(
     """Each sample's members (ext, data offset, size, name), grouped as wds2idx groups them (and
     as the reader does, which also leaves out samples with no image member). The members of no
     sample (no extension, hidden: `split_name`) are named in `unnamed` when it is given."""
+    members = ((name, offset, size) for name, offset, size, _ in tar_members(data, where, 0, skipped))
+    return grouped(members, unnamed)
+
+
+def grouped(
+    members: Iterable[tuple[str, int, int]], unnamed: list[str] | None = None
+) -> Iterator[list[tuple[str, int, int, str]]]:
+    """dali_samples of a tar's regular-file members, (name, data offset, size) in tar order."""
     group: list[tuple[str, int, int, str]] = []
     key: str | None = None
-    for name, offset, size, _ in tar_members(data, where, 0, skipped):
+    for name, offset, size in members:
         split = split_name(name)
         if split is None:
             if unnamed is not None:
@@ -45,10 +53,13 @@ def dali_samples(
         yield group
 
 
-def dali_index(path: str) -> bytes | None:
+def dali_index(path: str, members: list[tuple[str, int, int]] | None = None) -> bytes | None:
     """DALI's index of the tar at `path` (v1.2 byte for byte what wds2idx writes; v1.1 when a
     member name holds whitespace), or None when an extension holds some (no version can say it)
-    or the tar has no sample. Raises ShardFormatError on a damaged tar, OSError when unreadable."""
+    or the tar has no sample; from `members` (its writer's, all of its regular files) when given,
+    else from its headers. Raises ShardFormatError on a damaged tar, OSError when unreadable."""
+    if members is not None:
+        return dali_index_of(list(grouped(members)))
     fd = open_regular(path)
     try:
         return dali_index_of(list(dali_samples(FileBytes(fd, os.fstat(fd).st_size, READ_AHEAD), path)))

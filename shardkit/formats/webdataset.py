@@ -14,6 +14,7 @@ Python's walk goes on from the first record it leaves (`_walk`).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import tarfile
@@ -42,13 +43,17 @@ from .tar_headers import BLOCK, READ_AHEAD, FileBytes, Member, member_header, sp
 class TarShardWriter(ShardWriter):
     """Writes the bytes tarfile writes (PAX format, mtime 0, mode 0444, no owner), building plain
     headers itself: tarfile takes ~25 us a member, and a record is 3 to 5 members (measured: 4% of
-    a whole pack with captions). A name too long for a plain header goes through tarfile's pax."""
+    a whole pack with captions). A name too long for a plain header goes through tarfile's pax.
+    It hashes what it writes and keeps each member's place as it goes: reading the tar again for
+    its sha256 and DALI's index took 25 ms of a 22 MB shard, after its last record."""
 
     def __init__(self, path: str, **options: object) -> None:
         super().__init__(path, **options)
         self._file = open(path, "wb")  # noqa: SIM115 - closed in close() or abort()
         self._offset = 0
         self._count = 0
+        self._hash = hashlib.sha256()
+        self.members: list[tuple[str, int, int]] = []
 
     def add(self, record: Record) -> None:
         members = [(f"{record.key}.{record.ext}", record.data)]
@@ -65,19 +70,28 @@ class TarShardWriter(ShardWriter):
         for name, payload in sorted((record.files or {}).items()):
             members.append((f"{record.key}.{name}", payload))
         parts: list[bytes] = []
+        at = self._offset
         for name, payload in members:
-            parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % BLOCK))
-        block = b"".join(parts)
-        self._file.write(block)
-        self._offset += len(block)
+            header = member_header(name, len(payload))
+            parts += (header, payload, bytes(-len(payload) % BLOCK))
+            self.members.append((name, at + len(header), len(payload)))
+            at += len(header) + len(payload) + -len(payload) % BLOCK
+        self._write(b"".join(parts))
         self._count += 1
 
     def close(self) -> int:
         # tarfile's ending: two zero blocks, then zeros up to a whole 10 KiB record
-        end = 2 * BLOCK + -(self._offset + 2 * BLOCK) % tarfile.RECORDSIZE
-        self._file.write(bytes(end))
+        self._write(bytes(2 * BLOCK + -(self._offset + 2 * BLOCK) % tarfile.RECORDSIZE))
         self._file.close()
         return self._count
+
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+        self._offset += len(data)
 
     def abort(self) -> None:
         self._file.close()

@@ -212,8 +212,8 @@ class ShardWriting:
             with writing(self.where, job.spec.name):
                 count = self.writer.close()
                 self.closed = True
-                info = ShardInfo(job.spec.name, count, temp.stat().st_size, sha256_file(temp))
-                companion = _write_idx_file(self.backend, temp, idx_temp, info)
+                info = ShardInfo(job.spec.name, count, temp.stat().st_size, self.writer.sha256() or sha256_file(temp))
+                companion = _write_idx_file(self.backend, temp, idx_temp, info, self.writer.members)
                 worker = f"{socket.gethostname()}:{os.getpid()}"
                 result = ShardResult(
                     info, self.errors, self.input_bytes, self.timings, job.plan, worker=worker,
@@ -318,12 +318,15 @@ def _place(job: ShardJob, result: ShardResult, rows: list[tuple[Any, ...]], temp
     os.replace(temp, Path(job.output) / job.spec.name)
 
 
-def _write_idx_file(backend: Backend, shard: Path, path: Path, info: ShardInfo) -> ShardInfo | None:
-    """The format's .idx file of the shard just written, for other readers (DALI's, for a tar)."""
+def _write_idx_file(
+    backend: Backend, shard: Path, path: Path, info: ShardInfo, members: list[tuple[str, int, int]] | None
+) -> ShardInfo | None:
+    """The format's .idx file of the shard just written, for other readers (DALI's, for a tar),
+    from the members its writer kept where it did."""
     if backend.idx_file is None:
         return None
     try:
-        data = backend.idx_file(str(shard))
+        data = backend.idx_file(str(shard), members)
     except ShardFormatError as error:  # our own writer's tar: a bug, never the input's fault
         raise OutputError(f"{shard}: cannot index the shard just written ({error}); a shardkit bug") from None
     if data is None:  # a tar DALI's index cannot describe (an extension with a space, no sample)
