@@ -174,6 +174,19 @@ class ShardWriter(ABC):
         is hashed instead)."""
         return None
 
+    # A format whose shard is its records' bytes end to end, then an ending (a tar: Backend.appends)
+    # has a shard written in parts by several writers: each part's closed without the ending
+    # (`close_part`), and the parts appended in order to the writer of the whole (`append`).
+
+    def close_part(self) -> int:
+        """Close what was written as a part of a shard, without the ending; the count."""
+        raise NotImplementedError(f"{type(self).__name__} writes no parts")
+
+    def append(self, path: str, count: int, members: list[tuple[str, int, int]] | None) -> None:
+        """A part (its file, closed with close_part, holding `count` records and `members` placed
+        from its own start) after what this writer holds."""
+        raise NotImplementedError(f"{type(self).__name__} writes no parts")
+
 
 class ShardReader(ABC):
     """A reader of one shard file, untrusted."""
@@ -257,6 +270,9 @@ class Backend:
     # bytes, or None where the shard cannot have one; None for formats that need none. Given the
     # members its writer kept (ShardWriter.members), from those, without reading the shard.
     idx_file: Callable[[str, list[tuple[str, int, int]] | None], bytes | None] | None = None
+    # a shard is its records' bytes end to end (ShardWriter.close_part, append): a shard's parts
+    # written by several workers are joined by appending their files
+    appends: bool = False
     # files other readers may leave beside a shard (LMDB's lock file)
     leftovers: tuple[Leftover, ...] = ()
     # the files for other readers beside the whole output, derived from its shards in manifest order:

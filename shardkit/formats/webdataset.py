@@ -53,7 +53,7 @@ class TarShardWriter(ShardWriter):
         self._offset = 0
         self._count = 0
         self._hash = hashlib.sha256()
-        self.members: list[tuple[str, int, int]] = []
+        self.members: list[tuple[str, int, int]] | None = []
 
     def add(self, record: Record) -> None:
         members = [(f"{record.key}.{record.ext}", record.data)]
@@ -74,7 +74,8 @@ class TarShardWriter(ShardWriter):
         for name, payload in members:
             header = member_header(name, len(payload))
             parts += (header, payload, bytes(-len(payload) % BLOCK))
-            self.members.append((name, at + len(header), len(payload)))
+            if self.members is not None:
+                self.members.append((name, at + len(header), len(payload)))
             at += len(header) + len(payload) + -len(payload) % BLOCK
         self._write(b"".join(parts))
         self._count += 1
@@ -88,6 +89,21 @@ class TarShardWriter(ShardWriter):
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
+    def close_part(self) -> int:
+        self._file.close()
+        return self._count
+
+    def append(self, path: str, count: int, members: list[tuple[str, int, int]] | None) -> None:
+        start = self._offset
+        with open(path, "rb") as part:  # (a part of ours, in the output's own tmp folder)
+            while chunk := part.read(_APPEND_CHUNK):
+                self._write(chunk)
+        self._count += count
+        if members is None or self.members is None:  # (a part that kept none: the tar is read for its index)
+            self.members = None
+        else:
+            self.members += [(name, start + offset, size) for name, offset, size in members]
+
     def _write(self, data: bytes) -> None:
         self._file.write(data)
         self._hash.update(data)
@@ -97,6 +113,7 @@ class TarShardWriter(ShardWriter):
         self._file.close()
 
 
+_APPEND_CHUNK = 1 << 20  # a part's bytes are copied (and hashed) in pieces of this
 _BATCH = 64  # records read together (see _records)
 _BATCH_BYTES = 8 << 20  # ... or fewer, when their images add up to this
 Entry = tuple[
@@ -362,5 +379,12 @@ class TarShardReader(ShardReader):
 
 
 BACKEND = Backend(
-    "webdataset", ".tar", True, TarShardWriter, TarShardReader, idx_file=dali_index, output_files=wids_files
+    "webdataset",
+    ".tar",
+    True,
+    TarShardWriter,
+    TarShardReader,
+    idx_file=dali_index,
+    output_files=wids_files,
+    appends=True,
 )

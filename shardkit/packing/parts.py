@@ -6,7 +6,9 @@ workers sat idle for 1.1 s of a 5.5 s pack, scripts/bench_pack_workers.py).
 Only the last `workers` shards of the plan are split, each into up to two parts per worker, of at
 least MIN_PART items: the earlier shards keep a worker each, and their records never pass through
 the driver. A split shard's bytes are a whole one's: the same records, in the same order, through
-the same writer (worker.ShardWriting), with the same done marker and index part.
+the same writer (worker.ShardWriting), with the same done marker and index part. A tar's parts are
+written by their workers and appended here (`Backend.appends`); other formats' records come back
+through the result.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .worker import PartResult, ShardJob, ShardResult, ShardWriting
 
@@ -69,7 +72,8 @@ class Joining:
         """A part back from a worker (`job` is its part job); the shard's result once it is whole."""
         joined = self._open.get(result.name)
         if joined is None:
-            joined = self._open[result.name] = _Joined(ShardWriting(job, self._scratch), job.parts)
+            whole = replace(job, part=None)  # (the shard's own temporary name, not a part's)
+            joined = self._open[result.name] = _Joined(ShardWriting(whole, self._scratch), job.parts)
         joined.waiting[result.part] = result
         writing = joined.writing
         while joined.next in joined.waiting:
@@ -77,6 +81,8 @@ class Joining:
             for stage, seconds in part.timings.items():
                 writing.timings[stage] = writing.timings.get(stage, 0.0) + seconds
             writing.stand_ins.update(part.stand_ins)
+            if part.segment is not None:
+                writing.append(part.segment)
             for record, size, failures in part.packed:
                 writing.add(record, size, failures)
             joined.next += 1
@@ -91,4 +97,7 @@ class Joining:
     def abandon(self) -> None:
         for joined in self._open.values():
             joined.writing.discard()
+            for part in joined.waiting.values():
+                if part.segment is not None:
+                    Path(part.segment.path).unlink(missing_ok=True)
         self._open.clear()
