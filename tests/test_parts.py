@@ -18,7 +18,7 @@ from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
-from shardkit.packing.parts import MIN_PART, Joining, split, split_last
+from shardkit.packing.parts import MIN_PART, Joining, guided, split, split_last
 from shardkit.packing.plan import ShardSpec
 from shardkit.packing.sources import Item
 from shardkit.packing.worker import ShardJob, encode_part
@@ -46,8 +46,23 @@ def test_only_the_last_shards_are_split_each_into_near_equal_parts() -> None:
     assert {len(job.spec.items) for job in parts} <= {MIN_PART, MIN_PART + 1}
     assert parts[0].copies == jobs[3].copies and all(not job.copies for job in parts[1:])
     assert [job.spec.index for job in handed] == [0, 1, 2, 3, 3, 3, 3, 4]  # the plan's order kept
-    # a plan of one shard, as a small folder's is: two parts a worker
-    assert [job.part for job in split_last(iter([_job(0, 700)]), workers=2)] == [0, 1, 2, 3]
+    # a plan of one shard, as a small folder's is: its parts shrink as it ends (the plan's last)
+    one = list(split_last(iter([_job(0, 700)]), workers=2))
+    assert [len(job.spec.items) for job in one] == [175, 175, 87, 87, 44, 44, 22, 22, 22, 22]
+    assert [job.part for job in one] == list(range(10)) and {job.parts for job in one} == {10}
+    assert [item for job in one for item in job.spec.items] == list(_job(0, 700).spec.items)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_the_last_shards_parts_shrink_to_whole_rounds_of_at_least_min_part(workers: int) -> None:
+    for count in range(0, 40 * MIN_PART):
+        sizes = guided(count, workers)
+        assert sum(sizes) == count
+        if len(sizes) > 1:  # (else the shard goes whole)
+            assert min(sizes) >= MIN_PART and max(sizes) <= max(count // (2 * workers), 2 * MIN_PART)
+            assert sizes[-1] < 3 * MIN_PART  # the last part is small, whatever the count
+        if count >= 2 * workers * MIN_PART:
+            assert len(sizes) >= 2 * workers  # at least two rounds
 
 
 @pytest.fixture(scope="module")

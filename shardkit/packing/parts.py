@@ -4,11 +4,12 @@ shards were written (a pack of 700 images, one shard, ran on one of two cores; a
 workers sat idle for 1.1 s of a 5.5 s pack, scripts/bench_pack_workers.py).
 
 Only the last `workers` shards of the plan are split, each into up to two parts per worker, of at
-least MIN_PART items: the earlier shards keep a worker each, and their records never pass through
-the driver. A split shard's bytes are a whole one's: the same records, in the same order, through
-the same writer (worker.ShardWriting), with the same done marker and index part. A tar's parts are
-written by their workers and appended here (`Backend.appends`); other formats' records come back
-through the result.
+least MIN_PART items, the very last into parts that shrink as it ends (`guided`): the earlier
+shards keep a worker each, and their records never pass through the driver. A split shard's bytes
+are a whole one's: the same records, in the same order, through the same writer
+(worker.ShardWriting), with the same done marker and index part. A tar's parts are written by
+their workers and appended here (`Backend.appends`); other formats' records come back through the
+result.
 """
 
 from __future__ import annotations
@@ -32,23 +33,49 @@ def split_last(jobs: Iterator[ShardJob], workers: int) -> Iterator[ShardJob]:
         ahead.append(job)
         if len(ahead) > workers:
             yield ahead.popleft()
-    for job in ahead:
-        yield from split(job, workers)
+    while ahead:
+        job = ahead.popleft()
+        yield from split(job, workers, last=not ahead)
 
 
-def split(job: ShardJob, workers: int) -> Iterator[ShardJob]:
-    """The job as up to 2 x `workers` part jobs of near-equal item counts (itself when too small)."""
+def split(job: ShardJob, workers: int, last: bool = False) -> Iterator[ShardJob]:
+    """The job as part jobs (itself when too small to split): up to 2 x `workers` of near-equal
+    item counts, or for the plan's last shard, parts that shrink as it ends (`guided`)."""
     items = job.spec.items
-    parts = min(2 * workers, len(items) // MIN_PART)
+    sizes = guided(len(items), workers) if last else even(len(items), min(2 * workers, len(items) // MIN_PART))
+    parts = len(sizes)
     if parts < 2:
         yield job
         return
-    bounds = [len(items) * number // parts for number in range(parts + 1)]
+    bounds = [sum(sizes[:number]) for number in range(parts + 1)]
     for number in range(parts):
         own = items[bounds[number] : bounds[number + 1]]
         keys = {item.key for item in own}
         copies = {key: copies for key, copies in job.copies.items() if key in keys}
         yield replace(job, spec=replace(job.spec, items=own), copies=copies, part=number, parts=parts)
+
+
+def even(count: int, parts: int) -> list[int]:
+    """`count` items in `parts` near-equal parts (one part when `parts` < 1)."""
+    parts = max(parts, 1)
+    return [count * (number + 1) // parts - count * number // parts for number in range(parts)]
+
+
+def guided(count: int, workers: int) -> list[int]:
+    """Part sizes for the plan's last shard: rounds of `workers` equal parts, each round half of
+    what is left, down to parts of MIN_PART (guided scheduling), so that the last parts are small
+    and the workers end together. Equal parts left a worker idle through most of a part at the
+    end: 0.12 s of a 3,500-image pack on 2 workers, whose last parts took 0.28 s."""
+    sizes: list[int] = []
+    left = count
+    while left >= 2 * workers * MIN_PART:
+        each = left // (2 * workers)
+        sizes += [each] * workers
+        left -= each * workers
+    if left >= MIN_PART or not sizes:
+        return sizes + even(left, min(workers, left // MIN_PART))
+    sizes[-1] += left  # (fewer than MIN_PART left over: the last part takes them)
+    return sizes
 
 
 @dataclass
