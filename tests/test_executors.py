@@ -19,6 +19,10 @@ def square_or_die(value: int) -> int:
     return value * value
 
 
+def square(value: int) -> int:
+    return value * value
+
+
 def test_a_crashing_job_is_named_and_the_others_still_run() -> None:
     jobs = [0, 1, 2, 3, 4, 6, 7]
     results = dict(map_local_surviving_crashes(square_or_die, jobs, 2, lambda index, how: f"job {index}: {how}"))
@@ -80,3 +84,24 @@ def test_workers_get_one_blas_thread_unless_the_environment_says(tmp_path, given
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == seen
+
+
+def test_started_is_called_once_the_workers_have_their_first_jobs() -> None:
+    """What pack starts then (pyarrow's import, which holds the GIL) must keep out of the walk and
+    the pool's start: `started` comes after the first 2 x workers jobs are submitted, before any
+    result; in this process (workers=1), before the first job."""
+    events: list[str] = []
+
+    def jobs(count: int):
+        for number in range(count):
+            events.append(f"drawn {number}")
+            yield number
+
+    for index, _ in map_local(square, jobs(6), 2, started=lambda: events.append("started")):
+        events.append(f"result {index}")
+    assert events[:5] == ["drawn 0", "drawn 1", "drawn 2", "drawn 3", "started"]
+    assert events.count("started") == 1 and len(events) == 6 + 6 + 1
+    events.clear()
+    done = list(map_local(square, jobs(3), 1, started=lambda: events.append("started")))
+    # (drawn 0 and 1 to see that there is more than one job; the rest as they run)
+    assert events == ["drawn 0", "drawn 1", "started", "drawn 2"] and done == [(0, 0), (1, 1), (2, 4)]

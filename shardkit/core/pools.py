@@ -86,9 +86,12 @@ def map_local(
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
     in_process: bool = True,
+    started: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Result]]:
     """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order, unless
-    in_process is False (jobs that may crash the process running them).
+    in_process is False (jobs that may crash the process running them). `started` is called once,
+    when the workers have their first jobs (in this process: before the first), so that what the
+    caller starts then (an import on a thread, which holds the GIL) keeps out of the pool's start.
 
     `jobs` may be a generator (a walk still going): it is drawn from only as workers free up, and at
     most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
@@ -100,6 +103,8 @@ def map_local(
     if in_process and (workers <= 1 or count == 1):
         if initializer is not None:
             initializer(*initargs)
+        if started is not None:
+            started()
         for index, job in enumerate(upcoming):
             yield index, function(job)
         return
@@ -118,6 +123,9 @@ def map_local(
                     exhausted = True
                     break
                 pending[submit(pool, function, index_job[1])] = index_job[0]
+            if started is not None:
+                started()
+                started = None
             if not pending:
                 break
             done = wait_any(pending)

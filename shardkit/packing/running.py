@@ -51,17 +51,26 @@ class Tally:
 
 
 def run_jobs(
-    config: PackConfig, jobs: Iterator[ShardJob], planned: Planned, progress: ProgressCallback | None
+    config: PackConfig,
+    jobs: Iterator[ShardJob],
+    planned: Planned,
+    progress: ProgressCallback | None,
+    started: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """Yield (job number, result) as jobs finish, drawing jobs from the plan as workers free up: a
-    shard's result, or a part's records (local workers only, packing/parts.py)."""
+    shard's result, or a part's records (local workers only, packing/parts.py). `started` is
+    called once the first jobs are out (map_local's)."""
     if config.executor == "ray":
-        return _run_on_ray(jobs, planned, progress)
-    return _run_local(jobs, config.workers or default_workers(), planned, progress)
+        return _run_on_ray(jobs, planned, progress, started)
+    return _run_local(jobs, config.workers or default_workers(), planned, progress, started)
 
 
 def _run_local(
-    jobs: Iterator[ShardJob], workers: int, planned: Planned, progress: ProgressCallback | None
+    jobs: Iterator[ShardJob],
+    workers: int,
+    planned: Planned,
+    progress: ProgressCallback | None,
+    started: Callable[[], None] | None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
     while shards are in flight."""
@@ -82,7 +91,9 @@ def _run_local(
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        for index, result in map_local(run_job, jobs, workers, initializer=init_worker, initargs=(counter,)):
+        for index, result in map_local(
+            run_job, jobs, workers, initializer=init_worker, initargs=(counter,), started=started
+        ):
             errors[0] += (
                 len(result.errors) if isinstance(result, ShardResult) else sum(len(f) for _, _, f in result.packed)
             )
@@ -96,9 +107,11 @@ def _run_local(
 
 
 def _run_on_ray(
-    jobs: Iterable[ShardJob], planned: Planned, progress: ProgressCallback | None
+    jobs: Iterable[ShardJob], planned: Planned, progress: ProgressCallback | None, started: Callable[[], None] | None
 ) -> Iterator[tuple[int, ShardResult]]:
     """On Ray: progress as each shard's result comes back (no shared counter across nodes)."""
+    if started is not None:
+        started()
     errors = 0
     done = 0
     if progress is not None:
