@@ -11,6 +11,12 @@ by default), flat. Every run is a process timed from spawn to exit (`python -m s
 min and max, ratios between medians of this run. img2dataset (its own venv) packs the same files by
 file:// URL: --resize_mode keep_ratio --image_size 256 --encode_quality 90, webdataset, W processes.
 
+"apart" is this machine's own ceiling for W processes: W `--workers 1` packs of N/W of the images
+each (folders of their own), started together and timed until the last ends. Each pays the whole
+start-up and none waits for another, so w1 / apart is what --workers W could reach with no cost of
+working together; on this 2-core VM two CPU-bound processes each run 5-15% slower than one alone,
+so that ceiling is below W.
+
 The breakdown comes from SHARDKIT_TIMELINE (shardkit/core/timeline.py): each process of a run marks
 its phases, and each run's wall time is cut into
   start      spawn to the CLI's imports done (interpreter, imports)
@@ -70,6 +76,26 @@ def pack_run(source: Path, out: Path, workers: int, timeline: Path) -> tuple[flo
     spawned = time.time()
     seconds = timed(command, env)
     return seconds, breakdown(timeline.read_text(), spawned, spawned + seconds)
+
+
+def apart_run(sources: list[Path], work: Path) -> float:
+    """W `--workers 1` packs, one a folder, started together: the time until the last has ended."""
+    for source in sources:
+        warm(source)
+    outs = [work / f"apart{number}" for number in range(len(sources))]
+    for out in outs:
+        shutil.rmtree(out, ignore_errors=True)
+    started = time.time()
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--resize", "256",
+                          "--quality", "90", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for source, out in zip(sources, outs, strict=True)
+    ]  # fmt: skip
+    for process in processes:
+        _, error = process.communicate(timeout=3600)
+        if process.returncode != 0:
+            raise SystemExit(f"a pack apart failed: {error.decode(errors='replace')[-2000:]}")
+    return time.time() - started
 
 
 def breakdown(text: str, spawned: float, ended: float) -> dict[str, float]:
@@ -138,7 +164,12 @@ def main() -> None:
         work = Path(temp)
         for size in sizes:
             paths = link_images(files, size, work / f"src{size}")
-            times: dict[str, list[float]] = {"w1": [], f"w{args.workers}": []}
+            apart = [work / f"src{size}-{number}" for number in range(args.workers)]
+            for number, folder in enumerate(apart):
+                folder.mkdir()
+                for path in paths[number :: args.workers]:
+                    os.link(path, folder / path.name)
+            times: dict[str, list[float]] = {"w1": [], f"w{args.workers}": [], "apart": []}
             phases: dict[str, list[dict[str, float]]] = {name: [] for name in times}
             if size in i2d_sizes:
                 times["img2dataset"] = []
@@ -146,6 +177,9 @@ def main() -> None:
                 for name in times:
                     if name == "img2dataset":
                         times[name].append(img2dataset_run(args.img2dataset, paths, work, args.workers))
+                        continue
+                    if name == "apart":
+                        times[name].append(apart_run(apart, work))
                         continue
                     workers = int(name[1:])
                     seconds, cut = pack_run(paths[0].parent, work / "out", workers, work / "timeline.txt")
@@ -156,17 +190,24 @@ def main() -> None:
                 print(f"  {name:12} {span(values)}  {size / statistics.median(values):7,.0f} images/s")
             many = statistics.median(times[f"w{args.workers}"])
             one = statistics.median(times["w1"])
-            print(f"  --workers {args.workers} / --workers 1: {one / many:.2f}x (the limit: {args.workers}.00x)")
+            ceiling = one / statistics.median(times["apart"])
+            apart_words = f"{args.workers} packs of {size // args.workers:,} apart"
+            print(f"  --workers {args.workers} / --workers 1: {one / many:.2f}x (the limit: {args.workers}.00x; "
+                  f"this machine's, {apart_words}: {ceiling:.2f}x)")  # fmt: skip
             if "img2dataset" in times:
                 print(f"  shardkit w{args.workers} / img2dataset w{args.workers}: "
                       f"{statistics.median(times['img2dataset']) / many:.2f}x")  # fmt: skip
             print(f"  breakdown, medians (s): {'':10}" + "".join(f"{phase:>9}" for phase in (*PHASES, "idle")))
             for name, cuts in phases.items():
+                if not cuts:
+                    continue
                 row = "".join(f"{statistics.median(cut[phase] for cut in cuts):9.3f}" for phase in (*PHASES, "idle"))
                 print(f"  {name:34}{row}")
             print()
             report["sizes"][str(size)] = {"seconds": times, "phases": phases}  # type: ignore[index]
             shutil.rmtree(work / f"src{size}")
+            for folder in apart:
+                shutil.rmtree(folder)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1))
 
