@@ -126,6 +126,14 @@ def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
     mark(f"job {job.spec.name}")
+    result, _ = _written(job, ShardWriting.close)
+    mark(f"done {job.spec.name}")
+    return result
+
+
+def _written(job: ShardJob, close: Callable[[ShardWriting], T]) -> tuple[T, ShardWriting]:
+    """The job's items encoded and written in order, then `close(shard)`: put in place, or
+    handed on as a part; whatever of it is neither is removed, all of it on a failure."""
     with contextlib.ExitStack() as scratch:
         shard = ShardWriting(job, scratch)
         packed = _packed(job, shard.timings, shard.stand_ins)
@@ -133,12 +141,10 @@ def write_shard(job: ShardJob) -> ShardResult:
             for record, size, failures in packed:
                 shard.add(record, size, failures)
                 _count_one()
-            result = shard.close()
+            return close(shard), shard
         finally:
             packed.close()  # (downloads still queued are dropped)
             shard.discard()
-    mark(f"done {job.spec.name}")
-    return result
 
 
 @dataclass
@@ -176,19 +182,7 @@ def encode_part(job: ShardJob) -> PartResult:
     format's records go back to the driver."""
     mark(f"part {job.spec.name}:{job.part}")
     if get_format(job.format).appends:
-        with contextlib.ExitStack() as scratch:
-            shard = ShardWriting(job, scratch)
-            packed = _packed(job, shard.timings, shard.stand_ins)
-            try:
-                for record, size, failures in packed:
-                    shard.add(record, size, failures)
-                    _count_one()
-                segment = shard.close_part()
-            except BaseException:
-                shard.discard()
-                raise
-            finally:
-                packed.close()
+        segment, shard = _written(job, ShardWriting.close_part)
         mark(f"done {job.spec.name}:{job.part}")
         return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.stand_ins, segment)
     timings = dict.fromkeys(STAGES, 0.0)
@@ -224,6 +218,7 @@ class ShardWriting:
             self.temp.parent.mkdir(parents=True, exist_ok=True)
             self.writer: ShardWriter = self.backend.writer(str(self.temp))
         self.closed = False
+        self.handed_on = False  # closed as a part: its file is the driver's to append and remove
 
     def add(self, record: Record | list[Record] | None, size: int, failures: list[Failure]) -> None:
         """One item's outcome: its record (a video's clips, a list; None where it failed), its
@@ -244,7 +239,7 @@ class ShardWriting:
         written = time.perf_counter()
         with writing(self.where, self.job.spec.name):
             count = self.writer.close_part()
-        self.closed = True
+        self.closed = self.handed_on = True
         self.timings["write"] += time.perf_counter() - written
         return Segment(str(self.temp), count, self.writer.members, self.rows, self.errors, self.input_bytes)
 
@@ -295,9 +290,11 @@ class ShardWriting:
                 self.writer.abort()
 
     def discard(self) -> None:
-        """Whatever of the shard was not put in place: the writer aborted, its temporary files gone."""
+        """Whatever of the shard was not put in place nor handed on as a part: the writer aborted,
+        its temporary files gone."""
         self._abort()
-        self.temp.unlink(missing_ok=True)
+        if not self.handed_on:
+            self.temp.unlink(missing_ok=True)
         self.idx_temp.unlink(missing_ok=True)
 
 
