@@ -69,21 +69,39 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize(("given", "seen"), [(None, "['1']\nNone"), ("3", "['3']\n3")])
-def test_workers_get_one_blas_thread_unless_the_environment_says(tmp_path, given: str | None, seen: str) -> None:
+CLI_BLAS_SCRIPT = """
+import os, sys
+sys.argv = ["shardkit", "--help"]
+from shardkit.__main__ import run
+try:
+    run()
+except SystemExit:
+    pass
+print(os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.parametrize(("given", "cli", "library"), [(None, "1", "[None]\nNone"), ("3", "3", "['3']\n3")])
+def test_the_cli_gets_one_blas_thread_a_library_user_none(tmp_path, given: str | None, cli: str, library: str) -> None:
     """numpy's OpenBLAS started a thread per core in the forkserver, spinning ~0.1 s of CPU that
-    two busy workers needed (core/blas.py): workers get one, and a user's own setting stands."""
+    two busy workers needed (core/blas.py): the CLI's process, and so its forkserver and workers,
+    get one unless the user set a count. A library user's process and workers are left as they
+    are: the forkserver is the process's one, shared with the user's own pools."""
     import subprocess
     import sys
 
-    script = tmp_path / "blas.py"
-    script.write_text(BLAS_SCRIPT)
     env = {name: value for name, value in os.environ.items() if name != "OPENBLAS_NUM_THREADS"}
     if given is not None:
         env["OPENBLAS_NUM_THREADS"] = given
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == seen
+    outputs = []
+    for script in (CLI_BLAS_SCRIPT, BLAS_SCRIPT):
+        path = tmp_path / "blas.py"
+        path.write_text(script)
+        done = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip())
+    assert outputs[0].splitlines()[-1] == cli  # (after the help text)
+    assert outputs[1] == library  # the workers' values, then the process's own
 
 
 def test_started_is_called_once_the_workers_have_their_first_jobs() -> None:
@@ -105,3 +123,6 @@ def test_started_is_called_once_the_workers_have_their_first_jobs() -> None:
     done = list(map_local(square, jobs(3), 1, started=lambda: events.append("started")))
     # (drawn 0 and 1 to see that there is more than one job; the rest as they run)
     assert events == ["drawn 0", "drawn 1", "started", "drawn 2"] and done == [(0, 0), (1, 1), (2, 4)]
+    events.clear()  # no jobs (a resume that reuses every shard): called all the same
+    assert list(map_local(square, jobs(0), 2, started=lambda: events.append("started"))) == []
+    assert events == ["started"]

@@ -1,7 +1,7 @@
-"""One BLAS thread for numpy in shardkit's own processes, unless the user's environment says
-otherwise: imported before anything imports numpy, by the CLI's process (`__main__`) and first of
-the forkserver's preloads (`processes`), whose workers inherit it. A library user's process is
-left as it is.
+"""One BLAS thread for numpy in the CLI's processes, unless the user's environment says otherwise:
+imported by `__main__` before anything imports numpy; the forkserver and the workers inherit it. A
+library user's process is left as it is, and so are its children: the forkserver is the process's
+one, shared with the user's own pools, and numpy's thread count is fixed once it is loaded there.
 
 numpy's OpenBLAS starts a thread per core at import, and each spins for a while before it sleeps:
 numpy's import took 0.20 s of CPU against 0.07 s with one thread, and a pack of 700 images on 2

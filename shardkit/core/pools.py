@@ -90,8 +90,9 @@ def map_local(
 ) -> Iterator[tuple[int, Result]]:
     """Yield (job index, result) as jobs finish. workers=1 runs in this process, in order, unless
     in_process is False (jobs that may crash the process running them). `started` is called once,
-    when the workers have their first jobs (in this process: before the first), so that what the
-    caller starts then (an import on a thread, which holds the GIL) keeps out of the pool's start.
+    when the workers have their first jobs (in this process: before the first; with no jobs, at
+    once), so that what the caller starts then (an import on a thread, which holds the GIL) keeps
+    out of the pool's start.
 
     `jobs` may be a generator (a walk still going): it is drawn from only as workers free up, and at
     most 2 jobs per worker are in flight, so memory stays bounded however many jobs there are.
@@ -99,6 +100,8 @@ def map_local(
     """
     upcoming, count = _peek(jobs)
     if count == 0:
+        if started is not None:
+            started()
         return
     if in_process and (workers <= 1 or count == 1):
         if initializer is not None:
