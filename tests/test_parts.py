@@ -205,3 +205,36 @@ def test_parts_waiting_to_be_appended_are_removed_when_a_pack_fails(source: Path
     assert len(list((tmp_path / "out" / ".shardkit" / "tmp").iterdir())) == 2  # the part, and the shard begun
     joining.abandon()
     assert list((tmp_path / "out" / ".shardkit" / "tmp").iterdir()) == []
+
+
+@pytest.mark.slow  # mounts a tmpfs: needs root, else skipped with the reason
+def test_a_part_the_driver_cannot_append_is_removed_all_the_same(source: Path, tmp_path: Path) -> None:
+    """A full disk as the driver appends a part: one OutputError, and neither that part's file
+    nor one waiting for it stays behind (the next run would clear them, a library caller's not)."""
+    import errno
+    import subprocess
+
+    from shardkit.core.errors import OutputError
+    from tests.test_faults import mount_tmpfs
+
+    out = tmp_path / "out"
+    mount_tmpfs(out, "2m")
+    try:
+        jobs = _part_jobs(source, out, "webdataset")
+        parts = [encode_part(job) for job in jobs]
+        with (out / "filler").open("wb") as filler:  # the rest of the disk
+            try:
+                while True:
+                    filler.write(bytes(1 << 16))
+                    filler.flush()
+            except OSError as error:
+                assert error.errno == errno.ENOSPC
+        joining = Joining()
+        assert joining.add(jobs[1], parts[1]) is None  # waits for part 0
+        with pytest.raises(OutputError, match="no space left"):
+            joining.add(jobs[0], parts[0])
+        joining.abandon()
+        tmp = out / ".shardkit" / "tmp"
+        assert sorted(path.name for path in tmp.iterdir()) == [Path(parts[2].segment.path).name]  # type: ignore[union-attr]
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)

@@ -250,9 +250,11 @@ class ShardWriting:
         self.input_bytes += segment.input_bytes
         first = len(self.rows)
         self.rows += [(*row[:2], first + row[2], *row[3:]) for row in segment.rows]
-        with writing(self.where, self.job.spec.name):
-            self.writer.append(segment.path, segment.count, segment.members)
-            os.unlink(segment.path)
+        try:
+            with writing(self.where, self.job.spec.name):
+                self.writer.append(segment.path, segment.count, segment.members)
+        finally:  # (appended or not, it is of no use: on a failure the whole shard is written again)
+            Path(segment.path).unlink(missing_ok=True)
         self.timings["write"] += time.perf_counter() - written
 
     def close(self) -> ShardResult:
