@@ -4,6 +4,7 @@ packed into every format, masks kept aligned with their image, every odd file ac
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -123,10 +124,12 @@ def test_every_odd_file_is_accounted_for_and_verify_agrees(tmp_path: Path) -> No
     _mask(source / "bigmask.seg.png", 61, 40)
     (source / "reserved.columns.json").write_text("{}")
     (source / "noext").write_text("x")
+    _half_and_half(source / "oddfield.jpg", 60, 40)
+    (source / os.fsdecode(b"oddfield.t\xffx")).write_bytes(b"a field whose name is not text")
     _pack(source, tmp_path / "out", resize=ResizeConfig(size=20))
     reasons = {row["path"]: row["reason"] for row in read_errors(tmp_path / "out")}
     records = [s.key for s in open_shards(tmp_path / "out", decode="bytes")]
-    assert records == ["ok"]
+    assert records == ["oddfield", "ok"]  # (packed without the field it cannot name)
     assert reasons["orphan.txt"].startswith("a sidecar with no image")
     assert reasons["twoimg.jpg"] == reasons["twoimg.png"] == "two images share the name: twoimg.jpg, twoimg.png"
     assert "two files for one part" in reasons["twotxt.txt"]
@@ -137,6 +140,7 @@ def test_every_odd_file_is_accounted_for_and_verify_agrees(tmp_path: Path) -> No
     assert "61x40, its image 60x40: cannot keep it aligned" in reasons["bigmask.jpg"]
     assert "a name shardkit's own parts take" in reasons["reserved.jpg"]
     assert reasons["noext"].startswith("no suffix")
+    assert reasons["oddfield.t\ufffdx"] == "its suffix is not UTF-8 text, so no shard can name the field"
     report = verify(tmp_path / "out", source=source)
     assert report.ok, report.problems
 

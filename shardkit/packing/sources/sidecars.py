@@ -39,6 +39,16 @@ def split_name(name: str) -> tuple[str, str]:
     return stem, suffix
 
 
+def _is_text(name: str) -> bool:
+    """Whether a name from a listing is UTF-8 text (os.listdir keeps other bytes as surrogates:
+    a field named by one took the whole pack down in every format)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_image_suffix(suffix: str) -> bool:
     return "." + suffix.lower() in EXTENSION_FORMATS
 
@@ -118,6 +128,9 @@ def sidecar_items(
         stem, suffix = split_name(name)
         if not suffix:
             skipped.append(skip(base + name, "no suffix: not part of a sample (x.jpg, x.txt, x.json, ...)"))
+            continue
+        if not _is_text(suffix):  # (the stem is escaped into the key; a suffix names a field as it is)
+            skipped.append(skip(base + name, "its suffix is not UTF-8 text, so no shard can name the field"))
             continue
         names.append(name)
         groups.setdefault(stem, {})[suffix] = name
