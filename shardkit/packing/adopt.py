@@ -65,6 +65,7 @@ from ..formats.webdataset import OTHER_PARTS, TarShardReader
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
 from .sources.item import display, label_problem
+from .sources.rows import is_utf8
 
 ADOPTED_BY = f"shardkit {__version__} index"
 # Class names "0".."n-1" are written for labels below this; past it (a stranger's `.cls` of
@@ -235,8 +236,8 @@ def adopt_tars(
             root.write(f"{ERRORS_NAME}.probe", b"")  # refuse an unwritable bucket before the scan
             root.delete(f"{ERRORS_NAME}.probe")
         # a name that is not UTF-8 cannot be written in JSON (the manifest names each tar as it is)
-        unnamed = [TarScan(name, unreadable=_NOT_UTF8) for name in names if not _is_utf8(name)]
-        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names if _is_utf8(name)]
+        unnamed = [TarScan(name, unreadable=_NOT_UTF8) for name in names if not is_utf8(name)]
+        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names if is_utf8(name)]
         scans: list[TarScan | None] = [None] * len(jobs)
 
         def crashed(index: int, how: str) -> TarScan:
@@ -253,11 +254,6 @@ def adopt_tars(
 
 
 _NOT_UTF8 = "its file name is not UTF-8, which JSON (the manifest, errors.jsonl) cannot hold: rename it to adopt it"
-
-
-def _is_utf8(name: str) -> bool:
-    """Whether a name from the file system (undecodable bytes as lone surrogates) is text."""
-    return name.isascii() or not any("\udc80" <= char <= "\udcff" for char in name)
 
 
 def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exists: bool, overwrite: bool) -> None:

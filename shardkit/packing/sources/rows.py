@@ -192,7 +192,7 @@ def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
             if len(fields) != len(header):
                 yield Row(number, None, f"line {number}: {len(fields)} fields, the header has {len(header)}")
                 continue
-            if any(_not_utf8(text) for text in fields):
+            if not all(is_utf8(text) for text in fields):
                 yield Row(number, None, f"line {number}: not UTF-8")
                 continue
             yield Row(number, dict(zip(header, fields, strict=True)))
@@ -207,8 +207,17 @@ def _unzipping(table: Table) -> Iterator[None]:
         raise SourceError(f"{table.shown}: not a readable gzip file ({describe(error, with_type=True)})") from None
 
 
-def _not_utf8(text: str) -> bool:
-    return not text.isascii() and re.search("[\udc80-\udcff]", text) is not None
+def is_utf8(text: str) -> bool:
+    """Whether a name or field read from bytes (the undecodable ones kept as lone surrogates, as
+    os.listdir and surrogateescape keep them) is UTF-8 text, the only text JSON (the manifest,
+    errors.jsonl) and a shard's member names can hold."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parquet_rows(table: Table) -> Iterator[Row]:

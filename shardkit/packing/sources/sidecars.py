@@ -23,7 +23,7 @@ from ...core.safeio import loads
 from ...formats.base import RESERVED_FIELDS
 from .folder import entries, not_a_file, sort_names
 from .item import Item, SourceWalk, make_key, parse_label, skip
-from .rows import BOM, MAX_EXTRA_BYTES
+from .rows import BOM, MAX_EXTRA_BYTES, is_utf8
 
 CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
 # Pillow's format for each image suffix a field may have: what an aligned field is saved back as
@@ -37,16 +37,6 @@ def split_name(name: str) -> tuple[str, str]:
     """(stem, suffix): the name up to its first dot, and the rest."""
     stem, _, suffix = name.partition(".")
     return stem, suffix
-
-
-def _is_text(name: str) -> bool:
-    """Whether a name from a listing is UTF-8 text (os.listdir keeps other bytes as surrogates:
-    a field named by one took the whole pack down in every format)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def is_image_suffix(suffix: str) -> bool:
@@ -129,7 +119,9 @@ def sidecar_items(
         if not suffix:
             skipped.append(skip(base + name, "no suffix: not part of a sample (x.jpg, x.txt, x.json, ...)"))
             continue
-        if not _is_text(suffix):  # (the stem is escaped into the key; a suffix names a field as it is)
+        # (the stem is escaped into the key; a suffix names a field as it is: one not UTF-8 took
+        # the whole pack down, in every format)
+        if not is_utf8(suffix):
             skipped.append(skip(base + name, "its suffix is not UTF-8 text, so no shard can name the field"))
             continue
         names.append(name)
