@@ -238,3 +238,14 @@ def test_a_part_the_driver_cannot_append_is_removed_all_the_same(source: Path, t
         assert sorted(path.name for path in tmp.iterdir()) == [Path(parts[2].segment.path).name]  # type: ignore[union-attr]
     finally:
         subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def test_the_live_error_count_takes_the_parts_failures(source: Path, tmp_path: Path) -> None:
+    """The progress line counts each part's failures as it comes back, whichever way the part
+    came (a tar's as a file, whose records no longer pass through the driver)."""
+    for name in available_formats():
+        seen: list[int] = []
+        result = pack(
+            _config(source, tmp_path / name, 3, format=name), progress=lambda done, total, errors: seen.append(errors)
+        )
+        assert result.errors == 2 and seen[-1] == 2, name

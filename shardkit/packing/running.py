@@ -94,9 +94,7 @@ def _run_local(
         for index, result in map_local(
             run_job, jobs, workers, initializer=init_worker, initargs=(counter,), started=started
         ):
-            errors[0] += (
-                len(result.errors) if isinstance(result, ShardResult) else sum(len(f) for _, _, f in result.packed)
-            )
+            errors[0] += len(result.errors)
             yield index, result
     finally:
         stop.set()

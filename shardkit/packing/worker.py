@@ -173,6 +173,13 @@ class PartResult:
     stand_ins: dict[str, str]
     segment: Segment | None = None
 
+    @property
+    def errors(self) -> list[Failure]:
+        """Its items' failures, whichever way the part came back."""
+        if self.segment is not None:
+            return self.segment.errors
+        return [failure for _, _, failures in self.packed for failure in failures]
+
 
 def encode_part(job: ShardJob) -> PartResult:
     """A part of a shard (`job.spec` holds that part's items), as `write_shard` would write it:
