@@ -66,15 +66,18 @@ def timed(command: list[str], env: dict[str, str]) -> float:
     return time.time() - started
 
 
+def pack_command(source: Path, out: Path, workers: int) -> list[str]:
+    return [sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--resize", "256", "--quality", "90",
+            "--workers", str(workers)]  # fmt: skip
+
+
 def pack_run(source: Path, out: Path, workers: int, timeline: Path) -> tuple[float, dict[str, float]]:
     shutil.rmtree(out, ignore_errors=True)
     timeline.unlink(missing_ok=True)
     warm(source)
     env = {**os.environ, "SHARDKIT_TIMELINE": str(timeline)}
-    command = [sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--resize", "256",
-               "--quality", "90", "--workers", str(workers)]  # fmt: skip
     spawned = time.time()
-    seconds = timed(command, env)
+    seconds = timed(pack_command(source, out, workers), env)
     return seconds, breakdown(timeline.read_text(), spawned, spawned + seconds)
 
 
@@ -87,10 +90,9 @@ def apart_run(sources: list[Path], work: Path) -> float:
         shutil.rmtree(out, ignore_errors=True)
     started = time.time()
     processes = [
-        subprocess.Popen([sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--resize", "256",
-                          "--quality", "90", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.Popen(pack_command(source, out, 1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for source, out in zip(sources, outs, strict=True)
-    ]  # fmt: skip
+    ]
     for process in processes:
         _, error = process.communicate(timeout=3600)
         if process.returncode != 0:

@@ -15,6 +15,7 @@ result.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,7 @@ def split(job: ShardJob, workers: int, last: bool = False) -> Iterator[ShardJob]
     if parts < 2:
         yield job
         return
-    bounds = [sum(sizes[:number]) for number in range(parts + 1)]
+    bounds = [0, *itertools.accumulate(sizes)]
     for number in range(parts):
         own = items[bounds[number] : bounds[number + 1]]
         keys = {item.key for item in own}
