@@ -243,9 +243,8 @@ def test_a_part_the_driver_cannot_append_is_removed_all_the_same(source: Path, t
 def test_the_live_error_count_takes_the_parts_failures(source: Path, tmp_path: Path) -> None:
     """The progress line counts each part's failures as it comes back, whichever way the part
     came (a tar's as a file, whose records no longer pass through the driver)."""
+    seen: list[int] = []
     for name in available_formats():
-        seen: list[int] = []
-        result = pack(
-            _config(source, tmp_path / name, 3, format=name), progress=lambda done, total, errors: seen.append(errors)
-        )
+        config = _config(source, tmp_path / name, 3, format=name)
+        result = pack(config, progress=lambda _, __, errors: seen.append(errors))
         assert result.errors == 2 and seen[-1] == 2, name
