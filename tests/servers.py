@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,21 +30,47 @@ def weed_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("weed")
 
 
-def free_port() -> int:
-    """A free port whose +10000 (SeaweedFS's default gRPC offset, not used here but kept free) is free too."""
-    while True:
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports, each free when probed, drawn at random from below the
+    kernel's ephemeral range and above Ray's worker ports (10002-19999). Below the ephemeral range
+    no outgoing connection (a client's, Ray's) can be holding one, which is what took a SeaweedFS
+    gRPC port once in CI when ports came from bind(0) and +10000. Another process may still bind a
+    port between the probe and the server's own bind: start_s3 starts again on new ports then."""
+    import random
+
+    low, high = 20000, max(_ephemeral_floor(), 20000 + 4 * count)
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = random.randrange(low, high)
+        if port in chosen:
+            continue
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 55000:
-            return port
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    return chosen
 
 
-def _wait_http(url: str, process: subprocess.Popen, log: Path, seconds: float = 60) -> None:
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def _wait_http(url: str, process: subprocess.Popen, log: Path, seconds: float = 60, since: int = 0) -> None:
+    """Wait until `url` answers; a server that exits first raises with what it logged after byte `since`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            said = log.read_bytes()[since:].decode(errors="replace")
+            raise RuntimeError(f"server exited with {process.returncode}:\n{said[-3000:]}")
         try:
             urllib.request.urlopen(url, timeout=1).close()
             return
@@ -93,18 +119,19 @@ class S3Server:
         p = self.ports
         command = [
             binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master'] + 10000}",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume'] + 10000}",
-            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer'] + 10000}",
-            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3'] + 10000}", f"-s3.config={config}",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports: two servers would clash
             "-master.volumeSizeLimitMB=256", "-volume.max=64", "-volume.preStopSeconds=0",
             "-master.electionTimeout=1s",  # a single master: a restart need not wait 10 s to elect itself
         ]  # fmt: skip
         log = self.folder / "weed.log"
-        with open(log, "ab") as out:
+        with open(log, "ab") as out:  # appended: a restarted server's log follows the first one's
+            since = out.tell()
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_http(self.endpoint + "/", self.process, log)
+        _wait_http(self.endpoint + "/", self.process, log, since=since)
         self._wait_writable()
 
     def _wait_writable(self, seconds: float = 60) -> None:
@@ -138,19 +165,28 @@ class S3Server:
             s3fs.S3FileSystem(**self.options).mkdir(name)
 
 
-def start_s3(folder: Path) -> S3Server:
-    ports = {}
-    while len(ports) < 4:
-        port = free_port()
-        if port not in ports.values() and port + 10000 not in ports.values():
-            ports[("master", "volume", "filer", "s3")[len(ports)]] = port
-    server = S3Server(folder, ports)
-    try:
-        server.start()
-    except BaseException:  # Ctrl-C or a failed start: never leave a server running
-        server.kill()
-        raise
-    return server
+SERVICES = ("master", "volume", "filer", "s3")
+
+
+def start_s3(folder: Path, attempts: int = 4, choose: Callable[[int], list[int]] = free_ports) -> S3Server:
+    """A started S3Server in `folder`. A port is probed free before `weed` binds it, and another
+    process can take it in between (two test workers, Ray, a client): that start fails with "address
+    already in use", and only then is it started again, on ports `choose` draws anew. Any other
+    failure is raised."""
+    for attempt in range(1, attempts + 1):
+        ports = dict(zip([*SERVICES, *(name + ".grpc" for name in SERVICES)], choose(8), strict=True))
+        server = S3Server(folder, ports)
+        try:
+            server.start()
+            return server
+        except RuntimeError as error:
+            server.kill()
+            if "address already in use" not in str(error) or attempt == attempts:
+                raise
+        except BaseException:  # Ctrl-C: never leave a server running
+            server.kill()
+            raise
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ from shardkit.packing.pack import pack
 from shardkit.storage.cache import ShardCache
 from shardkit.storage.store import Store
 from shardkit.storage.urls import is_remote, parse_storage_options
-from tests.servers import http_server, s3_server, serving
+from tests.servers import free_ports, http_server, s3_server, serving, start_s3
 
 pytestmark = pytest.mark.slow  # a real Ray instance or S3 server: `make test` runs these, `make test-fast` does not
 
@@ -241,6 +242,41 @@ def test_a_missing_filesystem_package_names_the_extra(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode != 0
     assert "pip install 'shardkit[gcs]'" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_s3_server_starts_again_on_new_ports_when_one_is_taken(tmp_path: Path) -> None:
+    """CI once lost every S3 test to one port another process held when `weed` came to bind it.
+    Here the first draw holds a port this test has bound: that start fails on it, the next draw's
+    serves, and the failure is the only one taken for a lost race."""
+    with contextlib.ExitStack() as stack:
+        held = stack.enter_context(socket.socket())
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        draws: list[list[int]] = []
+
+        def choose(count: int) -> list[int]:
+            ports = free_ports(count)
+            if not draws:
+                ports[5] = held.getsockname()[1]  # the volume server's gRPC port, as in CI
+            draws.append(ports)
+            return ports
+
+        server = start_s3(tmp_path / "weed", choose=choose)
+        stack.callback(server.kill)
+        assert len(draws) == 2 and list(server.ports.values()) == draws[1]
+        server.make_bucket("data")
+        assert "address already in use" in (tmp_path / "weed" / "weed.log").read_text()
+
+        draws.clear()
+
+        def impossible(count: int) -> list[int]:
+            draws.append([*free_ports(count - 1), 70000])
+            return draws[-1]
+
+        with pytest.raises(RuntimeError) as caught:  # any other failure is raised, not started again
+            start_s3(tmp_path / "impossible", choose=impossible)
+        assert len(draws) == 1 and "address already in use" not in str(caught.value)
 
 
 def _server_stops_mid_epoch(
