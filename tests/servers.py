@@ -45,7 +45,10 @@ def free_ports(count: int) -> list[int]:
     port between the probe and the server's own bind: start_s3 starts again on new ports then."""
     import random
 
-    low, high = 20000, max(_ephemeral_floor(), 20000 + 4 * count)
+    # Where the ephemeral range starts lower (some containers set 1024-65535) no range is safe from
+    # outgoing connections: Linux's default floor, and start_s3's new draw on a clash.
+    floor = _ephemeral_floor()
+    low, high = 20000, floor if floor > 20000 + 64 * count else 32768
     chosen: list[int] = []
     while len(chosen) < count:
         port = random.randrange(low, high)
@@ -125,6 +128,7 @@ class S3Server:
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports: two servers would clash
             "-master.volumeSizeLimitMB=256", "-volume.max=64", "-volume.preStopSeconds=0",
+            "-master.telemetry=false",  # no usage report to seaweedfs.com from a test
             "-master.electionTimeout=1s",  # a single master: a restart need not wait 10 s to elect itself
         ]  # fmt: skip
         log = self.folder / "weed.log"
@@ -199,18 +203,30 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
 
 
 @contextlib.contextmanager
-def http_server(folder: Path) -> Iterator[str]:
-    """`python -m http.server` serving `folder` on loopback; yields its base URL."""
-    port = free_port()
-    log = folder.parent / f"http-{port}.log"
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
+def http_server(folder: Path, attempts: int = 4) -> Iterator[str]:
+    """`python -m http.server` serving `folder` on loopback; yields its base URL. Started again on a
+    new port only when another process took its port first (as start_s3)."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        log = folder.parent / f"http-{port}.log"
+        with open(log, "ab") as out:
+            since = out.tell()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/", process, log)
+        try:
+            _wait_http(url + "/", process, log, since=since)
+            break
+        except BaseException as error:  # never left running, Ctrl-C included
+            process.kill()
+            process.wait(10)
+            if not isinstance(error, RuntimeError) or "Address already in use" not in str(error):
+                raise
+            if attempt == attempts:
+                raise
+    try:
         yield url
     finally:
         process.kill()
