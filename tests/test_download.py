@@ -231,7 +231,8 @@ def test_a_refused_connection_is_transient_after_its_retries() -> None:
 
 
 def test_a_host_that_does_not_exist_is_final() -> None:
-    error = failure("http://no-such-host.invalid/a.jpg")
+    # the download's own 2 s would call a resolver slow to say "no such host" a timeout
+    error = failure("http://no-such-host.invalid/a.jpg", replace(WEB, timeout=30.0))
     assert error.cause == "dns"
 
 
@@ -329,9 +330,10 @@ def test_the_look_ahead_is_bounded(server: FaultServer) -> None:
         assert [next(results) for _ in range(4)] == [JPEG + b"1", JPEG + b"2", JPEG + b"0", JPEG + b"1"]
 
 
-def test_closing_ends_a_fetch_still_waiting(server: FaultServer) -> None:
+def test_closing_ends_a_fetch_still_waiting(fresh: FaultServer) -> None:
     downloader = Downloader(WEB)
-    results = downloader.fetch([(server.url("/image/closed?delay=0.3"), None)])
+    # the answer waits until the server ends (after the test): close() comes first however late its timer runs
+    results = downloader.fetch([(fresh.url("/image/closed?delay=60"), None)])
     threading.Timer(0.05, downloader.close).start()
     with pytest.raises(RuntimeError, match="closed"):
         next(results)
