@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -425,10 +426,15 @@ def test_dedup_hashes_are_kept_for_a_resume_and_taken_again_only_for_changed_fil
     assert cached == len(paths) and again.digests == first.digests and (again.hashes == first.hashes).all()
     # p0: other bytes with its size and mtime put back (exiftool -P does that): its ctime tells
     status = os.stat(files[0])
+    # A kernel before 6.13 stamps ctime from its coarse clock (a tick is 4-10 ms), and the file was
+    # written a few ms ago: an edit within the same tick would keep its ctime, and nothing would tell.
+    while time.time_ns() - status.st_ctime_ns < 50_000_000:
+        time.sleep(0.01)
     data = bytearray(files[0].read_bytes())
     data[len(data) // 2] ^= 0xFF
     files[0].write_bytes(bytes(data))
     os.utime(files[0], ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(files[0]).st_ctime_ns != status.st_ctime_ns  # (what the test is about)
     with cache.open("a") as out:
         out.write('["cut by a sto')  # the last line of a run stopped mid-write
     changed, cached = hashed()
