@@ -16,7 +16,10 @@ READ_BY_TESTS = ["docs/ARCHITECTURE.md", "configs/imagenet-256.toml", "scripts/f
 
 def test_the_sdist_carries_the_license_and_what_its_tests_read(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
-    ignore = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.so", ".*cache")
+    # .hypothesis: the other test worker's hypothesis runs write and rename files there meanwhile
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.so", ".*cache", ".hypothesis"
+    )
     shutil.copytree(ROOT, tree, ignore=ignore)
     built = subprocess.run(
         [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path)!r}))"],
