@@ -359,11 +359,12 @@ def test_a_forked_child_closing_connections_leaves_the_parents_alone(uploaded, t
     assert time.monotonic() - started < 5  # without the child's own epoll set: the read timeout, 60 s
 
 
-def _hold_then_release(root: str, seconds: float) -> None:
+def _hold_then_release(root: str, held: threading.Event, release: threading.Event) -> None:
     cache = ShardCache.at(root, None)
     cache.ready()
     with cache._lock("ab"):
-        time.sleep(seconds)
+        held.set()
+        release.wait(10)
 
 
 def _take(root: str) -> None:
@@ -374,11 +375,14 @@ def _take(root: str) -> None:
 def test_a_child_forked_while_a_cache_lock_is_held_does_not_wait_on_itself(tmp_path: Path) -> None:
     import multiprocessing
 
-    holder = threading.Thread(target=_hold_then_release, args=(str(tmp_path), 1.0))
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_then_release, args=(str(tmp_path), held, release))
     holder.start()
-    time.sleep(0.3)  # the lock is held by this process's thread when the child forks
+    assert held.wait(10)  # the lock is held by this process's thread when the child forks
     child = multiprocessing.get_context("fork").Process(target=_take, args=(str(tmp_path),))
     child.start()
+    time.sleep(0.3)  # the child waits for the lock meanwhile (or, with flock, has it already)
+    release.set()
     holder.join()
     child.join(15)
     alive = child.is_alive()
