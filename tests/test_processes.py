@@ -495,3 +495,60 @@ def test_the_forkserver_starts_first_only_for_a_pack_that_may_start_workers() ->
         ["pack", "--help"], ["probe", "SRC"], ["verify", "OUT"], [],
     ):  # fmt: skip
         assert not _starts_workers(words), words
+
+
+NESTED_PACK = """
+import multiprocessing, os, sys, time
+from pathlib import Path
+
+def gone(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+def packs(src, out, answer):
+    import multiprocessing.forkserver
+    from shardkit.core.config import pack_config
+    from shardkit.packing.pack import pack
+    pack(pack_config(src, out, workers=2, shard_size=4))
+    answer.send((multiprocessing.forkserver._forkserver._forkserver_pid, multiprocessing.util.get_temp_dir()))
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("forkserver")
+    first = context.Process(target=os.getpid)  # the parent's own forkserver, socket and temp folder
+    first.start(); first.join()
+    folder = multiprocessing.util.get_temp_dir()
+    mine, theirs = context.Pipe()
+    child = context.Process(target=packs, args=(*sys.argv[1:3], theirs))  # (made after: carries the folder)
+    child.start(); child.join()
+    assert child.exitcode == 0, child.exitcode
+    server, child_folder = mine.recv()
+    deadline = time.monotonic() + 30
+    while not gone(server) and time.monotonic() < deadline:  # the child's forkserver ends after it
+        time.sleep(0.01)
+    assert gone(server), "the child's forkserver never ended"
+    assert os.path.isdir(folder), "the child's pack removed its parent's temp folder"
+    assert child_folder != folder and not os.path.exists(child_folder), (child_folder, folder)
+    again = context.Process(target=os.getpid)  # the parent's forkserver still takes requests
+    again.start(); again.join()
+    assert again.exitcode == 0
+    print("ok")
+"""
+
+
+def test_a_pack_in_a_multiprocessing_child_leaves_its_parent_s_temp_folder(tmp_path: Path) -> None:
+    """A multiprocessing child carries its parent's temp folder (the one with the parent's forkserver
+    socket), and pack's forkserver in such a child (a user's own worker running pack) removed that
+    folder once the child ended: the parent could start no process again, and its exit printed a
+    FileNotFoundError traceback (found by scripts/fuzz_shards.py, whose workers run verify)."""
+    for i in range(8):
+        write_image(tmp_path / "src" / f"{i}.jpg", 64, 48, seed=i)
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_PACK)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "src"), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, start_new_session=True,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+    assert len(read_manifest(tmp_path / "out").shards) == 2

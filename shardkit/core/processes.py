@@ -87,11 +87,18 @@ _LONGEST_TMP = 70
 
 
 def _temp_dir() -> str:
-    """multiprocessing's temp folder for this process (made now: the one the forkserver will use),
-    under /tmp when TMPDIR is too long for the forkserver's socket."""
+    """multiprocessing's temp folder for this process (made now: the one the forkserver will use,
+    and the one forkserver_exit removes once this process is gone), under /tmp when TMPDIR is too
+    long for the forkserver's socket. Always this process's own: a multiprocessing child inherits
+    its parent's folder (a Process carries its parent's config), and a shardkit pool in such a child
+    (a user's own worker running pack) removed the parent's folder with its forkserver's socket
+    when the child ended: the parent could start no process again, and its exit printed a traceback."""
     import tempfile
 
     config = cast(Any, multiprocessing.process.current_process())._config  # where get_temp_dir keeps it
+    inherited = config.get("tempdir")
+    if inherited is not None and not _removed_at_exit_here(inherited):
+        config["tempdir"] = None  # the parent's, left alone: get_temp_dir makes this process its own
     if config.get("tempdir") is None and len(os.fsencode(tempfile.gettempdir())) > _LONGEST_TMP:
         import shutil
 
@@ -99,6 +106,17 @@ def _temp_dir() -> str:
         multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
         config["tempdir"] = folder
     return multiprocessing.util.get_temp_dir()
+
+
+def _removed_at_exit_here(folder: str) -> bool:
+    """Whether this process removes `folder` at its exit (a finalizer of multiprocessing's own, or
+    _temp_dir's, made in this process): what makes a temp folder this process's. A child's registry
+    starts empty, and a finalizer copied by a plain fork runs only in the process that made it."""
+    finalizers = list(cast(Any, multiprocessing.util)._finalizer_registry.values())
+    return any(
+        getattr(finalizer, "_pid", None) == os.getpid() and folder in (getattr(finalizer, "_args", None) or ())
+        for finalizer in finalizers
+    )
 
 
 def start_resource_tracker() -> None:
