@@ -552,3 +552,41 @@ def test_a_pack_in_a_multiprocessing_child_leaves_its_parent_s_temp_folder(tmp_p
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
     assert len(read_manifest(tmp_path / "out").shards) == 2
+
+
+UNGUARDED = """
+import sys
+import shardkit
+from shardkit.core.config import pack_config
+
+try:  # at the top level, with no `if __name__ == "__main__":`
+    if sys.argv[1] == "pack":
+        shardkit.pack(pack_config(sys.argv[2], sys.argv[3], workers=2, shard_size=4))
+    else:
+        print(shardkit.verify(sys.argv[2], workers=2))
+except shardkit.ShardkitError as error:
+    print(f"{type(error).__name__}: {error}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("call", ["pack", "verify"])
+def test_a_script_calling_shardkit_unguarded_is_told_what_to_change(tmp_path: Path, call: str) -> None:
+    """Each worker process imports the main script again: an unguarded pack() at its top level ran
+    again in every worker, met the driver's output lock, and the driver said "a worker process died
+    ... run out of memory" under a traceback per worker; verify() called a whole shard "crashed"."""
+    for i in range(8):
+        write_image(tmp_path / "src" / f"{i}.jpg", 64, 48, seed=i)
+    out = tmp_path / "out"
+    if call == "verify":
+        subprocess.run([sys.executable, "-m", "shardkit", "pack", str(tmp_path / "src"), str(out), "--shard-size", "4"],
+                       check=True, capture_output=True)  # fmt: skip
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    arguments = [str(tmp_path / "src"), str(out)] if call == "pack" else [str(out)]
+    done = subprocess.run([sys.executable, str(script), call, *arguments], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr == (
+        f"ConfigError: each worker process imports {script} again (Python's multiprocessing does), and its "
+        'top-level code called shardkit again there: put that call under `if __name__ == "__main__":`\n'
+    )

@@ -16,8 +16,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
-from .errors import WorkerDiedError
-from .processes import start_worker, started_context
+from .errors import ConfigError, WorkerDiedError
+from .processes import script_ran_again, start_worker, started_context
 from .stops import stop_if_stopping, stops_deferred, wait_any
 from .timeline import mark
 
@@ -138,6 +138,9 @@ def map_local(
                     yield index, future.result()
                 except BrokenProcessPool as error:
                     stop_if_stopping()  # a stop signal to the whole group ends the workers first
+                    processes = (getattr(pool, "_processes", None) or {}).values()
+                    if (said := script_ran_again(process.exitcode for process in list(processes))) is not None:
+                        raise ConfigError(said) from None
                     raise WorkerDiedError(
                         f"a worker process died while running job {index} ({error}); "
                         "it may have been killed or run out of memory"
@@ -198,6 +201,8 @@ def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | Non
         # it died before sending anything
         process.join()
         code = process.exitcode
+        if (said := script_ran_again([code])) is not None:  # (not the job's doing: no crash to report)
+            raise ConfigError(said) from None
         if code is not None and code < 0:
             try:
                 return None, f"killed by {signal.Signals(-code).name}"

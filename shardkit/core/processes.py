@@ -12,9 +12,10 @@ import multiprocessing.util
 import os
 import select
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from .timeline import mark
@@ -56,6 +57,33 @@ def mp_context(
     return context
 
 
+# The exit code of a worker process that found itself still importing the user's script (see
+# `exit_if_importing_main`): 78 is sysexits' EX_CONFIG, which nothing else here exits with.
+RAN_THE_SCRIPT_AGAIN = 78
+
+
+def exit_if_importing_main() -> None:
+    """Under forkserver and spawn, multiprocessing imports the user's main script again in every
+    worker process (as __mp_main__). A script that calls pack() at its top level, with no
+    `if __name__ == "__main__":`, then ran pack again in each worker: it met the driver's output
+    lock, and the driver failed with "a worker process died ... run out of memory", and verify called
+    a whole shard "crashed". Such a worker exits here with RAN_THE_SCRIPT_AGAIN, before it starts
+    anything, and the driver says what to change (`script_ran_again`)."""
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        os._exit(RAN_THE_SCRIPT_AGAIN)
+
+
+def script_ran_again(exit_codes: Iterable[int | None]) -> str | None:
+    """What the driver says when a worker ended by `exit_if_importing_main` (one of `exit_codes`)."""
+    if RAN_THE_SCRIPT_AGAIN not in exit_codes:
+        return None
+    script = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+    return (
+        f"each worker process imports {script} again (Python's multiprocessing does), and its top-level code "
+        'called shardkit again there: put that call under `if __name__ == "__main__":`'
+    )
+
+
 def started_context(
     preload: tuple[str, ...] = FORKSERVER_PRELOAD,
 ) -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
@@ -67,6 +95,7 @@ def started_context(
     - the forkserver ignores SIGINT only once its preload imports are done: a Ctrl-C during them
       printed its KeyboardInterrupt traceback.
     Workers unblock both (start_worker). SIGTERM still ends either at once: it prints nothing."""
+    exit_if_importing_main()
     context = mp_context(preload)
     if context.get_start_method() != "forkserver":
         return context

@@ -21,6 +21,7 @@ from ..core.config import PackConfig
 from ..core.errors import ConfigError, OutputError, describe
 from ..core.manifest import MANIFEST_NAME
 from ..core.pools import default_workers
+from ..core.processes import exit_if_importing_main
 from ..core.timeline import mark
 from ..formats import get_format
 from ..storage.location import locate
@@ -81,6 +82,7 @@ def pack(
     list; --dedup hashes every file first, reported through `dedup_progress`). `tally` counts a
     table of URLs' downloaded bytes and failures per cause as shards come back.
     """
+    exit_if_importing_main()  # (before the output's lock, which the driver holds)
     location = locate(config.output, _output_options(config), manifest=False)
     if not isinstance(location, Path):
         return _pack_to_remote(config, location, progress, dedup_progress, tally)
