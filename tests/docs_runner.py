@@ -266,7 +266,8 @@ def _clips_out(folder: Path) -> None:
         _shardkit(folder, "pack", "videos", "clips-out", "--clip-seconds", "1", "--clip-fps", "8", "--resize", "96")
 
 
-NAMESPACE: dict[str, object] = {"__name__": "__docs__"}
+# A page's Python blocks run as a newcomer's script does: `if __name__ == "__main__":` blocks included
+NAMESPACE: dict[str, object] = {"__name__": "__main__"}
 SETUPS: dict[str, Callable[[Path], None]] = {
     "coco-shards": _coco_shards,
     "videos": _videos,
