@@ -64,6 +64,17 @@ def test_the_readme_is_short_and_starts_with_a_quickstart() -> None:
         assert (ROOT / link).is_file(), link
 
 
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "docs" / "ARCHITECTURE.md"], ids=lambda page: page.name)
+def test_every_relative_link_of_a_page_resolves_from_its_folder(page: Path) -> None:
+    """A link or image is read from the page's own folder: `docs/x.md` written inside docs/ (a
+    README habit) pointed at docs/docs/x.md, and the contact sheet of docs/duplicates.md showed
+    nothing."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)  # (code blocks hold no links)
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:|#", t)]
+    missing = [t for t in targets if not (page.parent / t.split("#")[0]).exists()]
+    assert missing == [], f"{page.name}: {missing}"
+
+
 @pytest.mark.slow
 def test_the_runner_fails_a_page_whose_code_is_stale(tmp_path: Path) -> None:
     """A test of the tests: a command that fails, an error line that is not what the command says,
