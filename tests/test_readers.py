@@ -277,3 +277,25 @@ def test_set_epoch_reaches_persistent_dataloader_workers(packed: Path) -> None:
     assert persistent == epochs(False)
     assert persistent[0] != persistent[1] != persistent[2]
     assert sorted(persistent[0]) == sorted(persistent[2])
+
+
+def test_a_dataset_dropped_without_close_lets_go_of_its_lmdb_files(packed_sample) -> None:
+    """A notebook's `del ds` (no close()) kept each LMDB file open for the process's life, and py-lmdb
+    refuses to open a file twice in a process: the docs' "without shardkit" snippet then failed."""
+    import gc
+
+    import lmdb
+
+    packed = packed_sample("lmdb", 64, 7)
+    shard = packed / read_manifest(packed).shards[0].name
+    dataset = open_shards(packed, decode="bytes")
+    dataset[0]
+    del dataset
+    gc.collect()
+    lmdb.open(str(shard), subdir=False, readonly=True, lock=False).close()
+    closed = open_shards(packed, decode="bytes")
+    closed[0]
+    closed.close()
+    lmdb.open(str(shard), subdir=False, readonly=True, lock=False).close()
+    del closed
+    gc.collect()  # (close() released it already: the collector must not release it again)

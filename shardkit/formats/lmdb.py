@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import struct
+import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
@@ -311,16 +312,23 @@ def _release(path: str) -> None:
 
 
 class LmdbShardReader(ShardReader):
-    TRANSIENT = ("_env",)
+    TRANSIENT = ("_env", "_releaser")
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._env: Any = None
+        self._releaser: weakref.finalize[Any, Any] | None = None
         self._count: int | None = None
 
     def _open(self) -> Any:
         if not self.in_this_process(self._env):  # opened lazily, once per process
+            if self._releaser is not None:
+                self._releaser.detach()  # (a parent's, inherited through a fork: the parent releases its own)
             self._env = _acquire(self.path)
+            # Released when the reader is collected too, not only by close(): a dataset dropped
+            # without close() (a notebook's `del ds`) kept the file open for the process's life,
+            # and py-lmdb then refused to open it again ("already open in this process").
+            self._releaser = weakref.finalize(self, _release, self.path)
             self.opened()
         return self._env
 
@@ -407,8 +415,9 @@ class LmdbShardReader(ShardReader):
             raise ShardFormatError(f"{self.path}: damaged LMDB file ({error})") from None
 
     def close(self) -> None:
-        if self._env is not None:
-            _release(self.path)
+        if self._releaser is not None:
+            self._releaser()  # (once: a finalize runs at most once, by close() or by the collector)
+        self._releaser = None
         self._env = None
 
 
