@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,14 @@ class IndexFile:
             local = None if hasattr(self.source, "seek") else fs.LocalFileSystem()
             return ds.ParquetFileFormat().make_fragment(self.source, filesystem=local).to_table(columns=columns)
         except Exception as error:  # pyarrow's own (ArrowInvalid for an unknown column, a type mismatch, ...)
-            raise ConfigError(f"select: {str(error).splitlines()[0][:300]}") from None
+            said = str(error).splitlines()[0]
+            missing = re.match(r"No match for FieldRef\.Name\((.*?)\) in ", said)
+            if missing is not None:  # pyarrow lists the columns it has in its schema's own notation
+                raise ConfigError(
+                    f"select: the index has no column {missing.group(1)!r} (it has {', '.join(self.columns)}); "
+                    "a column of your own table is in its 'columns' text: filter on it with a callable"
+                ) from None
+            raise ConfigError(f"select: {said[:300]}") from None
 
 
 def read_index(where: Path | Store, manifest: Manifest) -> IndexFile:
