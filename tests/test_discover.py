@@ -95,9 +95,30 @@ def test_list_file_with_labels(tmp_path: Path) -> None:
 def test_list_file_with_integer_labels_and_duplicates(tmp_path: Path) -> None:
     listing = tmp_path / "list.csv"
     listing.write_text("a.jpg,3\nb.jpg,7\na.jpg,3\n")
+    write_image(tmp_path / "a.jpg", 10, 10)
     source = discover(listing)
     assert [(item.relpath, item.label) for item in source.items] == [("a.jpg", 3), ("b.jpg", 7)]
     assert [skip.reason for skip in source.skipped] == ["listed more than once"]
+
+
+def test_a_list_naming_no_file_from_its_folder_is_refused_saying_where(tmp_path: Path, monkeypatch) -> None:
+    """Paths written from the current folder, not the list's, named nothing: 0 of N packed, exit 0."""
+    write_image(tmp_path / "imgs" / "a.jpg", 10, 10)
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "train.txt").write_text("imgs/a.jpg,0\nimgs/gone.jpg,1\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError) as caught:
+        discover(Path("lists/train.txt"))
+    assert str(caught.value) == (
+        "lists/train.txt: none of its 2 paths exists; they are read from the list's folder (the first: "
+        "lists/imgs/a.jpg), and imgs/a.jpg exists from the current folder: write them from lists/ or as absolute paths"
+    )
+    (tmp_path / "lists" / "train.txt").write_text(f"{tmp_path}/imgs/gone.jpg,1\n../imgs/gone2.jpg,0\n")
+    with pytest.raises(SourceError, match=r"none of its 2 paths exists; .* \(the first: /"):
+        discover(tmp_path / "lists" / "train.txt")
+    # one path that is there is a list: the others are each listed with their reason, as before
+    (tmp_path / "lists" / "train.txt").write_text("../imgs/gone.jpg,1\n../imgs/a.jpg,0\n")
+    assert [item.relpath for item in discover(Path("lists/train.txt")).items] == ["../imgs/gone.jpg", "../imgs/a.jpg"]
 
 
 @pytest.mark.parametrize(
@@ -184,6 +205,7 @@ def test_a_list_file_label_past_int64_is_refused_naming_its_line(tmp_path: Path,
         discover(listing)
     assert "\n" not in str(error.value) and len(str(error.value)) < 200
     listing.write_text("a.jpg,3\nc.jpg,9223372036854775807\n")
+    write_image(tmp_path / "a.jpg", 10, 10)  # (a list that names no file at all is refused)
     assert [item.label for item in discover(listing).items] == [3, 2**63 - 1]
 
 

@@ -59,9 +59,30 @@ def from_list(list_path: str) -> SourceList:
         (os.path.normpath(path).replace(os.sep, "/"), to_label(number, label))
         for number, (path, label) in zip(numbers, raw, strict=True)
     ]
+    _refuse_if_none_exists(list_path, base, [path for path, _ in pairs])
     skipped: list[Failure] = []
     items = _keyed(base, pairs, skipped)
     return SourceList(list_path, "list", items, classes, skipped)
+
+
+def _refuse_if_none_exists(list_path: str, base: str, paths: list[str]) -> None:
+    """A list whose paths were written from another folder than its own names no file at all: that
+    packed 0 of N inputs, listed each as "No such file or directory", and exited 0. Refused before
+    any work instead, saying where the paths were looked for. (While the paths exist this is one
+    stat: the search stops at the first; a list that names nothing costs a stat a line, once.)"""
+
+    def resolved(path: str) -> str:
+        return path if os.path.isabs(path) else os.path.join(base, path)
+
+    if any(os.path.lexists(resolved(path)) for path in paths):
+        return
+    shown = (lambda path: path) if os.path.isabs(list_path) else os.path.relpath  # as the user wrote the list's
+    said = f"{display(list_path)}: none of its {len(paths):,} paths exists; they are read from the list's folder"
+    said += f" (the first: {display(shown(resolved(paths[0])))})"
+    if not os.path.isabs(paths[0]) and os.path.lexists(paths[0]):  # written from the current folder
+        said += f", and {display(paths[0])} exists from the current folder: write them from {display(shown(base))}/"
+        said += " or as absolute paths"
+    raise SourceError(said)
 
 
 def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure]) -> list[Item]:
