@@ -46,3 +46,23 @@ def test_output_inside_a_file_is_refused(shardkit, sample_dataset, tmp_path) -> 
     (tmp_path / "file").write_text("x")
     result = shardkit("pack", sample_dataset, tmp_path / "file" / "out")
     assert result.returncode == 1 and "cannot write here" in result.stderr
+
+
+def test_a_pack_that_packs_nothing_fails_naming_the_first_reason(shardkit, tmp_path: Path) -> None:
+    """Every input broken: the output is written (errors.jsonl says why for each) but holds nothing
+    to train on, and the command exited 0, so a pipeline went on with an empty dataset."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest of a JPEG")
+    (source / "b.png").write_bytes(b"")
+    result = shardkit("pack", source, tmp_path / "out")
+    assert result.returncode == 1, result.stdout
+    first = json.loads((tmp_path / "out" / "errors.jsonl").read_text().splitlines()[0])
+    assert result.stderr.strip() == (
+        f"error: {tmp_path / 'out'}: none of the 2 inputs was packed; the first: {first['path']}: {first['reason']} "
+        "(each is in errors.jsonl)"
+    )
+    assert "0 of 2 inputs" in result.stdout  # (the summary as ever)
+    from shardkit.core.manifest import read_manifest
+
+    assert read_manifest(tmp_path / "out").records == 0  # (the output stands: verify and a reader see why)

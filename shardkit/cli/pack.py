@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..core.config import PACK_OPTION_TABLE, PackConfig, PackOption, TableConfig
 from ..core.config import pack_config as make_pack_config
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, ShardkitError
 from ..formats import available_formats
 
 if TYPE_CHECKING:
@@ -125,6 +125,23 @@ def pack(
         render(result)
         if json_path is not None:
             write_json_report(json_path, result.to_json())
+        if result.records == 0 and result.inputs > 0:  # (an output to read, but nothing to train on)
+            nothing = f"{result.output}: none of the {result.inputs:,} inputs was packed"
+            raise ShardkitError(nothing + _first_error(result))
+
+
+def _first_error(result: PackResult) -> str:
+    """The first row of a local output's errors.jsonl, as `; the first: PATH: REASON` (or nothing)."""
+    from ..core.manifest import ERRORS_NAME, error_lines
+
+    try:
+        with open(Path(result.output) / ERRORS_NAME, "rb") as log:
+            row = next(error_lines(log, ERRORS_NAME, most=1), None)
+    except (OSError, ShardkitError):  # (a bucket's output, or a log that is not one: the count says enough)
+        return ""
+    if row is None:
+        return ""
+    return f"; the first: {row.get('path', '?')}: {row.get('reason', '?')} (each is in {ERRORS_NAME})"
 
 
 def _signature() -> inspect.Signature:
