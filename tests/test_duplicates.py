@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -170,7 +171,8 @@ def test_bad_files_are_reported_and_links_count_once(tmp_path: Path) -> None:
     assert report.groups == [] and report.files == 4  # a, b, c, d: the links are a's file
     reasons = {Path(f.path).name: f.reason for f in report.failures}
     assert set(reasons) >= {"c_garbage.jpg", "d_tiny.png"}, reasons
-    assert "too small to hash" in reasons["d_tiny.png"] and "cannot decode" in reasons["c_garbage.jpg"]
+    assert "too small to hash" in reasons["d_tiny.png"]
+    assert reasons["c_garbage.jpg"] == "cannot decode (not a format Pillow recognises)"  # (not "<_io.BytesIO>")
 
 
 def test_the_cli_writes_groups_with_paths_as_typed(shardkit, planted, tmp_path: Path) -> None:
@@ -190,6 +192,25 @@ def test_the_cli_writes_groups_with_paths_as_typed(shardkit, planted, tmp_path: 
     assert os.path.join(relative, Path(expected["exact"][0][1]).name) in files
     with Image.open(sheet) as image:  # a row per group drawn (8 at most)
         assert image.format == "PNG" and image.height > 8 * 128
+
+
+def test_the_cli_says_how_many_groups_it_leaves_out_and_names_files_not_hashed(shardkit, tmp_path: Path) -> None:
+    """It printed 10 groups of 150 with no word of the rest, and "2 files not hashed" naming none."""
+    for i, image in enumerate(photos(12)):
+        image.save(tmp_path / f"p{i:02d}.jpg", quality=90)
+        shutil.copyfile(tmp_path / f"p{i:02d}.jpg", tmp_path / f"p{i:02d}-copy.jpg")
+    for i in range(7):
+        (tmp_path / f"z{i}.jpg").write_bytes(b"\xff\xd8\xff" + bytes([i]) * 100)  # (unlike: no group)
+    done = shardkit("duplicates", tmp_path, "--near")  # (--near decodes: the garbage is found out)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "12 exact groups (the same bytes), 0 near groups; 0 groups span sources (leakage)" in lines
+    assert sum(line.startswith("- exact: ") for line in lines) == 10
+    assert "  and 2 more (every group: --json)" in lines
+    assert "7 files not hashed (unreadable, undecodable or too small):" in lines
+    named = [line for line in lines if line.startswith(f"- {tmp_path}/z")]
+    assert len(named) == 5 and all(line.endswith(": cannot decode (not a format Pillow recognises)") for line in named)
+    assert "  and 2 more (every file: --json)" in lines
 
 
 @pytest.mark.parametrize(

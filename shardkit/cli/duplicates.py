@@ -21,6 +21,7 @@ from .common import (
 )
 
 SHOWN_GROUPS = 10
+SHOWN_FAILURES = 5
 
 
 def duplicates(
@@ -82,16 +83,23 @@ def duplicates(
             highlight=False,
             soft_wrap=True,
         )
-        for group in (leaks or report.groups)[:SHOWN_GROUPS]:
+        shown = leaks or report.groups
+        for group in shown[:SHOWN_GROUPS]:
             tag = " [red]leakage[/]" if group.leakage else ""
             more = f" (+{len(group.files) - 4})" if len(group.files) > 4 else ""
             console.print(
                 f"- {group.kind}{tag}: " + escape(", ".join(group.files[:4])) + more, highlight=False, soft_wrap=True
             )
+        if len(shown) > SHOWN_GROUPS:
+            console.print(f"  and {len(shown) - SHOWN_GROUPS:,} more (every group: --json)", highlight=False)
         if report.failures:
             console.print(
-                f"[yellow]{len(report.failures):,} files not hashed[/] (unreadable, undecodable or too small)"
+                f"[yellow]{len(report.failures):,} files not hashed[/] (unreadable, undecodable or too small):"
             )
+            for failure in report.failures[:SHOWN_FAILURES]:
+                console.print(f"- {escape(failure.path)}: {escape(failure.reason)}", highlight=False, soft_wrap=True)
+            if len(report.failures) > SHOWN_FAILURES:
+                console.print(f"  and {len(report.failures) - SHOWN_FAILURES:,} more (every file: --json)")
         if json_path is not None:
             write_json_report(json_path, report.to_json())
         if plot is not None and report.groups:

@@ -79,7 +79,7 @@ def grey_thumbnail(data: bytes, max_pixels: int) -> np.ndarray:
     """A THUMBNAIL x THUMBNAIL grey thumbnail of the displayed image, decoded at the smallest DCT
     scale that keeps at least twice its size (JPEG); ValueError with the reason when the image
     cannot give one."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     from .encode import grey_average, oriented, to_rgb
 
@@ -101,5 +101,7 @@ def grey_thumbnail(data: bytes, max_pixels: int) -> np.ndarray:
             return grey_average(oriented(rgb, orientation if isinstance(orientation, int) else 1))
     except ValueError:
         raise
+    except UnidentifiedImageError:  # (its text names an in-memory object, <_io.BytesIO object at 0x...>)
+        raise ValueError("cannot decode (not a format Pillow recognises)") from None
     except Exception as error:  # Pillow raises many types for a bad file: each is "cannot decode"
         raise ValueError(f"cannot decode ({describe(error, with_type=True)})") from None
