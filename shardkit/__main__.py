@@ -18,18 +18,11 @@ def _stopped_before_start(signum: int, frame: object = None) -> None:
 
 
 def _remove_forkserver_folder() -> None:
-    """multiprocessing's folder of the forkserver `run` started (it holds its socket), which this
-    exit leaves to no exit handler: the forkserver removes it once this process is gone, unless the
-    same signal ends it too (a SIGTERM to the group). Nothing will start a worker now."""
-    processes = sys.modules.get("shardkit.core.processes")
-    name, read = getattr(processes, "FORKSERVER_TEMP_ENV", None), getattr(processes, "forkserver_folder", None)
-    if name is None or read is None:  # not imported, or still being imported: no forkserver started
-        return
-    named = read(os.environ.get(name, ""))
-    if named is not None and named[0] == os.getpid():
-        import shutil
-
-        shutil.rmtree(named[1], ignore_errors=True)
+    """processes.remove_forkserver_folder, where processes is imported (only os and signal are
+    loaded this early): not imported, or still being imported, means no forkserver started."""
+    remove = getattr(sys.modules.get("shardkit.core.processes"), "remove_forkserver_folder", None)
+    if remove is not None:
+        remove()
 
 
 def main() -> None:

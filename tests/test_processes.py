@@ -90,9 +90,9 @@ def wait_for_group(group: int, seconds: float) -> list[int]:
     return alive
 
 
-def start_and_wait_for_a_shard(command: list[str], out: Path) -> subprocess.Popen:
+def start_and_wait_for_a_shard(command: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out.exists() and list(out.glob("shard-*.tar"))):
@@ -439,10 +439,16 @@ def test_a_stop_signal_while_python_finalizes_leaves_the_exit_code(code: int) ->
 @pytest.mark.parametrize("second", ["SIGINT", "SIGTERM"])
 def test_a_second_stop_signal_exits_at_once(python_command, slow_source: Path, clean_run: Path, tmp_path, second):
     """Ctrl-C pressed twice (or a SIGTERM after it): never a hang or a traceback; the second one
-    exits at once, the workers follow, and --resume finishes the pack."""
+    exits at once, the workers follow, and --resume finishes the pack. Nothing is left in TMPDIR:
+    the second stop's os._exit skipped the handler that removes the forkserver's folder, and a
+    SIGTERM to the group ended the forkserver before its own did (a /tmp/pymp-* each time)."""
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="tmp", dir="/tmp"))  # short: the socket's path has a limit
     for attempt in range(4):  # the second signal lands at a different point of the clean-up each time
         out = tmp_path / f"out{attempt}"
-        process = start_and_wait_for_a_shard(pack_command(python_command, slow_source, out), out)
+        env = {**os.environ, "TMPDIR": str(temp)}
+        process = start_and_wait_for_a_shard(pack_command(python_command, slow_source, out), out, env)
         os.killpg(process.pid, signal.SIGINT)
         time.sleep(0.002 * attempt)
         os.killpg(process.pid, getattr(signal, second))
@@ -450,6 +456,8 @@ def test_a_second_stop_signal_exits_at_once(python_command, slow_source: Path, c
         assert process.returncode in (130, 128 + getattr(signal, second)), stderr
         assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
         assert wait_for_group(process.pid, 5) == []
+        assert list(temp.iterdir()) == [], (attempt, stderr)
+    temp.rmdir()
     resumed = subprocess.run(pack_command(python_command, slow_source, out, "--resume"), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert shard_hashes(out) == shard_hashes(clean_run)

@@ -33,6 +33,18 @@ def forkserver_folder(value: str) -> tuple[int, str] | None:
     return None
 
 
+def remove_forkserver_folder() -> None:
+    """Remove the forkserver's folder this process made (named by FORKSERVER_TEMP_ENV), for an exit
+    that skips the exit handlers (os._exit on a stop): the forkserver removes it once this process
+    is gone, unless the same signal ended it too (a stop to the whole group). Nothing will start a
+    worker after this."""
+    named = forkserver_folder(os.environ.get(FORKSERVER_TEMP_ENV, ""))
+    if named is not None and named[0] == os.getpid():
+        import shutil
+
+        shutil.rmtree(named[1], ignore_errors=True)
+
+
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
 FORKSERVER_PRELOAD = (

@@ -65,6 +65,12 @@ def stop(signum: int, frame: object = None) -> None:
         name = signal.Signals(signum).name
         again = _stopped_by is not None
         os.write(2, (f"\nstopped again ({name}): exiting now\n" if again else f"stopped by {name}\n").encode())
+        # os._exit skips multiprocessing's handler that removes the forkserver's folder, and a
+        # SIGTERM to the whole group ends the forkserver before its own does: a /tmp/pymp-* each time
+        remove = getattr(sys.modules.get("shardkit.core.processes"), "remove_forkserver_folder", None)
+        if remove is not None:
+            with contextlib.suppress(Exception):
+                remove()
         os._exit(128 + signum)
     _stopped_by = signum
     if _deferring:
