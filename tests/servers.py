@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
 
 ACCESS_KEY, SECRET_KEY = "shardkit", "shardkit-secret"
+T = TypeVar("T")
 
 
 def weed_binary() -> str | None:
@@ -172,25 +174,34 @@ class S3Server:
 SERVICES = ("master", "volume", "filer", "s3")
 
 
-def start_s3(folder: Path, attempts: int = 4, choose: Callable[[int], list[int]] = free_ports) -> S3Server:
-    """A started S3Server in `folder`. A port is probed free before `weed` binds it, and another
-    process can take it in between (two test workers, Ray, a client): that start fails with "address
-    already in use", and only then is it started again, on ports `choose` draws anew. Any other
-    failure is raised."""
+def _on_free_ports(start: Callable[[], T], attempts: int) -> T:
+    """start(), again while it fails because another process bound a port it had probed free (two
+    test workers, Ray, a client, between the probe and the server's own bind): "address already in
+    use". Any other failure is raised. `start` draws its ports and stops what it started on a failure."""
     for attempt in range(1, attempts + 1):
-        ports = dict(zip([*SERVICES, *(name + ".grpc" for name in SERVICES)], choose(8), strict=True))
-        server = S3Server(folder, ports)
+        try:
+            return start()
+        except RuntimeError as error:
+            if "address already in use" not in str(error).lower() or attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_s3(folder: Path, attempts: int = 4, choose: Callable[[int], list[int]] = free_ports) -> S3Server:
+    """A started S3Server in `folder`, on ports `choose` draws (anew for each start `_on_free_ports` makes)."""
+
+    def start() -> S3Server:
+        server = S3Server(
+            folder, dict(zip([*SERVICES, *(name + ".grpc" for name in SERVICES)], choose(8), strict=True))
+        )
         try:
             server.start()
-            return server
-        except RuntimeError as error:
-            server.kill()
-            if "address already in use" not in str(error) or attempt == attempts:
-                raise
-        except BaseException:  # Ctrl-C: never leave a server running
+        except BaseException:  # Ctrl-C or a failed start: never leave a server running
             server.kill()
             raise
-    raise AssertionError("unreachable")
+        return server
+
+    return _on_free_ports(start, attempts)
 
 
 @contextlib.contextmanager
@@ -204,9 +215,10 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
 
 @contextlib.contextmanager
 def http_server(folder: Path, attempts: int = 4) -> Iterator[str]:
-    """`python -m http.server` serving `folder` on loopback; yields its base URL. Started again on a
-    new port only when another process took its port first (as start_s3)."""
-    for attempt in range(1, attempts + 1):
+    """`python -m http.server` serving `folder` on loopback, on a port drawn anew for each start
+    `_on_free_ports` makes; yields its base URL."""
+
+    def start() -> tuple[str, subprocess.Popen]:
         port = free_port()
         log = folder.parent / f"http-{port}.log"
         with open(log, "ab") as out:
@@ -218,14 +230,13 @@ def http_server(folder: Path, attempts: int = 4) -> Iterator[str]:
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_http(url + "/", process, log, since=since)
-            break
-        except BaseException as error:  # never left running, Ctrl-C included
+        except BaseException:  # never left running, Ctrl-C included
             process.kill()
             process.wait(10)
-            if not isinstance(error, RuntimeError) or "Address already in use" not in str(error):
-                raise
-            if attempt == attempts:
-                raise
+            raise
+        return url, process
+
+    url, process = _on_free_ports(start, attempts)
     try:
         yield url
     finally:
