@@ -71,14 +71,11 @@ def _refuse_if_none_exists(list_path: str, base: str, paths: list[str]) -> None:
     any work instead, saying where the paths were looked for. (While the paths exist this is one
     stat: the search stops at the first; a list that names nothing costs a stat a line, once.)"""
 
-    def resolved(path: str) -> str:
-        return path if os.path.isabs(path) else os.path.join(base, path)
-
-    if any(os.path.lexists(resolved(path)) for path in paths):
+    if any(os.path.lexists(_resolved(base, path)) for path in paths):
         return
     shown = (lambda path: path) if os.path.isabs(list_path) else os.path.relpath  # as the user wrote the list's
     said = f"{display(list_path)}: none of its {len(paths):,} paths exists; they are read from the list's folder"
-    said += f" (the first: {display(shown(resolved(paths[0])))})"
+    said += f" (the first: {display(shown(_resolved(base, paths[0])))})"
     if not os.path.isabs(paths[0]) and os.path.lexists(paths[0]):  # written from the current folder
         said += f", and {display(paths[0])} exists from the current folder: write them from {display(shown(base))}/"
         said += " or as absolute paths"
@@ -98,6 +95,11 @@ def _keyed(root: str, pairs: list[tuple[str, int | None]], skipped: list[Failure
             skipped.append(skip(shown, "listed more than once"))
             continue
         seen.add(key)
-        path = rel if os.path.isabs(rel) else os.path.join(root, rel)
+        path = _resolved(root, rel)
         items.append(Item(path, shown, key, label))
     return items
+
+
+def _resolved(base: str, path: str) -> str:
+    """Where a listed path points: itself when whole, else from the list's folder `base`."""
+    return path if os.path.isabs(path) else os.path.join(base, path)
