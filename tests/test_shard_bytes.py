@@ -14,8 +14,8 @@ from shardkit.packing.estimate import calibrate
 from shardkit.packing.pack import pack
 from shardkit.packing.sources import walk
 from shardkit.synthetic import make_sample_dataset
+from tests.conftest import IMAGENET_SAMPLE as REAL
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-sample"
 # Measured (scripts/bench_shard_bytes.py): worst -10% on imagenet-sample at 1 MB, -12% on the
 # generated set; cut by source bytes, the same shards are 70-90% short.
 BOUND = 0.15
