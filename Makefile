@@ -5,7 +5,7 @@ EXTRAS ?= dev,plot,ray,torch,s3,http,video
 PY := $(VENV)/bin/python
 DEMO ?= demo
 
-.PHONY: install system-deps venv pillow-simd img2dataset pip-smoke test test-fast lint typecheck check demo bench clean
+.PHONY: install system-deps venv pillow-simd img2dataset pip-smoke test test-fast lint typecheck check demo bench clean installed
 
 install: system-deps venv pillow-simd img2dataset
 	@$(VENV)/bin/shardkit doctor
@@ -43,19 +43,23 @@ pillow-simd: venv
 test: test-fast
 	$(PY) -m pytest -q -m slow
 
+# What needs the venv says so in one line where `make install` has not made it yet.
+installed:
+	$(if $(wildcard $(PY)),,$(error $(PY) is not here: run 'make install' first (it makes $(VENV) with every extra)))
+
 # The inner loop: the suite without the tests marked slow, on two processes (under a minute on 2 cores).
 # CLI tests run the command in-process (tests/inprocess.py); what needs a real process stays one.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: each worker otherwise compiles and
 # assertion-rewrites every test module again (collection 9.4 s -> 5.6 s). --dist loadfile keeps a
 # module's fixtures (packed outputs) on one worker instead of building them on both.
-test-fast:
+test-fast: installed
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
 
-lint:
+lint: installed
 	$(VENV)/bin/ruff check shardkit tests scripts
 	$(VENV)/bin/ruff format --check shardkit tests scripts
 
-typecheck:
+typecheck: installed
 	$(VENV)/bin/mypy
 
 # A pip user's install on another Python: `pip install .` in a fresh venv, the core tests against it.
@@ -74,7 +78,7 @@ demo: install
 	$(VENV)/bin/shardkit verify $(DEMO)/shards --deep --source $(DEMO)/images
 	$(VENV)/bin/shardkit bench $(DEMO)/shards --against $(DEMO)/images --plot $(DEMO)/bench.png
 
-bench:
+bench: installed
 	$(PY) scripts/bench_probe.py ../shared/data/imagenet-sample
 
 clean:
