@@ -175,3 +175,22 @@ def test_a_listed_output_file_the_format_does_not_write_is_caught(copy: Path) ->
     listed = [*manifest.companions, info_of(WIDS_NAME, manifest.records, data)]
     write_json_atomic(copy / "manifest.json", replace(manifest, companions=listed).sealed().to_json())
     assert [(p.kind, p.shard) for p in verify(copy).problems] == [("companion", WIDS_NAME)]
+
+
+def test_source_check_takes_a_path_listed_twice_as_packed_once_and_listed_once(tmp_path: Path) -> None:
+    """A list file naming a path twice: pack packs it once and lists the second line (`listed more
+    than once`); each line is accounted for once, and a listing taken away is a line lost."""
+    from shardkit import PackConfig, pack
+
+    for i in range(3):
+        write_image(tmp_path / f"{i}.jpg", 40, 30)
+    listed = tmp_path / "list.txt"
+    listed.write_text("0.jpg\n1.jpg\n0.jpg\n2.jpg\n")
+    out = tmp_path / "out"
+    pack(PackConfig(str(listed), str(out), workers=1))
+    assert (out / "errors.jsonl").read_text().count('"0.jpg"') == 1
+    assert verify(out, source=listed).ok
+    listed.write_text("0.jpg\n1.jpg\n0.jpg\n2.jpg\n0.jpg\n")  # a third line the pack did not see
+    said = "0.jpg is named 3 times in the source but packed once and listed once in errors.jsonl"
+    rule = "each time it is named, it is packed or listed once, packed at most once"
+    assert [(p.kind, p.detail) for p in verify(out, source=listed).problems] == [("lost", f"{said}: {rule}")]

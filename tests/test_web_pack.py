@@ -274,6 +274,89 @@ def test_verify_source_accounts_for_every_row(site: tuple[Site, str], tmp_path: 
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+RULE = "each time it is named, it is packed or listed once, packed at most once"
+
+
+def _recount(out: Path, errors: list[dict[str, str]]) -> None:
+    """errors.jsonl rewritten with `errors`, and the manifest's totals counting them (as the tamper
+    of one row would leave them consistent, so that only the source check can tell)."""
+    from dataclasses import replace
+
+    from shardkit.core.manifest import write_json_atomic
+
+    (out / "errors.jsonl").write_text("".join(json.dumps(row) + "\n" for row in errors))
+    manifest = read_manifest(out)
+    totals = {**manifest.totals, "errors": len(errors), "inputs": manifest.records + len(errors)}
+    write_json_atomic(out / "manifest.json", replace(manifest, totals=totals).sealed().to_json())
+
+
+def test_verify_source_accounts_for_each_repeated_row_once(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    """A scraped table repeats URLs: each repeated row is listed in errors.jsonl and the URL packed
+    once, so a URL named 3 times is accounted for 3 times, and that is right; one listing fewer or
+    more is a row lost or a row counted twice, named in one line."""
+    from shardkit.checks.verify import verify
+
+    _, base = site
+    rows = _rows(base, 12)
+    rows[3]["url"] = f"{base}/gone/3.jpg"  # 404: listed
+    rows[5]["url"] = rows[7]["url"] = rows[0]["url"]  # one URL in 3 rows: packed once, listed twice
+    rows[6]["url"] = rows[3]["url"]  # a failing URL again: both its rows listed
+    with_user = base.replace("http://", "http://{}@")
+    rows[8]["url"] = with_user.format("ann:one") + "/ok/8.jpg"  # the same URL but for its credentials:
+    rows[9]["url"] = with_user.format("bob:two") + "/ok/8.jpg"  # two URLs, both packed, shown alike
+    rows[10]["url"] = rows[8]["url"]  # ...and a repeat of one: listed
+    rows[11]["url"] = f"{base}/ok/1.jpg#again"  # a fragment makes another URL: packed as its own row
+    table = _table(tmp_path / "urls.csv", rows)
+    out = tmp_path / "out"
+    assert shardkit("pack", table, out, "--shard-size", "4", *FAST).returncode == 0
+    errors = read_errors(out)
+    shown = {url: url.replace("ann:one@", "***@") for url in (rows[0]["url"], rows[3]["url"], rows[8]["url"])}
+    assert Counter(row["path"] for row in errors) == {
+        shown[rows[0]["url"]]: 2,
+        shown[rows[3]["url"]]: 2,
+        shown[rows[8]["url"]]: 1,
+    }
+    assert [s.meta["source"] for s in open_shards(out)].count(shown[rows[8]["url"]]) == 2
+    checked = shardkit("verify", out, "--source", table)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    dropped = [row for row in errors if "line 9:" not in row["reason"]]  # row 7's listing (line 9) removed
+    assert len(dropped) == len(errors) - 1
+    _recount(out, dropped)
+    problems = [(p.kind, p.detail) for p in verify(out, source=table).problems]
+    said = "is named 3 times in the source but packed once and listed once in errors.jsonl"
+    assert problems == [("lost", f"{rows[0]['url']} {said}: {RULE}")]
+    twice = [*errors, next(row for row in errors if row["path"] == shown[rows[3]["url"]])]  # a failing row listed again
+    _recount(out, twice)
+    problems = [(p.kind, p.detail) for p in verify(out, source=table).problems]
+    said = "is named 2 times in the source but packed 0 times and listed 3 times in errors.jsonl"
+    assert problems == [("duplicate-source", f"{rows[3]['url']} {said}: {RULE}")]
+    failed = shardkit("verify", out, "--source", table, "--json", tmp_path / "report.json")
+    assert failed.returncode == 1 and "FAILED" in failed.stdout
+    assert [p["detail"] for p in json.loads((tmp_path / "report.json").read_text())["problems"]] == [problems[0][1]]
+
+
+def test_verify_source_refuses_a_repeated_url_packed_twice(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
+    """A URL that 3 rows name is packed once: packed twice and listed once is 3 accounts, and wrong."""
+    from shardkit.checks.verify import verify
+
+    _, base = site
+    rows = _rows(base, 4)
+    with_user = base.replace("http://", "http://{}@")
+    rows[1]["url"] = rows[3]["url"] = with_user.format("ann:one") + "/ok/1.jpg"
+    rows[2]["url"] = with_user.format("bob:two") + "/ok/1.jpg"  # another URL (its credentials): packed too
+    table = _table(tmp_path / "urls.csv", rows)
+    out = tmp_path / "out"
+    assert shardkit("pack", table, out, *FAST).returncode == 0
+    assert verify(out, source=table).ok
+    rows[2]["url"] = rows[1]["url"]  # now the table names one URL 3 times, which pack would pack once
+    _table(table, rows)
+    shown = rows[1]["url"].replace("ann:one@", "***@")
+    problems = [(p.kind, p.detail) for p in verify(out, source=table).problems]
+    said = "is named 3 times in the source but packed 2 times and listed once in errors.jsonl"
+    assert problems == [("duplicate-source", f"{shown} {said}: {RULE}")]
+
+
 def test_probe_of_a_url_table_reads_headers_by_ranges(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
     state, base = site
     rows = _rows(base, 20)
