@@ -34,6 +34,7 @@ _EXPORTS = {
     "ShardFormatError": "core.errors",
     "ManifestError": "core.errors",
     "ShardReadError": "core.errors",
+    "StorageError": "core.errors",
     "MissingDependencyError": "core.errors",
 }
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "ShardReadError",
     "ShardkitError",
     "SourceError",
+    "StorageError",
     "VerifyReport",
     "__version__",
     "available_formats",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         ShardkitError,
         ShardReadError,
         SourceError,
+        StorageError,
     )
     from .formats import available_formats
     from .packing.pack import PackResult, pack
