@@ -156,6 +156,8 @@ def test_select_refusals_are_one_line(tar: Path) -> None:
     cases: list[tuple[Any, str]] = [
         ([*keys[:2], "nope-1", "nope-2", "nope-3", "nope-4"], "4 keys not in the output: 'nope-1', 'nope-2', 'nope-3'"),
         ([], "select keeps no record"),
+        ([keys[0], keys[1], keys[0], keys[0]], f"select: 1 key named more than once: {keys[0]!r} 3 times;"),
+        (lambda t: t.select(["key"]).take([0, 0]), f"select: 1 key named more than once: {keys[0]!r} 2 times;"),
         (pc.field("label") > 10**6, "select keeps no record"),
         (pc.field("no_such_column") > 1, "select: the index has no column 'no_such_column' (it has key, shard, "),
         (pc.field("label") == pc.field("key"), "select: "),  # another of pyarrow's refusals (types), its first line

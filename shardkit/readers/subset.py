@@ -200,6 +200,7 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
         if isinstance(picked, pa.Table):
             if "key" not in picked.column_names:
                 raise ConfigError("select: the table the callable returned has no 'key' column")
+            _refuse_repeats(picked.column("key"))
             return _keys_mask(index, picked.column("key"))
         mask = np.asarray(picked.to_numpy(zero_copy_only=False) if hasattr(picked, "to_numpy") else picked)
         if mask.dtype != np.bool_ or mask.shape != (len(index.keys),):
@@ -224,7 +225,24 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
         names = ", ".join(repr(k) for k in unknown[:SHOWN].to_pylist())
         more = f" and {len(unknown) - SHOWN:,} more" if len(unknown) > SHOWN else ""
         raise ConfigError(f"select: {len(unknown):,} keys not in the output: {names}{more}")
+    _refuse_repeats(wanted)
     return _keys_mask(index, wanted)
+
+
+def _refuse_repeats(keys: Any) -> None:
+    """A subset holds each record once: a key named twice is a mistake upstream (a join that fanned
+    out, a list built twice), refused rather than kept once without a word."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(keys)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        shown = ", ".join(f"{r['values']!r} {r['counts']} times" for r in repeated[:SHOWN].to_pylist())
+        more = f" and {len(repeated) - SHOWN:,} more" if len(repeated) > SHOWN else ""
+        raise ConfigError(
+            f"select: {len(repeated):,} {'key' if len(repeated) == 1 else 'keys'} named more than once: {shown}{more};"
+            " a subset holds each record once"
+        )
 
 
 def _keys_mask(index: IndexFile, keys: Any) -> np.ndarray:
