@@ -94,7 +94,8 @@ def test_each_pack_option_is_one_row_that_the_cli_presets_and_config_follow(tmp_
         assert option.name in flags and option.name in PRESET_KEYS, option.name
         assert option.field in {f.name for f in fields(option.owner)}, option.name
     given = {"format": "lmdb", "resize": "96", "resize_mode": "long", "upscale": True, "max_aspect": 3,
-             "resample": "lanczos", "quality": 70, "encode": "raw", "shard_size": 7, "shard_bytes": "2KB",
+             "resample": "lanczos", "quality": 70, "encode": "raw", "background": "0,0,0", "shard_size": 7,
+             "shard_bytes": "2KB",
              "workers": 3, "shuffle": True, "seed": 9, "labels": "none", "train_size": 160, "max_pixels": 1000,
              "executor": "ray", "ray_address": "auto", "dedup": "near", "dedup_threshold": 4,
              "url_column": "link", "retries": 2, "backoff": 0.75, "timeout": 9.5, "max_download": "2MB",

@@ -10,6 +10,7 @@ from ..core.errors import require
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeReport
+    from ..packing.video_probe import VideoReport
 
 
 def _pyplot() -> Any:
@@ -46,6 +47,42 @@ def plot_probe(report: ProbeReport, path: Path) -> None:
     right.set_xlabel("width (px)")
     right.set_ylabel("height (px)")
     right.set_title(f"{sum(counts):,} images")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_videos(report: VideoReport, path: Path) -> None:
+    """The videos' census: histograms of duration, frame rate and short side (as displayed), and a
+    point per size; the recommended short side and fps marked where there is one."""
+    plt = _pyplot()
+    good = [row for row in report.rows if row.error is None]
+    figure, axes = plt.subplots(1, 4, figsize=(17, 4.2))
+    durations, rates = [row.duration for row in good], [row.fps for row in good]
+    shorts = [min(row.width, row.height) for row in good]
+    advice = report.recommendation
+    panels = (
+        (axes[0], durations, "duration (s)", None),
+        (axes[1], rates, "frames per second", None if advice is None else advice.fps),
+        (axes[2], shorts, "short side (px, as displayed)", None if advice is None else advice.resize),
+    )
+    for axis, values, label, mark in panels:
+        axis.hist(values, bins=min(50, max(1, len(set(values)))), color="#3b7dd8")
+        if mark is not None:
+            axis.axvline(mark, color="#d83b3b", linestyle="--", label=f"advice: {mark:g}")
+            axis.legend()
+        axis.set_xlabel(label)
+        axis.set_ylabel("videos")
+    sizes: dict[tuple[int, int], int] = {}
+    for row in good:
+        sizes[(row.width, row.height)] = sizes.get((row.width, row.height), 0) + 1
+    axes[3].scatter([w for w, _ in sizes], [h for _, h in sizes], s=[4 + 2 * n**0.5 for n in sizes.values()],
+                    alpha=0.4, color="#3b7dd8")  # fmt: skip
+    axes[3].set_xlabel("width (px)")
+    axes[3].set_ylabel("height (px)")
+    unreadable = report.files - report.videos
+    axes[3].set_title(f"{report.videos:,} videos" + (f" ({unreadable:,} not readable)" if unreadable else ""))
+    axes[0].set_title(f"{report.total_seconds:,.1f} s of video")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

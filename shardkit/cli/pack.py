@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..core.config import PACK_OPTION_TABLE, PackConfig, PackOption, TableConfig
@@ -82,7 +83,8 @@ def pack(
         str, typer.Option(help="The table's column holding each image's path, relative to SOURCE.")
     ] = "file_name",
     caption_column: Annotated[
-        Optional[str], typer.Option(help="The caption column. \\[default: caption, else text, when present]")
+        Optional[str],
+        typer.Option(help="The caption column. \\[default: caption, else captions, else text, when present]"),
     ] = None,
     label_column: Annotated[Optional[str], typer.Option(help="A column of class names or whole numbers.")] = None,
     sidecars: Annotated[
@@ -193,6 +195,7 @@ def render(result: PackResult) -> None:
             f"{result.records:,} of {result.inputs:,} inputs packed, every shard intact); nothing to do",
             soft_wrap=True,
         )
+        _render_warnings(result.warnings)
         return
     table = Table(title=f"packed into {result.output}", title_justify="left", show_header=False)
     table.add_column(style="bold")
@@ -203,6 +206,8 @@ def render(result: PackResult) -> None:
     else:
         table.add_row("images packed", f"{result.records:,} of {result.inputs:,} inputs")
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
+    if result.labels is not None:
+        table.add_row("labels", escape(result.labels.said))
     if result.duplicates:
         table.add_row("  of which duplicates", f"{result.duplicates:,} (left out by --dedup)")
     causes = {key: count for key, count in result.manifest.totals.items() if key.startswith("download:")}
@@ -217,6 +222,12 @@ def render(result: PackResult) -> None:
     if result.nodes > 1:
         table.add_row("nodes", f"{result.nodes} (Ray)")
     table.add_row("resize", f"{result.resize or 'none'}")
+    totals = result.manifest.totals
+    if totals.get("alpha_flattened"):
+        background = ",".join(map(str, result.manifest.settings.get("encode", {}).get("background", ())))
+        table.add_row("transparency", f"{_images(totals['alpha_flattened'])} flattened onto {background}")
+    if totals.get("single_colour"):
+        table.add_row("single colour", f"{_images(totals['single_colour'])} (every pixel alike)")
     table.add_row("bytes in -> out", f"{human_bytes(result.input_bytes)} -> {human_bytes(result.output_bytes)}")
     unit = "clips" if "videos" in result.manifest.totals else "images"
     table.add_row("time", f"{result.seconds:.2f}s ({result.images_per_second:,.0f} {unit}/s)")
@@ -225,3 +236,13 @@ def render(result: PackResult) -> None:
         split = "  ".join(f"{stage} {seconds / busy:.0%}" for stage, seconds in result.stage_seconds.items())
         table.add_row("worker time split", split)
     console.print(table)
+    _render_warnings(result.warnings)
+
+
+def _images(count: int) -> str:
+    return f"{count:,} image{'s' if count != 1 else ''}"
+
+
+def _render_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)

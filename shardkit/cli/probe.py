@@ -21,6 +21,7 @@ from ..core.errors import ConfigError, ShardkitError, SourceError, describe
 
 if TYPE_CHECKING:
     from ..packing.probe import ProbeChunk, ProbeReport
+    from ..packing.sources.labelling import Labelling
     from ..packing.video_probe import VideoReport
 
 from .common import (
@@ -107,11 +108,30 @@ def probe(
         if json_path is not None:
             whole = report.to_json() if report is not None else {"root": where}
             write_json_report(json_path, {**whole, **({"videos": videos.to_json()} if videos is not None else {})})
-        if plot is not None and report is not None:
-            from ..checks.plots import plot_probe
+        if plot is not None:
+            _plot(plot, report, videos)
 
-            plot_probe(report, plot)
-            console.print(f"plot written to {plot}")
+
+def _plot(path: Path, report: ProbeReport | None, videos: VideoReport | None) -> None:
+    """The images' census drawn to `path`, the videos' too (to `path` where there are no images,
+    else beside it: NAME.videos.png)."""
+    from ..checks.plots import plot_probe, plot_videos
+
+    if report is not None:
+        plot_probe(report, path)
+        console.print(f"plot written to {escape(str(path))}", soft_wrap=True)
+    if videos is not None:
+        where = path if report is None else path.with_name(f"{path.stem}.videos{path.suffix}")
+        plot_videos(videos, where)
+        console.print(f"plot of the videos written to {escape(str(where))}", soft_wrap=True)
+
+
+def _render_labels(labels: Labelling | None) -> None:
+    if labels is None:
+        return
+    console.print(f"labels: {escape(labels.said)}", soft_wrap=True)
+    for warning in labels.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
 def _run_videos(source: str, settings: dict[str, Any]) -> VideoReport | None:
@@ -153,6 +173,7 @@ def render_videos(report: VideoReport) -> None:
         console.print(
             f"variable frame rate: {report.vfr:,}; rotated: {report.rotated:,}; with audio: {report.with_audio:,}"
         )
+    _render_labels(report.labels)
     for reason, count in report.problems.items():
         examples = ", ".join(escape(name) for name in report.examples.get(reason, []))
         console.print(f"[yellow]{count:,} not readable[/]: {escape(reason)} (e.g. {examples})")
@@ -219,6 +240,7 @@ def render(report: ProbeReport) -> None:
         console.print(f"formats: {counts}   modes: {modes}")
         console.print(f"EXIF-rotated: {report.rotated:,}   progressive JPEG: {report.progressive:,}")
         _render_copies(report)
+    _render_labels(report.labels)
     if report.problems:
         table = Table(title="problems", title_justify="left")
         table.add_column("kind")

@@ -104,6 +104,25 @@ class ResizeConfig:
             raise ConfigError("resize mode center-crop needs a size (--resize N)")
 
 
+def check_background(value: Any) -> tuple[int, int, int]:
+    """The colour transparent pixels are flattened onto: three whole numbers 0-255 (R, G, B), as a
+    tuple; anything else refused with the form it takes."""
+    whole = isinstance(value, (tuple, list)) and len(value) == 3
+    if whole and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in value):
+        return (value[0], value[1], value[2])
+    shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+    raise ConfigError(f"--background takes R,G,B: three whole numbers 0-255 (0,0,0 is black), not {shown!r}")
+
+
+def _parse_background(value: Any) -> tuple[int, int, int]:
+    """--background's text ("0,0,0") or a preset's array ([0, 0, 0]) as an RGB tuple."""
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+        if len(parts) == 3 and all(re.fullmatch(r"[0-9]{1,3}", part) for part in parts):
+            return check_background([int(part) for part in parts])
+    return check_background(value)
+
+
 @dataclass(frozen=True)
 class EncodeConfig:
     encode: str = "jpeg"  # jpeg: re-encode; original: keep source JPEG bytes when untouched; raw: pixels
@@ -118,8 +137,7 @@ class EncodeConfig:
             raise ConfigError(f"quality must be between 1 and 100, not {self.quality}")
         if self.max_pixels < 1:
             raise ConfigError(f"max pixels must be positive, not {self.max_pixels}")
-        if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
-            raise ConfigError(f"background must be three values 0..255, not {self.background}")
+        object.__setattr__(self, "background", check_background(self.background))
 
 
 @dataclass(frozen=True)
@@ -129,7 +147,7 @@ class TableConfig:
 
     path: str | None = None
     path_column: str = "file_name"
-    caption_column: str | None = None  # None: "caption", else "text", when the table has one
+    caption_column: str | None = None  # None: "caption", else "captions", else "text", when the table has one
     label_column: str | None = None
     columns: tuple[str, ...] | None = None  # None: every column but the path, caption and label ones
 
@@ -353,6 +371,9 @@ PACK_OPTION_TABLE: tuple[PackOption, ...] = (
     PackOption("quality", EncodeConfig, "quality", int, "JPEG quality 1-100."),
     PackOption("encode", EncodeConfig, "encode", str, "jpeg, original (keep untouched JPEGs) or raw pixels.",
                choices=ENCODINGS),
+    PackOption("background", EncodeConfig, "background", (str, list),
+               "R,G,B (0-255 each) that transparent pixels are flattened onto.", default_help="255,255,255 (white)",
+               parse=_parse_background),
     PackOption("shard_size", PackConfig, "shard_size", int, "Records per shard.",
                default_help=f"{DEFAULT_SHARD_SIZE}, unless --shard-bytes"),
     PackOption("shard_bytes", PackConfig, "shard_bytes", (str, int), "Or: bytes per shard as written, e.g. 256MB.",

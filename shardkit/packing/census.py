@@ -17,6 +17,7 @@ from ..core.errors import Failure
 from ..core.headers import ImageHeader
 from .scan_rows import ScanRow
 from .sources import display
+from .sources.labelling import Labelling
 
 SHORT_SIDE_BINS = (0, 64, 128, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024, 1536, 2048, 4096)
 
@@ -87,10 +88,17 @@ class ProbeReport:
     header_bytes: int | None = None
     # every distinct displayed size with its count: the distribution itself, for plots
     size_counts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    labels: Labelling | None = None  # how pack would label the samples (by default), and what to look at
+
+    @property
+    def warnings(self) -> list[str]:
+        """The lines the report warns with: what in the source's layout may not be what was meant."""
+        return list(self.labels.warnings) if self.labels is not None else []
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("size_counts")
+        data["warnings"] = self.warnings
         data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         data["root"] = display(self.root)
         return data

@@ -45,6 +45,8 @@ class Encoded:
     data: bytes
     ext: str  # "jpg" or "npy" (raw pixels)
     meta: dict[str, Any]
+    flattened: bool = False  # it had transparency (an alpha below 255 somewhere), flattened onto the background
+    single_colour: bool = False  # stored with every pixel alike (of more than one pixel): see `single_coloured`
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,7 @@ def process_image(
 
     image = decode_for_geometry(data, header, geometry)
     decoded = time.perf_counter()
-    image = to_rgb(image, header.bits, encode.background)
+    image, flattened = rgb_of(image, header.bits, encode.background)
     # The picture's DCT hash, from pixels decoded anyway: records carry it, so packed outputs are
     # compared for near copies without decoding again. Taken from the resized image (fewer pixels to
     # average), unless a crop would leave part of the picture out of it.
@@ -139,7 +141,7 @@ def process_image(
     meta.update(stored_width=image.width, stored_height=image.height, encoding="raw" if ext == "npy" else "jpeg")
     for stage, seconds in (("decode", decoded - started), ("resize", resized - decoded), ("encode", done - resized)):
         timings[stage] = timings.get(stage, 0.0) + seconds
-    return Encoded(payload, ext, meta)
+    return Encoded(payload, ext, meta, flattened, single_coloured(image))
 
 
 def record_too_big(size: int) -> str:
@@ -230,23 +232,51 @@ def _pil_decode(data: bytes, header: ImageHeader, needed: tuple[int, int]) -> Im
 def to_rgb(image: Image.Image, bits: int, background: tuple[int, int, int]) -> Image.Image:
     """8-bit RGB: gray, palette, CMYK, 16-bit and alpha (composited on `background`) all converted
     (`bits`: the header's bit depth)."""
+    return rgb_of(image, bits, background)[0]
+
+
+def rgb_of(image: Image.Image, bits: int, background: tuple[int, int, int]) -> tuple[Image.Image, bool]:
+    """`to_rgb`, and whether transparency was flattened: an alpha channel (or a palette's or a
+    colour key's transparency) below 255 somewhere. An alpha channel that is opaque everywhere is
+    dropped, not flattened: the pixels are the same either way, and the count means real
+    transparency."""
     mode = image.mode
     if mode == "RGB":
-        return image
+        return image, False
     if mode in ("I;16", "I;16B", "I;16L", "I", "F"):
         pixels = np.asarray(image)
         if mode == "F":
             pixels = np.clip(pixels, 0, 255)
         elif bits == 16 or pixels.max(initial=0) > 255:
             pixels = pixels.astype(np.uint32) >> 8
-        return Image.fromarray(pixels.astype(np.uint8), "L").convert("RGB")
+        return Image.fromarray(pixels.astype(np.uint8), "L").convert("RGB"), False
     has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
     if has_alpha:
         rgba = image.convert("RGBA")
+        alpha = rgba.getchannel("A")
+        if alpha.getextrema()[0] == 255:  # (ints for an "L" band)
+            return rgba.convert("RGB"), False
         canvas = Image.new("RGB", rgba.size, background)
-        canvas.paste(rgba, mask=rgba.getchannel("A"))
-        return canvas
-    return image.convert("RGB")
+        canvas.paste(rgba, mask=alpha)
+        return canvas, True
+    return image.convert("RGB"), False
+
+
+def single_coloured(image: Image.Image) -> bool:
+    """Whether an 8-bit RGB image of more than one pixel has every pixel alike (each band's
+    minimum is its maximum), looked at in the stored, resized image: its middle row first, which
+    settles almost every picture for a few microseconds, then the whole image only where that row
+    is one colour. A 1x1 image is one colour by nature and never counts."""
+    width, height = image.size
+    if width * height < 2:
+        return False
+    middle = image.crop((0, height // 2, width, height // 2 + 1))
+    return _one_colour(middle) and _one_colour(image)
+
+
+def _one_colour(image: Image.Image) -> bool:
+    bands: Any = image.getextrema()  # ((low, high) a band) for an RGB image
+    return all(low == high for low, high in bands)
 
 
 def picture_hash(image: Image.Image) -> str:

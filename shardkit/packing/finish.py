@@ -5,7 +5,7 @@ manifest.json, atomically and last; and what the run did, as a PackResult."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,8 @@ from .index import row as index_row
 from .output import remove_state, state_dir, writing
 from .resume import CREATED_BY
 from .sources import SourceWalk
-from .worker import STAGES, ShardResult
+from .sources.labelling import Labelling, labelling
+from .worker import PICTURE_COUNTS, STAGES, ShardResult
 
 
 @dataclass
@@ -49,10 +50,21 @@ class PackResult:
     nodes: int = 1  # machines (Ray nodes) that wrote shards in this run
     already_complete: bool = False  # --resume found the same pack finished: nothing was done
     duplicates: int = 0  # of the errors: copies --dedup left out
+    labels: Labelling | None = None  # how the samples were labelled, and what in the source's layout to look at
 
     @property
     def images_per_second(self) -> float:
         return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def warnings(self) -> list[str]:
+        """The lines the summary warns with: the source's layout, and pictures that came out a
+        single colour."""
+        said = list(self.labels.warnings) if self.labels is not None else []
+        encode = self.manifest.settings.get("encode")
+        background = encode.get("background") if isinstance(encode, dict) else None
+        pictures = single_colour_warning(self.manifest.totals, background)
+        return said + ([pictures] if pictures else [])
 
     def to_json(self) -> dict[str, Any]:
         """What `pack --json` writes: the summary's numbers, and the manifest's totals (errors per
@@ -64,8 +76,29 @@ class PackResult:
             "output_bytes": self.output_bytes, "seconds": self.seconds,
             "images_per_second": self.images_per_second, "stage_seconds": dict(self.stage_seconds),
             "resize": self.resize, "nodes": self.nodes, "already_complete": self.already_complete,
-            "totals": dict(self.manifest.totals),
+            "totals": dict(self.manifest.totals), "labels": None if self.labels is None else asdict(self.labels),
+            "warnings": self.warnings,
         }  # fmt: skip
+
+
+def single_colour_warning(totals: dict[str, int], background: object) -> str:
+    """The warning for pictures stored with every pixel alike ("" none): where transparency was
+    flattened onto the background (white artwork on white), the --background to pack again with."""
+    single = totals.get("single_colour", 0)
+    if not single:
+        return ""
+    images = f"{single:,} image{'s' if single != 1 else ''} came out a single colour (every pixel alike)"
+    flattened = totals.get("single_colour_flattened", 0)
+    if not flattened:
+        return f"{images}; none had transparency"
+    rgb = list(background) if isinstance(background, (list, tuple)) else None
+    colour = ",".join(map(str, rgb)) if rgb is not None else "the background"
+    other = "255,255,255" if rgb is not None and sum(rgb) <= 3 * 127 else "0,0,0"  # (a dark one: white)
+    which = f"{flattened:,} of them" if flattened < single else "each" if single > 1 else "it"
+    return (
+        f"{images}; {which} had transparency, flattened onto {colour}: pack again with --background {other} "
+        "(or another colour the pictures lack)"
+    )
 
 
 def finish(
@@ -85,6 +118,9 @@ def finish(
         totals["videos"] = inputs - len(error_rows)
     if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
         totals["duplicates"] = duplicates
+    counts = [result.counts for result in ordered]
+    if config.clips.seconds is None and all(count is not None for count in counts):  # (unknown: not said)
+        totals.update({name: sum(count.get(name, 0) for count in counts if count) for name in PICTURE_COUNTS})
     transient = sum(1 for row in error_rows if row.transient)
     if found.layout == "urls":  # rows per cause of failure, and those a --resume tries again
         totals["transient"] = transient
@@ -127,6 +163,7 @@ def finish(
         resize=config.resize.pixels,
         nodes=len({r.worker.split(":")[0] for r in ordered if not r.reused}) or 1,
         duplicates=duplicates,
+        labels=labelling(found, config.labels),
     )
 
 
@@ -176,8 +213,11 @@ def _index_part(output: Path, format: str, shard: ShardInfo) -> Path:
     return path
 
 
-def already_complete(manifest: Manifest, config: PackConfig, seconds: float) -> PackResult:
-    """What --resume says of an output it found finished with the same plan: nothing was done."""
+def already_complete(
+    manifest: Manifest, config: PackConfig, seconds: float, labels: Labelling | None = None
+) -> PackResult:
+    """What --resume says of an output it found finished with the same plan: nothing was done
+    (`labels`: how the source labels its samples, from its walk)."""
     return PackResult(
         output=config.output,
         manifest=manifest,
@@ -192,4 +232,5 @@ def already_complete(manifest: Manifest, config: PackConfig, seconds: float) -> 
         resize=config.resize.pixels,
         already_complete=True,
         duplicates=manifest.totals.get("duplicates", 0),
+        labels=labels,
     )

@@ -58,6 +58,7 @@ from .publish import (
 from .resume import remove_stale_shards, resumable, retried_shard, reused_shard, settings_of, write_state
 from .running import Planned, ProgressCallback, Tally, ray_session, run_jobs
 from .sources import Item, SourceList, SourceWalk, walk
+from .sources.labelling import labelling
 from .upload import keep
 from .worker import PartResult, ShardJob, ShardResult
 
@@ -124,7 +125,7 @@ def _pack_into(
             raise
         if finished is not None:
             held.release(undo=True)  # as it was found: nothing to do
-            return already_complete(finished, config, time.perf_counter() - started)
+            return already_complete(finished, config, time.perf_counter() - started, labelling(found, config.labels))
         try:
             remove_temp_shards(output)  # half shards of workers killed in an earlier run
             remove_old_temp_files(output)
@@ -278,7 +279,8 @@ def _pack_to_remote(
             )
         if all(remote.held.get(shard.name) == shard.bytes for shard in remote.manifest.shards):
             resolved = replace(prepared.config, output=store.url)
-            return already_complete(remote.manifest, resolved, time.perf_counter() - started)
+            labels = labelling(prepared.found, config.labels)
+            return already_complete(remote.manifest, resolved, time.perf_counter() - started, labels)
     staging = staging_folder(store.url, config.staging)
     # Only a run stopped before its end leaves state to resume; anything else there (the files
     # of a run stopped as it cleared them) is staging's own, replaced.
@@ -391,6 +393,7 @@ def _write_all(
             yield ShardJob(
                 spec, str(output), config.format, config.resize, config.encode, shard_hash, confine, copies,
                 found.options, web=web, earlier=None if retried is None else retried.errors,
+                earlier_counts=None if retried is None else retried.counts,
                 **({} if remote is None else upload_fields(remote, spec.name, scratch)),
                 clips=config.clips if config.clips.seconds is not None else None,
             )  # fmt: skip

@@ -109,6 +109,8 @@ class Joining:
             for stage, seconds in part.timings.items():
                 writing.timings[stage] = writing.timings.get(stage, 0.0) + seconds
             writing.stand_ins.update(part.stand_ins)
+            for name, count in part.counts.items():
+                writing.counts[name] = writing.counts.get(name, 0) + count
             if part.segment is not None:
                 writing.append(part.segment)
             for record, size, failures in part.packed:

@@ -41,6 +41,7 @@ from .copies import candidate_names, confirm_copies
 from .objects import Transfer, object_digest, probe_objects
 from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 from .sources import Item, SourceWalk, walk
+from .sources.labelling import labelling
 from .sources.table import NO_FILE
 
 __all__ = [
@@ -158,9 +159,9 @@ def probe(
     of URLs (its URL column and download settings in `web`)."""
     check_workers(workers)
     started = time.perf_counter()
-    # the samples pack would take
+    # the samples pack would take, labelled as it would label them by default
     found = walk(
-        source, labels="none", keys=False, table=table, sidecars=sidecars, storage_options=storage_options, web=web
+        source, labels="auto", keys=False, table=table, sidecars=sidecars, storage_options=storage_options, web=web
     )
     census = Census()
     transfer = Transfer()
@@ -200,6 +201,7 @@ def probe(
     report.seconds = time.perf_counter() - started
     report.workers, report.worker_kind = (workers if chunking.chunks > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
+    report.labels = labelling(found)
     report.header_bytes = transfer.bytes if found.options is not None or found.layout == "urls" else None
     if found.table is not None:
         report.table = _table_census(found, chunking.captions, without_file)

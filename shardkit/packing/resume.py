@@ -162,6 +162,11 @@ def _earlier(
         stand_ins = result.get("stand_ins", {})
         if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
             return None
+        counts = result.get("counts")  # (absent from an earlier shardkit's marker: not counted)
+        if counts is not None and not (
+            isinstance(counts, dict) and all(type(v) is int and v >= 0 for v in counts.values())
+        ):
+            return None
         if result["plan"] != plan_hash:
             return None
         found = _result_from_json(result)
@@ -192,6 +197,7 @@ def _result_from_json(data: dict[str, Any]) -> ShardResult:
         reused=True,
         companion=None if companion is None else ShardInfo(**companion),
         stand_ins=data.get("stand_ins", {}),
+        counts=data.get("counts"),
     )
 
 

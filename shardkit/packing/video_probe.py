@@ -22,6 +22,7 @@ from ..core.errors import describe, require
 from ..core.pools import default_workers, map_local
 from ..core.safeio import open_regular
 from .sources import Item, walk
+from .sources.labelling import Labelling, labelling
 
 CHUNK_VIDEOS = 16  # a job: enough to pay its trip to a worker, few enough to keep both cores busy
 VFR_FRAMES = 32
@@ -181,6 +182,7 @@ class VideoReport:
     recommendation: VideoRecommendation | None
     skipped: int = 0  # files the walk did not take (not a video extension)
     rows: list[VideoRow] = field(default_factory=list, repr=False)
+    labels: Labelling | None = None  # how pack --clip-seconds would label the clips (by default)
 
     def to_json(self) -> dict[str, Any]:
         """The `videos` object of probe's --json."""
@@ -209,7 +211,9 @@ def probe_videos(
         if progress is not None:
             progress(len(rows), None)
     rows.sort(key=lambda row: os.fsencode(row.relpath))  # (chunks finish in any order)
-    return summarize(str(source), rows, time.perf_counter() - started, count, train_size, len(found.skipped))
+    report = summarize(str(source), rows, time.perf_counter() - started, count, train_size, len(found.skipped))
+    report.labels = labelling(found)
+    return report
 
 
 def _chunks(items: Iterator[Item] | Any, max_pixels: int) -> Iterator[tuple[list[str], list[str], int]]:

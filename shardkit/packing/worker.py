@@ -48,6 +48,9 @@ T = TypeVar("T")
 
 # What a worker times, per shard: the worker time split of pack's summary.
 STAGES = ("read", "decode", "resize", "encode", "write")
+# What a worker counts of the pictures it stores, per shard (the manifest's totals of the same
+# names): transparency flattened onto the background, every stored pixel alike, and both at once.
+PICTURE_COUNTS = ("alpha_flattened", "single_colour", "single_colour_flattened")
 
 
 if TYPE_CHECKING:
@@ -70,6 +73,7 @@ class ShardJob:
     # --resume of a shard some of whose rows failed transiently: its earlier errors (the shard file
     # in the output keeps the other rows' records, so only those rows are downloaded again)
     earlier: list[Failure] | None = None
+    earlier_counts: dict[str, int] | None = None  # and the PICTURE_COUNTS of the records it keeps (None: not counted)
     # An output URL: the shard is uploaded there as soon as it is written (packing/upload.py), from
     # `scratch` (None: the node's own temporary folder, for a task that cannot see the driver's);
     # `held` is what the bucket held under its name, on record, when the pack began.
@@ -98,6 +102,8 @@ class ShardResult:
     already_held: bool = False  # uploaded to a bucket that held these very bytes: not sent again
     # an uploaded shard's part of index.parquet, for the driver to keep (upload.keep); never on disk
     index_part: bytes | None = field(default=None, repr=False)
+    # PICTURE_COUNTS of its records; None for a shard an earlier shardkit wrote, which did not count
+    counts: dict[str, int] | None = field(default_factory=dict)
 
     def marker(self) -> dict[str, Any]:
         """The result as its done marker holds it (the index part is a file of its own)."""
@@ -136,7 +142,7 @@ def _written(job: ShardJob, close: Callable[[ShardWriting], T]) -> tuple[T, Shar
     handed on as a part; whatever of it is neither is removed, all of it on a failure."""
     with contextlib.ExitStack() as scratch:
         shard = ShardWriting(job, scratch)
-        packed = _packed(job, shard.timings, shard.stand_ins)
+        packed = _packed(job, shard.timings, shard.stand_ins, shard.counts)
         try:
             for record, size, failures in packed:
                 shard.add(record, size, failures)
@@ -172,6 +178,7 @@ class PartResult:
     timings: dict[str, float]
     stand_ins: dict[str, str]
     segment: Segment | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # PICTURE_COUNTS of its records
 
     @property
     def errors(self) -> list[Failure]:
@@ -191,15 +198,16 @@ def encode_part(job: ShardJob) -> PartResult:
     if get_format(job.format).appends:
         segment, shard = _written(job, ShardWriting.close_part)
         mark(f"done {job.spec.name}:{job.part}")
-        return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.stand_ins, segment)
+        return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.stand_ins, segment, shard.counts)
     timings = dict.fromkeys(STAGES, 0.0)
     stand_ins: dict[str, str] = {}
+    counts = dict.fromkeys(PICTURE_COUNTS, 0)
     done = []
-    for outcome in _packed(job, timings, stand_ins):
+    for outcome in _packed(job, timings, stand_ins, counts):
         done.append(outcome)
         _count_one()
     mark(f"done {job.spec.name}:{job.part}")
-    return PartResult(job.spec.name, job.part or 0, done, timings, stand_ins)
+    return PartResult(job.spec.name, job.part or 0, done, timings, stand_ins, counts=counts)
 
 
 def run_job(job: ShardJob) -> ShardResult | PartResult:
@@ -221,6 +229,7 @@ class ShardWriting:
         self.input_bytes = 0
         self.rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
         self.stand_ins: dict[str, str] = {}
+        self.counts = dict.fromkeys(PICTURE_COUNTS, 0)
         with writing(self.where, job.spec.name):
             self.temp.parent.mkdir(parents=True, exist_ok=True)
             self.writer: ShardWriter = self.backend.writer(str(self.temp))
@@ -276,7 +285,7 @@ class ShardWriting:
                 worker = f"{socket.gethostname()}:{os.getpid()}"
                 result = ShardResult(
                     info, self.errors, self.input_bytes, self.timings, job.plan, worker=worker,
-                    companion=companion, stand_ins=self.stand_ins,
+                    companion=companion, stand_ins=self.stand_ins, counts=self._counts(),
                 )  # fmt: skip
                 if job.remote is None:
                     _place(job, result, self.rows, temp, idx_temp)
@@ -291,6 +300,16 @@ class ShardWriting:
             self._abort()
             raise
         return result
+
+    def _counts(self) -> dict[str, int] | None:
+        """The shard's PICTURE_COUNTS: its records', with those of the records a --resume kept from
+        the earlier shard (unknown where that shard's marker did not count them)."""
+        earlier = self.job.earlier_counts
+        if self.job.earlier is None:
+            return dict(self.counts)
+        if earlier is None:
+            return None
+        return {name: count + earlier.get(name, 0) for name, count in self.counts.items()}
 
     def _abort(self) -> None:
         if not self.closed:  # the first failure is the one to report; the abort's own is not
@@ -308,10 +327,10 @@ class ShardWriting:
 
 
 def _packed(
-    job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str]
+    job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str], counts: dict[str, int]
 ) -> Generator[tuple[Record | list[Record] | None, int, list[Failure]], None, None]:
     """Each item's record (None where it failed; a video's clips, a list), source bytes and
-    failures, in the shard's order.
+    failures, in the shard's order; what its pictures were is added to `counts` (PICTURE_COUNTS).
     A table of URLs' rows are encoded as their downloads arrive and handed on in order, so the
     encoder never idles while one row waits out its retries (fetched.py); any other source's are
     read and encoded in turn, a failed item's --dedup copies tried in its slot."""
@@ -329,14 +348,14 @@ def _packed(
             shard = str(Path(job.output) / job.spec.name)
             for item, kept in zip(items, refetched(items, shard, job.format, job.earlier, job.web), strict=True):
                 failures = []
-                record, size = _pack_one(item, job, timings, failures, kept)
+                record, size = _pack_one(item, job, timings, failures, kept, counts)
                 yield record, size, failures
             return
         done: dict[int, tuple[Record | None, int, list[Failure]]] = {}
         turn = 0
         for at, fetched in downloads_in_any_order(items, job.web):
             failures = []
-            record, size = _pack_one(items[at], job, timings, failures, fetched)
+            record, size = _pack_one(items[at], job, timings, failures, fetched, counts)
             done[at] = (record, size, failures)
             while turn in done:
                 yield done.pop(turn)
@@ -344,9 +363,9 @@ def _packed(
         return
     for item in items:
         failures = []
-        record, size = _pack_one(item, job, timings, failures)
+        record, size = _pack_one(item, job, timings, failures, counts=counts)
         if record is None and item.key in job.copies:
-            record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, failures)
+            record, size, stand_ins[item.key] = _stand_in(job.copies[item.key], job, timings, failures, counts)
         yield record, size, failures
 
 
@@ -399,10 +418,16 @@ def _write_idx_file(
 
 
 def _pack_one(
-    item: Item, job: ShardJob, timings: dict[str, float], errors: list[Failure], fetched: Kept | None = None
+    item: Item,
+    job: ShardJob,
+    timings: dict[str, float],
+    errors: list[Failure],
+    fetched: Kept | None = None,
+    counts: dict[str, int] | None = None,
 ) -> tuple[Record | None, int]:
     """One source file (or `fetched`, its download) to a record, or (None, 0) with the reason
-    appended to `errors`."""
+    appended to `errors`; what its picture was is added to `counts` (PICTURE_COUNTS) once it
+    packed."""
     started = time.perf_counter()
     try:
         if fetched is not None:
@@ -430,14 +455,19 @@ def _pack_one(
         # the source file's hash: `shardkit duplicates OUT --against OTHER` finds copies without reading them
         meta = {**encoded.meta, "source": display(item.relpath), "source_sha256": hashlib.sha256(data).hexdigest()}
         if item.sidecars is None:
-            return Record(item.key, encoded.data, encoded.ext, item.label, meta, item.text, item.columns), len(data)
-        found = _sidecars(item, item.sidecars, encoded.meta, job, timings)
-        if encoded.ext in found.files:
-            raise ImageError("read", f"a field named .{encoded.ext} would take the image's place")
-        record = Record(
-            item.key, encoded.data, encoded.ext, found.label, meta, found.text, found.columns, found.files or None
-        )
-        return record, len(data) + sum(len(blob) for blob in found.files.values())
+            record = Record(item.key, encoded.data, encoded.ext, item.label, meta, item.text, item.columns)
+            size = len(data)
+        else:
+            found = _sidecars(item, item.sidecars, encoded.meta, job, timings)
+            if encoded.ext in found.files:
+                raise ImageError("read", f"a field named .{encoded.ext} would take the image's place")
+            record = Record(
+                item.key, encoded.data, encoded.ext, found.label, meta, found.text, found.columns, found.files or None
+            )
+            size = len(data) + sum(len(blob) for blob in found.files.values())
+        if counts is not None:
+            _count_picture(counts, encoded.flattened, encoded.single_colour)
+        return record, size
     except OSError as error:
         errors.append(_error(item.relpath, "read", describe(error)))
     except ImageError as error:
@@ -488,13 +518,19 @@ def pack_record(item: Item, job: ShardJob) -> Record | None:
     return _pack_one(item, job, dict.fromkeys(STAGES, 0.0), [])[0]
 
 
+def _count_picture(counts: dict[str, int], flattened: bool, single_colour: bool) -> None:
+    counts["alpha_flattened"] += flattened
+    counts["single_colour"] += single_colour
+    counts["single_colour_flattened"] += flattened and single_colour
+
+
 def _stand_in(
-    copies: tuple[Item, ...], job: ShardJob, timings: dict[str, float], errors: list[Failure]
+    copies: tuple[Item, ...], job: ShardJob, timings: dict[str, float], errors: list[Failure], counts: dict[str, int]
 ) -> tuple[Record | None, int, str]:
     """The first of an item's copies that packs, in its slot (the plan and its shards stay as
     they were), with its key; each one that fails before it has its row in `errors`."""
     for copy in copies:
-        record, size = _pack_one(copy, job, timings, errors)
+        record, size = _pack_one(copy, job, timings, errors, counts=counts)
         if record is not None:
             return record, size, copy.key
     return None, 0, ""

@@ -27,7 +27,7 @@ from ...storage.urls import is_remote
 from .folder import IMAGE_EXTENSIONS, Listing, sorted_listing, walk_runs, walk_tree
 from .item import Run, SourceWalk, skip
 from .rows import AUTO_TABLES, Table, both_present, find_table, metadata_kind
-from .sidecars import Name, sidecar_items
+from .sidecars import Name, counted, sidecar_items
 from .table import from_table
 
 _LISTING_THREADS = 16  # top-level prefixes checked for an image at once (each a listing or a few)
@@ -60,7 +60,9 @@ class Bucket:
     def sidecars(self, keys: bool) -> SourceWalk:
         """Files sharing a stem are one sample, as `sidecars.from_sidecars`."""
         found = SourceWalk(self.root, "sidecars", [], [], [], options=self.store.options)
-        found.items = sidecar_items(self.root + "/", "", found.skipped, partial(_visible, self.store), keys)
+        found.items = counted(
+            found, sidecar_items(self.root + "/", "", found.skipped, partial(_visible, self.store), keys)
+        )
         return found
 
     def rows(self, labels: str, keys: bool) -> SourceWalk:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ...core.clips import VIDEO_EXTENSIONS
 from ...core.errors import Failure, SourceError
@@ -68,9 +68,20 @@ def walk_tree(
     classes = sorted(held, key=os.fsencode) if use_folders else []
     found = SourceWalk(root, "folders" if use_folders else "flat", [], classes, skipped)
     class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
-    found.runs = walk_runs(prefix, top, class_index, skipped, list_folder)
+    found.runs = noting_depths(walk_runs(prefix, top, class_index, skipped, list_folder), found.depths)
     found.items = itertools.chain.from_iterable(run.items() for run in found.runs)
     return found
+
+
+def noting_depths(runs: Iterable[Run], depths: dict[int, str]) -> Iterator[Run]:
+    """`runs` as they come, each depth of their files (a run is one folder's) noted in `depths`
+    with the first file found at it: what says that files sit at two depths, or that class
+    folders hold sub-folders (labelling.py). One step a folder, none a file."""
+    for run in runs:
+        depth = run.relpaths[0].count("/")
+        if depth not in depths:
+            depths[depth] = run.relpaths[0]
+        yield run
 
 
 def walk_runs(

@@ -128,6 +128,12 @@ class SourceWalk:
     table: Table | None = None  # a metadata table the samples come from
     runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
     options: dict[str, Any] | None = None  # a bucket's: the storage options that reach it (None: local)
+    # What the walk saw as it went (complete once `items` is taken), for the words on its labels
+    # (labelling.py): a folder walk's depths ('/'s in a relpath) with the first file at each, and a
+    # sidecar walk's samples and those of them with a label (x.cls)
+    depths: dict[int, str] = field(default_factory=dict)
+    samples: int = 0
+    labelled: int = 0
 
     @property
     def confine(self) -> str | None:

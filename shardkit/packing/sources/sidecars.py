@@ -72,10 +72,17 @@ def from_sidecars(root: str, keys: bool) -> SourceWalk:
     found = SourceWalk(root, "sidecars", [], [], [])
     seen: set[tuple[int, int]] = set()
     prefix = root if root.endswith("/") else root + "/"
-    found.items = sidecar_items(
-        prefix, "", found.skipped, lambda rel_dir: _local_names(root, rel_dir, found.skipped, seen), keys
-    )
+    names = lambda rel_dir: _local_names(root, rel_dir, found.skipped, seen)  # noqa: E731
+    found.items = counted(found, sidecar_items(prefix, "", found.skipped, names, keys))
     return found
+
+
+def counted(found: SourceWalk, items: Iterable[Item]) -> Iterator[Item]:
+    """`items` as they come, counted in `found`: the samples, and those with a label (x.cls)."""
+    for item in items:
+        found.samples += 1
+        found.labelled += item.sidecars is not None and LABEL in item.sidecars
+        yield item
 
 
 def _local_names(root: str, rel_dir: str, skipped: list[Failure], seen: set[tuple[int, int]]) -> Iterator[Name]:

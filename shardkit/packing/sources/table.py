@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # (imported where a table is read: the pack driver of a folde
 SPAN_COLUMNS = ("start", "end")  # a video table with both: a row is one clip, this span (seconds) of its video
 SPAN_ROW_DIGITS = 9  # a span clip's key: `<video key>_000000003`, the row's line: sorts in row order
 NO_FILE = "no such file"  # how a row naming no file ends its reason (probe counts those rows apart)
+# The caption column when --caption-column names none: the first of these the table has (a row's
+# caption is text, or a list of texts: "captions" is Hugging Face's name for several)
+CAPTION_COLUMNS = ("caption", "captions", "text")
 
 
 def from_table(
@@ -160,8 +163,8 @@ class LabelKinds:
 
 def check_columns(table: Table, flag: str = "--path-column") -> None:
     """The table has rows, and the columns the flags name exist; the caption column is resolved
-    ("caption", else "text"). The column that names each sample's image (a path, or a URL) is
-    set with `flag`."""
+    (CAPTION_COLUMNS: "caption", else "captions", Hugging Face's list of several, else "text").
+    The column that names each sample's image (a path, or a URL) is set with `flag`."""
     if not table.rows:
         raise SourceError(f"{table.shown}: the table has no rows")
     config, found = table.config, table.found
@@ -171,7 +174,7 @@ def check_columns(table: Table, flag: str = "--path-column") -> None:
     for what, name in (("label", config.label_column), ("caption", config.caption_column)):
         if name is not None and name not in found:
             raise SourceError(f"{table.shown}: no {what} column {name!r} ({shown})")
-    table.caption = config.caption_column or next((name for name in ("caption", "text") if name in found), None)
+    table.caption = config.caption_column or next((name for name in CAPTION_COLUMNS if name in found), None)
     taken = {config.path_column, config.label_column, table.caption}
     if config.columns is not None:
         missing = [name for name in config.columns if name not in found]
