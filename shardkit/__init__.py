@@ -25,6 +25,7 @@ _EXPORTS = {
     "ResizeConfig": "core.config",
     "EncodeConfig": "core.config",
     "load_preset": "core.config",
+    "pack_config": "core.config",
     "available_formats": "formats",
     "ShardkitError": "core.errors",
     "ConfigError": "core.errors",
@@ -60,6 +61,7 @@ __all__ = [
     "load_preset",
     "open_shards",
     "pack",
+    "pack_config",
     "probe",
     "recommend",
     "verify",
@@ -84,7 +86,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .checks.verify import verify
     from .checks.verify_report import VerifyReport
-    from .core.config import EncodeConfig, PackConfig, ResizeConfig, load_preset
+    from .core.config import EncodeConfig, PackConfig, ResizeConfig, load_preset, pack_config
     from .core.errors import (
         ConfigError,
         ImageError,
