@@ -109,34 +109,40 @@ def _photos(folder: Path) -> None:
     shutil.copytree(folder / "photos", folder / "demo" / "images")
 
 
-def _coco_shards(folder: Path) -> None:
-    """Detection samples as Hugging Face's sets hold them: x.jpg, x.seg.png (a label map) and x.json
-    with `objects.bbox` (COCO xywh) and `objects.category`, packed with --sidecars."""
+# COCO's own category ids (things up to 90, stuff up to 182): what its masks hold
+COCO_IDS = {"person": 1, "bicycle": 2, "car": 3, "dog": 18, "zebra": 24, "pizza": 59, "grass": 124,
+            "sky-other": 157, "wall-other": 171, "wood": 182}  # fmt: skip
+
+
+def _coco_pairs(folder: Path) -> None:
+    """pairs/: detection samples shaped like real COCO as Hugging Face's sets hold it: x.jpg, x.json
+    with `objects.bbox` (COCO xywh) and `objects.category` (names: "person", "dog"), and x.seg.png
+    (a label map of COCO's ids, up to 182) for 3 images in 4; one image has no objects at all."""
     import numpy as np
     from PIL import Image, ImageDraw
 
-    from shardkit.core.config import PackConfig, ResizeConfig
-    from shardkit.packing.pack import pack
     from shardkit.synthetic import write_image
 
-    source = folder / "coco"
+    source = folder / "pairs"
     source.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(12):
-        width, height = 320 + 16 * i, 240
+    names = sorted(COCO_IDS)
+    for i in range(16):
+        width, height = (360, 480) if i % 5 == 4 else (480 + 16 * i, 360)
         write_image(source / f"{i:03d}.jpg", width, height, seed=i)
         mask = Image.new("L", (width, height), 0)
         boxes, categories = [], []
-        for label in (1, 2):
-            w, h = int(rng.integers(40, 120)), int(rng.integers(40, 120))
+        for j in range(0 if i == 6 else 1 + i % 3):
+            name = names[(i + 3 * j) % len(names)]
+            w, h = int(rng.integers(60, 200)), int(rng.integers(60, 200))
             x, y = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
-            ImageDraw.Draw(mask).rectangle((x, y, x + w - 1, y + h - 1), fill=label)
+            ImageDraw.Draw(mask).rectangle((x, y, x + w - 1, y + h - 1), fill=COCO_IDS[name])
             boxes.append([x, y, w, h])
-            categories.append(label)
-        mask.save(source / f"{i:03d}.seg.png")
+            categories.append(name)
+        if i % 4 != 3:
+            mask.save(source / f"{i:03d}.seg.png")
         objects = {"objects": {"bbox": boxes, "category": categories}}
         (source / f"{i:03d}.json").write_text(json.dumps(objects))
-    pack(PackConfig(str(source), str(folder / "coco-shards"), sidecars=True, resize=ResizeConfig(288), workers=1))
 
 
 def _shardkit(folder: Path, *arguments: str) -> None:
@@ -269,7 +275,7 @@ def _clips_out(folder: Path) -> None:
 # A page's Python blocks run as a newcomer's script does: `if __name__ == "__main__":` blocks included
 NAMESPACE: dict[str, object] = {"__name__": "__main__"}
 SETUPS: dict[str, Callable[[Path], None]] = {
-    "coco-shards": _coco_shards,
+    "coco-pairs": _coco_pairs,
     "videos": _videos,
     "clips-out": _clips_out,
     "spans": _spans,

@@ -44,6 +44,7 @@ from .subset import runs
 if TYPE_CHECKING:
     from ..storage.remote import Remote
     from ..storage.store import Store
+    from .box_classes import BoxClasses
     from .joined import Joined
     from .mix import MixedDataset
     from .subset import Subset
@@ -176,6 +177,7 @@ class ShardDataset(EpochIteration):
         self._key_index: dict[str, tuple[int, int]] | None = None
         self._counted: set[int] = set()  # shards whose record count was checked against the manifest
         self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
+        self._box_classes: dict[str, BoxClasses] = {}  # box_labels= vocabularies made, by column
 
     @property
     def format(self) -> str:
@@ -318,6 +320,31 @@ class ShardDataset(EpochIteration):
         if self.decode == "torch":
             return require("torch", "torch").from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
         return pixels
+
+    def box_classes(self, path: str) -> list[Any]:
+        """The sorted distinct categories of column `path` (a dotted path into nested columns, as
+        loader's boxes= takes) over every record of this output, read from its index.parquet once:
+        what `loader(box_labels=path)` numbers boxes by (text: a box's id is its category's place
+        in this list; whole numbers: the number itself). The same whatever select= reads."""
+        return list(self.box_vocabulary(path).classes)
+
+    def box_vocabulary(self, path: str) -> BoxClasses:
+        """box_classes(path) as the loader uses it (readers/box_classes.py), made once per column."""
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"box_labels must be a column name (a string), not {path!r}")
+        if path not in self._box_classes:
+            from .box_classes import vocabulary
+            from .subset import read_index
+
+            if self.manifest.index is None:
+                raise ConfigError(
+                    f"{self.folder}: this output has no index.parquet, which box_labels= reads its classes from "
+                    "(pack it again)"
+                )
+            where: Path | Store = Path(self.folder) if self.remote is None else self.remote.store
+            texts = read_index(where, self.manifest).read(["columns"]).column("columns").to_pylist()
+            self._box_classes[path] = vocabulary(texts, path, str(self.folder))
+        return self._box_classes[path]
 
     # --- iterable -----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from .split import rank_and_world, record_ranges, worker_slot
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
+    from .box_classes import BoxClasses
 
 
 class ShardSource(Protocol):
@@ -236,10 +237,12 @@ class Epochs(Protocol):
     def space(self, progress: Progress) -> Space: ...
 
     def epoch_items(
-        self, progress: Progress | None = None, workers: tuple[int, int] | None = None
+        self, progress: Progress | None = None, workers: tuple[int, int] | None = None, carry: bool = False
     ) -> tuple[Cursor, Iterator[Item | None]]: ...
 
     def iterate(self, progress: Progress | None = None) -> Iterator[Any]: ...
+
+    def box_vocabulary(self, path: str) -> BoxClasses: ...
 
 
 class Cursor(NamedTuple):
@@ -256,19 +259,40 @@ class Cursor(NamedTuple):
         assert count is not None
         return count
 
+    @property
+    def carry(self) -> tuple[int, int] | None:
+        """The batch loader's part-used chunk at `done`: (records taken, positions they reach)."""
+        return self.progress.splits[self.split].carry
+
     def advance(self, count: int = 1) -> None:
+        """`count` more positions used up (and no part-used chunk after them)."""
         layout = self.progress.splits[self.split]
         layout.done[self.worker] = self.done + count
+        layout.carry = None
+
+    def hold(self, taken: int, through: int) -> None:
+        """The chunk at `done` part-used: `taken` of its kept records handed out, reaching `through`
+        of its positions (readers/batch.py)."""
+        self.progress.splits[self.split].carry = (taken, through)
 
 
-def cursor(owner: Epochs, progress: Progress, space: Space, workers: tuple[int, int] | None = None) -> Cursor:
+def cursor(
+    owner: Epochs, progress: Progress, space: Space, workers: tuple[int, int] | None = None, carry: bool = False
+) -> Cursor:
     """This rank's and worker's stream of `progress`, the split started or continued (`owner` is a
-    ShardDataset or a MixedDataset: its rank, world_size and drop_last)."""
+    ShardDataset or a MixedDataset: its rank, world_size and drop_last). `carry`: the caller is the
+    batch loader, which resumes a carry itself; any other caller counts a carry's positions as used
+    (what it read of them was handed out, or failed)."""
     rank, world = rank_and_world(owner.rank, owner.world_size)
     worker, count = workers if workers is not None else worker_slot()
+    progress.check_layout(world, count, owner.drop_last, rank)
     split, sequence = progress.start(world, count, owner.drop_last, space.cuts)
     mine = (worker + progress.splits[split].turn) % count  # the stream whose turn this worker serves
-    return Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
+    position = Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
+    held = position.carry
+    if held is not None and not carry:
+        position.advance(held[1])
+    return position
 
 
 def check_progress(owner: Epochs, progress: Progress) -> Space:

@@ -16,6 +16,7 @@ from .order import Progress, check_epoch
 from .split import rank_and_world
 
 if TYPE_CHECKING:
+    from .box_classes import BoxClasses
     from .loader import BatchLoader
     from .torch_data import ShardIterableDataset
 
@@ -42,6 +43,10 @@ class EpochIteration:
     def space(self, progress: Progress) -> Space:
         raise NotImplementedError
 
+    def box_vocabulary(self, path: str) -> BoxClasses:
+        """The classes loader(box_labels=path) numbers boxes by (readers/box_classes.py)."""
+        raise NotImplementedError
+
     def set_epoch(self, epoch: int) -> None:
         """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
         self.epoch = check_epoch(epoch)
@@ -62,18 +67,19 @@ class EpochIteration:
         return len(self) // world if self.drop_last else -(-len(self) // world)
 
     def epoch_items(
-        self, progress: Progress | None = None, workers: tuple[int, int] | None = None
+        self, progress: Progress | None = None, workers: tuple[int, int] | None = None, carry: bool = False
     ) -> tuple[Cursor, Iterator[Item | None]]:
         """This rank's and DataLoader worker's stream of the epoch, from where `progress` stands
         (the start of the epoch by default), undecoded: an Item per position, None where a damaged
         shard was skipped. What iteration decodes and the batch loader crop-decodes; the Cursor
-        counts what the consumer took."""
+        counts what the consumer took. carry=True: the caller (the batch loader) resumes a state's
+        carry itself (readers/batch.py); otherwise its positions count as used."""
         if progress is None:
             progress = self.fresh_progress()
             space = self.space(progress)
         else:
             space = check_progress(self, progress)
-        position = cursor(self, progress, space, workers)
+        position = cursor(self, progress, space, workers, carry)
         return position, stream_items(space, position.stream, position.done)
 
     def __iter__(self) -> Iterator[Any]:
@@ -107,6 +113,8 @@ class EpochIteration:
         boxes: str | None = None,
         box_format: str = "xywh",
         frames: int | None = None,
+        mask_missing: int | None = None,
+        box_labels: str | None = None,
     ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
@@ -119,8 +127,12 @@ class EpochIteration:
         (numpy arrays with output="numpy", pinned with pin_memory=True), with `.keys`; `workers`
         threads decode (default: one per core) while up to `prefetch` batches wait. The epoch is this
         rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
-        and rank, whatever `workers` is. len() is the number of batches. `state_dict()` and
-        `load_state_dict()` stop and resume it exactly (readers/order).
+        and rank, whatever `workers` is. len() is the number of batches (with on_error="skip", at
+        most that: every batch but the epoch's last holds exactly batch_size records, a skipped
+        record replaced by the next of the stream, so the epoch may end a batch or more sooner,
+        and ranks that skip different records may get different counts). `state_dict()` and
+        `load_state_dict()` stop and resume it exactly (readers/order, readers/batch; with
+        on_error="skip" on several ranks, each rank resumes from the state it saved).
 
         device="cuda" (or "cuda:N"; "cpu" runs the same torch code on the CPU): the threads only
         read records and draw the same windows and flips; decoding (nvJPEG, batched), crop, resize
@@ -134,10 +146,16 @@ class EpochIteration:
         or a dotted path into one; in the original image's pixels, box_format "xywh" as COCO or
         "xyxy"): `batch.boxes[i]`, float32 (k, 4) x0, y0, x1, y1 in output pixels, clipped, boxes
         left without area dropped, and `batch.box_index[i]`, int64 (k,), which of the record's boxes
-        they are (to gather per-box labels). torchvision's tv_tensors Mask and BoundingBoxes with
-        output="torch" where torchvision is installed. A record lacking the field, or whose mask is
-        not its image's size, is a failure on_error handles. With device=, they are made on the loader's
-        threads (a mask's PNG is decoded on the host) and sent to the device with the images.
+        they are (to gather per-box labels). box_labels="objects.category" (a column or dotted path
+        of categories aligned with boxes=): `batch.box_labels[i]`, int64 (k,), the class id of each
+        box kept, from one vocabulary made from the output's index.parquet, `loader.box_classes`
+        (ds.box_classes(path): sorted categories, text numbered by place, whole numbers as they
+        are). mask_missing=255 (0-255): a record without the mask field gets a mask of that value
+        (an ignore_index for cross_entropy) instead of failing. torchvision's tv_tensors Mask and
+        BoundingBoxes with output="torch" where torchvision is installed. A record lacking the
+        field, whose mask is not its image's size, or whose box_labels are missing or not one per
+        box, is a failure on_error handles. With device=, they are made on the loader's threads
+        (a mask's PNG is decoded on the host) and sent to the device with the images.
         A dataset's transform= is not applied here (a warning says so): it takes samples, not batches.
 
         frames=T reads an output of video clips (readers/clips.py): images uint8 (N, T, 3, H, W),
@@ -159,7 +177,7 @@ class EpochIteration:
             batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
             resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
             device=device, dtype=dtype, mean=mean, std=std, mask=mask, boxes=boxes, box_format=box_format,
-            frames=frames,
+            frames=frames, mask_missing=mask_missing, box_labels=box_labels,
         )  # fmt: skip
         return BatchLoader(self, options)
 

@@ -12,7 +12,9 @@ JPEGs, Fortran-order raw records), and every record when the kernel was not buil
 with the same window, DCT scale and filter: the same pixels within a level or two. Crops and flips
 come from a generator seeded by (seed, epoch, rank, batch number), so they do not depend on the
 number of threads; every batch says them (windows, flips), and a record's mask and boxes, when
-asked for, go through the same ones (readers/targets.py). Reading never imports the pack side.
+asked for, go through the same ones (readers/targets.py). Batches are decoded as chunks of
+`batch_size` positions and handed out as batches of exactly `batch_size` records (readers/batch.py:
+a chunk with skipped records is filled from the next). Reading never imports the pack side.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import numpy as np
 
 from ..core.codecs import crop_kernel
 from ..core.errors import ConfigError, ImageError, ShardReadError, require
+from .batch import Assembly, Batch, Decoded, full_batches
 from .clips import clip_geometry, clip_offsets, crop_clips, is_clip
 from .decode import npy_layout, record_fields
-from .epoch import Cursor, Epochs, Item, check_progress
+from .epoch import Epochs, Item, check_progress
 from .order import Progress
+from .split import rank_and_world
 from .targets import center_cropped, check_target_options, record_targets, tv_tensors, window_corners
 from .windows import (
     JPEG_EXTENSIONS,
@@ -50,64 +54,10 @@ CROPS = ("random", "center", None)
 DEVICE_AHEAD = 2  # batches the device path makes past the one handed out
 OUTPUTS = ("torch", "numpy")
 _FAILED, _UNSUPPORTED = 1, 2
-Targets = tuple[np.ndarray | None, list[Any]]  # a batch's masks (or None) and per record (boxes, index)
-
-
-class Batch(tuple[Any, Any]):
-    """(images, labels), as `for images, labels in loader` wants, with `.keys`, `.texts` and
-    `.fields` alongside (lists, one per image, in the order of the images).
-
-    images: uint8 (N, 3, H, W), in channels_last memory (the buffer is N x H x W x 3); labels:
-    int64 (N,), -1 for unlabelled records. Torch tensors, or numpy arrays with output="numpy".
-    texts: each image's caption (a string, a list of them, or None); fields: its columns (a dict).
-    windows: float64 (N, 4) numpy, each image's crop as x0, y0, x1, y1 in its stored pixels;
-    flips: bool (N,) numpy, whether it was flipped. With loader(mask=...), masks: uint8 (N, H, W)
-    label maps through the same windows and flips; with loader(boxes=...), boxes: per image float32
-    (k, 4) x0, y0, x1, y1 in output pixels, and box_index: int64 (k,), which of the record's boxes
-    they are (readers/targets.py). None when not asked for.
-
-    With loader(frames=T), a batch of clips: images uint8 (N, T, 3, H, W) (the buffer is
-    N x T x H x W x 3), one window and flip per clip, and offsets: int64 (N,) numpy, the first of
-    each clip's frames taken (readers/clips.py); offsets is None for images.
-    """
-
-    keys: list[str]
-    texts: list[str | list[str] | None]
-    fields: list[dict[str, Any]]
-    windows: np.ndarray | None
-    flips: np.ndarray | None
-    masks: Any
-    boxes: list[Any] | None
-    box_index: list[Any] | None
-    offsets: np.ndarray | None
-
-    def __new__(
-        cls,
-        images: Any,
-        labels: Any,
-        keys: list[str],
-        texts: list[str | list[str] | None] | None = None,
-        fields: list[dict[str, Any]] | None = None,
-    ) -> Batch:
-        batch = super().__new__(cls, (images, labels))
-        batch.keys = keys
-        batch.texts = texts if texts is not None else [None] * len(keys)
-        batch.fields = fields if fields is not None else [{} for _ in keys]
-        batch.windows = batch.flips = batch.masks = batch.boxes = batch.box_index = batch.offsets = None
-        return batch
-
-    def target_tensors(self) -> list[Any]:
-        """The masks', boxes' and box indexes' tensors (none when not asked for)."""
-        found = [] if self.masks is None else [self.masks]
-        return found + list(self.boxes or ()) + list(self.box_index or ())
-
-    @property
-    def images(self) -> Any:
-        return self[0]
-
-    @property
-    def labels(self) -> Any:
-        return self[1]
+# a batch's masks (or None) and per record (boxes, box index, box labels or None)
+Targets = tuple[np.ndarray | None, list[Any]]
+# a chunk on its way: its decode's future (None: no records read), its positions, its items' places
+_Pending = tuple[Future[Any] | None, int, list[int]]
 
 
 @dataclass(frozen=True)
@@ -135,6 +85,8 @@ class LoaderOptions:
     boxes: str | None
     box_format: str
     frames: int | None
+    mask_missing: int | None
+    box_labels: str | None
 
 
 class _DeviceLane:
@@ -261,11 +213,15 @@ class BatchLoader:
             self.pin_memory = False
         elif options.dtype is not None or options.mean is not None or options.std is not None:
             raise ConfigError("dtype, mean and std are the device path's (give device='cuda', or 'cpu')")
-        check_target_options(options.mask, options.boxes, options.box_format)
+        check_target_options(options.mask, options.boxes, options.box_format, options.mask_missing, options.box_labels)
         self.mask, self.boxes, self.box_format = options.mask, options.boxes, options.box_format
+        self.mask_missing = None if options.mask_missing is None else int(options.mask_missing)
         self.frames = None if options.frames is None else _positive("frames", options.frames)
         if self.frames is not None and (self.device is not None or self.mask is not None or self.boxes is not None):
             raise ConfigError("frames= (clips) takes no device=, mask= or boxes=: clips are decoded on the CPU")
+        # made once, from the index alone: the same ids on every rank, worker and resume
+        self.box_labels = options.box_labels
+        self._classes = None if options.box_labels is None else dataset.box_vocabulary(options.box_labels)
         # imported here, not on a loader thread (an import there would hold the import lock)
         wants_typed = self._torch is not None and (self.mask is not None or self.boxes is not None)
         self._tv_tensors = tv_tensors() if wants_typed else None
@@ -279,15 +235,23 @@ class BatchLoader:
         warnings.warn("pin_memory=True, but no CUDA device is available: batches are not pinned", stacklevel=3)
         return False
 
+    @property
+    def box_classes(self) -> list[Any] | None:
+        """The classes `batch.box_labels` number boxes by (ds.box_classes(box_labels)), None without
+        box_labels=: with text categories a box's id is its category's place in this list."""
+        return None if self._classes is None else list(self._classes.classes)
+
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
+        """Batches per epoch on this rank: exact when no record is skipped; with on_error="skip" an
+        upper bound (batches are filled from the stream, so skips end the epoch sooner)."""
         samples = self.dataset.samples_per_rank()
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands in its epoch: a small JSON-able dict (readers/order). Saved after
         batch k, `load_state_dict` in a fresh process continues at batch k+1, with the same samples,
-        crops and flips; with another world size, the rest of the epoch split anew."""
+        crops and flips; with another world size, the rest of the epoch split anew. With
+        on_error="skip" on several ranks, it is this rank's: each rank saves and loads its own."""
         progress = self._progress or self._resume or self.dataset.fresh_progress()
         return progress.to_state()
 
@@ -295,41 +259,64 @@ class BatchLoader:
         """The next iteration resumes where `state` stood (then epochs start whole again)."""
         progress = Progress.from_state(state)
         check_progress(self.dataset, progress)
+        rank, world = rank_and_world(self.dataset.rank, self.dataset.world_size)
+        progress.check_layout(world, 1, self.dataset.drop_last, rank)
+        carry = progress.splits[-1].carry if progress.splits else None
+        if carry is not None and carry[1] >= self.batch_size:
+            raise ConfigError(
+                f"this state's carry reaches {carry[1]:,} positions into a chunk of batch_size {self.batch_size:,}: "
+                "resume it with the batch size it was saved with"
+            )
         self._resume, self._progress = progress, None
 
     def __iter__(self) -> Iterator[Batch]:
         progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
         self._resume, self._progress = None, progress
-        position, items = self.dataset.epoch_items(progress, workers=(0, 1))  # threads do not split the epoch
+        # threads do not split the epoch; the loader resumes a carry itself (readers/batch.py)
+        position, items = self.dataset.epoch_items(progress, workers=(0, 1), carry=True)
+        rank, world = rank_and_world(self.dataset.rank, self.dataset.world_size)
+        if world > 1 and self.dataset.on_error.name == "skip":  # each rank's counts are its own
+            progress.splits[position.split].rank = rank
         first = position.done // self.batch_size
         named = f"shardkit-loader-{next(_POOLS)}"
         pool: Executor = (
             ThreadPoolExecutor(self.workers, thread_name_prefix=named) if self.workers else _InCallingThread()
         )
         lane = _DeviceLane(self, DEVICE_AHEAD) if self.device is not None else None
-        pending: deque[tuple[Future[Any] | None, int]] = deque()
+        pending: deque[_Pending] = deque()
+        assembly = Assembly(self._torch, self._tv_tensors, self.pin_memory)
         try:
-            step: Any = self._decode if lane is None else self._gather
-            if self.frames is not None:
-                step = self._decode_clips
-            for number, (positions, chunk) in enumerate(self._chunks(items), start=first):
-                work = pool.submit(step, position.stream.key, number, chunk) if chunk else None
-                if work is not None and lane is not None:
-                    work = lane.submit(work)
-                pending.append((work, positions))
-                while len(pending) > self.prefetch:
-                    batch = self._next(pending, position, lane)
-                    if batch is not None:
-                        yield batch
-            while pending:
-                batch = self._next(pending, position, lane)
-                if batch is not None:
-                    yield batch
+            chunks = self._decoded(items, position.stream.key, first, pool, lane, pending)
+            yield from full_batches(chunks, position, self.batch_size, self.drop_last, assembly)
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
-            for work, _ in pending:
+            for work, _, _ in pending:
                 if work is not None:
                     work.cancel()
             _stop(pool, lane, named)
+
+    def _decoded(
+        self,
+        items: Iterator[Item | None],
+        key: tuple[int, ...],
+        first: int,
+        pool: Executor,
+        lane: _DeviceLane | None,
+        pending: deque[_Pending],
+    ) -> Iterator[Decoded]:
+        """The stream's chunks of batch_size positions decoded in order, numbered from `first` (their
+        windows' seeds), up to `prefetch` of them submitted ahead of the one handed on."""
+        step: Any = self._decode if lane is None else self._gather
+        if self.frames is not None:
+            step = self._decode_clips
+        for number, (positions, chunk, offsets) in enumerate(self._chunks(items), start=first):
+            work = pool.submit(step, key, number, chunk) if chunk else None
+            if work is not None and lane is not None:
+                work = lane.submit(work)
+            pending.append((work, positions, offsets))
+            while len(pending) > self.prefetch:
+                yield self._next(pending, lane)
+        while pending:
+            yield self._next(pending, lane)
 
     def _side_stream(self) -> Any:
         if self._stream is None:
@@ -437,7 +424,7 @@ class BatchLoader:
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         images = finish(torch, pixels, self.dtype, self.mean, self.std)
         batch = Batch(images, to_device(torch, labels, self.device), [r.key for r in records])
-        batch.windows, batch.flips = window_corners(boxes), flips.copy()
+        batch.windows, batch.flips, batch.kept = window_corners(boxes), flips.copy(), rows
         if targets is not None:
             self._attach_targets(batch, targets, rows)
         if any(r.text is not None or r.columns is not None or r.files for r in records):
@@ -446,13 +433,10 @@ class BatchLoader:
         return batch
 
     @staticmethod
-    def _next(
-        pending: deque[tuple[Future[Any] | None, int]], position: Cursor, lane: _DeviceLane | None = None
-    ) -> Batch | None:
-        """The oldest batch, its positions counted as consumed when it is handed out (a batch whose
-        records were all skipped is counted and not handed out). On the device path the lane made
-        it; the lane makes the next ones while this one trains."""
-        work, positions = pending.popleft()
+    def _next(pending: deque[_Pending], lane: _DeviceLane | None = None) -> Decoded:
+        """The oldest chunk, decoded, with the places of the records it kept (none when all of them
+        failed). On the device path the lane made it; the lane makes the next ones meanwhile."""
+        work, positions, offsets = pending.popleft()
         if work is None:
             batch = None
         elif lane is None:
@@ -464,22 +448,29 @@ class BatchLoader:
                 lane.handed(None)
                 raise
             batch = lane.handed(made)
-        position.advance(positions)
-        return batch
+        if batch is None:
+            return Decoded(None, positions, [])
+        kept = offsets if batch.kept is None else [offsets[i] for i in batch.kept]
+        return Decoded(batch if kept else None, positions, kept)
 
-    def _chunks(self, items: Iterator[Item | None]) -> Iterator[tuple[int, list[Item]]]:
-        """(positions, the items read at them) per batch of `batch_size` positions."""
+    def _chunks(self, items: Iterator[Item | None]) -> Iterator[tuple[int, list[Item], list[int]]]:
+        """(positions, the items read at them, each item's place among them) per chunk of
+        `batch_size` positions; the last may be shorter (drop_last drops what is left of the
+        records after the last full batch: readers/batch.py). A short last chunk is not read with
+        drop_last unless records are skipped: only then can its records fill a batch."""
         chunk: list[Item] = []
+        offsets: list[int] = []
         positions = 0
         for item in items:
-            positions += 1
             if item is not None:
                 chunk.append(item)
+                offsets.append(positions)
+            positions += 1
             if positions == self.batch_size:
-                yield positions, chunk
-                chunk, positions = [], 0
-        if positions and not self.drop_last:
-            yield positions, chunk
+                yield positions, chunk, offsets
+                chunk, offsets, positions = [], [], 0
+        if positions and (not self.drop_last or self.dataset.on_error.name == "skip"):
+            yield positions, chunk, offsets
 
     def _windows(self, key: tuple[int, ...], number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Crop boxes and flips of batch `number` of the stream `key`: the same for the same seed,
@@ -520,7 +511,7 @@ class BatchLoader:
         records = [item.record for item in chunk]
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         batch = self._batch(images, labels, [r.key for r in records])
-        batch.windows, batch.flips = windows, flips
+        batch.windows, batch.flips, batch.kept = windows, flips, keep
         if targets is not None:
             self._attach_targets(batch, targets, keep)
         if any(r.text is not None or r.columns is not None or r.files for r in records):
@@ -551,7 +542,7 @@ class BatchLoader:
             records = [records[i] for i in keep]
         labels = np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
         batch = self._batch(images, labels, [r.key for r in records])
-        batch.windows, batch.flips, batch.offsets = windows, flips, offsets
+        batch.windows, batch.flips, batch.offsets, batch.kept = windows, flips, offsets, keep
         if any(r.text is not None or r.columns is not None or r.files for r in records):
             batch.texts = [r.text for r in records]
             batch.fields = [record_fields(r, "bytes") for r in records]
@@ -579,7 +570,8 @@ class BatchLoader:
                     item.record, (int(sizes[i][0]), int(sizes[i][1])), windows[i], bool(flips[i]), self.size,
                     mask=self.mask, boxes=self.boxes, box_format=self.box_format,
                     center_crop=center_cropped(item.dataset.manifest.settings), max_pixels=self.dataset.max_pixels,
-                    out=None if masks is None else masks[i],
+                    out=None if masks is None else masks[i], mask_missing=self.mask_missing,
+                    box_labels=self._classes,
                 )  # fmt: skip
             except ImageError as error:
                 failures[i] = str(error)
@@ -609,14 +601,18 @@ class BatchLoader:
                 batch.masks = typed.Mask(batch.masks)
         if self.boxes is None:
             return
-        boxes: list[Any] = [b for b, _ in found]
-        index: list[Any] = [k for _, k in found]
+        boxes: list[Any] = [b for b, _, _ in found]
+        index: list[Any] = [k for _, k, _ in found]
+        labels: list[Any] = [c for _, _, c in found]
         if tensor is not None:
             boxes, index = [tensor(b) for b in boxes], [tensor(k) for k in index]
+            labels = [c if c is None else tensor(c) for c in labels]
             if typed is not None:
                 canvas = self.size
                 boxes = [typed.BoundingBoxes(b, format="XYXY", canvas_size=canvas) for b in boxes]
         batch.boxes, batch.box_index = boxes, index
+        if self.box_labels is not None:
+            batch.box_labels = labels
 
     def _through_kernel(
         self,

@@ -16,7 +16,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .epoch import Item, ShardSource, ShardSpace
 from .handlers import OnError
 from .iteration import EpochIteration
 from .order import Progress, check_buffer, check_seed, lanes_for, shown
+
+if TYPE_CHECKING:
+    from .box_classes import BoxClasses
 
 CHUNK = 4096  # positions drawn per generator: the unit the draws are counted and cached in
 # A mix keeps the shard orders of its sources' latest rounds up to this many shards, each order
@@ -111,6 +114,8 @@ class MixSource(ShardSource, Protocol):
     def __len__(self) -> int: ...
 
     def close(self) -> None: ...
+
+    def box_vocabulary(self, path: str) -> BoxClasses: ...
 
 
 class MixSpace:
@@ -251,6 +256,16 @@ class MixedDataset(EpochIteration):
 
     def space(self, progress: Progress) -> MixSpace:
         return MixSpace(self, progress)
+
+    def box_classes(self, path: str) -> list[Any]:
+        """The sorted distinct categories of column `path` over every record of every output of the
+        mix (see ShardDataset.box_classes): one vocabulary for all of them."""
+        return list(self.box_vocabulary(path).classes)
+
+    def box_vocabulary(self, path: str) -> BoxClasses:
+        from .box_classes import merged
+
+        return merged([source.box_vocabulary(path) for source in self.sources], path)
 
     @property
     def skipped(self) -> int:

@@ -15,8 +15,12 @@ consumed is read again on resume.
 
 `Progress` is that state: the epoch, the seed, and per split the layout (world size, workers) and
 each worker stream's count, the same on every rank (ranks train in lock step, so rank 0's state is
-enough). Resuming with the layout of the last split continues its streams where they stood;
-resuming with another layout subtracts what every stream of every split consumed and splits the
+enough). The batch loader adds, to its one stream's split, a *carry* (a batch that took the first
+records of the next chunk of positions: how many, and through which of its positions) and, when it
+skips records on several ranks, the rank whose counts these are (readers/batch.py): format 2, which
+is written only where a state holds either, so every other state stays format 1. Resuming with
+the layout of the last split continues its streams where they stood; resuming with another layout
+subtracts what every stream of every split consumed and splits the
 remaining positions anew (a new split). All of it is JSON: ints, bools and lists (and a mix's
 weights). A state may have been edited or saved on other data: `Progress.from_state` refuses a
 field out of range and `Progress.check` one that does not fit the dataset it is loaded into, before
@@ -83,6 +87,7 @@ def lanes_for(buffer: int, positions_per_shard: float) -> int:
 
 
 STATE_FORMAT = "shardkit.progress/1"
+STATE_FORMAT_CARRY = "shardkit.progress/2"  # format 1 and a split's carry or rank (read as both)
 
 Span = tuple[int, int]  # positions [begin, end)
 
@@ -281,11 +286,26 @@ class Split:
     drop_last: bool
     done: list[int | None]  # positions each worker stream has yielded, the same on every rank
     turn: int = 0  # DataLoader worker w reads stream (w + turn) % workers: whose turn it was (plain DataLoader)
+    # The batch loader's (one stream, workers == 1): (taken, through), its kept records of the chunk
+    # starting at `done` that batches already took, and the positions of that chunk they reach
+    # (readers/batch.py); None when the last batch ended with a chunk.
+    carry: tuple[int, int] | None = None
+    # The rank whose counts these are, where the loader skips records on several ranks: each rank
+    # then reads its own number of positions, so a state resumes its own rank of the same layout.
+    rank: int | None = None
 
     def per_rank(self, total: int) -> int:
         if self.world == 1:
             return total
         return total // self.world if self.drop_last else -(-total // self.world)
+
+    def consumed_count(self, worker: int) -> int | None:
+        """Positions of worker stream `worker` that are used up: its count, and its carry's (what a
+        new split leaves out; records of the carry's chunk past them are read again)."""
+        count = self.done[worker]
+        if count is None or self.carry is None:
+            return count
+        return count + self.carry[1]
 
 
 @dataclass
@@ -312,10 +332,20 @@ class Progress:
             if worker is not None and index == len(self.splits) - 1:
                 mine = (worker + split.turn) % split.workers
                 done = [count if i == mine else None for i, count in enumerate(done)]
-            layout = {"world": split.world, "workers": split.workers, "drop_last": split.drop_last, "done": done}
-            splits.append({**layout, "turn": split.turn} if split.turn else layout)
+            layout: dict[str, Any] = {
+                "world": split.world, "workers": split.workers, "drop_last": split.drop_last, "done": done,
+            }  # fmt: skip
+            if split.turn:
+                layout["turn"] = split.turn
+            if split.carry is not None:
+                layout["carry"] = {"taken": split.carry[0], "through": split.carry[1]}
+            if split.rank is not None:
+                layout["rank"] = split.rank
+            splits.append(layout)
+        carries = any(split.carry is not None or split.rank is not None for split in self.splits)
         state = {
-            "format": STATE_FORMAT, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
+            "format": STATE_FORMAT_CARRY if carries else STATE_FORMAT, "epoch": self.epoch, "seed": self.seed,
+            "shuffle": self.shuffle,
             "buffer": self.buffer, "lanes": self.lanes, "sizes": list(self.sizes), "total": self.total,
             "splits": splits,
         }  # fmt: skip
@@ -327,7 +357,7 @@ class Progress:
     def from_state(cls, state: Any) -> Progress:
         """The progress a state describes, every field checked for its type and range (a state may
         have been edited); `check` then fits it to the dataset it is loaded into."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, STATE_FORMAT_CARRY):
             raise ConfigError("not a shardkit iteration state (state_dict() of a shardkit loader or dataset)")
         try:
             splits = [_split(s, last=i == len(state["splits"]) - 1) for i, s in enumerate(_listed(state, "splits"))]
@@ -385,7 +415,8 @@ class Progress:
         sequence = [(0, self.total)]
         for index, layout in enumerate(self.splits):
             per_rank = layout.per_rank(span_length(sequence)) if sequence else 0
-            for worker, count in enumerate(layout.done):
+            for worker in range(layout.workers):
+                count = layout.consumed_count(worker)
                 length = (worker + 1) * per_rank // layout.workers - worker * per_rank // layout.workers
                 if count is not None and count > length:
                     raise ConfigError(
@@ -422,7 +453,7 @@ class Progress:
         out: list[Span] = []
         for rank in range(layout.world):
             for worker in range(layout.workers):
-                count = layout.done[worker]
+                count = layout.consumed_count(worker)
                 assert count is not None
                 out += self.stream(split, sequence, rank, worker, cuts).consumed(count)
         return out
@@ -447,6 +478,9 @@ class Progress:
             last = self.splits[-1]
             if (last.world, last.workers, last.drop_last) == (world, workers, drop_last):
                 return len(self.splits) - 1, self.sequence(len(self.splits) - 1, cuts)
+            self.check_layout(world, workers, drop_last)
+            if last.carry is not None:  # the new split takes the carry's positions as used
+                last.done, last.carry = [last.consumed_count(0)], None
         streams = sum(s.world * s.workers for s in self.splits) + world * workers
         if streams > max(self.total, MAX_STREAMS):
             raise ConfigError(
@@ -457,6 +491,24 @@ class Progress:
         sequence = self.sequence(len(self.splits), cuts) if self.splits else [(0, self.total)]
         self.splits.append(Split(world, workers, drop_last, [0] * workers))
         return len(self.splits) - 1, sequence
+
+    def check_layout(self, world: int, workers: int, drop_last: bool, rank: int | None = None) -> None:
+        """Refuses to resume a state that is one rank's (its last split's `rank`) on another rank
+        or another layout: the other ranks' counts, which a new split needs, are not in it."""
+        last = self.splits[-1] if self.splits else None
+        if last is None or last.rank is None:
+            return
+        if (last.world, last.workers, last.drop_last) != (world, workers, drop_last):
+            raise ConfigError(
+                f"this state is rank {last.rank}'s of {last.world} ranks whose loaders skip records "
+                f'(on_error="skip"), each having read its own number of positions: it resumes on '
+                f"{last.world} ranks, each from the state it saved"
+            )
+        if rank is not None and rank != last.rank:
+            raise ConfigError(
+                f'this state is rank {last.rank}\'s, loaded on rank {rank}: with on_error="skip" each '
+                "rank reads its own number of positions, so each rank resumes from the state it saved"
+            )
 
 
 def _listed(state: dict[str, Any], name: str) -> list[Any]:
@@ -484,7 +536,25 @@ def _split(state: Any, last: bool) -> Split:
         raise ConfigError(f"a split of {workers:,} workers has {len(done):,} done counts")
     counts = [None if last and count is None else whole(count, "done", 0, INT64) for count in done]
     turn = whole(state.get("turn", 0), "turn", 0, workers - 1)
-    return Split(world, workers, _flag(state, "drop_last"), counts, turn)
+    carry, rank = _carry(state.get("carry"), last, workers), state.get("rank")
+    if rank is not None:
+        if not last:
+            raise ConfigError("only the last split is one rank's (rank)")
+        rank = whole(rank, "rank", 0, world - 1)
+    return Split(world, workers, _flag(state, "drop_last"), counts, turn, carry, rank)
+
+
+def _carry(value: Any, last: bool, workers: int) -> tuple[int, int] | None:
+    """A split's carry: `taken` records of a chunk, which reach `through` of its positions (each
+    record is a position of its own, so taken <= through); the batch loader's, in the last split."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"taken", "through"}:
+        raise ConfigError(f"carry must be an object of taken and through, not {shown(value)}")
+    if not last or workers != 1:
+        raise ConfigError("a carry belongs to the batch loader's split, the last one, of one worker stream")
+    through = whole(value["through"], "carry through", 1, INT64)
+    return whole(value["taken"], "carry taken", 1, through), through
 
 
 def _weights(value: Any) -> list[float] | None:

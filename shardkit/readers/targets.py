@@ -6,12 +6,14 @@ A mask was aligned with its image at pack time (packing/sources/sidecars.py), so
 the window and resized nearest-neighbour by indexing (never a value the stored mask lacks). Boxes
 are in the original image's pixels, as the source's annotations were: they are mapped to stored
 pixels (undoing pack's resize, and its center crop when the output was made with one), then
-through the window. Pure numpy; the one Pillow call decodes the mask."""
+through the window; their class ids (box_labels=, readers/box_classes.py) follow the boxes kept.
+A record without the mask field gets one of `mask_missing` where that is given (an ignore label,
+as cross_entropy's ignore_index takes it). Pure numpy; the one Pillow call decodes the mask."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,13 +25,34 @@ BOX_FORMATS = ("xywh", "xyxy")
 MIN_SIDE = 1e-3  # output pixels: a box thinner than this after clipping has no area left to learn
 
 
-def check_target_options(mask: Any, boxes: Any, box_format: Any) -> None:
-    """The loader's mask=, boxes= and box_format= keywords, each refusal one line."""
-    for name, value in (("mask", mask), ("boxes", boxes)):
+class Labels(Protocol):
+    """A column's box class ids (readers/box_classes.BoxClasses)."""
+
+    @property
+    def path(self) -> str: ...
+
+    def ids(self, value: Any, boxes: int) -> np.ndarray: ...
+
+
+def check_target_options(
+    mask: Any, boxes: Any, box_format: Any, mask_missing: Any = None, box_labels: Any = None
+) -> None:
+    """The loader's mask=, boxes=, box_format=, mask_missing= and box_labels= keywords, each refusal
+    one line."""
+    for name, value in (("mask", mask), ("boxes", boxes), ("box_labels", box_labels)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ConfigError(f"{name} must be a field name (a string) or None, not {value!r}")
     if box_format not in BOX_FORMATS:
         raise ConfigError(f"box_format must be 'xywh' (COCO) or 'xyxy', not {box_format!r}")
+    if mask_missing is not None:
+        if isinstance(mask_missing, bool) or not isinstance(mask_missing, (int, np.integer)):
+            raise ConfigError(f"mask_missing must be a label from 0 to 255 (an int) or None, not {mask_missing!r}")
+        if not 0 <= mask_missing <= 255:
+            raise ConfigError(f"mask_missing must be a label from 0 to 255 (a mask is uint8), not {mask_missing!r}")
+        if mask is None:
+            raise ConfigError("mask_missing= fills a missing mask= field: give mask= too")
+    if box_labels is not None and boxes is None:
+        raise ConfigError("box_labels= labels the boxes of boxes=: give boxes= too")
 
 
 def window_corners(boxes: np.ndarray) -> np.ndarray:
@@ -175,31 +198,47 @@ def record_targets(
     center_crop: bool,
     max_pixels: int,
     out: np.ndarray | None = None,
-) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
-    """One record's (mask, written into `out` when given; (boxes, box index)) through its window;
-    ImageError (the reason, naming the field) for a missing field, a malformed column or a mask not
-    the stored image's size."""
+    mask_missing: int | None = None,
+    box_labels: Labels | None = None,
+) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray, np.ndarray | None] | None]:
+    """One record's (mask, written into `out` when given; (boxes, box index, box labels or None))
+    through its window; ImageError (the reason, naming the field) for a missing field (a mask's
+    filled with `mask_missing` where that is given), a malformed column or a mask not the stored
+    image's size."""
     cropped = None
     if mask is not None:
         data = (record.files or {}).get(mask)
-        if data is None:
-            raise ImageError("mask", f"no field {mask!r}")
-        pixels = decode_mask(data, max_pixels)
-        if (pixels.shape[1], pixels.shape[0]) != stored:
+        if data is None and mask_missing is None:
             raise ImageError(
                 "mask",
-                f"{mask} is {pixels.shape[1]}x{pixels.shape[0]}, its image {stored[0]}x{stored[1]}: not aligned",
+                f"no field {mask!r}: mask_missing=255 gives such records a mask of that ignore label, "
+                "or select= reads only the records whose index.parquet `fields` name it",
             )
-        cropped = crop_mask(pixels, window, flip, size, out)
+        if data is None:
+            cropped = np.empty(size, np.uint8) if out is None else out
+            cropped.fill(mask_missing)
+        else:
+            pixels = decode_mask(data, max_pixels)
+            if (pixels.shape[1], pixels.shape[0]) != stored:
+                raise ImageError(
+                    "mask",
+                    f"{mask} is {pixels.shape[1]}x{pixels.shape[0]}, its image {stored[0]}x{stored[1]}: not aligned",
+                )
+            cropped = crop_mask(pixels, window, flip, size, out)
     mapped = None
     if boxes is not None:
-        try:
-            value = column_value(record.columns, boxes)
-        except KeyError:
-            raise ImageError("boxes", f"no column {boxes!r}") from None
-        found = stored_boxes(parse_boxes(value, boxes, box_format), record.meta, stored, center_crop)
-        mapped = window_boxes(found, window, flip, size)
+        found = parse_boxes(_column(record, boxes, "boxes"), boxes, box_format)
+        ids = None if box_labels is None else box_labels.ids(_column(record, box_labels.path, "box_labels"), len(found))
+        shown, kept = window_boxes(stored_boxes(found, record.meta, stored, center_crop), window, flip, size)
+        mapped = (shown, kept, None if ids is None else ids[kept])
     return cropped, mapped
+
+
+def _column(record: Record, name: str, stage: str) -> Any:
+    try:
+        return column_value(record.columns, name)
+    except KeyError:
+        raise ImageError(stage, f"no column {name!r}") from None
 
 
 def tv_tensors() -> Any:

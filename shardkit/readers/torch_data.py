@@ -9,6 +9,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..core.errors import ConfigError
 from .epoch import Epochs, check_progress
 from .order import Progress, round_robin_counts
 from .split import rank_and_world
@@ -96,8 +97,10 @@ def register_sample_collate(sample_type: type) -> None:
     """Teach torch's default_collate the Sample: keys, images, labels and meta collate as they did
     before samples had captions (lists, stacked tensors, a dict of lists), and `text` and `fields`
     become lists, one per sample, None and all (default_collate refuses None and would stack
-    nothing else); so do images, and clips' videos, where any of them is None. Uses torch's
-    collate_fn_map, what its `collate` documents for custom types."""
+    nothing else); so do images, clips' videos and labels where any of them is None (an image's
+    video, a clip's image, an unlabelled record's label). Images (or videos)
+    of different sizes, which torch cannot stack, are a ConfigError saying what batches them.
+    Uses torch's collate_fn_map, what its `collate` documents for custom types."""
     try:
         from torch.utils.data._utils.collate import collate, default_collate_fn_map
     except ImportError:  # a torch without the map: its default_collate is left as it is
@@ -105,16 +108,28 @@ def register_sample_collate(sample_type: type) -> None:
 
     def collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
         parts = list(zip(*batch, strict=True))
-        key, label, meta = (collate(list(parts[i]), collate_fn_map=collate_fn_map) for i in (0, 2, 3))
-        image, video = (_stacked(list(parts[i]), collate, collate_fn_map) for i in (1, 6))
+        image, video, label = (_stacked(list(parts[i]), collate, collate_fn_map) for i in (1, 6, 2))
+        key, meta = (collate(list(parts[i]), collate_fn_map=collate_fn_map) for i in (0, 3))
         return sample_type(key, image, label, meta, list(parts[4]), list(parts[5]), video)
 
     default_collate_fn_map.setdefault(sample_type, collate_samples)
 
 
 def _stacked(part: list[Any], collate: Any, collate_fn_map: Any) -> Any:
-    """Images (or clips' videos) stacked as default_collate stacks them; a list where any is None
-    (a clip's image, an image's video), which default_collate refuses."""
+    """Images, clips' videos or labels stacked as default_collate stacks them; a list where any is
+    None (a clip's image, an image's video, an unlabelled record's label), which default_collate
+    refuses."""
     if any(item is None for item in part):
         return part
+    shapes = list(dict.fromkeys(tuple(item.shape) for item in part if hasattr(item, "shape")))
+    if len(shapes) > 1:
+        raise ConfigError(
+            f"DataLoader(batch_size={len(part)}) stacks a batch's images, and these differ in size "
+            f"({_shape(shapes[0])} and {_shape(shapes[1])}): batch them with ds.loader(batch_size, size), which "
+            "crops each to one size, or give open_shards(..., transform=...) one that does"
+        )
     return collate(part, collate_fn_map=collate_fn_map)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(str(side) for side in shape)
