@@ -46,6 +46,8 @@ CASES = [
     ("pack {src} {src}/n00001000/out", "lies inside the source folder"),
     ("pack {src} {tmp}/o --config {tmp}/nan.toml", "max aspect must be a finite number"),
     ("pack {src} {tmp}/o --json /missing/dir/p.json", "its folder does not exist"),
+    ("pack {src} {tmp}/o --json {tmp}/o/pack.json", "inside the output folder"),  # (a stray file there)
+    ("verify {out} --json {out}/verify.json", "inside the output folder"),
     ("pack {src} {tmp}/o --dedup-threshold 3", "--dedup-threshold is for --dedup near"),
     ("verify {tmp}/missing", f"{{tmp}}{os.sep}missing: no such file or folder"),
     ("bench {tmp}/missing --against {src}", f"{{tmp}}{os.sep}missing: no such file or folder"),
@@ -61,6 +63,19 @@ def test_bad_input_is_one_line_before_any_work(shardkit, sample_dataset, packed,
     assert words.format(tmp=tmp_path) in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_json_dash_is_stdout_holding_the_json_alone(shardkit, sample_dataset, packed, tmp_path) -> None:
+    """`--json -` is standard output, as everywhere else: the JSON alone (a pipe to jq reads it),
+    the human summary on stderr; no file named '-' is written."""
+    for arguments in (("verify", packed), ("pack", sample_dataset, tmp_path / "o", "--workers", "1"),
+                      ("probe", sample_dataset)):  # fmt: skip
+        result = shardkit(*arguments, "--json", "-", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert isinstance(json.loads(result.stdout), dict), result.stdout
+        assert result.stderr.strip() and not (tmp_path / "-").exists()
+    after = shardkit("verify", packed)  # the next command's summary is on stdout again
+    assert after.stdout.startswith("OK")
 
 
 def test_json_reports_never_hold_nan(shardkit, packed: Path, tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 from .common import (
     STORAGE_OPTION_HELP,
+    check_json_path,
     check_plot_path,
-    check_report_path,
     console,
     progress_bar,
     storage_options,
@@ -51,7 +51,7 @@ def bench(
     from ..checks.bench import bench as run_bench  # here, not at the top: every command would pay for it
 
     with user_errors():
-        check_report_path(json_path)
+        check_json_path(json_path)
         check_plot_path(plot)
         with progress_bar(unit="passes") as bar:
             task = bar.add_task("measuring", total=None, rate="")

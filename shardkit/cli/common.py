@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
             raise_swallowed_stop()  # (a stop whose Stopped a weakref callback swallowed is still a stop)
         finally:
             exit_on_stop()  # from here on a stop signal exits at once: the handlers below run whole
+            console.stderr = False  # (`--json -` gave stdout to the JSON for this command only)
     except Exception as error:
         signum = stopped_by()
         if signum is not None:  # a failure after a stop signal (a worker or pipe it killed) is the stop
@@ -59,6 +61,24 @@ def _stopped(signum: int, on_stop: str) -> NoReturn:
     what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
     err_console.print(f"[yellow]{what}[/]{f'; {on_stop}' if on_stop else ''}")
     raise typer.Exit(128 + signum) from None
+
+
+def check_json_path(path: Path | None, output: str | None = None) -> None:
+    """A --json path, checked before any work: `-` is standard output, which then holds the JSON
+    alone (the summary goes to stderr, so `| jq` reads it); a file inside the output folder a
+    command writes is refused, since it would be a stray file in that folder."""
+    if path is None:
+        return
+    if str(path) == "-":
+        console.stderr = True
+        return
+    from ..storage.urls import is_remote
+
+    if output is not None and not is_remote(output):
+        inside = path.absolute().resolve().is_relative_to(Path(output).absolute().resolve())
+        if inside:
+            raise ConfigError(f"{path}: inside the output folder {output}; write the report beside it")
+    check_report_path(path)
 
 
 def check_report_path(path: Path | None, suffixes: tuple[str, ...] = (), what: str = "the file") -> None:
@@ -122,6 +142,10 @@ def rated(bar: Progress, description: str) -> Callable[[int, int | None], None]:
 def write_json_report(path: Path, data: Any) -> None:
     """A JSON report: sorted keys, and never NaN or infinity (JSON has neither): those become null."""
     text = json.dumps(_finite(data), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as error:

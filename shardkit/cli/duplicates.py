@@ -12,6 +12,7 @@ from ..core.config import DEFAULT_DEDUP_THRESHOLD
 from ..core.errors import ConfigError
 from .common import (
     STORAGE_OPTION_HELP,
+    check_json_path,
     check_report_path,
     console,
     progress_bar,
@@ -60,7 +61,7 @@ def duplicates(
     from ..checks.duplicates import contact_sheet, find_duplicates  # here: --help stays fast
 
     with user_errors():
-        check_report_path(json_path)
+        check_json_path(json_path)
         check_report_path(plot, (".png", ".jpg", ".jpeg"), "a contact sheet")
         threshold = threshold if threshold is not None else old_threshold
         if threshold is not None and not near:

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .common import (
     STORAGE_OPTION_HELP,
-    check_report_path,
+    check_json_path,
     console,
     progress_bar,
     storage_options,
@@ -42,7 +42,7 @@ def index(
     from ..packing.adopt import adopt_tars  # here: `shardkit --help` need not import it
 
     with user_errors():
-        check_report_path(json_path)
+        check_json_path(json_path, folder)
         options = storage_options(storage_option)
         with progress_bar(unit="tars") as bar:
             task = bar.add_task("indexing", total=None, rate="")

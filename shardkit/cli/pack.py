@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 from .common import (
     STORAGE_OPTION_HELP,
-    check_report_path,
+    check_json_path,
     console,
     human_bytes,
     progress_bar,
@@ -122,7 +122,7 @@ def pack(
         )  # fmt: skip
         if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
             raise ConfigError("--dedup-threshold is for --dedup near")
-        check_report_path(json_path)
+        check_json_path(json_path, output)
         result = _run(pack_config)
         render(result)
         if json_path is not None:

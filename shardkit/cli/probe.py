@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 from .common import (
     STORAGE_OPTION_HELP,
+    check_json_path,
     check_plot_path,
     check_report_path,
     console,
@@ -84,7 +85,7 @@ def probe(
         if settings["max_pixels"] < 1:
             raise ConfigError(f"max pixels must be positive, not {settings['max_pixels']}")
         check_workers(settings["workers"])  # before the walk, as every other refusal
-        check_report_path(json_path)
+        check_json_path(json_path)
         check_report_path(records_path, (".jsonl", ".csv"), what="records")
         check_plot_path(plot)
         with _records_writer(records_path) as write_rows:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 from .common import (
     STORAGE_OPTION_HELP,
-    check_report_path,
+    check_json_path,
     console,
     progress_bar,
     source_path,
@@ -46,7 +46,7 @@ def verify(
     from ..checks.verify import verify as run_verify  # here: `shardkit --help` need not import it
 
     with user_errors():
-        check_report_path(json_path)
+        check_json_path(json_path, output)
         options = storage_options(storage_option)
         with progress_bar(unit="shards") as bar:
             task = bar.add_task("verifying", total=None, rate="")
