@@ -42,6 +42,7 @@ def test_flat_options_make_the_same_config_as_the_dataclasses() -> None:
         "src", "out", resize=ResizeConfig(256), encode=EncodeConfig(quality=80), shard_bytes=10**6, workers=2
     )
     assert built.shard_size is None  # shard bytes alone: no record count limit
+    assert pack_config("src", "out", shard_bytes="1KB").shard_bytes == 1000  # the least the refusal names
     assert PackConfig("src", "out").shard_size == DEFAULT_SHARD_SIZE
     assert pack_config("src", "out", resize="none").resize.size is None
     assert pack_config("src", "out", resize="auto", train_size=160).resize.size == "auto"

@@ -190,7 +190,7 @@ class WebConfig:
         if not (math.isfinite(self.timeout) and 0 < self.timeout <= 3600):
             raise ConfigError(f"timeout must be more than 0 and at most 3600 seconds, not {self.timeout}")
         if not 1024 <= self.max_bytes <= MAX_RECORD_BYTES:
-            raise ConfigError(f"the download size cap must be 1KB to 256MiB, not {self.max_bytes}")
+            raise ConfigError(f"the download size cap must be 1KiB to 256MiB, not {self.max_bytes:,} bytes")
         if not 1 <= self.threads <= 1024:
             raise ConfigError(f"download threads must be 1 to 1024, not {self.threads}")
         if not 1 <= self.per_host <= 1024:
@@ -281,8 +281,8 @@ class PackConfig:
             object.__setattr__(self, "shard_size", DEFAULT_SHARD_SIZE)
         if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"shard size must be at least 1 record, not {self.shard_size}")
-        if self.shard_bytes is not None and self.shard_bytes < 1024:
-            raise ConfigError(f"shard bytes must be at least 1KB, not {self.shard_bytes}")
+        if self.shard_bytes is not None and self.shard_bytes < 1000:  # (1KB: sizes are decimal, as the flag reads them)
+            raise ConfigError(f"shard bytes must be at least 1KB (1000 bytes), not {self.shard_bytes:,} bytes")
         check_workers(self.workers)
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be between 0 and 2**63-1, not {self.seed}")
