@@ -277,13 +277,13 @@ def test_download_errors_survive_pickling() -> None:
 
 
 def test_the_pool_is_the_process_own() -> None:
-    from shardkit.storage import webget
+    from shardkit.storage.client import http_client
 
-    parent = webget._pool()
+    parent = http_client()
     pid = os.fork()
     if pid == 0:  # the child: a pool of its own, not the parent's sockets
-        os._exit(0 if webget._pool() is not parent else 1)
-    assert os.waitpid(pid, 0)[1] == 0 and webget._pool() is parent
+        os._exit(0 if http_client() is not parent else 1)
+    assert os.waitpid(pid, 0)[1] == 0 and http_client() is parent
 
 
 # --- many URLs ----------------------------------------------------------------------------------

@@ -610,7 +610,7 @@ def _open_one(
         cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
         remote = Remote(folder, cache)
         manifest = read_remote_manifest(folder)
-        subset, joined = _narrowed(folder, manifest, options)
+        subset, joined = _narrowed(folder, manifest, options, storage_options)
         return _dataset_class()(folder.url, manifest, options, remote=remote, subset=subset, joined=joined)
     manifest = read_manifest(folder)
     for shard in manifest.shards:
@@ -625,7 +625,7 @@ def _open_one(
             raise ShardFormatError(
                 f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
             )
-    subset, joined = _narrowed(folder, manifest, options)
+    subset, joined = _narrowed(folder, manifest, options, storage_options)
     return _dataset_class()(folder, manifest, options, subset=subset, joined=joined)
 
 
@@ -659,7 +659,9 @@ def _filters(select: Any) -> bool:
     return compute is not None and isinstance(select, compute.Expression)
 
 
-def _narrowed(where: Path | Store, manifest: Manifest, options: ReadOptions) -> tuple[Subset | None, Joined | None]:
+def _narrowed(
+    where: Path | Store, manifest: Manifest, options: ReadOptions, storage_options: dict[str, Any] | None
+) -> tuple[Subset | None, Joined | None]:
     """The subset `select` keeps and the columns `join` adds, both from the output's index.parquet
     (fetched once for a remote output): no shard is read."""
     if options.select is None and options.join is None:
@@ -673,5 +675,5 @@ def _narrowed(where: Path | Store, manifest: Manifest, options: ReadOptions) -> 
     if options.join is not None:
         from .joined import join
 
-        joined = join(index, options.join, name)
+        joined = join(index, options.join, name, storage_options)  # (a table at a URL: the same options)
     return subset, joined

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, describe
 from ..formats.base import Record
+from ..storage.urls import is_remote, local_path, split_object_url
 from .subset import SHOWN, IndexFile
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".json")
@@ -50,12 +52,13 @@ class Joined:
             yield self.add(record, number)
 
 
-def join(index: IndexFile, table: Any, what: str) -> Joined:
-    """The columns `table` joins to the output whose index is `index` (`what` names it in errors)."""
+def join(index: IndexFile, table: Any, what: str, storage_options: dict[str, Any] | None = None) -> Joined:
+    """The columns `table` joins to the output whose index is `index` (`what` names it in errors);
+    a table at a URL is fetched with `storage_options`."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    data = load_table(table)
+    data = load_table(table, storage_options)
     if "key" not in data.column_names:
         raise ConfigError(f"join: the table has no 'key' column (its columns: {', '.join(data.column_names)[:200]})")
     keys = data.column("key").combine_chunks()
@@ -85,8 +88,10 @@ def join(index: IndexFile, table: Any, what: str) -> Joined:
     return Joined(names, [data.column(name).combine_chunks() for name in names], record_rows)
 
 
-def load_table(table: Any) -> Any:
-    """A pyarrow Table from a Table or a parquet, CSV or JSONL file (keys always read as text)."""
+def load_table(table: Any, storage_options: dict[str, Any] | None = None) -> Any:
+    """A pyarrow Table from a Table or a parquet, CSV or JSONL file (keys always read as text). A
+    URL (s3://, https://, ...) is fetched through storage with its retries and `storage_options`;
+    a path or a file:// URL is read where it lies."""
     import pyarrow as pa
 
     if isinstance(table, pa.Table):
@@ -95,10 +100,35 @@ def load_table(table: Any) -> Any:
         raise ConfigError(f"join must be a table's path or a pyarrow Table, not {type(table).__name__}")
     path = os.fspath(table)
     suffix = os.path.splitext(path)[1].lower()
-    if "://" not in path and not os.path.lexists(path):  # (a URL is read through pyarrow's filesystems)
+    remote = is_remote(path)
+    if not remote and not os.path.lexists(local_path(path)):
         raise ConfigError(f"join: {path}: no such file or folder")
     if suffix not in TABLE_SUFFIXES:
         raise ConfigError(f"join: {path}: a table must be parquet, CSV or JSONL ({', '.join(TABLE_SUFFIXES)})")
+    if not remote:
+        return _read_table(local_path(path), suffix, path)
+    with tempfile.TemporaryDirectory(prefix="shardkit-join-") as folder:
+        fetched = os.path.join(folder, "table" + suffix)
+        _fetch(path, fetched, storage_options)
+        return _read_table(fetched, suffix, path)
+
+
+def _fetch(url: str, destination: str, storage_options: dict[str, Any] | None) -> None:
+    """The object at `url` into the local file `destination`, as every remote read: retried, with
+    the storage options."""
+    from ..storage.store import Store
+
+    folder, name = split_object_url(url)
+    try:
+        Store(folder, dict(storage_options or {})).get(name, destination)
+    except FileNotFoundError:
+        raise ConfigError(f"join: {url}: no such file or folder") from None
+
+
+def _read_table(path: str, suffix: str, shown: str) -> Any:
+    """The table in the local file `path` (`shown` names it in errors), read by its suffix."""
+    import pyarrow as pa
+
     try:
         if suffix == ".parquet":
             import pyarrow.parquet as pq
@@ -113,9 +143,9 @@ def load_table(table: Any) -> Any:
 
         return pj.read_json(path, parse_options=pj.ParseOptions(explicit_schema=text))
     except OSError as error:
-        raise ConfigError(f"join: {path}: {describe(error)}") from None
+        raise ConfigError(f"join: {shown}: {describe(error)}") from None
     except Exception as error:  # pyarrow's own parse errors
-        raise ConfigError(f"join: {path}: unreadable ({str(error).splitlines()[0][:200]})") from None
+        raise ConfigError(f"join: {shown}: unreadable ({str(error).splitlines()[0][:200]})") from None
 
 
 def stored_columns(index: IndexFile) -> set[str]:

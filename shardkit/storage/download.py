@@ -1,6 +1,7 @@
-"""The downloader of URL tables: image URLs fetched with retries (exponential backoff with full
-jitter, or what a 429/503's Retry-After asks, up to a minute), and `Downloader`, a worker
-process's many downloads at once, handed back in the order asked. One try is `storage/webget`'s."""
+"""The downloader of URL tables: image URLs fetched under the count form of the retry policy
+(`retry.RetryPolicy.counted`: `--retries` more tries, each after a full-jitter wait or what a
+429/503's Retry-After asks, a minute at most), and `Downloader`, a worker process's many downloads
+at once, handed back in the order asked. One try is `storage/webget`'s."""
 
 from __future__ import annotations
 
@@ -14,27 +15,32 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from ..core.config import WebConfig
+from .retry import RetryPolicy
 from .webget import MAGIC_BYTES, DownloadError, get_once, host_of, redact, url_problem
 
 __all__ = ["DownloadError", "Downloader", "download", "fetch_head", "fetch_range", "redact", "url_problem"]
 
 T = TypeVar("T")
-MAX_WAIT = 60.0  # the longest wait before a retry, whatever the backoff or Retry-After says
 BREAKER_FAILURES = 3  # connection failures in a row to one host that open its breaker
+
+
+def url_policy(web: WebConfig) -> RetryPolicy:
+    """The retry policy of a URL table's images: `web.retries` more tries, `web.backoff` the first
+    retry's mean wait."""
+    return RetryPolicy.counted(web.retries, web.backoff)
 
 
 def retry_wait(error: DownloadError, retry: int, web: WebConfig, rng: random.Random) -> float:
     """Seconds before retry number `retry` (1, 2, ...): the server's Retry-After, else full jitter,
     uniform(0, backoff * 2**retry) (so the first retry's mean wait is `backoff`); a minute at most."""
-    if error.retry_after is not None:
-        return min(MAX_WAIT, error.retry_after)
-    return rng.uniform(0.0, min(MAX_WAIT, web.backoff * 2.0**retry))
+    return url_policy(web).wait(retry, rng, error.retry_after)
 
 
 def _retried(url: str, web: WebConfig, action: Callable[[], T]) -> T:
     problem = url_problem(url)
     if problem:
         raise DownloadError(problem, "url")
+    policy = url_policy(web)
     rng = random.Random()  # jitter needs no seed; the global generator is left alone
     tries = 0
     while True:
@@ -42,9 +48,10 @@ def _retried(url: str, web: WebConfig, action: Callable[[], T]) -> T:
         try:
             return action()
         except DownloadError as error:
-            if not error.transient or tries > web.retries:
+            wait = policy.next_wait(tries, rng, error.retry_after) if error.transient else None
+            if wait is None:
                 raise error.after(tries) from None
-            time.sleep(retry_wait(error, tries, web, rng))
+            time.sleep(wait)
 
 
 def download(url: str, web: WebConfig, sha256: str | None = None) -> bytes:
@@ -122,11 +129,12 @@ class Downloader:
         # no new try starts while the bodies downloaded and not yet taken pass this many bytes:
         # a wide window reads far ahead of a slow consumer without holding more than this
         self._hold = hold
-        self._held = 0
+        self._untaken = 0
         if self._window < 1:
             raise ValueError(f"the window must hold at least one request, not {self._window}")
+        self._policy = url_policy(web)
         # a probe at most as often as a row's own last retry would wait, at most a minute
-        self._probe_every = min(MAX_WAIT, web.backoff * 2.0**web.retries)
+        self._probe_every = self._policy.bound(web.retries)
         self._executor = ThreadPoolExecutor(web.threads, thread_name_prefix="shardkit-download")
         self._cond = threading.Condition()
         self._windows: list[deque[_Slot]] = []
@@ -195,7 +203,7 @@ class Downloader:
             with self._cond:
                 if window in self._windows:
                     self._windows.remove(window)  # its waiting rows are dropped; running ones end
-                for slot in window:  # what it held is held no more (a try still running counts nothing)
+                for slot in window:  # its bodies not yet taken count no more (a try still running counts nothing)
                     if not slot.handed:
                         self._release(slot)
                     slot.dropped = True
@@ -242,16 +250,16 @@ class Downloader:
             return ready
 
     def _release(self, slot: _Slot) -> None:
-        """A body taken by the caller: no longer held here. Called with the lock held."""
+        """A body taken by the caller: no longer counted against `hold`. Called with the lock taken."""
         if isinstance(slot.result, bytes) and not slot.dropped:
-            self._held -= len(slot.result)
+            self._untaken -= len(slot.result)
             self._pump(time.monotonic())
 
     def _pump(self, now: float) -> None:
         """Starts what may start, in window order; fails at once the rows of a host whose breaker
-        is open. Called with the lock held."""
+        is open. Called with the lock taken."""
         web = self._web
-        if self._hold is not None and self._held >= self._hold:
+        if self._hold is not None and self._untaken >= self._hold:
             return
         for window in self._windows:
             for slot in window:
@@ -304,9 +312,12 @@ class Downloader:
                 host.open, host.probe_at = True, now + self._probe_every
         else:  # an answer of any kind: the host is there
             host.failures, host.open = 0, False
-        if isinstance(outcome, DownloadError) and outcome.transient and slot.tries <= self._web.retries:
-            slot.due = now + retry_wait(outcome, slot.tries, self._web, self._rng)
+        wait = None
+        if isinstance(outcome, DownloadError) and outcome.transient:
+            wait = self._policy.next_wait(slot.tries, self._rng, outcome.retry_after)
+        if wait is not None:
+            slot.due = now + wait
         else:
             slot.result = outcome.after(slot.tries) if isinstance(outcome, DownloadError) else outcome
             if isinstance(outcome, bytes) and not slot.dropped:
-                self._held += len(outcome)
+                self._untaken += len(outcome)

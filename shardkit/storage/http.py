@@ -1,6 +1,9 @@
-"""The direct download path: one pooled keep-alive GET per object (an S3 presigned URL or an http(s)
-URL) through urllib3, read a MiB at a time and hashed on the way. It costs about half the CPU of
-fsspec's async client, which counts on a machine whose cores decode."""
+"""The direct read path of a remote output: one keep-alive GET per object (an S3 presigned URL or an
+http(s) URL) through the process's HTTP client (`client`), read a MiB at a time and hashed on the
+way, which costs less CPU than fsspec's async client on a machine whose cores decode; ranged reads,
+a paced stream, and the bounded GET of a manifest or an index page. Each request is held to a
+`Pace`; what a failure means (absence, refusal, a passing fault) is said as an OSError subclass for
+`retry` to judge."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ import hashlib
 import io
 import os
 import re
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -42,8 +44,8 @@ def _seconds(name: str, default: float) -> float:
 class Pace:
     """Each request's total deadline (SHARDKIT_REQUEST_SECONDS, 1800 s) and, after its first
     SHARDKIT_RATE_GRACE_SECONDS (30 s), a minimum throughput (SHARDKIT_MIN_BYTES_PER_SECOND,
-    64 KiB/s): a socket timeout alone is reset by every byte, so a server trickling one byte a
-    second never ended. Either raises OSError (retried by the retry window, then said with the URL)."""
+    64 KiB/s): a socket timeout alone is reset by every byte, so a server sending one byte a second
+    would never be cut off. Either raises OSError (retried by `retry`, then said with the URL)."""
 
     def __init__(self) -> None:
         self.deadline = _seconds("SHARDKIT_REQUEST_SECONDS", 1800.0)
@@ -100,32 +102,18 @@ class NotDirect(Exception):
     """The direct GET was redirected or refused in a way the filesystem's own path handles."""
 
 
-_POOLS: dict[int, urllib3.PoolManager] = {}  # pid -> pool: a pool's sockets must not cross a fork
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool() -> urllib3.PoolManager:
-    pool = _POOLS.get(os.getpid())
-    if pool is None:
-        import urllib3
-
-        with _POOLS_LOCK:
-            # no retries of its own: the retry window (storage/retry) decides; each request says
-            # its own timeouts (Pace) and whether it follows redirects
-            pool = _POOLS.setdefault(os.getpid(), urllib3.PoolManager(maxsize=16, retries=False))
-    return pool
-
-
 def _get(
     url: str, retries: urllib3.Retry | bool, decode_content: bool, headers: dict[str, str] | None = None
 ) -> tuple[urllib3.BaseHTTPResponse, Pace]:
     """A streamed GET of `url` and the pace it is held to; any trouble reaching it as OSError."""
     import urllib3
 
+    from .client import http_client
+
     pace = Pace()
     timeout = urllib3.Timeout(connect=pace.socket_timeout, read=pace.socket_timeout)
-    try:
-        response = _pool().request(
+    try:  # the client's own pool size; no retries of its own (the caller's, or `retry`'s, decide)
+        response = http_client().manager.request(
             "GET", url, preload_content=False, decode_content=decode_content, retries=retries, timeout=timeout,
             headers=headers,
         )  # fmt: skip
@@ -263,11 +251,10 @@ def stream_direct(url: str) -> Iterator[BinaryIO]:
         response.release_conn()
 
 
-# Our own small GET for manifests and index pages over http(s), in place of fsspec's: fsspec turns
-# a refused connection, a timeout or a 503 into FileNotFoundError (final: "no manifest"), and reads
-# an index page whole after inflating it (a 0.5 MB gzip bomb took 1.1 GB). Here absence (404) is
+# Our own small GET for manifests and index pages over http(s), in place of fsspec's: fsspec takes
+# a refused connection, a timeout or a 503 for FileNotFoundError (final: "no manifest"), and reads
+# an index page whole before inflating it, so a small gzip bomb fills memory. Here absence (404) is
 # told from failure, and a compressed body is inflated a bounded piece at a time up to the limit.
-_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 def fetch_bytes(url: str, limit: int) -> bytes:
@@ -276,13 +263,15 @@ def fetch_bytes(url: str, limit: int) -> bytes:
     (retried) on 5xx, 429 and any connection trouble."""
     import urllib3
 
+    from .client import INFLATE_BITS
+
     redirects = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5)
     response, pace = _get(url, retries=redirects, decode_content=False)  # (inflated below, bounded)
     try:
         if response.status != 200:
             raise _refusal(response) or OSError(response.status, f"HTTP {response.status} {response.reason}")
         encoding = response.headers.get("Content-Encoding", "").strip().lower()
-        inflate = zlib.decompressobj(_ENCODINGS[encoding]) if encoding in _ENCODINGS else None
+        inflate = zlib.decompressobj(INFLATE_BITS[encoding]) if encoding in INFLATE_BITS else None
         parts, total = [], 0
         try:
             while chunk := response.read1(1 << 16):

@@ -7,6 +7,7 @@ import json
 import os
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from ..core.errors import ConfigError
 from ..core.manifest import MANIFEST_NAME
@@ -61,3 +62,13 @@ def split_manifest_url(url: str) -> str:
     """The folder URL of a folder or manifest.json URL."""
     url = url.rstrip("/")
     return url[: -len(MANIFEST_NAME) - 1] if url.endswith("/" + MANIFEST_NAME) else url
+
+
+def split_object_url(url: str) -> tuple[str, str]:
+    """The folder URL and the name of a URL to one object, the name as a `Store` of that folder
+    names it: an http(s) URL's percent-escapes decoded (the store quotes names itself)."""
+    folder, _, name = url.rstrip("/").rpartition("/")
+    scheme = URL_SCHEME.match(url)
+    if scheme is not None and scheme.group(1).lower() in ("http", "https"):
+        name = unquote(name)
+    return folder, name

@@ -1,5 +1,5 @@
-"""One GET of an image URL, the try that `storage/download` retries: the process's pooled
-connections (urllib3), each try's deadline from connect to last byte, redirects followed by hand
+"""One GET of an image URL, the try that `storage/download` retries: through the process's HTTP
+client (`client`), each try's deadline from connect to last byte, redirects followed by hand
 (so a loop, a sixth hop and a scheme other than http(s) are refused), and what makes a 200 no image
 (X-Robots-Tag, the size cap, the magic bytes, the sha256). Every failure is one DownloadError whose
 reason never holds the URL's credentials."""
@@ -7,27 +7,21 @@ reason never holds the URL's credentials."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
-import heapq
-import itertools
-import os
 import re
 import socket
-import threading
 import time
 import zlib
 from email.utils import parsedate_to_datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import unquote, urljoin, urlsplit
 
 import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from ..core.config import WebConfig
 from ..core.headers import format_from_magic
 from ..core.version import __version__
+from .client import INFLATE_BITS, Watch, http_client
 from .urls import URL_SCHEME
 
 USER_AGENT = f"shardkit/{__version__}"
@@ -38,10 +32,8 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # img2dataset's default `disallowed_header_directives`: a site that says any of them is skipped
 DISALLOWED = frozenset({"noai", "noimageai", "noindex", "noimageindex"})
 _VALUED = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
-_INFLATE = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _CHUNK = 1 << 16
 MAGIC_BYTES = 16  # enough of the head to tell every format below
-_HOSTS_KEPT = 256  # host pools a process keeps open (urllib3's default of 10 churns on a URL table)
 
 
 class DownloadError(Exception):
@@ -130,126 +122,6 @@ def _origin(url: str) -> tuple[str, str]:
     return parts.scheme.lower(), parts.netloc.lower()
 
 
-# --- the process's pool, and the watchdog that holds each try to its deadline ----------------
-
-
-class _Watch:
-    """One hop's deadline and the connection it uses: past the deadline the watchdog shuts the
-    socket, which ends any read blocked in it (a socket timeout alone is reset by every byte, so a
-    server trickling headers or a body a byte at a time never ended)."""
-
-    __slots__ = ("conn", "deadline", "done", "expired")
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.conn: HTTPConnection | None = None
-        self.done = False  # finished: its connection may serve another request, never to be cut
-        self.expired = False
-
-
-class _Watchdog:
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Watch]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def start(self, deadline: float) -> _Watch:
-        watch = _Watch(deadline)
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._order), watch))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="shardkit-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return watch
-
-    def attach(self, watch: _Watch, conn: HTTPConnection) -> None:
-        with self._cond:
-            watch.conn = conn
-
-    def finish(self, watch: _Watch) -> None:
-        """Called before the connection can go back to the pool: from then on it is never cut."""
-        with self._cond:
-            watch.done = True
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    watch = heapq.heappop(self._heap)[2]
-                    if not watch.done:
-                        watch.expired = True
-                        _cut(watch.conn)
-                self._cond.wait(self._heap[0][0] - now if self._heap else None)
-
-
-def _cut(conn: HTTPConnection | None) -> None:
-    sock = getattr(conn, "sock", None)
-    if sock is not None:
-        # the plain socket's shutdown, under TLS too: the reader's SSL object is left alone (and a
-        # socket closed already raises)
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-
-class _Pool:
-    """The process's connections (urllib3 with no retries or redirects of its own: the downloader
-    decides) and the watchdog of their deadlines."""
-
-    def __init__(self) -> None:
-        self.manager = urllib3.PoolManager(num_pools=_HOSTS_KEPT, retries=False)
-        self.manager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
-        self.watchdog = _Watchdog()
-        self.local = threading.local()  # the watch of the hop this thread is making
-
-    def attach(self, conn: HTTPConnection) -> None:
-        watch = getattr(self.local, "watch", None)
-        if watch is not None:
-            self.watchdog.attach(watch, conn)
-
-
-class _WatchedHTTP(HTTPConnection):
-    def connect(self) -> None:
-        _pool().attach(self)
-        super().connect()
-
-    def request(self, *args: Any, **kwargs: Any) -> None:  # a kept-alive connection connects no more
-        _pool().attach(self)
-        super().request(*args, **kwargs)
-
-
-class _WatchedHTTPS(HTTPSConnection):
-    def connect(self) -> None:
-        _pool().attach(self)
-        super().connect()
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        _pool().attach(self)
-        super().request(*args, **kwargs)
-
-
-class _HTTPPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTP
-
-
-class _HTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPS
-
-
-_POOLS: dict[int, _Pool] = {}  # pid -> pool: a pool's sockets (and its watchdog) must not cross a fork
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool() -> _Pool:
-    pool = _POOLS.get(os.getpid())
-    if pool is None:
-        with _POOLS_LOCK:
-            pool = _POOLS.get(os.getpid()) or _POOLS.setdefault(os.getpid(), _Pool())
-    return pool
-
-
 # --- one try ------------------------------------------------------------------------------------
 
 
@@ -300,30 +172,30 @@ def _hop(target: str, auth: str | None, web: WebConfig, want: _Want, deadline: f
         headers["Authorization"] = auth
     if want.length is not None:
         headers["Range"] = f"bytes={want.start}-{want.start + want.length - 1}"
-    pool = _pool()
+    client = http_client()
     remaining = max(0.001, deadline - time.monotonic())
-    watch = pool.watchdog.start(deadline)
-    pool.local.watch = watch
+    watch = client.watchdog.start(deadline)
+    client.local.watch = watch
     try:
         parsed = urllib3.util.parse_url(target)
-        hosts = pool.manager.connection_from_url(target, pool_kwargs={"maxsize": web.per_host})
+        hosts = client.manager.connection_from_url(target, pool_kwargs={"maxsize": web.per_host})
         response = hosts.urlopen(
             "GET", parsed.request_uri, headers=headers, retries=False, redirect=False, assert_same_host=False,
             timeout=urllib3.Timeout(connect=remaining, read=remaining), preload_content=False,
             decode_content=False, release_conn=False,
         )  # fmt: skip
     except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
-        pool.watchdog.finish(watch)
+        client.watchdog.finish(watch)
         raise _no_answer(error, watch, web) from None
     finally:
-        pool.local.watch = None
+        client.local.watch = None
     try:
         got = _answer(response, web, want, watch)
     except BaseException:
-        pool.watchdog.finish(watch)
+        client.watchdog.finish(watch)
         response.close()  # never reuse a connection left mid-body
         raise
-    pool.watchdog.finish(watch)  # before the connection goes back to the pool
+    client.watchdog.finish(watch)  # before the connection goes back to the pool
     if isinstance(got, str) or got.cut:
         response.close()  # a redirect's body, or the rest of one: not worth reading to keep the connection
         return got if isinstance(got, str) else got.got
@@ -336,7 +208,7 @@ class _Read(NamedTuple):
     cut: bool  # the body was left unread past what was wanted
 
 
-def _answer(response: urllib3.BaseHTTPResponse, web: WebConfig, want: _Want, watch: _Watch) -> _Read | str:
+def _answer(response: urllib3.BaseHTTPResponse, web: WebConfig, want: _Want, watch: Watch) -> _Read | str:
     status = response.status
     if status in REDIRECTS:
         location = response.headers.get("Location", "").strip()
@@ -386,13 +258,13 @@ def _sizes(response: urllib3.BaseHTTPResponse) -> tuple[int | None, int | None]:
     return declared, None if encoded and response.status != 206 else declared
 
 
-def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: _Watch, take: int | None) -> tuple[bytes, bool]:
+def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: Watch, take: int | None) -> tuple[bytes, bool]:
     """The body, inflated when the server gzipped it anyway, each step bounded: the first `take`
     bytes (and whether more were left unread), or all of it up to the cap."""
     encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
-    if encoding not in _INFLATE and encoding != "identity":
+    if encoding not in INFLATE_BITS and encoding != "identity":
         raise DownloadError(f"unsupported Content-Encoding {_printable(encoding[:20])}", "encoding")
-    inflate = zlib.decompressobj(_INFLATE[encoding]) if encoding in _INFLATE else None
+    inflate = zlib.decompressobj(INFLATE_BITS[encoding]) if encoding in INFLATE_BITS else None
     cap = web.max_bytes if take is None else take
     parts: list[bytes] = []
     total = received = 0
@@ -427,7 +299,7 @@ def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: _Watch, tak
     return body[:cap], not ended
 
 
-def _no_answer(error: BaseException, watch: _Watch, web: WebConfig) -> DownloadError:
+def _no_answer(error: BaseException, watch: Watch, web: WebConfig) -> DownloadError:
     """What a failure before any status line means. `unreachable`: the host gave no answer."""
     cause = error.__cause__ or error.__context__
     if watch.expired or isinstance(error, urllib3.exceptions.ReadTimeoutError):
@@ -454,7 +326,7 @@ def _no_answer(error: BaseException, watch: _Watch, web: WebConfig) -> DownloadE
 
 
 def _mid_body(
-    error: BaseException, watch: _Watch, web: WebConfig, received: int, response: urllib3.BaseHTTPResponse
+    error: BaseException, watch: Watch, web: WebConfig, received: int, response: urllib3.BaseHTTPResponse
 ) -> DownloadError:
     if watch.expired or isinstance(error, urllib3.exceptions.ReadTimeoutError | TimeoutError):
         return _timed_out(web)
