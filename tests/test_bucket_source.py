@@ -14,7 +14,7 @@ import pytest
 from shardkit.checks.verify import verify
 from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
 from shardkit.core.errors import ShardkitError
-from shardkit.packing.output import claim
+from shardkit.packing.folder_output import claim
 from shardkit.packing.pack import pack
 from shardkit.packing.plan import ShardSpec
 from shardkit.packing.probe import probe

@@ -190,7 +190,7 @@ def test_refusals_leave_a_new_output_folder_uncreated(sample_dataset: Path, tmp_
 
 HOLDER = """
 import sys, time
-from shardkit.packing.output import claim
+from shardkit.packing.folder_output import claim
 claim(sys.argv[1], resume=False, overwrite=False)
 print("held", flush=True)
 time.sleep(60)

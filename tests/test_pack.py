@@ -292,7 +292,7 @@ def test_a_bug_is_not_passed_off_as_a_bad_image() -> None:
     from PIL import Image
 
     from shardkit.core.config import parse_bytes
-    from shardkit.packing.worker import _blame
+    from shardkit.packing.reading import blame as _blame
 
     with pytest.raises(Exception) as from_codec:
         Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n garbage")).load()

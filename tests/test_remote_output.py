@@ -192,7 +192,7 @@ def test_bench_reads_a_bucket_through_the_cache(s3, local_pack: Path, tmp_path: 
 
 
 def test_an_overwrite_killed_after_the_manifest_went_can_be_finished(s3, sample_dataset, local_pack, tmp_path) -> None:
-    from shardkit.packing.publish import EARLIER
+    from shardkit.packing.bucket_output import EARLIER
     from shardkit.storage.store import read_remote_manifest
 
     first = _run("pack", sample_dataset, "s3://data/killed", "--resize", "48", "--shard-size", "5", cache=tmp_path)

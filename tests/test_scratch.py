@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardkit.packing.scratch import held, sweep
+from shardkit.packing.scratch import locked_stem, sweep
 
 # A task in another process that takes its stem, writes a shard there, says so, then waits.
 _TASK = """
 import sys, time
 from pathlib import Path
-from shardkit.packing.scratch import held
-with held(Path(sys.argv[1]), "shard-000007.tar") as stem:
+from shardkit.packing.scratch import locked_stem
+with locked_stem(Path(sys.argv[1]), "shard-000007.tar") as stem:
     Path(f"{stem}.tmp").write_bytes(b"half a shard")
     print(stem, flush=True)
     time.sleep(60)
@@ -30,7 +30,7 @@ def test_a_live_tasks_files_stay_and_a_dead_tasks_are_swept(tmp_path: Path) -> N
         assert stem, "the task did not start"
         sweep(tmp_path)
         assert Path(f"{stem}.tmp").exists()  # its owner lives: kept
-        with held(tmp_path, "shard-000008.tar") as mine:  # (and a task beside it has its own)
+        with locked_stem(tmp_path, "shard-000008.tar") as mine:  # (and a task beside it has its own)
             Path(f"{mine}.tmp").write_bytes(b"mine")
             os.kill(task.pid, signal.SIGKILL)  # killed mid-shard: it cannot clean up
             task.wait()

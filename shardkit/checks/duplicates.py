@@ -168,7 +168,7 @@ def _add_files(found: _Found, files: _Files, number: int, source: str, walked: S
     """Source `number`'s walked files into `found`, to be hashed; a file already reached (a link)
     is not hashed again, and what could not be read or walked is a failure."""
     for item in walked.items:
-        if walked.layout == "urls":  # a table of URLs: each row's image, downloaded when hashed
+        if walked.source.downloads:  # a table of URLs: each row's image, downloaded when hashed
             files.positions.append(len(found.shown))
             files.paths.append(item.path)
             found.add(item.relpath, number, None, None)

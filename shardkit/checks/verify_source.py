@@ -58,7 +58,7 @@ def check_source(
     if how.get("videos"):  # a video's clips all name it: packed once, however many clips it gave
         packed = np.unique(packed)
     logged = hashes([row["path"] for row in error_rows(log, None)])
-    if found.layout == "spans":  # rows of one video: it may be packed by some and listed by others
+    if found.source.shares_files:  # rows of one video: it may be packed by some and listed by others
         takeable, refused = np.unique(np.concatenate([takeable, refused])), refused[:0]
         packed, logged = np.unique(packed), np.setdiff1d(logged, packed)
     tally = Tally.of(takeable, refused, packed, logged)

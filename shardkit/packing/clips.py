@@ -32,8 +32,8 @@ from ..core.config import (
 )
 from ..core.errors import ImageError, describe, require
 from ..core.safeio import open_regular
+from .av_support import native_path, said
 from .sources.item import Span
-from .video_probe import native_path, said
 
 if TYPE_CHECKING:
     import av.container
@@ -122,14 +122,11 @@ class _Encoder:
 
 
 def stored_size(width: int, height: int, resize: ResizeConfig) -> tuple[int, int]:
-    """A clip's frame size from the source's as displayed: the short (or long) side at the resize
-    target, never enlarged unless --upscale, both even (yuv420p halves the colour planes)."""
-    size = resize.pixels
-    scale = 1.0
-    if size is not None:
-        scale = size / (max(width, height) if resize.mode == "long" else min(width, height))
-        if scale > 1 and not resize.upscale:
-            scale = 1.0
+    """A clip's frame size from the source's as displayed: scaled by the images' rule
+    (`encode.resize_scale`), both sides even (yuv420p halves the colour planes)."""
+    from .encode import resize_scale  # (its imaging loads with it: only for a pack of videos)
+
+    scale = resize_scale(width, height, resize)
     return max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2)
 
 

@@ -63,20 +63,31 @@ def plan_geometry(width: int, height: int, resize: ResizeConfig) -> Geometry:
     size = resize.pixels
     if size is None:
         return Geometry((width, height), (width, height))
-    short, long = min(width, height), max(width, height)
+    short = min(width, height)
     if resize.mode == "center-crop":
         left, top = (width - short) // 2, (height - short) // 2
         needed = (min(width, -(-width * size // short)), min(height, -(-height * size // short)))
         return Geometry((size, size), needed, (left, top, left + short, top + short))
-    scale = size / (short if resize.mode == "short" else long)
-    if not resize.upscale:
-        scale = min(scale, 1.0)
-    # Thin strips: the long side never exceeds size * max_aspect, even if the short side ends smaller.
-    scale = min(scale, size * resize.max_aspect / long)
+    scale = resize_scale(width, height, resize)
     if scale == 1.0:
         return Geometry((width, height), (width, height))
     output = (max(1, round(width * scale)), max(1, round(height * scale)))
     return Geometry(output, (min(width, output[0]), min(height, output[1])))
+
+
+def resize_scale(width: int, height: int, resize: ResizeConfig) -> float:
+    """The one scale rule of the short and long modes (images and video frames alike): the short
+    (or long) side at the target, never enlarged unless --upscale, and the long side never past
+    target x max_aspect, even if the short side then ends smaller (thin strips stay sane). 1.0
+    without a target."""
+    size = resize.pixels
+    if size is None:
+        return 1.0
+    short, long = min(width, height), max(width, height)
+    scale = size / (long if resize.mode == "long" else short)
+    if not resize.upscale:
+        scale = min(scale, 1.0)
+    return min(scale, size * resize.max_aspect / long)
 
 
 def dct_factor(stored: tuple[int, int], needed: tuple[int, int]) -> tuple[int, int]:

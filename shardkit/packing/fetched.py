@@ -1,13 +1,15 @@
-"""A table of URLs read: by the worker, a shard's images downloaded ahead of the encoder, in the
-shard's order, by the process's Downloader (storage/download.py: its threads, its per-host limit,
-its retries), and a download's bytes checked as a local file's are (header first, pixel limit)
-before anything decodes them; by probe, each image's header by range requests (`probe_urls`)."""
+"""A table of URLs read: by the worker, a shard's images downloaded ahead of the encoder by the
+process's Downloader (storage/download.py: its threads, its per-host limit, its retries), each
+encoded as it arrives and handed on in the shard's order, a download's bytes checked as a local
+file's are (header first, pixel limit) before anything decodes them; by probe, each image's header
+by range requests (`probe_urls`). The reading a pack sends its workers is `sources.urls.Downloads`."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Generator, Iterable, Sequence
+import time
+from collections.abc import Generator, Sequence
 
 from ..core.config import WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError
@@ -18,57 +20,81 @@ from ..storage.download import Downloader, DownloadError, download, fetch_head, 
 from .encode import check_pixels
 from .objects import Transfer
 from .ranges import ReadRange, probe_row
+from .reading import Outcome, Packing, attempt, image_record
 from .scan_rows import ScanRow
-from .sources import Item
-from .sources.urls import expected_sha256
-
-Fetched = bytes | DownloadError
-Kept = Fetched | Record | Failure  # a retried shard's row: downloaded again, or kept as it was
+from .sources.item import Item
 
 _DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}  # pid -> the process's downloader
 DOWNLOAD_WINDOW = 4096  # rows asked for ahead of the oldest unfinished one
 DOWNLOAD_HOLD = 64 << 20  # bodies downloaded and not yet encoded, per worker process
 
 
-def downloads(items: Iterable[Item], web: WebConfig) -> Generator[Fetched, None, None]:
-    """Each item's bytes or why not, in the items' order, fetched ahead on the process's threads."""
-    yield from _downloader(web).fetch((item.path, expected_sha256(item)) for item in items)
-
-
-def downloads_in_any_order(items: Sequence[Item], web: WebConfig) -> Generator[tuple[int, Fetched], None, None]:
-    """(place, bytes or why not) of each item as its download ends, on the process's threads; the
-    window of the process's Downloader stays anchored at the oldest unfinished row, which bounds
-    what the caller holds while it waits for that row."""
-    yield from _downloader(web).fetch_unordered((item.path, expected_sha256(item)) for item in items)
+def downloaded(packing: Packing, web: WebConfig, sha256s: Sequence[str | None]) -> Generator[Outcome, None, None]:
+    """Each item's outcome in the shard's order, its image downloaded on the process's threads
+    and encoded as soon as it arrives, in any order: the window of the process's Downloader stays
+    anchored at the oldest unfinished row, which bounds what waits here for that row's turn, and a
+    row waiting out its retries never idles the encoder. `sha256s`: what each row's table says its
+    image's sha256 is (None: not said)."""
+    items = packing.items
+    requests = ((item.path, sha256) for item, sha256 in zip(items, sha256s, strict=True))
+    done: dict[int, Outcome] = {}
+    turn = 0
+    for at, got in _downloader(web).fetch_unordered(requests):
+        done[at] = _encoded(items[at], got, packing)
+        while turn in done:
+            yield done.pop(turn)
+            turn += 1
 
 
 def refetched(
-    items: Sequence[Item], shard: str, format: str, earlier: list[Failure], web: WebConfig
-) -> Generator[Kept, None, None]:
+    packing: Packing, web: WebConfig, sha256s: Sequence[str | None], shard: str, earlier: list[Failure]
+) -> Generator[Outcome, None, None]:
     """A shard written again by --resume because some of its rows failed transiently: its records
     read back from the shard file it replaces (byte for byte what the formats write again), the
     rows that failed for good as they were, and only the rows that failed transiently downloaded
     again; in the items' order, streamed (the earlier shard holds its records in that order)."""
+    items = packing.items
     transient = {row.path for row in earlier if row.transient}
     final = {row.path: row for row in earlier if not row.transient}
-    reader = get_format(format).reader(shard)
-    got = downloads([item for item in items if item.relpath in transient], web)
+    reader = get_format(packing.format).reader(shard)
+    again = [(item.path, sha256) for item, sha256 in zip(items, sha256s, strict=True) if item.relpath in transient]
+    got = _fetched(web, again)
     try:
         records = iter(reader)
         record = next(records, None)
         for item in items:
             if item.relpath in transient:
-                yield next(got)
+                yield _encoded(item, next(got), packing)
             elif item.relpath in final:
-                yield final[item.relpath]
+                yield None, 0, [final[item.relpath]]
             elif record is not None and record.key == item.key:
-                yield record
+                yield record, 0, []
                 record = next(records, None)
             else:  # (the shard's bytes matched its done marker: a shardkit bug, never the input's)
                 raise OutputError(f"{shard}: lacks the record of {item.key} that its done marker vouches for")
     finally:
         got.close()
         reader.close()
+
+
+def _fetched(web: WebConfig, requests: list[tuple[str, str | None]]) -> Generator[bytes | DownloadError, None, None]:
+    """Each request's bytes or why not, in order, fetched ahead on the process's threads."""
+    yield from _downloader(web).fetch(requests)
+
+
+def _encoded(item: Item, got: bytes | DownloadError, packing: Packing) -> Outcome:
+    """A downloaded row's outcome: its image encoded into its record, or why it was not downloaded."""
+    if isinstance(got, DownloadError):
+        return None, 0, [download_failure(item, got)]
+    body = got
+    started = time.perf_counter()
+
+    def made() -> tuple[Record, int]:
+        data, header = read_downloaded(body, packing.encode.max_pixels)
+        packing.timings["read"] += time.perf_counter() - started
+        return image_record(item, data, header, packing)
+
+    return attempt(item, made)
 
 
 def url_ranges(url: str, web: WebConfig) -> ReadRange:

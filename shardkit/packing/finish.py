@@ -1,6 +1,7 @@
-"""Finishing a pack: once every shard is on record, the index parts joined into index.parquet, the
+"""Finishing a pack: once every shard is done, the index parts joined into index.parquet, the
 format's output-level companion files, errors.jsonl (every input not packed, in order), then
-manifest.json, atomically and last; and what the run did, as a PackResult."""
+manifest.json, atomically and last, all in the pack's local folder (the output's `publish` makes
+the output whole from there); and what the run did, as a PackResult."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ from ..formats import get_format
 from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row
-from .output import remove_state, state_dir, writing
 from .resume import CREATED_BY
+from .shard_writing import PICTURE_COUNTS, STAGES, ShardResult
 from .sources import SourceWalk
 from .sources.labelling import Labelling, labelling
-from .worker import PICTURE_COUNTS, STAGES, ShardResult
+from .working_folder import state_dir, writing
 
 
 @dataclass
@@ -103,13 +104,13 @@ def single_colour_warning(totals: dict[str, int], background: object) -> str:
 
 def finish(
     config: PackConfig, found: SourceWalk, ordered: list[ShardResult], inputs: int, settings: dict[str, Any],
-    plan: str, output: Path, keep_state: bool = False,
+    plan: str, output: Path,
 ) -> PackResult:  # fmt: skip
-    """Write index.parquet, the companions, errors.jsonl and the manifest (last) for the shard
-    results in plan order, remove the state folder (unless `keep_state`: a staging folder's state
-    stays until its files are uploaded, for a resume), and say what was done. What the manifest says
-    of each shard comes from its result: a pack to a bucket needs no shard here (its resume keeps
-    only shards whose index part is in the state, so none is read again)."""
+    """Write index.parquet, the companions, errors.jsonl and the manifest (last) into the local
+    folder `output` for the shard results in plan order, and say what was done; the working folder
+    stays for the output's `publish`. What the manifest says of each shard comes from its result: a
+    pack to a bucket needs no shard here (its resume keeps only shards whose index part is in the
+    state, so none is read again)."""
     error_rows: list[Failure] = [*found.skipped, *(row for result in ordered for row in result.errors)]
     records = sum(r.shard.count for r in ordered)
     duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
@@ -122,7 +123,7 @@ def finish(
     if config.clips.seconds is None and all(count is not None for count in counts):  # (unknown: not said)
         totals.update({name: sum(count.get(name, 0) for count in counts if count) for name in PICTURE_COUNTS})
     transient = sum(1 for row in error_rows if row.transient)
-    if found.layout == "urls":  # rows per cause of failure, and those a --resume tries again
+    if found.source.downloads:  # rows per cause of failure, and those a --resume tries again
         totals["transient"] = transient
         totals.update(download_causes(error_rows))
     source = {"path": str(config.source), "layout": found.layout}
@@ -146,8 +147,6 @@ def finish(
     with writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
     mark("manifest")
-    if not keep_state and not transient:  # else the done markers stay: --resume tries those rows again
-        remove_state(output)
     return PackResult(
         output=str(output),
         manifest=manifest,

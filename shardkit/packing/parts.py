@@ -1,15 +1,15 @@
 """The last shards of a pack split into parts that several workers encode at once, and the driver
-writing each such shard from its parts: one worker per shard left the others idle while the last
-shards were written (a pack of 700 images, one shard, ran on one of two cores; at 3,500 images the
-workers sat idle for 1.1 s of a 5.5 s pack, scripts/bench_pack_workers.py).
+writing each such shard from its parts: with one worker per shard, the other workers would sit idle
+while the last shards are written (a small folder's single shard on one core).
 
 Only the last `workers` shards of the plan are split, each into up to two parts per worker, of at
 least MIN_PART items, the very last into parts that shrink as it ends (`guided`): the earlier
 shards keep a worker each, and their records never pass through the driver. A split shard's bytes
 are a whole one's: the same records, in the same order, through the same writer
-(worker.ShardWriting), with the same done marker and index part. A tar's parts are written by
-their workers and appended here (`Backend.appends`); other formats' records come back through the
-result.
+(shard_writing.ShardWriting), with the same done marker and index part. A tar's parts are written
+by their workers and appended here (`Backend.appends`); other formats' records come back through
+the result. Only an output whose shards are files in the pack's local folder is split
+(`Output.shards_here`): the driver puts the joined shard in place there.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .worker import PartResult, ShardJob, ShardResult, ShardWriting
+from .shard_writing import PartResult, ShardResult, ShardWriting
+from .worker import ShardJob, destination_of
 
-MIN_PART = 16  # items: below this a part's round trip (~1 ms) weighs more than what it evens out
+MIN_PART = 16  # items: below this, a part's round trip to a worker weighs more than what it evens out
 
 
 def split_last(jobs: Iterator[ShardJob], workers: int) -> Iterator[ShardJob]:
@@ -65,8 +66,8 @@ def even(count: int, parts: int) -> list[int]:
 def guided(count: int, workers: int) -> list[int]:
     """Part sizes for the plan's last shard: rounds of `workers` equal parts, each round half of
     what is left, down to parts of MIN_PART (guided scheduling), so that the last parts are small
-    and the workers end together. Equal parts left a worker idle through most of a part at the
-    end: 0.12 s of a 3,500-image pack on 2 workers, whose last parts took 0.28 s."""
+    and the workers end together (with equal parts, one worker would sit idle through most of a
+    part at the end)."""
     sizes: list[int] = []
     left = count
     while left >= 2 * workers * MIN_PART:
@@ -94,14 +95,15 @@ class Joining:
 
     def __init__(self) -> None:
         self._open: dict[str, _Joined] = {}
-        self._scratch = contextlib.ExitStack()  # (a split shard is never one to upload: no scratch)
+        self._files = contextlib.ExitStack()  # (a folder's workspace enters nothing here)
 
     def add(self, job: ShardJob, result: PartResult) -> ShardResult | None:
         """A part back from a worker (`job` is its part job); the shard's result once it is whole."""
         joined = self._open.get(result.name)
         if joined is None:
             whole = replace(job, part=None)  # (the shard's own temporary name, not a part's)
-            joined = self._open[result.name] = _Joined(ShardWriting(whole, self._scratch), job.parts)
+            writing = ShardWriting(whole, destination_of(whole), self._files)
+            joined = self._open[result.name] = _Joined(writing, job.parts)
         joined.waiting[result.part] = result
         writing = joined.writing
         while joined.next in joined.waiting:

@@ -12,8 +12,8 @@ from typing import Any
 from ..core.manifest import json_sha256, sorted_json
 from ..core.safeio import file_stamp
 from ..storage.urls import is_remote
-from .output import shard_name
 from .sources import Item, payload, with_payload
+from .working_folder import shard_name
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +37,7 @@ from .census import (
     recommend,
 )
 from .copies import candidate_names, confirm_copies
-from .objects import Transfer, object_digest, probe_objects
+from .objects import Transfer
 from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 from .sources import Item, SourceWalk, walk
 from .sources.labelling import labelling
@@ -166,21 +165,14 @@ def probe(
     census = Census()
     transfer = Transfer()
     scan_chunk: Callable[[Job], list[ScanRow]] = _probe_chunk
-    if found.layout == "urls":  # a table of URLs: each header by range requests, waiting on the network
-        from .fetched import probe_urls, url_digest  # (urllib3: only for tables of URLs)
-
-        scan_chunk = partial(probe_urls, web or WebConfig(), transfer)
-        digest_of: Callable[[str, int], tuple[str, int] | None] | None = partial(url_digest, web or WebConfig())
-        chunk_files = min(chunk_files, REMOTE_CHUNK_OBJECTS)
-        workers, kind = workers or REMOTE_THREADS, "thread"
-    elif found.options is not None:  # a bucket: each header by range reads, waiting on the network
-        scan_chunk = partial(probe_objects, found.options, transfer)
-        digest_of = partial(object_digest, found.options)
+    digest_of: Callable[[str, int], tuple[str, int] | None] | None = None
+    remote = found.source.header_reads(found, transfer)
+    if remote is not None:  # a bucket's objects, a table's URLs: headers by range reads, waiting on the network
+        scan_chunk, digest_of = remote
         chunk_files = min(chunk_files, REMOTE_CHUNK_OBJECTS)
         workers, kind = workers or REMOTE_THREADS, "thread"
     else:
         workers, kind = parallelism(sys.maxsize, workers, min_parallel=0)  # the count is not known yet
-        digest_of = None
     chunking = _Chunking(found, Counter(), chunk_files, max_pixels)
     jobs: Iterator[Job] = iter(chunking)
     if kind == "process":  # a pool is worth starting only for a large folder: look ahead first
@@ -202,7 +194,7 @@ def probe(
     report.workers, report.worker_kind = (workers if chunking.chunks > 1 else 1), kind  # one chunk runs inline
     report.skipped = found.skipped
     report.labels = labelling(found)
-    report.header_bytes = transfer.bytes if found.options is not None or found.layout == "urls" else None
+    report.header_bytes = transfer.bytes if remote is not None else None
     if found.table is not None:
         report.table = _table_census(found, chunking.captions, without_file)
     return report

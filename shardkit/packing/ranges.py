@@ -1,7 +1,7 @@
-"""An image's header read by ranges from something that is not a local file (a bucket's object;
-an http(s) URL next): a first range, then only what the header parser asks for beyond it. Everything
-here is given a `ReadRange` callable, so a new kind of remote item is one function that reads a
-range, and probe and the worker read its headers as they read a bucket's."""
+"""An image's header read by ranges from something that is not a local file (a bucket's object, an
+image at an http(s) URL): a first range, then only what the header parser asks for beyond it.
+Everything here is given a `ReadRange` callable, so a new kind of remote item is one function that
+reads a range, and probe and the worker read its headers as they read a bucket's."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 file), the verdict on an output found begun or finished, the shards an interrupted run finished
 (done markers whose shard is intact and whose plan hash is this plan's), and the stale shards of
 an earlier plan. Nothing here writes shards; `claim` (output.py) has already refused what is not
-shardkit's."""
+shardkit's, and whether a kept shard is still whole is the output's to say (`Output.intact`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from ..core.errors import Failure, ManifestError, OutputError
 from ..core.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_name, read_manifest, sha256_file, write_json_atomic
 from ..core.safeio import load_json_file
 from ..core.version import __version__
-from .output import STATE_NAME, done_path, state_dir, writing
 from .plan import ShardSpec, fingerprint, settings_hash
-from .worker import ShardResult
+from .shard_writing import ShardResult
+from .working_folder import STATE_NAME, done_path, state_dir, writing
 
 CREATED_BY = f"shardkit {__version__}"
 
@@ -130,18 +130,17 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
 
 
 def reused_shard(
-    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None = None
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool]
 ) -> ShardResult | None:
-    """The finished result of this shard from an earlier run: its done marker is well-formed and
-    has this plan's hash, the shard is still exactly it (`intact`: by default the file in the
-    output; a pack to a bucket asks the bucket's records, packing/publish.py), and none of its rows
-    failed for a passing cause (see `retried_shard`)."""
+    """The finished result of this shard from an earlier run: its done marker in the local folder
+    `output` is well-formed and has this plan's hash, the shard is still exactly it (`intact`: the
+    output's check), and none of its rows failed for a passing cause (see `retried_shard`)."""
     result = _earlier(output, spec, plan_hash, intact)
     return None if result is None or any(row.transient for row in result.errors) else result
 
 
 def retried_shard(
-    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None = None
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool]
 ) -> ShardResult | None:
     """The earlier result of a shard of a table of URLs whose file is intact but some of whose
     rows failed transiently: the worker keeps its records and its final failures, and downloads
@@ -151,7 +150,7 @@ def retried_shard(
 
 
 def _earlier(
-    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool] | None
+    output: str | Path, spec: ShardSpec, plan_hash: str, intact: Callable[[ShardResult], bool]
 ) -> ShardResult | None:
     marker = done_path(output, spec.name)
     try:
@@ -172,18 +171,7 @@ def _earlier(
         found = _result_from_json(result)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return found if (intact or _in_folder(Path(output)))(found) else None
-
-
-def _in_folder(output: Path) -> Callable[[ShardResult], bool]:
-    def intact(result: ShardResult) -> bool:
-        shard = output / result.shard.name
-        try:
-            return shard.stat().st_size == result.shard.bytes and sha256_file(shard) == result.shard.sha256
-        except OSError:
-            return False
-
-    return intact
+    return found if intact(found) else None
 
 
 def _result_from_json(data: dict[str, Any]) -> ShardResult:

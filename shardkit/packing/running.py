@@ -13,7 +13,8 @@ from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import PackConfig
 from ..core.pools import default_workers, map_local
 from ..core.processes import mp_context, start_resource_tracker
-from .worker import PartResult, ShardJob, ShardResult, init_worker, run_job, write_shard
+from .shard_writing import PartResult, ShardResult
+from .worker import ShardJob, init_worker, run_job, write_shard
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
 

@@ -32,9 +32,9 @@ def node_scratch() -> Path:
 
 
 @contextlib.contextmanager
-def held(folder: Path, name: str) -> Iterator[Path]:
+def locked_stem(folder: Path, name: str) -> Iterator[Path]:
     """A stem in `folder` (made if needed, swept of dead tasks' files) for the files of the shard
-    `name` this task writes: they are named the stem and a suffix, and are its own, held by its
+    `name` this task writes: they are named the stem and a suffix, and are its own, kept by its
     lock, until it leaves, when they are removed."""
     folder.mkdir(parents=True, exist_ok=True)
     sweep(folder)
@@ -57,7 +57,7 @@ def _remove(stem: Path, lock: Path) -> None:
     for path in stem.parent.glob(f"{stem.name}.*"):
         if path != lock:
             path.unlink(missing_ok=True)
-    lock.unlink(missing_ok=True)  # last: while it is there, the files are on record
+    lock.unlink(missing_ok=True)  # last: while it is there, a sweep can tell whose the files are
 
 
 def sweep(folder: Path) -> None:
@@ -80,7 +80,7 @@ def _lock(fd: int, *, blocking: bool) -> bool:
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if blocking else fcntl.F_OFD_SETLK, _WHOLE_FILE)
     except OSError as error:
-        if error.errno in (errno.EAGAIN, errno.EACCES):  # held
+        if error.errno in (errno.EAGAIN, errno.EACCES):  # another descriptor has it
             return False
         raise
     return True

@@ -21,6 +21,7 @@ from ..core.config import DEFAULT_MAX_PIXELS, DEFAULT_TRAIN_SIZE, check_workers
 from ..core.errors import describe, require
 from ..core.pools import default_workers, map_local
 from ..core.safeio import open_regular
+from .av_support import native_path, said
 from .sources import Item, walk
 from .sources.labelling import Labelling, labelling
 
@@ -76,20 +77,6 @@ def probe_video(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
             return _probe_open(native_path(fd, file), relpath, size, kind, max_pixels)
         except Exception as error:  # PyAV's own types for a file it cannot read
             return VideoRow(relpath, size, f"cannot read: {said(error)}")
-
-
-def said(error: BaseException) -> str:
-    """What FFmpeg said, without PyAV's errno and function name around it."""
-    text = getattr(error, "strerror", None) or describe(error)
-    return str(text).strip() or type(error).__name__
-
-
-def native_path(fd: int, file: Any) -> Any:
-    """What PyAV opens for a descriptor checked to be a regular file: its /dev/fd path, read by
-    FFmpeg's own I/O (through a Python file object every read is a call back into Python: the probe
-    ran at 0.65x its floor so), or the file object where /dev/fd is missing."""
-    path = f"/dev/fd/{fd}"
-    return path if os.path.exists(path) else file
 
 
 def _probe_open(file: Any, relpath: str, size: int, kind: str, max_pixels: int) -> VideoRow:

@@ -1,5 +1,6 @@
-"""The bucket convention: an object-storage prefix (s3://, gs://, any fsspec URL that lists) walked
-with a folder's conventions: class prefixes or flat, a metadata table at its root, sidecars. It gives
+"""A bucket's prefix as a source (`BucketSource`): an object-storage prefix (s3://, gs://, any fsspec
+URL that lists) walked with a folder's conventions: class prefixes or flat, a metadata table at its
+root, sidecars, whichever its top-level listing and the flags ask for. It gives
 the keys, relpaths, labels, classes and order a local walk of the same tree gives, from the same
 code (folder's `walk_tree` and `sorted_listing`, sidecars' `sidecar_items`, table's `from_table`):
 only the listing differs. Items carry the object's URL as their path.
@@ -24,13 +25,36 @@ from ...core.errors import Failure, SourceError
 from ...core.pools import map_threads
 from ...storage.store import Store
 from ...storage.urls import is_remote
-from .folder import IMAGE_EXTENSIONS, Listing, sorted_listing, walk_runs, walk_tree
-from .item import Run, SourceWalk, skip
+from .base import Source, SourceWalk, WalkOptions
+from .folder import IMAGE_EXTENSIONS, FolderSource, Listing, sorted_listing, walk_runs, walk_tree
+from .item import Run, skip
 from .rows import AUTO_TABLES, Table, both_present, find_table, metadata_kind
-from .sidecars import Name, counted, sidecar_items
-from .table import from_table
+from .sidecars import Name, SidecarSource, counted, refuse_folder_labels, sidecar_items
+from .table import TableSource, from_table, refuse_sidecars
 
 _LISTING_THREADS = 16  # top-level prefixes checked for an image at once (each a listing or a few)
+
+
+class BucketSource(Source):
+    """A bucket's prefix: opened without a listing (what it cannot take is refused first), listed
+    when walked, and walked by the folder, table or sidecar convention, which is the walk's `source`;
+    the items' paths are the objects' URLs."""
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> BucketSource | None:
+        return cls(options) if is_remote(options.source) else None
+
+    def walk(self) -> SourceWalk:
+        options = self.options
+        bucket = open_bucket(options.source, options.table or TableConfig(), options.storage_options)
+        if bucket.table is not None:
+            refuse_sidecars(bucket.root, bucket.table, options.sidecars)
+        refuse_folder_labels(bucket.root, options)
+        if bucket.table is not None:
+            return bucket.rows(TableSource(options, bucket.table), options.labels, options.keys)
+        if options.sidecars:
+            return bucket.sidecars(SidecarSource(options), options.keys)
+        return bucket.folders(FolderSource(options), options.labels, options.keys)
 
 
 @dataclass
@@ -46,30 +70,30 @@ class Bucket:
     def root(self) -> str:
         return self.store.url
 
-    def folders(self, labels: str, keys: bool) -> SourceWalk:
+    def folders(self, source: FolderSource, labels: str, keys: bool) -> SourceWalk:
         """Class prefixes or flat, as `folder.from_folder`."""
         skipped: list[Failure] = []
         found = walk_tree(
-            self.root, self.root + "/", _listing(self.top, "", skipped, keys), labels, skipped,
+            source, self.root, self.root + "/", _listing(self.top, "", skipped, keys), labels, skipped,
             lambda folders: _holding(self.store, folders),
             lambda rel_dir: _listing(_visible(self.store, rel_dir), rel_dir, skipped, keys),
         )  # fmt: skip
         found.options = self.store.options
         return found
 
-    def sidecars(self, keys: bool) -> SourceWalk:
+    def sidecars(self, source: SidecarSource, keys: bool) -> SourceWalk:
         """Files sharing a stem are one sample, as `sidecars.from_sidecars`."""
-        found = SourceWalk(self.root, "sidecars", [], [], [], options=self.store.options)
+        found = SourceWalk(self.root, source, [], [], [], options=self.store.options)
         found.items = counted(
             found, sidecar_items(self.root + "/", "", found.skipped, partial(_visible, self.store), keys)
         )
         return found
 
-    def rows(self, labels: str, keys: bool) -> SourceWalk:
+    def rows(self, source: TableSource, labels: str, keys: bool) -> SourceWalk:
         """One sample per row of the table, as `table.from_table`; a row's path names an object
         under the prefix as written (a bucket has no links)."""
         assert self.table is not None
-        found = from_table(self.root, self.table, labels, keys, real=str, images=self._images)
+        found = from_table(source, self.root, self.table, labels, keys, real=str, images=self._images)
         found.options = self.store.options
         return found
 

@@ -1,5 +1,6 @@
-"""The folder conventions: class sub-folders (a label per top-level folder) or a flat folder, and
-the listing every convention that walks a folder shares (sorted as it lists, links followed once).
+"""The folder convention (`FolderSource`): class sub-folders (a label per top-level folder) or a flat
+folder, and the listing every convention that walks a folder shares (sorted as it lists, links
+followed once).
 """
 
 from __future__ import annotations
@@ -13,11 +14,46 @@ from ...core.clips import VIDEO_EXTENSIONS
 from ...core.errors import Failure, SourceError
 from ...core.headers import EXTENSION_FORMATS
 from ...core.safeio import not_regular
-from .item import Run, SourceWalk, display, skip, unique_keys
+from .base import Labelling, Source, SourceWalk, WalkOptions
+from .item import Run, display, skip, unique_keys
+from .labelling import folder_labels
 
 IMAGE_EXTENSIONS = frozenset(EXTENSION_FORMATS)
 VIDEO_SUFFIXES = frozenset(f".{ext}" for ext in VIDEO_EXTENSIONS)  # as IMAGE_EXTENSIONS: with the dot
 Listing = list[str | tuple[list[str], list[str]]]  # sub-folders (relpaths), and runs of (relpaths, keys)
+
+
+class FolderSource(Source):
+    """A local folder of class sub-folders or of images, or a bucket's prefix walked alike
+    (bucket.py): "folders" when its top-level folders are classes, else "flat"."""
+
+    by_folders = False  # settled by the walk: the top-level folders are classes
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> FolderSource | None:
+        if not os.path.isdir(options.source):
+            return None
+        check_folder(options.source)
+        return cls(options)
+
+    @property
+    def kind(self) -> str:
+        return "folders" if self.by_folders else "flat"
+
+    def walk(self) -> SourceWalk:
+        options = self.options
+        try:
+            return from_folder(self, options.source, options.labels, options.keys)
+        except SourceError:
+            if holds_file(options.source, "", set(), VIDEO_SUFFIXES):  # a folder of videos given as one of images
+                raise SourceError(
+                    f"{display(options.source)}: no images found, but it holds videos; "
+                    "cut them into clips with --clip-seconds S"
+                ) from None
+            raise
+
+    def labelling(self, found: SourceWalk, labels: str) -> Labelling:
+        return folder_labels(found, labels)
 
 
 def check_folder(root: str) -> None:
@@ -25,9 +61,11 @@ def check_folder(root: str) -> None:
         raise SourceError(f"{display(root)}: permission denied")
 
 
-def from_folder(root: str, labels: str, keys: bool, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> SourceWalk:
+def from_folder(
+    source: FolderSource, root: str, labels: str, keys: bool, extensions: frozenset[str] = IMAGE_EXTENSIONS
+) -> SourceWalk:
     """A folder of class sub-folders (labels from the top-level folders) or of images (or of the
-    files with other `extensions`: videos, sources/video.py)."""
+    files with other `extensions`: videos, sources/video.py), walked for `source`."""
     skipped: list[Failure] = []
     seen: set[tuple[int, int]] = set()  # folders the walk has entered
     top = listing(root, "", skipped, seen, keys, extensions)  # the walk's first listing, made once
@@ -35,13 +73,14 @@ def from_folder(root: str, labels: str, keys: bool, extensions: frozenset[str] =
     # is skipped here as the walk will skip it
     entered = set(seen)
     return walk_tree(
-        root, root if root.endswith("/") else root + "/", top, labels, skipped,
+        source, root, root if root.endswith("/") else root + "/", top, labels, skipped,
         lambda folders: [rel for rel in folders if holds_file(root, rel, entered, extensions)],
         lambda rel_dir: listing(root, rel_dir, skipped, seen, keys, extensions), extensions,
     )  # fmt: skip
 
 
 def walk_tree(
+    source: FolderSource,
     root: str,
     prefix: str,
     top: Listing,
@@ -54,7 +93,7 @@ def walk_tree(
     """The class-folder or flat walk of a tree of any kind (a local folder, a bucket's prefix) from
     its top-level listing: `holding(folders)` keeps the top-level folders with an image somewhere
     below them (the classes, found without a full walk), `list_folder(rel_dir)` lists one folder,
-    and item i of a run is at `prefix + relpath`."""
+    and item i of a run is at `prefix + relpath`; `source` learns whether its folders are classes."""
     top_level_images = any(not isinstance(part, str) for part in top)
     # a class is a top-level folder with an image somewhere below it
     folders = [part for part in top if isinstance(part, str)]
@@ -66,7 +105,8 @@ def walk_tree(
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
     classes = sorted(held, key=os.fsencode) if use_folders else []
-    found = SourceWalk(root, "folders" if use_folders else "flat", [], classes, skipped)
+    source.by_folders = use_folders
+    found = SourceWalk(root, source, [], classes, skipped)
     class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
     found.runs = noting_depths(walk_runs(prefix, top, class_index, skipped, list_folder), found.depths)
     found.items = itertools.chain.from_iterable(run.items() for run in found.runs)

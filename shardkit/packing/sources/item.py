@@ -1,22 +1,17 @@
-"""What every source convention yields: `Item`s (one sample each, typed), the `SourceWalk` that
-streams them with the inputs not taken, and the rules every convention shares (keys from paths,
-how a name is shown, a skipped input)."""
+"""What every source convention yields: `Item`s (one sample each, typed), and the rules every
+convention shares (keys from paths, labels, how a name is shown, a skipped input). The walk that
+streams them is `base.SourceWalk`."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from ...core.config import LABEL_RULE, MAX_LABEL
 from ...core.errors import Failure
-
-if TYPE_CHECKING:
-    from .rows import Table
 
 Caption = str | list[str]  # one caption, or several (a table's list column)
 
@@ -100,47 +95,6 @@ class Run(NamedTuple):
     def items(self) -> list[Item]:
         prefix, label = self.prefix, self.label
         return [Item(prefix + rel, rel, key, label) for rel, key in zip(self.relpaths, self.keys, strict=True)]
-
-
-@dataclass(frozen=True)
-class SourceList:
-    """A source read whole: a list file, or a walk once --dedup has hashed and thinned it."""
-
-    root: str
-    layout: str  # as SourceWalk's
-    items: list[Item]
-    classes: list[str] = field(default_factory=list)
-    skipped: list[Failure] = field(default_factory=list)
-
-
-@dataclass
-class SourceWalk:
-    """A source being walked: layout and classes are known up front; `items` yields every image in
-    byte order of the relative paths (a table's: in row order), as the walk finds them, and fills
-    `skipped` as it goes. Only the folders on the current path are held in memory, never the whole list."""
-
-    root: str
-    layout: str  # "folders", "flat", "list", "table", "spans" (a table of videos' spans) or "sidecars"
-    items: Iterable[Item]
-    classes: list[str] = field(default_factory=list)
-    skipped: list[Failure] = field(default_factory=list)
-    listed: SourceList | None = None  # a list file, read whole
-    table: Table | None = None  # a metadata table the samples come from
-    runs: Iterable[Run] | None = None  # a folder's walk, as runs of one folder's files (`items`, batched)
-    options: dict[str, Any] | None = None  # a bucket's: the storage options that reach it (None: local)
-    # What the walk saw as it went (complete once `items` is taken), for the words on its labels
-    # (labelling.py): a folder walk's depths ('/'s in a relpath) with the first file at each, and a
-    # sidecar walk's samples and those of them with a label (x.cls)
-    depths: dict[int, str] = field(default_factory=dict)
-    samples: int = 0
-    labelled: int = 0
-
-    @property
-    def confine(self) -> str | None:
-        """The real folder a table's rows may name files in (a link among them must not lead
-        outside the source); None for conventions that only walk the folder, and for a bucket (its
-        rows' paths are checked to stay under the prefix, and an object is no link)."""
-        return os.path.realpath(self.root) if self.layout in ("table", "spans") and self.options is None else None
 
 
 def parse_label(text: str) -> int | None:

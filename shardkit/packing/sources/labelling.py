@@ -2,47 +2,35 @@
 classes from folder names: ...", "labels from column 'species'", "unlabelled: ..."), and the folder
 layouts that label otherwise than a user may mean, as warnings: image files at two depths, class
 folders holding sub-folders. Read from a walk once its items are taken (what it saw as it went:
-`SourceWalk.depths`, `samples`, `labelled`)."""
+`SourceWalk.depths`, `samples`, `labelled`). Each convention says which of these words are its own
+(`Source.labelling`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from .base import Labelling, SourceWalk
+from .item import display
 
-from .item import SourceWalk, display
+__all__ = ["SHOWN_CLASSES", "Labelling", "class_names", "column_labels", "folder_labels", "labelling",
+           "list_labels", "sidecar_labels"]  # fmt: skip
 
 SHOWN_CLASSES = 5  # class names said in full; more are said as the first three, "...", the last
 
 
-@dataclass(frozen=True)
-class Labelling:
-    """How a source's samples are labelled: `origin` is "folders" (a top-level folder a class),
-    "list" (a list file's labels), "column" (a table's), "sidecars" (x.cls files) or "none"."""
-
-    origin: str
-    classes: int  # class names (0: labels are whole numbers, or there are none)
-    said: str  # in words, for a summary
-    warnings: list[str] = field(default_factory=list)  # one line each
-
-
 def labelling(found: SourceWalk, labels: str = "auto") -> Labelling:
     """How `found` (walked whole) labels its samples, under the `labels` mode asked (auto, folders
-    or none), and what in its layout may not be what was meant."""
-    layout = found.layout
-    if layout in ("folders", "flat", "videos"):
-        return _folders(found, labels)
-    if layout == "list":
-        return _listed(found)
-    if layout in ("table", "spans", "urls"):
-        return _column(found, labels)
-    if layout == "sidecars":
-        if not found.samples:  # (not walked yet: a finished pack that --resume leaves as it is)
-            return Labelling("sidecars", 0, "labels from x.cls sidecars, where a sample has one")
-        if not found.labelled:
-            return Labelling("none", 0, "unlabelled (no sample has an x.cls sidecar)")
-        return Labelling(
-            "sidecars", 0, f"labels from x.cls sidecars ({found.labelled:,} of {found.samples:,} samples have one)"
-        )
-    return Labelling("none", 0, "unlabelled")
+    or none), and what in its layout may not be what was meant: its convention's words."""
+    return found.source.labelling(found, labels)
+
+
+def sidecar_labels(found: SourceWalk) -> Labelling:
+    """A sidecar walk's labels: x.cls files, where a sample has one."""
+    if not found.samples:  # (not walked yet: a finished pack that --resume leaves as it is)
+        return Labelling("sidecars", 0, "labels from x.cls sidecars, where a sample has one")
+    if not found.labelled:
+        return Labelling("none", 0, "unlabelled (no sample has an x.cls sidecar)")
+    return Labelling(
+        "sidecars", 0, f"labels from x.cls sidecars ({found.labelled:,} of {found.samples:,} samples have one)"
+    )
 
 
 def class_names(names: list[str]) -> str:
@@ -57,8 +45,9 @@ def _classes(count: int, where: str, names: list[str]) -> str:
     return f"{count:,} class{'es' if count != 1 else ''} from {where}: {class_names(names)}"
 
 
-def _folders(found: SourceWalk, labels: str) -> Labelling:
-    files = "videos" if found.layout == "videos" else "image files"
+def folder_labels(found: SourceWalk, labels: str, files: str = "image files") -> Labelling:
+    """A folder walk's labels (top-level folders as classes, or none), and its layout's warning;
+    `files` names what it walks ("image files", "videos")."""
     warnings = [warning] if (warning := _depths(found, labels, files)) else []
     if found.classes:
         return Labelling("folders", len(found.classes), _classes(len(found.classes), "folder names", found.classes),
@@ -91,7 +80,8 @@ def _depths(found: SourceWalk, labels: str, files: str) -> str:
     return ""
 
 
-def _listed(found: SourceWalk) -> Labelling:
+def list_labels(found: SourceWalk) -> Labelling:
+    """A list file's labels: class names, whole numbers, or none."""
     if found.classes:
         return Labelling("list", len(found.classes), _classes(len(found.classes), "the list's labels", found.classes))
     if found.listed is not None and any(item.label is not None for item in found.listed.items):
@@ -99,7 +89,8 @@ def _listed(found: SourceWalk) -> Labelling:
     return Labelling("none", 0, "unlabelled (the list's lines have no label)")
 
 
-def _column(found: SourceWalk, labels: str) -> Labelling:
+def column_labels(found: SourceWalk, labels: str) -> Labelling:
+    """A table's labels: its label column's class names or whole numbers, or none."""
     column = found.table.config.label_column if found.table is not None else None
     if column is None:
         return Labelling("none", 0, "unlabelled (no label column: name one with --label-column)")

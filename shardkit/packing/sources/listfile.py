@@ -1,4 +1,4 @@
-"""The list file convention: a text file with one `path[,label]` per line (labels whole numbers, by
+"""The list file convention (`ListSource`): a text file with one `path[,label]` per line (labels whole numbers, by
 the label rule of `item`, or class names); relative paths are relative to the file. Read whole:
 lists are small next to what they name, and their labels' kind is settled over every line."""
 
@@ -9,7 +9,34 @@ import re
 from pathlib import Path
 
 from ...core.errors import Failure, SourceError
-from .item import Item, SourceList, display, skip, unique_keys, whole_label
+from .base import Labelling, Source, SourceList, SourceWalk, WalkOptions
+from .folder import IMAGE_EXTENSIONS
+from .item import Item, display, skip, unique_keys, whole_label
+from .labelling import list_labels
+
+
+class ListSource(Source):
+    """A list file: read whole, its items in the list's order."""
+
+    KIND = "list"
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> ListSource | None:
+        root = options.source
+        if not os.path.isfile(root):
+            return None
+        if os.path.splitext(root)[1].lower() in IMAGE_EXTENSIONS:
+            raise SourceError(f"{display(root)}: is an image; give the folder that holds it (or a list file)")
+        if options.table is not None and options.table.path is not None:
+            raise SourceError(f"{display(root)}: --metadata needs a source folder (the rows' paths are relative to it)")
+        return cls(options)
+
+    def walk(self) -> SourceWalk:
+        listed = from_list(self.root)
+        return SourceWalk(listed.root, self, listed.items, listed.classes, listed.skipped, listed)
+
+    def labelling(self, found: SourceWalk, labels: str) -> Labelling:
+        return list_labels(found)
 
 
 def from_list(list_path: str) -> SourceList:

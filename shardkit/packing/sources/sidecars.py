@@ -3,44 +3,29 @@ convention. `x.jpg` (or .jpeg, .png, .webp...) is the image, `x.txt` its caption
 object whose keys become columns, `x.cls` its label, and any other `x.<suffix>` (`x.seg.png`,
 `x.depth.png`, `x.npy`) a field named by its suffix. The stem is the name up to its first dot.
 
-The walk only groups names (`from_sidecars`); the files are read in the worker, beside the image, so
-a folder of millions of samples costs the driver no extra I/O. An image field (a mask) is cropped
-and resized with the image, nearest-neighbour, so a mask never gets a value it did not have.
+The walk only groups names (`SidecarSource`, `sidecar_items`); the files are read in the worker,
+beside the image (sidecar_files.py), so a folder of millions of samples costs the driver no extra I/O.
 """
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-from ...core.config import LABEL_RULE, MAX_RECORD_BYTES, ResizeConfig
-from ...core.errors import Failure, ImageError, describe
-from ...core.headers import EXTENSION_FORMATS
-from ...core.safeio import loads
+from ...core.errors import Failure, SourceError
 from ...formats.base import RESERVED_FIELDS
-from .folder import entries, not_a_file, sort_names
-from .item import Item, SourceWalk, make_key, parse_label, skip
-from .rows import BOM, MAX_EXTRA_BYTES, is_utf8
-
-CAPTION, COLUMNS, LABEL = "txt", "json", "cls"
-# Pillow's format for each image suffix a field may have: what an aligned field is saved back as
-_SAVE_AS = {
-    ".png": "PNG", ".webp": "WEBP", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF", ".tiff": "TIFF",
-    ".gif": "GIF",
-}  # fmt: skip
+from .base import Labelling, Source, SourceWalk, WalkOptions
+from .folder import check_folder, entries, not_a_file, sort_names
+from .item import Item, display, make_key, skip
+from .labelling import sidecar_labels
+from .rows import is_utf8
+from .sidecar_files import CAPTION, COLUMNS, LABEL, is_image_suffix
 
 
 def split_name(name: str) -> tuple[str, str]:
     """(stem, suffix): the name up to its first dot, and the rest."""
     stem, _, suffix = name.partition(".")
     return stem, suffix
-
-
-def is_image_suffix(suffix: str) -> bool:
-    return "." + suffix.lower() in EXTENSION_FORMATS
 
 
 def sample_of(names: dict[str, str]) -> tuple[str | None, dict[str, str], str]:
@@ -66,10 +51,36 @@ def sample_of(names: dict[str, str]) -> tuple[str | None, dict[str, str], str]:
     return images[0], parts, ""
 
 
-def from_sidecars(root: str, keys: bool) -> SourceWalk:
-    """A folder walked as sidecar samples: one item per image, in byte order of the paths, its
-    caption, columns, label and fields named in `Item.sidecars` and read by the worker."""
-    found = SourceWalk(root, "sidecars", [], [], [])
+class SidecarSource(Source):
+    """A local folder walked with --sidecars (a bucket's prefix alike: bucket.py)."""
+
+    KIND = "sidecars"
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> SidecarSource | None:
+        if not options.sidecars or not os.path.isdir(options.source):
+            return None
+        check_folder(options.source)
+        refuse_folder_labels(options.source, options)
+        return cls(options)
+
+    def walk(self) -> SourceWalk:
+        return from_sidecars(self, self.options.source, self.options.keys)
+
+    def labelling(self, found: SourceWalk, labels: str) -> Labelling:
+        return sidecar_labels(found)
+
+
+def refuse_folder_labels(root: str, options: WalkOptions) -> None:
+    """Labels from folders, asked of sidecar samples: refused, for a folder and a bucket alike."""
+    if options.sidecars and options.labels == "folders":
+        raise SourceError(f"{display(root)}: with --sidecars, labels come from x.cls files, not folders")
+
+
+def from_sidecars(source: Source, root: str, keys: bool) -> SourceWalk:
+    """A folder walked as sidecar samples for `source`: one item per image, in byte order of the
+    paths, its caption, columns, label and fields named in `Item.sidecars` and read by the worker."""
+    found = SourceWalk(root, source, [], [], [])
     seen: set[tuple[int, int]] = set()
     prefix = root if root.endswith("/") else root + "/"
     names = lambda rel_dir: _local_names(root, rel_dir, found.skipped, seen)  # noqa: E731
@@ -150,100 +161,3 @@ def sidecar_items(
         relpath = base + image
         key = make_key(relpath) if keys else ""
         yield Item(prefix + relpath, relpath, key, None, sidecars=parts or None)
-
-
-@dataclass
-class Sidecars:
-    text: str | None = None
-    columns: dict[str, Any] | None = None
-    label: int | None = None
-    files: dict[str, bytes] = field(default_factory=dict)
-
-
-def read_sidecars(
-    read: Callable[[str, int], bytes],
-    parts: dict[str, str],
-    meta: dict[str, Any],
-    resize: ResizeConfig,
-    max_pixels: int,
-) -> Sidecars:
-    """A sample's sidecar files, read and checked; ImageError("read") names the file and the cause.
-    `read(name, limit)` reads a file of the image's folder (OSError when it cannot); `meta` is the
-    image's record metadata (its original and stored sizes)."""
-    found = Sidecars()
-    budget = MAX_RECORD_BYTES // 2  # the image has the other half
-    for part, name in parts.items():
-        limit = MAX_EXTRA_BYTES if part in (CAPTION, COLUMNS, LABEL) else budget
-        try:
-            data = read(name, limit)
-        except OSError as error:
-            raise ImageError("read", f"{name}: {describe(error)}") from None
-        if part in (CAPTION, COLUMNS, LABEL):
-            data = data.removeprefix(BOM)  # Notepad's UTF-8 starts with one: not part of the text
-        if part == CAPTION:
-            try:
-                found.text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ImageError("read", f"{name}: not UTF-8 text") from None
-        elif part == COLUMNS:
-            try:
-                value = loads(data)
-            except (ValueError, UnicodeDecodeError) as error:
-                raise ImageError("read", f"{name}: not valid JSON ({describe(error)})") from None
-            if type(value) is not dict:
-                raise ImageError("read", f"{name}: not a JSON object (its keys become columns)")
-            found.columns = value
-        elif part == LABEL:
-            label = parse_label(data.strip().decode("latin-1"))  # (any bytes decode; only digits parse)
-            if label is None:
-                raise ImageError("read", f"{name}: a label must be {LABEL_RULE}")
-            found.label = label
-        else:
-            data = (
-                _aligned(name, part, data, meta, resize, max_pixels)
-                if is_image_suffix(part.rpartition(".")[2])
-                else data
-            )
-            budget -= len(data)
-            if budget < 0:
-                raise ImageError("read", f"{name}: the sample's fields are over {MAX_RECORD_BYTES // 2 >> 20} MiB")
-            found.files[part] = data
-    return found
-
-
-def _aligned(name: str, part: str, data: bytes, meta: dict[str, Any], resize: ResizeConfig, max_pixels: int) -> bytes:
-    """An image field cropped and resized exactly as its image was (nearest-neighbour), saved
-    back in its own format (losslessly where the format can). Unchanged when the image was."""
-    size = (meta["width"], meta["height"])
-    stored = (meta["stored_width"], meta["stored_height"])
-    if stored == size:
-        return data
-    from PIL import Image  # (here: the walk, in the driver, needs no imaging)
-
-    from ..encode import plan_geometry
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > max_pixels:
-                raise ImageError("read", f"{name}: {image.width}x{image.height} is over the pixel limit")
-            if image.size != size:
-                raise ImageError(
-                    "read",
-                    f"{name}: {image.width}x{image.height}, its image {size[0]}x{size[1]}: cannot keep it aligned",
-                )
-            geometry = plan_geometry(size[0], size[1], resize)
-            field_image = image.crop(geometry.box) if geometry.box is not None else image
-            field_image = field_image.resize(geometry.size, Image.Resampling.NEAREST)
-            if field_image.size != stored:
-                raise ImageError("read", f"{name}: resized to {field_image.size}, the image to {stored}")
-            buffer = io.BytesIO()
-            save_as = _SAVE_AS.get("." + part.rpartition(".")[2].lower(), "PNG")
-            options: dict[str, Any] = (
-                {"lossless": True} if save_as == "WEBP" else {"quality": 95} if save_as == "JPEG" else {}
-            )
-            field_image.save(buffer, save_as, **options)
-            return buffer.getvalue()
-    except ImageError:
-        raise
-    except Exception as error:  # Pillow's many exception types for a damaged file
-        raise ImageError("read", f"{name}: cannot decode ({describe(error, with_type=True)})") from None

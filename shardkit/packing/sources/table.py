@@ -1,9 +1,10 @@
-"""The table convention: a source folder whose samples are the rows of a metadata table (rows.py
-reads CSV, TSV, JSONL and parquet): each row names its image by a path inside the folder, with a
-caption, a label and columns. Read twice, streamed both times: the first pass keeps 8-byte hashes
-of every path and key (duplicates, key clashes, files without a row) and the class names; the
-second yields the items, in row order. A path is compared as the file it names (`RealPaths`: its
-folder's links followed), so two rows naming one file through a linked folder are a duplicate."""
+"""The table convention (`TableSource`): a source folder whose samples are the rows of a metadata
+table (rows.py reads CSV, TSV, JSONL and parquet): each row names its image by a path inside the
+folder, with a caption, a label and columns. Read twice, streamed both times: the first pass keeps
+8-byte hashes of every path and key (duplicates, key clashes, files without a row) and the class
+names; the second yields the items, in row order. A path is compared as the file it names
+(`RealPaths`: its folder's links followed), so two rows naming one file through a linked folder are
+a duplicate."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...core.config import TableConfig
 from ...core.errors import Failure, SourceError
 from ...core.safeio import file_stamp
-from .folder import IMAGE_EXTENSIONS, listing, walk_runs
-from .item import Caption, Item, Run, SourceWalk, Span, display, make_key, row_json, skip, whole_label
-from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, read_rows
+from ...storage.urls import is_remote
+from .base import Labelling, Source, SourceWalk, WalkOptions
+from .folder import IMAGE_EXTENSIONS, check_folder, listing, walk_runs
+from .item import Caption, Item, Run, Span, display, make_key, row_json, skip, whole_label
+from .labelling import column_labels
+from .rows import MAX_EXTRA_BYTES, Table, check_storable, clean_relpath, find_table, read_rows
 
 if TYPE_CHECKING:  # (imported where a table is read: the pack driver of a folder never needs numpy)
     import numpy as np
@@ -32,7 +37,48 @@ NO_FILE = "no such file"  # how a row naming no file ends its reason (probe coun
 CAPTION_COLUMNS = ("caption", "captions", "text")
 
 
+class TableSource(Source):
+    """A source folder with a metadata table: a sample a row, in row order (a bucket's prefix with
+    one is walked alike, by bucket.py)."""
+
+    KIND = "table"
+
+    def __init__(self, options: WalkOptions, table: Table) -> None:
+        super().__init__(options)
+        self.table = table
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> TableSource | None:
+        if not os.path.isdir(options.source):
+            return None
+        check_folder(options.source)
+        metadata = find_table(options.source, options.table or TableConfig())
+        if metadata is None:
+            return None
+        refuse_sidecars(options.source, metadata, options.sidecars)
+        return cls(options, metadata)
+
+    def walk(self) -> SourceWalk:
+        return from_table(self, self.root, self.table, self.options.labels, self.options.keys)
+
+    def labelling(self, found: SourceWalk, labels: str) -> Labelling:
+        return column_labels(found, labels)
+
+    @property
+    def confine(self) -> str | None:
+        """A local table's rows may name only files in its folder (a bucket has no links: a row's
+        path is checked to stay under the prefix)."""
+        return None if is_remote(self.root) else os.path.realpath(self.root)
+
+
+def refuse_sidecars(root: str, table: Table, sidecars: bool) -> None:
+    """--sidecars asked of a source whose samples are a table's rows (a folder's or a bucket's)."""
+    if sidecars:
+        raise SourceError(f"{display(root)}: samples come from {table.name}; --sidecars is for folders without a table")
+
+
 def from_table(
+    source: Source,
     root: str,
     table: Table,
     labels: str,
@@ -41,7 +87,7 @@ def from_table(
     images: Callable[[], Iterable[Run]] | None = None,
     spans: bool = False,
 ) -> SourceWalk:
-    """A table's walk. `real(rel)` names the file a row's path names (default: its folder's links
+    """A table's walk, for `source`. `real(rel)` names the file a row's path names (default: its folder's links
     resolved, `RealPaths`), and `images()` walks the images under the source (default: the local
     folder's walk), for those no row names; a bucket gives its own. With `spans` (a table of videos)
     and both SPAN_COLUMNS in the table, each row names a video and a span of it: one clip a row, and
@@ -79,7 +125,7 @@ def from_table(
     stems.sort()
     clashing = set(stems[1:][stems[1:] == stems[:-1]].tolist())  # keys two files would share: keep extensions
     del stems, key_hashes
-    found = SourceWalk(root, "spans" if spans else "table", [], classes, [], table=table)
+    found = SourceWalk(root, source, [], classes, [], table=table)
     class_index = {name: i for i, name in enumerate(classes)}
     rows = Rows(table, label_column, class_index, repeated, clashing, keys, before, real, spans)
     # A local row naming no file is said at its line, as every other bad row is (one lstat a row; a
@@ -245,6 +291,19 @@ def has_spans(table: Table) -> bool:
     """Whether a video table's rows are spans: it has both SPAN_COLUMNS (its header, or a JSONL
     table's first row, says)."""
     return all(name in table.found for name in SPAN_COLUMNS)
+
+
+def names_spans(table: Table) -> bool:
+    """`has_spans`, read only as far as it takes to tell (a header; a JSONL table's rows until both
+    columns are seen, or its end): what refuses --clip-stride before the walk reads the table."""
+    rows = read_rows(table)
+    try:
+        for _ in rows:
+            if has_spans(table):
+                return True
+    finally:
+        rows.close()
+    return has_spans(table)
 
 
 def row_span(values: dict[str, Any], where: str) -> tuple[Span | None, str]:

@@ -1,6 +1,7 @@
-"""The URL-table convention: a table file (CSV, TSV, JSONL, gzipped or not, or parquet: rows.py
-reads them) whose rows name images by http(s) URL, with a caption, a label and columns, as
-LAION, DataComp, COYO and CC12M ship. The worker downloads them (storage/download.py).
+"""The URL-table convention (`UrlSource`): a table file (CSV, TSV, JSONL, gzipped or not, or parquet:
+rows.py reads them) whose rows name images by http(s) URL, with a caption, a label and columns, as
+LAION, DataComp, COYO and CC12M ship; the table itself may be an object (s3://.../part-0.parquet) or
+at a URL. The worker downloads the images (`Downloads`, packing/fetched.py).
 
 Read twice, streamed both times, as a metadata table is (table.py): the first pass counts the rows
 and keeps an 8-byte hash of each URL (duplicates) and the class names; the second yields the items
@@ -14,19 +15,144 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import weakref
 from array import array
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
-from ...core.config import TableConfig, WebConfig
-from ...core.errors import Failure, SourceError
+from ...core.config import PackConfig, TableConfig, WebConfig
+from ...core.errors import ConfigError, Failure, SourceError
 from ...core.safeio import file_stamp
-from .item import Item, SourceWalk, display
+from ...storage.urls import is_remote
+from ..reading import Outcome, Packing, Reading
+from .base import HeaderReads, Labelling, Source, SourceWalk, WalkOptions
+from .bucket import fetch_copy
+from .item import Item, display
+from .labelling import column_labels
 from .rows import Table, read_rows, table_kind
 from .table import LabelKinds, RealPaths, Rows, caption_and_columns, check_columns, table_label
 
+if TYPE_CHECKING:
+    from ..objects import Transfer
+
 SHA256_COLUMN = "sha256"  # where a table has it, each download is checked against it
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class UrlSource(Source):
+    """A table of URLs: a local table file whose header names the URL column, or a table that is
+    itself an object or at a URL (fetched to a temporary copy when it is walked)."""
+
+    KIND = "urls"
+    downloads = True
+
+    def __init__(self, options: WalkOptions, table: Table | None = None) -> None:
+        super().__init__(options)
+        self.table = table  # a local table's, found when opened
+
+    @classmethod
+    def open(cls, options: WalkOptions) -> UrlSource | None:
+        root = options.source
+        if is_remote(root):
+            return cls(options) if table_kind(root) is not None else None
+        if not os.path.isfile(root):
+            return None
+        found = url_table(root, options.table or TableConfig(), options.web or WebConfig())
+        if found is None:
+            return None
+        if options.table is not None and options.table.path is not None:
+            raise SourceError(f"{display(root)}: is a table of URLs itself; --metadata is for a source folder")
+        if options.sidecars:
+            raise SourceError(f"{display(root)}: a table of URLs has no sidecar files; leave out --sidecars")
+        return cls(options, found)
+
+    def walk(self) -> SourceWalk:
+        if self.table is None:
+            return self._remote_walk()
+        return from_urls(self, self.table, self.options.labels, self.options.keys)
+
+    def _remote_walk(self) -> SourceWalk:
+        """A table of URLs that is itself an object (s3://.../laion.parquet, https://.../part-0.parquet):
+        fetched to a temporary copy that lives as long as the walk, then read as a local one."""
+        options, url = self.options, self.root
+        path, local = fetch_copy(url, options.storage_options, "table")
+        found = url_table(path, options.table or TableConfig(), options.web or WebConfig())
+        if found is None:
+            shutil.rmtree(local, ignore_errors=True)
+            column = (options.web or WebConfig()).url_column
+            raise SourceError(f"{url}: no {column!r} column; name it with --url-column")
+        found.url = url
+        if (options.table is not None and options.table.path is not None) or options.sidecars:
+            shutil.rmtree(local, ignore_errors=True)
+            raise SourceError(f"{url}: a table of URLs takes neither --metadata nor --sidecars")
+        walked = from_urls(self, found, options.labels, options.keys)
+        weakref.finalize(found, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
+        return walked
+
+    def refuse(self, config: PackConfig) -> None:
+        """Besides a remote source's refusals: what needs every image before the pack, which a
+        table of URLs downloads only while packing."""
+        super().refuse(config)
+        if config.dedup != "none":
+            raise ConfigError(
+                f"{config.source}: --dedup compares the images before packing, and a table of URLs is downloaded "
+                "while packing; pack it, then run `shardkit duplicates OUT`"
+            )
+        if config.shard_bytes is not None:
+            raise ConfigError(
+                f"{config.source}: --shard-bytes estimates each image's output from its local file, and a table "
+                "of URLs is downloaded while packing; use --shard-size"
+            )
+
+    def labelling(self, found: SourceWalk, labels: str) -> Labelling:
+        return column_labels(found, labels)
+
+    def reading(self, config: PackConfig) -> Reading:
+        return Downloads(config.web)
+
+    def header_reads(self, found: SourceWalk, transfer: Transfer) -> HeaderReads:
+        """Each header by range requests, waiting on the network: on threads."""
+        from ..fetched import probe_urls, url_digest  # (urllib3: only for tables of URLs)
+
+        web = self.options.web or WebConfig()
+        return HeaderReads(partial(probe_urls, web, transfer), partial(url_digest, web))
+
+
+@dataclass(frozen=True)
+class Downloads(Reading):
+    """How a worker reads a table of URLs' rows: a shard's images downloaded ahead on the process's
+    threads, each encoded as it arrives and handed on in row order (packing/fetched.py). A shard
+    that --resume writes again because some of its rows failed transiently keeps the records of
+    its file `shard` and the rows that failed for good (`earlier`), and downloads only the others;
+    `earlier_counts` are the PICTURE_COUNTS of the records it keeps (None: not counted)."""
+
+    web: WebConfig
+    shard: str = ""
+    earlier: list[Failure] | None = None
+    earlier_counts: dict[str, int] | None = None
+
+    splits: ClassVar[bool] = False  # (the downloads are the worker process's own)
+
+    def packed(self, packing: Packing) -> Generator[Outcome, None, None]:
+        from ..fetched import downloaded, refetched  # (urllib3 and threads: only for URL tables)
+
+        sha256s = [expected_sha256(item) for item in packing.items]
+        if self.earlier is None:
+            return downloaded(packing, self.web, sha256s)
+        return refetched(packing, self.web, sha256s, self.shard, self.earlier)
+
+    def shard_counts(self, counts: dict[str, int]) -> dict[str, int] | None:
+        if self.earlier is None:
+            return dict(counts)
+        if self.earlier_counts is None:
+            return None
+        return {name: count + self.earlier_counts.get(name, 0) for name, count in counts.items()}
+
+    def resumed(self, earlier: list[Failure], counts: dict[str, int] | None, shard: str) -> Reading:
+        return replace(self, shard=shard, earlier=earlier, earlier_counts=counts)
 
 
 def url_table(path: str, table: TableConfig, web: WebConfig) -> Table | None:
@@ -51,9 +177,9 @@ def url_table(path: str, table: TableConfig, web: WebConfig) -> Table | None:
     return found
 
 
-def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
-    """The walk of a URL table: items whose `path` is the URL (credentials and all, for the
-    download) and whose `relpath` is the URL as reports show it (credentials redacted)."""
+def from_urls(source: Source, table: Table, labels: str, keys: bool) -> SourceWalk:
+    """The walk of a URL table for `source`: items whose `path` is the URL (credentials and all, for
+    the download) and whose `relpath` is the URL as reports show it (credentials redacted)."""
     if labels == "folders":
         raise SourceError(f"{display(table.shown)}: a table of URLs has no folders; labels come from --label-column")
     config = table.config
@@ -79,7 +205,7 @@ def from_urls(table: Table, labels: str, keys: bool) -> SourceWalk:
     width = max(9, len(str(table.rows - 1)))
     rows = Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, set(), keys, before,
                 RealPaths(os.path.dirname(table.path)))  # fmt: skip
-    found = SourceWalk(table.shown, "urls", [], classes, [], table=table)  # (its root: the table itself)
+    found = SourceWalk(table.shown, source, [], classes, [], table=table)  # (its root: the table itself)
     found.items = _url_items(rows, found.skipped, width)
     return found
 
