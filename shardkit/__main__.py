@@ -20,7 +20,7 @@ def _stopped_before_start(signum: int, frame: object = None) -> None:
 def _remove_forkserver_folder() -> None:
     """processes.remove_forkserver_folder, where processes is imported (only os and signal are
     loaded this early): not imported, or still being imported, means no forkserver started."""
-    remove = getattr(sys.modules.get("shardkit.core.processes"), "remove_forkserver_folder", None)
+    remove = getattr(sys.modules.get("shardkit.runtime.processes"), "remove_forkserver_folder", None)
     if remove is not None:
         remove()
 
@@ -44,12 +44,12 @@ def run() -> None:
     # command's own handlers replace these once it runs.
     for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, _stopped_before_start)
-    from .core import blas  # noqa: F401 - before anything imports numpy
-    from .core.timeline import mark
+    from .runtime import blas  # noqa: F401 - before anything imports numpy
+    from .runtime.timeline import mark
 
     mark("main")
     if _starts_workers(sys.argv[1:]):
-        from .core.processes import PACK_PRELOAD, started_context
+        from .runtime.processes import PACK_PRELOAD, started_context
 
         # The forkserver imports what the workers run while this process imports the CLI's
         # modules: started when the pool is, it kept both workers waiting 0.2 s (of a 1.5 s

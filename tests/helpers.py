@@ -19,7 +19,6 @@ from typing import Any
 from shardkit.core.config import DEFAULT_MAX_PIXELS
 from shardkit.core.errors import Failure
 from shardkit.core.manifest import iter_errors, read_manifest
-from shardkit.core.pools import map_local, map_threads
 from shardkit.packing.probe import (
     CHUNK_FILES,
     PARALLEL_MIN_FILES,
@@ -31,6 +30,7 @@ from shardkit.packing.probe import (
     parallelism,
 )
 from shardkit.packing.sources import SourceList, walk
+from shardkit.runtime.pools import map_local, map_threads
 
 
 def discover(source: str | os.PathLike[str], labels: str = "auto") -> SourceList:

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from shardkit.core.errors import WorkerDiedError
-from shardkit.core.pools import map_local, map_local_surviving_crashes, run_alone
+from shardkit.runtime.pools import map_local, map_local_surviving_crashes, run_alone
 
 
 def square_or_die(value: int) -> int:
@@ -49,7 +49,7 @@ def test_the_forkserver_preloads_modules_that_exist() -> None:
     would then import the job modules itself (a rename once did that)."""
     import importlib
 
-    from shardkit.core.processes import FORKSERVER_PRELOAD, PACK_PRELOAD
+    from shardkit.runtime.processes import FORKSERVER_PRELOAD, PACK_PRELOAD
 
     for name in FORKSERVER_PRELOAD + PACK_PRELOAD:
         importlib.import_module(name)
@@ -57,7 +57,7 @@ def test_the_forkserver_preloads_modules_that_exist() -> None:
 
 BLAS_SCRIPT = """
 import os
-from shardkit.core.pools import map_local
+from shardkit.runtime.pools import map_local
 
 def blas_threads(_):
     import numpy  # (imported by the forkserver's preloads already)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit.core.pools import map_local, map_threads
 from shardkit.packing.plan import PlanDigest, fingerprint, plan_shards, settings_hash
 from shardkit.packing.sources import Item
+from shardkit.runtime.pools import map_local, map_threads
 
 
 def counted_items(count: int, drawn: list[int], root: str = "/data/") -> Iterator[Item]:

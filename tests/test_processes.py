@@ -267,10 +267,11 @@ def test_a_stop_while_a_pack_loads_leaves_no_forkserver_folder(
 
 
 def test_a_stop_inside_the_import_of_the_process_machinery_exits_cleanly() -> None:
-    """The early handler looks for the forkserver's folder through core.processes; a signal inside
+    """The early handler looks for the forkserver's folder through runtime.processes; a signal inside
     that module's import found it half made (an AttributeError traceback, exit 1: stress_signals)."""
     code = (
-        "import sys, types; sys.modules['shardkit.core.processes'] = types.ModuleType('shardkit.core.processes'); "
+        "import sys, types; "
+        "sys.modules['shardkit.runtime.processes'] = types.ModuleType('shardkit.runtime.processes'); "
         "from shardkit.__main__ import _remove_forkserver_folder; _remove_forkserver_folder(); print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -287,7 +288,7 @@ def test_a_forkserver_whose_driver_is_gone_removes_its_folder(tmp_path: Path) ->
 
     def imported_with(driver: int, folder: Path) -> None:
         env = {**os.environ, "SHARDKIT_FORKSERVER_TEMP": f"{driver}:{folder}"}  # a driver that is not the parent
-        code = "import shardkit.core.forkserver_exit"
+        code = "import shardkit.runtime.forkserver_exit"
         subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
     for name, driver, kept in (("pymp-gone", gone.pid, False), ("pymp-alive", os.getpid(), True),

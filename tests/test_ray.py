@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.core.cluster import map_ray
 from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import OutputError
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.packing.plan import plan_shards
 from shardkit.packing.worker import ShardJob, write_shard
+from shardkit.runtime.cluster import map_ray
 
 from .ray_helpers import restore_env, set_env
 

@@ -22,12 +22,12 @@ from ..core.clips import CLIP_EXT
 from ..core.codecs import turbojpeg
 from ..core.config import check_train_size, check_workers
 from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
-from ..core.pools import map_pool, process_pool, stop_pool
 from ..core.safeio import open_regular
 from ..packing.sources import display
 from ..readers.dataset import open_shards
 from ..readers.decode import decode
 from ..readers.split import record_ranges
+from ..runtime.pools import map_pool, process_pool, stop_pool
 from ..storage.cache import ShardCache
 from ..storage.location import locate
 

@@ -28,9 +28,9 @@ import numpy as np
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, ManifestError, ShardkitError
 from ..core.manifest import INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
-from ..core.pools import default_workers, map_local_surviving_crashes
 from ..formats import get_format
 from ..packing.sources import SourceWalk, walk
+from ..runtime.pools import default_workers, map_local_surviving_crashes
 from ..storage.http import TooLong
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest

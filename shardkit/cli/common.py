@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ConfigError, ShardkitError, describe
-from ..core.stops import Stopped, arm_stops, exit_on_stop, raise_swallowed_stop, stopped_by
+from ..runtime.stops import Stopped, arm_stops, exit_on_stop, raise_swallowed_stop, stopped_by
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)

@@ -1,3 +1,3 @@
-"""What every side shares: errors, safe file I/O, config, image headers, the machine's codecs and
-compiled kernels, stop signals, worker processes and pools, Ray, and the on-disk manifest. Imports
-nothing else of shardkit."""
+"""The domain every side shares: errors, safe file I/O, config, image headers, the machine's codecs
+and compiled kernels, the on-disk manifest and a packed clip's contract. Imports nothing else of
+shardkit; what runs a command's processes is `shardkit.runtime`."""

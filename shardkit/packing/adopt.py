@@ -55,13 +55,13 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
-from ..core.pools import default_workers, map_local_surviving_crashes
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
 from ..formats.folder_labels import FOLDER_LABELS, key_folder
 from ..formats.tar_companions import dali_index_of, dali_samples
 from ..formats.tar_headers import READ_AHEAD, FileBytes
 from ..formats.webdataset import OTHER_PARTS, TarShardReader
+from ..runtime.pools import default_workers, map_local_surviving_crashes
 from ..storage.location import locate
 from ..storage.store import Store, read_remote_manifest
 from .sources.item import display, label_problem

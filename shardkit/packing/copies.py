@@ -11,8 +11,8 @@ import numpy as np
 
 from ..core.headers import file_identity
 from ..core.manifest import sha256_of
-from ..core.pools import map_threads
 from ..core.safeio import open_regular
+from ..runtime.pools import map_threads
 from .census import ExactCopies
 from .sources import display
 

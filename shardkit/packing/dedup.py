@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import Failure
-from ..core.pools import default_workers, map_local
 from ..core.safeio import file_stamp, open_regular
+from ..runtime.pools import default_workers, map_local
 from .sources import Item, display, payload
 
 if TYPE_CHECKING:  # (numpy is imported where it is used: a pack without --dedup never needs it)

@@ -22,8 +22,8 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
-from ..core.timeline import mark
 from ..formats import get_format
+from ..runtime.timeline import mark
 from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row

@@ -21,10 +21,10 @@ from typing import Any
 from ..core.config import PackConfig
 from ..core.errors import OutputError
 from ..core.manifest import MANIFEST_NAME, Manifest
-from ..core.pools import default_workers
-from ..core.processes import exit_if_importing_main
-from ..core.timeline import mark
 from ..formats import get_format
+from ..runtime.pools import default_workers
+from ..runtime.processes import exit_if_importing_main
+from ..runtime.timeline import mark
 from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .estimate import calibrate

@@ -23,7 +23,7 @@ from ..core.codecs import header_scanner
 from ..core.config import DEFAULT_MAX_PIXELS, TableConfig, WebConfig, check_workers
 from ..core.errors import HeaderError, describe
 from ..core.headers import ImageHeader, read_head, read_header
-from ..core.pools import default_workers, map_local, map_threads
+from ..runtime.pools import default_workers, map_local, map_threads
 from .census import (
     SHORT_SIDE_BINS,
     Census,

@@ -9,10 +9,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..core.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..core.config import PackConfig
-from ..core.pools import default_workers, map_local
-from ..core.processes import mp_context, start_resource_tracker
+from ..runtime.cluster import check_ray, connect_ray, disconnect_ray, map_ray
+from ..runtime.pools import default_workers, map_local
+from ..runtime.processes import mp_context, start_resource_tracker
 from .shard_writing import PartResult, ShardResult
 from .worker import ShardJob, init_worker, run_job, write_shard
 

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 from ..core.config import DEFAULT_MAX_PIXELS, DEFAULT_TRAIN_SIZE, check_workers
 from ..core.errors import describe, require
-from ..core.pools import default_workers, map_local
 from ..core.safeio import open_regular
+from ..runtime.pools import default_workers, map_local
 from .av_support import native_path, said
 from .sources import Item, walk
 from .sources.labelling import Labelling, labelling

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..core.config import EncodeConfig, ResizeConfig
-from ..core.timeline import mark
 from ..formats import get_format
 from ..formats.base import Record
+from ..runtime.timeline import mark
 from .folder_output import FolderShards
 from .plan import ShardSpec
 from .reading import Files, Outcome, Packing, Reading, file_outcome

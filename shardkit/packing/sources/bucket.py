@@ -22,7 +22,7 @@ from typing import Any
 
 from ...core.config import TableConfig
 from ...core.errors import Failure, SourceError
-from ...core.pools import map_threads
+from ...runtime.pools import map_threads
 from ...storage.store import Store
 from ...storage.urls import is_remote
 from .base import Source, SourceWalk, WalkOptions

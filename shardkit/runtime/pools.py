@@ -2,8 +2,8 @@
 
 Jobs are top-level functions over plain, picklable data. Results come back as they finish, each
 with the index of its job, so callers can report progress and keep their own order. Every wait and
-submit goes through `core.stops`, so a stop signal is never handled while concurrent.futures holds
-its locks; worker processes start as `core.processes` says.
+submit goes through `runtime.stops`, so a stop signal is never handled while concurrent.futures holds
+its locks; worker processes start as `runtime.processes` says.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
-from .errors import ConfigError, WorkerDiedError
+from ..core.errors import ConfigError, WorkerDiedError
 from .processes import script_ran_again, start_worker, started_context
 from .stops import stop_if_stopping, stops_deferred, wait_any
 from .timeline import mark

@@ -67,7 +67,7 @@ def stop(signum: int, frame: object = None) -> None:
         os.write(2, (f"\nstopped again ({name}): exiting now\n" if again else f"stopped by {name}\n").encode())
         # os._exit skips multiprocessing's handler that removes the forkserver's folder, and a
         # SIGTERM to the whole group ends the forkserver before its own does: a /tmp/pymp-* each time
-        remove = getattr(sys.modules.get("shardkit.core.processes"), "remove_forkserver_folder", None)
+        remove = getattr(sys.modules.get("shardkit.runtime.processes"), "remove_forkserver_folder", None)
         if remove is not None:
             with contextlib.suppress(Exception):
                 remove()

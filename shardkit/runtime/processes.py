@@ -48,12 +48,12 @@ def remove_forkserver_folder() -> None:
 # Modules the forkserver imports once, so that every worker forks with them loaded (a name that
 # does not import is skipped silently by multiprocessing: tests/test_executors.py imports each).
 FORKSERVER_PRELOAD = (
-    "shardkit.core.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.encode", "shardkit.packing.probe",
+    "shardkit.runtime.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.encode", "shardkit.packing.probe",
 )  # fmt: skip
 # What a pack's workers run: the forkserver `__main__` starts for a pack imports only these. Its
 # imports are what the first worker waits for (the driver's own, numpy-free, end sooner); the
 # driver's modules and probe's census took it ~30 ms more (scripts/bench_pack_workers.py).
-PACK_PRELOAD = ("shardkit.core.forkserver_exit", "shardkit.packing.worker", "shardkit.packing.encode")
+PACK_PRELOAD = ("shardkit.runtime.forkserver_exit", "shardkit.packing.worker", "shardkit.packing.encode")
 
 
 def mp_context(

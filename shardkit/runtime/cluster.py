@@ -2,7 +2,7 @@
 
 Ray is an optional extra: it is imported inside these functions only (`check_ray` fails fast, in
 one line, when it is missing). Results come back as they finish, each with the index of its job,
-as `core.pools.map_local` yields them.
+as `runtime.pools.map_local` yields them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .errors import ShardkitError, WorkerDiedError, describe, require
+from ..core.errors import ShardkitError, WorkerDiedError, describe, require
 from .stops import STOP_SIGNALS
 
 Result = TypeVar("Result")
