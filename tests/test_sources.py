@@ -122,7 +122,7 @@ def test_a_new_convention_is_one_class_and_its_line_in_the_registry(tmp_path: Pa
     assert result.manifest.totals["records"] == 2 and result.labels is not None and result.labels.origin == "numbered"
 
 
-STAGES = ("read", "decode", "resize", "encode", "write")
+TIMED_STEPS = ("read", "decode", "resize", "encode", "write")
 PICTURES = ("alpha_flattened", "single_colour", "single_colour_flattened")
 
 
@@ -137,8 +137,8 @@ def test_a_reading_hands_outcomes_back_in_order_with_a_copy_in_a_failed_items_sl
         )
     }
     packing = Packing(
-        items, ResizeConfig(16), EncodeConfig(), "webdataset", dict.fromkeys(STAGES, 0.0), dict.fromkeys(PICTURES, 0),
-        copies=copies,
+        items, ResizeConfig(16), EncodeConfig(), "webdataset", dict.fromkeys(TIMED_STEPS, 0.0),
+        dict.fromkeys(PICTURES, 0), copies=copies,
     )  # fmt: skip
     outcomes = list(Files().packed(packing))
     assert [None if record is None or isinstance(record, list) else record.key for record, _, _ in outcomes] == [

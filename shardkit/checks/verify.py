@@ -39,7 +39,7 @@ from .verify_hashes import hashes, joined, repeated
 from .verify_index import check_index
 from .verify_manifest import ErrorLog, check_manifest, check_output_files, listed_duplicates
 from .verify_report import Problem, VerifyReport
-from .verify_shard import ShardCheck, ShardJob, check_shard
+from .verify_shard import ShardCheck, ShardToCheck, check_shard
 from .verify_source import check_source, walked_as
 
 
@@ -85,7 +85,7 @@ class _Output:
     store: Store | None = None
     work: str = ""
     manifest: Manifest | ManifestError | None = None
-    held: dict[str, int | None] = field(default_factory=dict)
+    listed: dict[str, int | None] = field(default_factory=dict)
     troubles: list[Problem] = field(default_factory=list)  # found while fetching what verify reads
 
 
@@ -101,7 +101,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         except ShardkitError as error:
             output.manifest = ManifestError(str(error))
         if root.is_dir():
-            output.held = {entry.name: None for entry in os.scandir(root)}  # names only: shards are stat'ed
+            output.listed = {entry.name: None for entry in os.scandir(root)}  # names only: shards are stat'ed
         yield output
         return
     store = root
@@ -111,7 +111,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         output = _Output(store.url, Path(temp), store, shards)
         try:
             output.manifest = read_remote_manifest(store)
-            output.held = store.listing()
+            output.listed = store.listing()
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
                 with contextlib.suppress(FileNotFoundError, TooLong):  # reported by check_index
                     store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME), limit=output.manifest.index.bytes)
@@ -144,7 +144,7 @@ def _verify(
     report.shards = len(manifest.shards)
     # errors.jsonl read a pass at a time (a remote one streamed), no further than the manifest's count
     log = ErrorLog(root, output.store, manifest.totals.get("errors", 0))
-    sealed = check_manifest(log, manifest, get_format(manifest.format), output.held, report)
+    sealed = check_manifest(log, manifest, get_format(manifest.format), output.listed, report)
     companions = {companion.name: companion for companion in manifest.companions}
     check_output_files(output.meta, output.store, manifest, companions, report)
     jobs = _jobs(output, manifest, companions, deep, max_pixels)
@@ -185,10 +185,10 @@ def _verify(
 
 def _jobs(
     output: _Output, manifest: Manifest, companions: dict[str, ShardInfo], deep: bool, max_pixels: int
-) -> list[ShardJob]:
+) -> list[ShardToCheck]:
     """One job per shard in the manifest, with its index for other readers when the manifest lists one."""
     return [
-        ShardJob(
+        ShardToCheck(
             output.work,
             shard,
             manifest.format,
@@ -196,7 +196,7 @@ def _jobs(
             deep,
             max_pixels,
             output.store,
-            output.held.get(shard.name),
+            output.listed.get(shard.name),
             companions.get(idx_name(shard.name)),
         )
         for shard in manifest.shards
@@ -211,7 +211,7 @@ def _check_keys(
     report: VerifyReport,
 ) -> None:
     """Every key stored once: a hash seen twice sends a shallow pass to name the keys (an adopted
-    output's keys that errors.jsonl lists as held by two tars excepted)."""
+    output's keys that errors.jsonl lists as found in two tars excepted)."""
     twice = set(repeated(key_hashes).tolist())
     if twice:
         times = Counter(key for check in shallow_pass() for key in check.keys if hash(key) in twice)

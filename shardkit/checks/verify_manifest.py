@@ -31,7 +31,7 @@ from .verify_shard import file_problem
 
 
 def check_manifest(
-    log: ErrorLog, manifest: Manifest, backend: Backend, held: Iterable[str], report: VerifyReport
+    log: ErrorLog, manifest: Manifest, backend: Backend, present: Iterable[str], report: VerifyReport
 ) -> bool:
     """The manifest against itself, errors.jsonl and the folder; whether its checksum holds."""
     sealed = manifest.checksum == manifest.computed_checksum()
@@ -71,7 +71,7 @@ def check_manifest(
     # what a plain reader of the format may leave beside a shard: its trace, not a change to the output
     leftovers = {f"{s.name}{leftover.suffix}": leftover.what for s in manifest.shards for leftover in backend.leftovers}
     others = 0
-    for name in sorted(held):
+    for name in sorted(present):
         own_kind = name.endswith(backend.suffix) or (backend.idx_file is not None and name.endswith(IDX_SUFFIX))
         if adopted and (display(name) in left_out or not own_kind):  # (listed as shown: a name in UTF-8)
             others += name not in listed and not name.startswith(".")
@@ -108,7 +108,7 @@ class ErrorLog:
 
 
 def listed_duplicates(log: ErrorLog) -> set[str]:
-    """Keys an adopted output's errors.jsonl lists as held by two tars (`shardkit index` keeps both)."""
+    """Keys an adopted output's errors.jsonl lists as found in two tars (`shardkit index` keeps both)."""
     return {
         row["path"].split("/", 1)[1]
         for row in error_rows(log, None)

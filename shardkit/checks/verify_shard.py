@@ -25,7 +25,7 @@ from .verify_report import Problem
 
 
 @dataclass(frozen=True)
-class ShardJob:
+class ShardToCheck:
     folder: str
     shard: ShardInfo
     format: str
@@ -33,7 +33,7 @@ class ShardJob:
     deep: bool
     max_pixels: int = DEFAULT_MAX_PIXELS
     store: Store | None = None  # a remote output: the shard is downloaded into `folder` (a temp folder)
-    held: int | None = None  # the remote object's size from the listing, when it tells one
+    listed_size: int | None = None  # the remote object's size from the listing, when it tells one
     companion: ShardInfo | None = None  # the shard's index for other readers, as the manifest lists it
 
 
@@ -45,7 +45,7 @@ class ShardCheck:
     decoded: int
 
 
-def check_shard(job: ShardJob) -> ShardCheck:
+def check_shard(job: ShardToCheck) -> ShardCheck:
     """One shard's problems. Runs in a child process; an exception that is not a shardkit error is
     a bug in shardkit, reported as such (never a traceback, and never blamed on the shard)."""
     try:
@@ -55,12 +55,14 @@ def check_shard(job: ShardJob) -> ShardCheck:
         return ShardCheck([Problem("internal", detail[:500], job.shard.name)], [], [], 0)
 
 
-def _checked_shard(job: ShardJob) -> ShardCheck:
+def _checked_shard(job: ShardToCheck) -> ShardCheck:
     if job.store is None:
         return _checked_file(job)
     name, path = job.shard.name, _local(job, job.shard.name)
-    if job.held is not None and job.held != job.shard.bytes:  # the listing's size, when it tells one
-        return ShardCheck([Problem("size", f"{job.held:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0)
+    if job.listed_size is not None and job.listed_size != job.shard.bytes:  # the listing's size, when it tells one
+        return ShardCheck(
+            [Problem("size", f"{job.listed_size:,} bytes, manifest says {job.shard.bytes:,}", name)], [], [], 0
+        )
     try:
         job.store.get(name, path, limit=job.shard.bytes)  # size and sha256 are checked below, as for a file
         if job.companion is not None:
@@ -82,7 +84,7 @@ def _checked_shard(job: ShardJob) -> ShardCheck:
                 os.unlink(_local(job, job.companion.name))
 
 
-def _local(job: ShardJob, name: str) -> str:
+def _local(job: ShardToCheck, name: str) -> str:
     """Where `name` is read from: in the output folder itself, or for a remote output under a name
     of our own in the temporary folder (a bucket's object names need not be names a file can have:
     over 255 bytes, say)."""
@@ -91,7 +93,7 @@ def _local(job: ShardJob, name: str) -> str:
     return os.path.join(job.folder, hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32])
 
 
-def _checked_file(job: ShardJob) -> ShardCheck:
+def _checked_file(job: ShardToCheck) -> ShardCheck:
     name, path = job.shard.name, _local(job, job.shard.name)
     check = ShardCheck([], [], [], 0)
     problem = file_problem(path, job.shard, missing="listed in the manifest but not on disk")
@@ -124,7 +126,7 @@ def _checked_file(job: ShardJob) -> ShardCheck:
     return check
 
 
-def _check_companion(job: ShardJob, shard: str, check: ShardCheck) -> None:
+def _check_companion(job: ShardToCheck, shard: str, check: ShardCheck) -> None:
     """The shard's index for other readers is what the format derives from the shard now, and the
     file beside it is that, byte for byte."""
     companion = job.companion

@@ -221,10 +221,10 @@ def adopt_tars(
         if not os.access(root, os.W_OK):
             raise OutputError(f"{root}: cannot write here (permission denied); index a copy you can write to")
     else:
-        held = root.listing()
-        names_here = set(held)  # (files only: a bucket has no .shardkit/ folder to see)
-        names = sorted(name for name in held if name.endswith(".tar"))
-        exists = MANIFEST_NAME in held
+        listing = root.listing()
+        names_here = set(listing)  # (files only: a bucket has no .shardkit/ folder to see)
+        names = sorted(name for name in listing if name.endswith(".tar"))
+        exists = MANIFEST_NAME in listing
     where = str(root) if isinstance(root, Path) else root.url
     if not names:
         raise ConfigError(f"{where}: no .tar files at the top of this folder")

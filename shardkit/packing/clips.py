@@ -209,7 +209,7 @@ def _cut(
     tolerance = min(_TOLERANCE, 0.25 / source_fps)
     codec = stream.codec_context.name
     made: list[Clip] = []
-    held = 0
+    encoded_bytes = 0
     active: list[_Encoder] = []
     prev: tuple[float, av.video.frame.VideoFrame] | None = None
     t0 = last_t = 0.0
@@ -217,10 +217,10 @@ def _cut(
     next_clip = 0
 
     def finish(clip: _Encoder) -> None:
-        nonlocal held
+        nonlocal encoded_bytes
         data = clip.close()
-        held += len(data)
-        if held > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
+        encoded_bytes += len(data)
+        if encoded_bytes > MAX_RECORD_BYTES - RECORD_META_ALLOWANCE:
             raise ImageError("encode", f"its clips pass {MAX_RECORD_BYTES >> 20} MiB; cut the video shorter")
         assert shape is not None
         made.append(Clip(len(made), data, _meta(source, clip.start, clip.start + seconds, fps, count, shape, codec)))

@@ -2,7 +2,7 @@
 process's Downloader (storage/download.py: its threads, its per-host limit, its retries), each
 encoded as it arrives and handed on in the shard's order, a download's bytes checked as a local
 file's are (header first, pixel limit) before anything decodes them; by probe, each image's header
-by range requests (`probe_urls`). The reading a pack sends its workers is `sources.urls.Downloads`."""
+by range requests (`probe_urls`). The reading a pack sends its workers is `sources.url_table.Downloads`."""
 
 from __future__ import annotations
 
@@ -142,11 +142,11 @@ def url_digest(web: WebConfig, url: str, identity: int) -> tuple[str, int] | Non
 
 
 def _downloader(web: WebConfig) -> Downloader:
-    held = _DOWNLOADERS.get(os.getpid())
-    if held is not None and held[0] == web:
-        return held[1]
-    if held is not None:
-        held[1].close()
+    cached = _DOWNLOADERS.get(os.getpid())
+    if cached is not None and cached[0] == web:
+        return cached[1]
+    if cached is not None:
+        cached[1].close()
     # A window far wider than a plain fetch's, bounded by bytes instead: a shard's rows are asked
     # for as soon as it starts, so a row that waits out a retry (a 429's Retry-After, a 503's
     # backoff) waits while the rows after it are encoded, not at the shard's end; at most

@@ -28,7 +28,7 @@ from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row
 from .resume import CREATED_BY
-from .shard_writing import PICTURE_COUNTS, STAGES, ShardResult
+from .shard_writing import PICTURE_COUNTS, TIMED_STEPS, ShardResult
 from .sources import SourceWalk
 from .sources.labelling import Labelling, labelling
 from .working_folder import state_dir, writing
@@ -177,7 +177,7 @@ def download_causes(rows: list[Failure]) -> dict[str, int]:
 
 def _stage_seconds(ordered: list[ShardResult]) -> dict[str, float]:
     """Where the workers' time went in this run (reused shards took none)."""
-    seconds = dict.fromkeys(STAGES, 0.0)
+    seconds = dict.fromkeys(TIMED_STEPS, 0.0)
     for result in ordered:
         if not result.reused:
             for stage, spent in result.timings.items():

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .reading import Reading
 
 # What a worker times, per shard: the worker time split of pack's summary.
-STAGES = ("read", "decode", "resize", "encode", "write")
+TIMED_STEPS = ("read", "decode", "resize", "encode", "write")
 # What a worker counts of the pictures it stores, per shard (the manifest's totals of the same
 # names): transparency flattened onto the background, every stored pixel alike, and both at once.
 PICTURE_COUNTS = ("alpha_flattened", "single_colour", "single_colour_flattened")
@@ -146,7 +146,7 @@ class ShardWriting:
         # (a part's own name: one worker may write two parts of a shard before either is appended)
         name = job.spec.name if job.part is None else f"{job.spec.name}.part{job.part}"
         self.space = destination.workspace(name, files)
-        self.timings = dict.fromkeys(STAGES, 0.0)
+        self.timings = dict.fromkeys(TIMED_STEPS, 0.0)
         self.errors: list[Failure] = []
         self.input_bytes = 0
         self.rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet

@@ -23,7 +23,7 @@ from ..runtime.timeline import mark
 from .folder_output import FolderShards
 from .plan import ShardSpec
 from .reading import Files, Outcome, Packing, Reading, file_outcome
-from .shard_writing import PICTURE_COUNTS, STAGES, Destination, PartResult, ShardResult, ShardWriting
+from .shard_writing import PICTURE_COUNTS, TIMED_STEPS, Destination, PartResult, ShardResult, ShardWriting
 from .sources.item import Item
 
 T = TypeVar("T")
@@ -103,7 +103,7 @@ def encode_part(job: ShardJob) -> PartResult:
         segment, shard = _written(job, ShardWriting.close_part)
         mark(f"done {job.spec.name}:{job.part}")
         return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.stand_ins, segment, shard.counts)
-    timings = dict.fromkeys(STAGES, 0.0)
+    timings = dict.fromkeys(TIMED_STEPS, 0.0)
     stand_ins: dict[str, str] = {}
     counts = dict.fromkeys(PICTURE_COUNTS, 0)
     done = []
@@ -142,5 +142,5 @@ def _packing(job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str]
 def pack_record(item: Item, job: ShardJob) -> Record | None:
     """One item's record as a shard of `job` would hold it, or None if it fails (what --shard-bytes
     calibrates its estimate of the output's bytes on: the very path a worker takes)."""
-    packing = _packing(job, dict.fromkeys(STAGES, 0.0), {}, dict.fromkeys(PICTURE_COUNTS, 0))
+    packing = _packing(job, dict.fromkeys(TIMED_STEPS, 0.0), {}, dict.fromkeys(PICTURE_COUNTS, 0))
     return file_outcome(item, packing)[0]

@@ -27,7 +27,7 @@ from .item import Item, Run, display, make_key, payload, with_payload
 from .listfile import ListSource
 from .sidecars import SidecarSource
 from .table import TableSource
-from .urls import UrlSource
+from .url_table import UrlSource
 from .video import VideoSource
 
 __all__ = [

@@ -147,10 +147,10 @@ def _listing(names: list[Name], rel_dir: str, skipped: list[Failure], keys: bool
 def _holding(store: Store, folders: list[str]) -> list[str]:
     """The top-level prefixes with an image object somewhere below them (the classes), checked in
     threads: each a listing, or a few where images lie deeper."""
-    held = [False] * len(folders)
+    has_images = [False] * len(folders)
     for index, found in map_threads(partial(_holds_image, store), folders, _LISTING_THREADS):
-        held[index] = found
-    return [rel for rel, found in zip(folders, held, strict=True) if found]
+        has_images[index] = found
+    return [rel for rel, found in zip(folders, has_images, strict=True) if found]
 
 
 def _holds_image(store: Store, rel_dir: str) -> bool:

@@ -97,14 +97,14 @@ def walk_tree(
     top_level_images = any(not isinstance(part, str) for part in top)
     # a class is a top-level folder with an image somewhere below it
     folders = [part for part in top if isinstance(part, str)]
-    held = [] if top_level_images else holding(folders)
-    if not top_level_images and not held:
+    class_folders = [] if top_level_images else holding(folders)
+    if not top_level_images and not class_folders:
         what = "images" if extensions is IMAGE_EXTENSIONS else "videos"
         raise SourceError(f"{display(root)}: no {what} found (looked for {', '.join(sorted(extensions))})")
     use_folders = labels == "folders" or (labels == "auto" and not top_level_images)
     if labels == "folders" and top_level_images:
         raise SourceError(f"{display(root)}: images at the top level, so sub-folders cannot be classes")
-    classes = sorted(held, key=os.fsencode) if use_folders else []
+    classes = sorted(class_folders, key=os.fsencode) if use_folders else []
     source.by_folders = use_folders
     found = SourceWalk(root, source, [], classes, skipped)
     class_index = {name: i for i, name in enumerate(classes)} if use_folders else None
