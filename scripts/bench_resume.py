@@ -49,8 +49,6 @@ from typing import Any
 
 import numpy as np
 from benchkit import REPO, base_worktree, environment, pythonpath_env, ratios, remove_worktree, span, warm
-from shardkit.readers.spans import merged, runs
-from shardkit.readers.stream import lanes_for
 
 from shardkit import PackConfig, ResizeConfig, open_shards, pack
 from shardkit.core.manifest import ERRORS_NAME, MANIFEST_NAME, read_manifest, write_json_atomic
@@ -58,7 +56,9 @@ from shardkit.core.version import __version__
 from shardkit.formats import get_format
 from shardkit.readers.epoch import ShardSpace
 from shardkit.readers.order import Progress
+from shardkit.readers.spans import merged, runs
 from shardkit.readers.split import record_ranges
+from shardkit.readers.stream import lanes_for
 from shardkit.synthetic import write_image
 
 BATCH, SIZE, WORKERS = 256, 64, 2

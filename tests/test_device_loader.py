@@ -231,7 +231,8 @@ def test_the_device_work_runs_on_its_own_thread_and_a_stop_ends_it(small: Path, 
     """The decode and resample run on the loader's device threads (the loop that hands batches out
     never waits on a decode), at most DEVICE_AHEAD batches past the one handed out; a consumer that
     stops early leaves no thread running."""
-    from shardkit.readers.loader import DEVICE_AHEAD, BatchLoader
+    from shardkit.readers.device_decoder import DEVICE_AHEAD
+    from shardkit.readers.loader import BatchLoader
 
     made: list[str] = []
     real = BatchLoader._on_device

@@ -20,7 +20,9 @@ from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
-from shardkit.readers.order import Progress, Stream, round_robin_counts, span_positions, take
+from shardkit.readers.order import Progress, round_robin_counts
+from shardkit.readers.spans import span_positions, take
+from shardkit.readers.stream import Stream
 
 from .helpers import run_killing
 

@@ -496,7 +496,7 @@ def test_a_shard_named_longer_than_a_file_name_can_be(packed, tmp_path: Path) ->
 
 
 def test_random_access_keeps_a_few_remote_shards_open(packed, uploaded, tmp_path: Path) -> None:
-    from shardkit.readers.dataset import OPEN_REMOTE_SHARDS
+    from shardkit.readers.shards import OPEN_REMOTE_SHARDS
 
     dataset = open_shards(uploaded["webdataset"], cache_dir=tmp_path / "cache")
     before = len(os.listdir("/proc/self/fd"))

@@ -34,6 +34,19 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class PackedResize:
+    """How pack sized the images, as the manifest's settings say: what the read side needs of it."""
+
+    mode: str | None  # "short", "long" or "center-crop"; None where the settings do not say
+    size: int | None  # the target in pixels; None where images kept their size
+
+    @property
+    def center_crop(self) -> bool:
+        """Whether pack cut each image's centered square before resizing it (boxes map back through it)."""
+        return self.mode == "center-crop" and self.size is not None
+
+
+@dataclass(frozen=True)
 class Manifest:
     format: str
     shards: list[ShardInfo]
@@ -51,6 +64,16 @@ class Manifest:
     @property
     def records(self) -> int:
         return sum(shard.count for shard in self.shards)
+
+    @property
+    def packed_resize(self) -> PackedResize:
+        """settings["resize"], as pack writes it, typed (an output from elsewhere may say nothing)."""
+        resize = self.settings.get("resize")
+        if not isinstance(resize, dict):
+            return PackedResize(None, None)
+        mode, size = resize.get("mode"), resize.get("size")
+        whole = isinstance(size, int) and not isinstance(size, bool)
+        return PackedResize(mode if isinstance(mode, str) else None, size if whole else None)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

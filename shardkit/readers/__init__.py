@@ -5,6 +5,7 @@ shards through the cache (`cached`) and the torch glue (`torch_data`). Never imp
     from shardkit.readers import open_shards
 """
 
-from .dataset import Sample, ShardDataset, open_shards
+from .dataset import ShardDataset, open_shards
+from .samples import Sample
 
 __all__ = ["Sample", "ShardDataset", "open_shards"]

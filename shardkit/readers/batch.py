@@ -1,27 +1,30 @@
-"""What the batch loader hands out: `Batch`, its rows taken and batches joined, and full batches made
-from the decoded chunks of positions under on_error="skip" (the carry).
+"""The batch loader's collate stage: `Batch`, what the loader hands out, made from a decoder's
+buffer and records (`Assembly`), its rows taken and batches joined, and full batches made from the
+decoded chunks of positions under on_error="skip" (the carry).
 
 The loader decodes a stream as chunks of `batch_size` positions, each chunk's windows and flips
-seeded by its number (readers/loader.py); a record that fails is dropped from its chunk. So that
+seeded by its number (readers/chunks.py); a record that fails is dropped from its chunk. So that
 every batch but an epoch's last holds exactly `batch_size` records, `full_batches` hands the kept
 records out in batches of that size: a batch a chunk left short takes the first records of the
-next one, the rest of that chunk opening the batch after. Decoding stays as it was (the same
-chunks, numbers and pixels), and where the stream stands is, besides the count of positions whose
-chunks were wholly handed out, a *carry*: how many kept records of the next chunk batches took,
-and through which of its positions they reach (readers/order.py, `Split.carry`). A resumed loader
-decodes that chunk again, the same way, and drops those records; a new split of the epoch (another
-world size) counts the carry's positions as used.
+next one, the rest of that chunk opening the batch after. Decoding is the same whatever is
+skipped (the same chunks, numbers and pixels), and where the stream stands is, besides the count
+of positions whose chunks were wholly handed out, a *carry*: how many kept records of the next
+chunk batches took, and through which of its positions they reach (readers/order.py,
+`Split.carry`). A resumed loader decodes that chunk again, the same way, and drops those records; a
+new split of the epoch (another world size) counts the carry's positions as used.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..formats.base import Record
+from .decode import record_fields
 from .epoch import Cursor
 
 
@@ -87,13 +90,44 @@ class Batch(tuple[Any, Any]):
         return self[1]
 
 
+def labels_of(records: Sequence[Record]) -> np.ndarray:
+    """A batch's labels: int64, -1 for an unlabelled record."""
+    return np.array([-1 if r.label is None else r.label for r in records], dtype=np.int64)
+
+
+def add_texts(batch: Batch, records: Sequence[Record]) -> None:
+    """The records' captions and fields on their batch (sidecar fields as bytes), where any has one."""
+    if any(r.text is not None or r.columns is not None or r.files for r in records):
+        batch.texts = [r.text for r in records]
+        batch.fields = [record_fields(r, "bytes") for r in records]
+
+
 class Assembly(NamedTuple):
-    """What taking rows of batches and joining them needs of the loader: torch (None for numpy
-    output), torchvision's tv_tensors (None without it), and whether CPU images are pinned."""
+    """How the loader's batches are made, cut and joined: torch (None for numpy output),
+    torchvision's tv_tensors (None without it), and whether CPU images are pinned."""
 
     torch: Any
     typed: Any
     pin_memory: bool
+
+    def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A batch's uint8 images, N x H x W x 3 (clips: N x T x H x W x 3), pinned where batches are."""
+        if self.pin_memory:
+            pinned: np.ndarray = self.torch.empty(shape, dtype=self.torch.uint8, pin_memory=True).numpy()
+            return pinned
+        return np.empty(shape, np.uint8)
+
+    def batch(self, images: np.ndarray, records: Sequence[Record]) -> Batch:
+        """A Batch of a buffer's images, seen as (N, 3, H, W) (clips: (N, T, 3, H, W)) while the
+        memory stays channels_last, with its records' labels, keys, captions and fields."""
+        order = (0, 3, 1, 2) if images.ndim == 4 else (0, 1, 4, 2, 3)
+        labels, keys = labels_of(records), [r.key for r in records]
+        if self.torch is None:
+            batch = Batch(images.transpose(order), labels, keys)
+        else:
+            batch = Batch(self.torch.from_numpy(images).permute(order), self.torch.from_numpy(labels), keys)
+        add_texts(batch, records)
+        return batch
 
     def rows(self, batch: Batch, start: int, stop: int) -> Batch:
         """Rows [start, stop) of a batch (views of its arrays; the batch itself when all of them)."""
@@ -185,7 +219,7 @@ def full_batches(
                 counted = True
             else:
                 position.advance(used)
-                position.hold(at, chunk.offsets[at - 1] + 1)
+                position.carry_over(at, chunk.offsets[at - 1] + 1)
             used = 0
             yield assembly.joined(waiting)
             waiting, count = [], 0

@@ -15,31 +15,25 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
-import os
 import sys
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, cast, overload
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast, overload
 
 import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ConfigError, ImageError, ManifestError, ShardFormatError, ShardReadError, describe, require
+from ..core.errors import ConfigError, ShardFormatError, ShardReadError
 from ..core.manifest import Manifest, read_manifest
-from ..core.safeio import check_regular
-from ..formats import get_format
-from ..formats.base import Record, ShardReader
-from ..formats.folder_labels import FolderLabels, folder_classes
-from .clips import is_clip, sample_video
-from .decode import decode as decode_bytes
-from .decode import decode_pil, record_fields
-from .epoch import ShardSpace
-from .handlers import OnError
+from ..formats.base import Record
+from .epoch import Item, ShardSpace
 from .iteration import EpochIteration
-from .order import Progress, check_buffer, check_seed, lanes_for
-from .subset import runs
+from .options import Location, OpenOptions, ReadOptions, given
+from .order import Progress, check_buffer
+from .samples import Sample, sample_of
+from .shards import Shards, check_sizes
+from .stream import lanes_for
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -48,71 +42,6 @@ if TYPE_CHECKING:
     from .joined import Joined
     from .mix import MixedDataset
     from .subset import Subset
-
-DECODE_MODES = ("rgb", "bytes", "pil", "torch")
-OPEN_REMOTE_SHARDS = 8  # remote shards random access keeps open per process
-SCALES = (1, 1 / 2, 1 / 4, 1 / 8)
-
-
-class Sample(NamedTuple):
-    key: str
-    image: Any  # HWC uint8 array ("rgb"), bytes, PIL image, or CHW uint8 tensor ("torch")
-    label: int | None
-    meta: dict[str, Any]  # shardkit's own: source path, original and stored sizes
-    text: str | list[str] | None = None  # the caption (or several), when the source had one
-    fields: dict[str, Any] = {}  # noqa: RUF012 - the user's columns; readers give each sample its own dict
-    # a clip's frames (readers/clips): (T, H, W, 3) uint8 ("rgb"), the MP4's bytes, a list of PIL
-    # images, or a (T, 3, H, W) uint8 tensor ("torch"); its `image` is None. None for an image.
-    video: Any = None
-
-
-_collate_registered = False  # torch's default_collate knows Sample (torch_data.register_sample_collate)
-
-
-def _register_collate() -> None:
-    global _collate_registered
-    from .torch_data import register_sample_collate
-
-    register_sample_collate(Sample)
-    _collate_registered = True
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """How a dataset reads: open_shards' keywords of that name (see it for each), made once from
-    them and handed down, checked here (each refusal a ConfigError saying why). No defaults: those
-    are open_shards' own, written once there."""
-
-    decode: str
-    scale: float | None
-    transform: Callable[[Sample], Any] | None
-    on_error: str
-    shuffle: bool
-    seed: int
-    shuffle_buffer: int
-    rank: int | None
-    world_size: int | None
-    drop_last: bool
-    max_pixels: int
-    # what of the output is read (readers/subset) and the columns joined to it (readers/joined);
-    # not compared: a pyarrow Expression's == makes an Expression
-    select: Any = field(compare=False)
-    join: Any = field(compare=False)
-    handler: OnError = field(init=False, repr=False, compare=False)  # made from on_error
-
-    def __post_init__(self) -> None:
-        if self.decode not in DECODE_MODES:
-            raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
-        if self.scale is not None and not any(abs(self.scale - s) < 1e-9 for s in SCALES):
-            raise ConfigError(f"scale must be 1, 1/2, 1/4 or 1/8, not {self.scale}")
-        object.__setattr__(self, "handler", OnError(self.on_error))
-        check_seed(self.seed)
-        check_buffer(self.shuffle_buffer)
-        max_pixels = self.max_pixels
-        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-            raise ConfigError(f"max_pixels must be a positive integer, not {max_pixels!r}")
-        if self.decode == "torch":
-            require("torch", "torch")
 
 
 class ShardDataset(EpochIteration):
@@ -152,31 +81,13 @@ class ShardDataset(EpochIteration):
         self.max_pixels = options.max_pixels
         self.epoch = 0
         self.skipped = 0  # records skipped with on_error="skip" (in this process)
-        try:
-            self._backend = get_format(manifest.format)
-        except ConfigError:
-            raise ManifestError(f"{folder}: unknown shard format {manifest.format[:40]!r} in the manifest") from None
         self.remote = remote
-        self._readers: list[ShardReader]
-        if remote is None:
-            self._readers = [self._backend.reader(os.path.join(folder, s.name)) for s in manifest.shards]
-        else:  # whole shards through the local cache, fetched on first use in each process
-            from .cached import CachedShardReader
-
-            self._readers = [
-                CachedShardReader(self._backend.reader, remote, s.name, s.bytes, s.sha256) for s in manifest.shards
-            ]
-        classes = folder_classes(manifest.settings, manifest.classes)
-        if classes is not None:  # tars adopted with --folder-labels: a record's label is its folder's
-            self._readers = [FolderLabels(reader, classes) for reader in self._readers]
+        self._shards = Shards(folder, manifest, remote, subset, joined)
         self.subset = subset
         self.joined = joined
         self.counts: list[int] = subset.counts if subset is not None else [s.count for s in manifest.shards]
         self._starts: list[int] = np.cumsum([0, *self.counts]).tolist()
-        self._stored_starts: list[int] = np.cumsum([0] + [s.count for s in manifest.shards]).tolist()
         self._key_index: dict[str, tuple[int, int]] | None = None
-        self._counted: set[int] = set()  # shards whose record count was checked against the manifest
-        self._open_remote: OrderedDict[int, None] = OrderedDict()  # remote shards random access holds open
         self._box_classes: dict[str, BoxClasses] = {}  # box_labels= vocabularies made, by column
 
     @property
@@ -185,7 +96,7 @@ class ShardDataset(EpochIteration):
 
     @property
     def random_access(self) -> bool:
-        return self._backend.random_access
+        return self._shards.backend.random_access
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -239,87 +150,35 @@ class ShardDataset(EpochIteration):
             self._key_index = {key: (shard, position) for key, shard, position in kept}
         if self._key_index is None:
             index: dict[str, tuple[int, int]] = {}
-            for shard, reader in enumerate(self._readers):
-                try:
-                    self._check_count(shard)
-                    keys = reader.keys()
-                except ShardFormatError as error:
-                    raise ShardReadError(str(error)) from None  # it names the shard's path
-                finally:
-                    if self.remote is not None:
-                        reader.close()
+            for shard in range(len(self.manifest.shards)):
+                keys = self._shards.keys(shard)
                 index.update((key, (shard, local)) for local, key in enumerate(keys))
             self._key_index = index
         shard, position = self._key_index[key]
         return self._sample(shard, position, key)
 
-    def _check_count(self, shard: int) -> None:
-        """Random access trusts the manifest's counts: the shard must hold exactly that many records."""
-        if shard not in self._counted:
-            held, listed = len(self._readers[shard]), self.manifest.shards[shard].count
-            if held != listed:
-                where = self._where(shard)
-                raise ShardFormatError(f"{where}: holds {held:,} records, the manifest says {listed:,}")
-            self._counted.add(shard)
-
     def _sample(self, shard: int, position: int, what: str) -> Any:
         """The sample at a stored position of a shard (`what` names it in errors)."""
         name = self.manifest.shards[shard].name
         try:
-            self._check_count(shard)
-            record = self._readers[shard].read(position)
-            if self.joined is not None:
-                record = self.joined.add(record, self._stored_starts[shard] + position)
-            return self.decode_record(record, name)
+            return self.decode_record(self._shards.read(shard, position), name)
         except ShardFormatError as error:
             raise ShardReadError(f"{error} (reading record {what})") from None
-        finally:
-            if self.remote is not None:
-                self._hold_open(shard)
-
-    def _hold_open(self, shard: int) -> None:
-        """Random access keeps the last few remote shards open, not all it ever touched: each open
-        one holds descriptors, and a cached copy the cache evicted still takes its disk space."""
-        self._open_remote[shard] = None
-        self._open_remote.move_to_end(shard)
-        while len(self._open_remote) > OPEN_REMOTE_SHARDS:
-            oldest, _ = self._open_remote.popitem(last=False)
-            self._readers[oldest].close()
 
     def decode_record(self, record: Record, shard_name: str) -> Any:
-        """A record of shard `shard_name` as this dataset hands it out: decoded as `decode` says, its
-        fields, then `transform`. A record that does not decode raises ShardReadError (naming the
-        shard and key) whatever on_error says: the caller's OnError decides."""
-        image = video = None
-        try:
-            if is_clip(record):
-                video = sample_video(record, self.decode, self.max_pixels)
-            else:
-                image = self._decoded(record)
-        except (ImageError, ValueError) as error:
-            raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode ({error})") from None
-        try:
-            fields = record_fields(record, self.decode, self.max_pixels) if record.columns or record.files else {}
-        except (ImageError, ValueError) as error:
-            raise ShardReadError(f"{shard_name}: record {record.key}: cannot decode a field ({error})") from None
-        sample = Sample(record.key, image, record.label, record.meta, record.text, fields, video)
-        if not _collate_registered and "torch" in sys.modules:  # DataLoader(ds, batch_size=N) collates these
-            _register_collate()
-        return self.transform(sample) if self.transform is not None else sample
+        """A record of shard `shard_name` as this dataset hands it out (readers/samples.py): decoded
+        as `decode` says, its fields, then `transform`; ShardReadError when it does not decode."""
+        return sample_of(record, shard_name, self.decode, self.scale, self.max_pixels, self.transform)
 
-    def _decoded(self, record: Record) -> Any:
-        if self.decode == "bytes":
-            return record.data
-        if self.decode == "pil":
-            if record.ext == "npy":
-                from PIL import Image
-
-                return Image.fromarray(decode_bytes(record.data, record.ext, max_pixels=self.max_pixels))
-            return decode_pil(record.data, self.scale, self.max_pixels)
-        pixels = decode_bytes(record.data, record.ext, self.scale, self.max_pixels)
-        if self.decode == "torch":
-            return require("torch", "torch").from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
-        return pixels
+    def first_items(self) -> list[Item]:
+        """The output's first record (none when it holds none, or when it cannot be read here), read
+        without on_error: what the batch loader checks its options against when it is made."""
+        for shard, count in enumerate(self.counts):
+            if count:
+                position = 0 if self.subset is None else self.subset.position(shard, 0)
+                record = self._shards.peek(shard, position)
+                return [] if record is None else [Item(self, shard, record)]
+        return []
 
     def box_classes(self, path: str) -> list[Any]:
         """The sorted distinct categories of column `path` (a dotted path into nested columns, as
@@ -380,14 +239,11 @@ class ShardDataset(EpochIteration):
     def close_shard(self, shard: int) -> None:
         """Closes one shard's reader (it opens again when next read): the cache may then evict a
         remote shard's copy."""
-        self._readers[shard].close()
-
-    def _where(self, shard: int) -> str:
-        return self._readers[shard].path
+        self._shards.close_shard(shard)
 
     def records(self, shard: int) -> Iterator[Record]:
         """The stored records of one shard, in order and undecoded."""
-        return iter(self._readers[shard])
+        return self._shards.records(shard)
 
     def shard_samples(self, shard: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """The samples [start, stop) of one shard, in stored order, decoded and transformed."""
@@ -404,56 +260,15 @@ class ShardDataset(EpochIteration):
         damaged shard raises ShardReadError, or with on_error="skip" ends the run early (counted in
         `skipped`; the caller sees fewer records than it asked for)."""
         stop = self.counts[shard] if stop is None else stop
-        if self.subset is None:
-            records = self._read_stored(shard, start, stop)
-            if self.joined is None:
-                return records
-            return self.joined.added(records, self._stored_starts[shard] + start)
-        return self._read_kept(shard, self.subset.kept(shard)[start:stop])
+        return self._shards.read_range(shard, start, stop, self._failed)
 
-    def _read_kept(self, shard: int, kept: np.ndarray) -> Iterator[Record]:
-        """The records at sorted stored positions `kept` of a shard: runs of nearby positions read
-        as one range, the records between skipped (reads stay sequential within the shard)."""
-        base = self._stored_starts[shard]
-        for first, stop, begin, end in runs(kept):
-            wanted = kept[begin:end].tolist()
-            at, got = first, 0
-            for record in self._read_stored(shard, first, stop):
-                if at == wanted[got]:
-                    yield record if self.joined is None else self.joined.add(record, base + at)
-                    got += 1
-                at += 1
-            if got < len(wanted):  # a damaged shard, skipped (on_error="skip"): read no more of it
-                return
-
-    def _read_stored(self, shard: int, start: int, stop: int) -> Iterator[Record]:
-        """The records [start, stop) of one shard as stored (see read_range)."""
-        where, count = self._where(shard), self.manifest.shards[shard].count
-        wanted = stop - start
-        read = 0
-        failure: ShardReadError | None = None
-        try:
-            # A run to the shard's end asks for one record more: there must be none (cheap: one header)
-            for record in self._readers[shard].read_range(start, stop + 1 if stop == count else stop):
-                read += 1
-                if read > wanted:
-                    raise ShardFormatError(f"{where}: holds more than the {count:,} records the manifest says")
-                yield record
-            if read < wanted:  # the manifest promised more: never end an epoch short in silence
-                raise ShardFormatError(f"{where}: ends after {start + read:,} records, the manifest says {count:,}")
-        except ShardFormatError as error:
-            failure = ShardReadError(str(error))
-        if failure is not None:  # (raised here, not in the except: the ShardFormatError is no context of it)
-            self.on_error(failure, self)
+    def _failed(self, error: ShardReadError) -> None:
+        self.on_error(error, self)
 
     def close(self) -> None:
-        for reader in self._readers:
-            reader.close()
+        self._shards.close()
         if self.remote is not None:
             self.remote.close()
-
-
-Location = str | os.PathLike[str]  # an output's folder, its manifest.json, or a URL
 
 
 @overload
@@ -566,65 +381,47 @@ def open_shards(
     file or a pyarrow Table with a `key` column; its other columns join each sample's `fields`
     (None for a record the table lacks). A mix takes select as a filter applied to each output.
     """
-    options = ReadOptions(
-        decode=decode, scale=scale, transform=transform, on_error=on_error, shuffle=shuffle, seed=seed,
-        shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, max_pixels=max_pixels,
-        select=select, join=join,
-    )  # fmt: skip
+    options, opening = given(ReadOptions, locals()), given(OpenOptions, locals())
     if isinstance(path, (list, tuple)):
-        from .mix import MixedDataset
-
-        if not path:
-            raise ConfigError("open_shards needs at least one output to mix")
-        if join is not None or (select is not None and not _filters(select)):
-            raise ConfigError(
-                "a mix takes select as a filter (an Expression or a callable, applied to each output), "
-                "not keys or join: open one output for those"
-            )
-        per_source = replace(options, shuffle=False, rank=None, world_size=None, drop_last=False)
-        sources = [_open_one(p, per_source, storage_options, cache_dir, cache_limit) for p in path]
-        return MixedDataset(
-            sources, weights, length=length, exhausted=exhausted, shuffle=shuffle, seed=seed,
-            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, drop_last=drop_last, on_error=on_error,
-        )  # fmt: skip
+        return _open_mix(path, options, opening)
     if weights is not None or length is not None:
         raise ConfigError("weights and length are for a mix: pass a list of outputs")
-    return _open_one(path, options, storage_options, cache_dir, cache_limit)
+    return _open_one(path, options, opening)
 
 
-def _open_one(
-    path: Location,
-    options: ReadOptions,
-    storage_options: dict[str, Any] | None,
-    cache_dir: Location | None,
-    cache_limit: str | int | None,
-) -> ShardDataset:
+def _open_mix(paths: list[Location] | tuple[Location, ...], options: ReadOptions, opening: OpenOptions) -> MixedDataset:
+    """A weighted mix of the outputs at `paths` (readers/mix): each output opened alone, unshuffled
+    and unsplit, as the mix's positions are drawn, shuffled and split by the mix."""
+    from .mix import MixedDataset
+
+    if not paths:
+        raise ConfigError("open_shards needs at least one output to mix")
+    if options.join is not None or (options.select is not None and not _filters(options.select)):
+        raise ConfigError(
+            "a mix takes select as a filter (an Expression or a callable, applied to each output), "
+            "not keys or join: open one output for those"
+        )
+    per_source = replace(options, shuffle=False, rank=None, world_size=None, drop_last=False)
+    return MixedDataset([_open_one(p, per_source, opening) for p in paths], options, opening)
+
+
+def _open_one(path: Location, options: ReadOptions, opening: OpenOptions) -> ShardDataset:
     from ..storage.location import locate
 
+    storage_options = opening.storage_options
     folder = locate(path, storage_options)
     if not isinstance(folder, Path):  # a Store: the shards are read through the local cache
         from ..storage.cache import ShardCache
         from ..storage.remote import Remote
         from ..storage.store import read_remote_manifest
 
-        cache = ShardCache.at(cache_dir, cache_limit)  # a bad limit is refused before any request
+        cache = ShardCache.at(opening.cache_dir, opening.cache_limit)  # a bad limit is refused before any request
         remote = Remote(folder, cache)
         manifest = read_remote_manifest(folder)
         subset, joined = _narrowed(folder, manifest, options, storage_options)
         return _dataset_class()(folder.url, manifest, options, remote=remote, subset=subset, joined=joined)
     manifest = read_manifest(folder)
-    for shard in manifest.shards:
-        # A cheap stat catches truncated or replaced shards before any is opened or mapped.
-        try:
-            size = check_regular(folder / shard.name).st_size
-        except FileNotFoundError:
-            raise ShardFormatError(f"{folder / shard.name}: listed in the manifest but missing") from None
-        except OSError as error:
-            raise ShardFormatError(f"{folder / shard.name}: {describe(error)}") from None
-        if size != shard.bytes:
-            raise ShardFormatError(
-                f"{folder / shard.name}: {size:,} bytes, the manifest says {shard.bytes:,} (truncated or replaced?)"
-            )
+    check_sizes(folder, manifest)
     subset, joined = _narrowed(folder, manifest, options, storage_options)
     return _dataset_class()(folder, manifest, options, subset=subset, joined=joined)
 

@@ -21,9 +21,9 @@ seeded generator); decoding, cropping, resizing and flipping happen on the devic
   in channels_last memory, on the device.
 - No host waits: what the device needs from the host (the taps' and windows' numbers, the labels,
   mean and std) goes up in a few pinned, non-blocking copies (`to_device`); a copy from pageable
-  memory waits for the stream's earlier work first. The loader runs the decode on one thread of its
-  own and the rest on another, on a side stream, a batch or two ahead of the batch being trained on
-  (readers/loader.py).
+  memory waits for the stream's earlier work first. The device decoder's lane runs the decode on one
+  thread of its own and the rest on another, on a side stream, a batch or two ahead of the batch
+  being trained on (readers/device_decoder.py).
 
 With device="cpu" the same torch code runs on the CPU: that is how CI tests it (no GPU there).
 

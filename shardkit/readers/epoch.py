@@ -1,5 +1,6 @@
-"""Reading an epoch: positions (readers/order) to records, block by block, for iteration, the torch
-IterableDataset and the batch loader alike, over one dataset or a weighted mix of several.
+"""Reading an epoch: positions (readers/order, readers/stream) to records, block by block, for
+iteration, the torch IterableDataset and the batch loader alike, over one dataset or a weighted
+mix of several.
 
 A *space* maps an epoch's positions to records: `ShardSpace` for one output (shards in stored or
 seeded order), `readers.mix.MixSpace` for a mix. What it needs of an output is `ShardSource`, which
@@ -20,8 +21,10 @@ from ..core.errors import ShardReadError
 from ..core.manifest import Manifest
 from ..formats.base import Record
 from .handlers import OnError
-from .order import Progress, Stream, runs
+from .order import Progress
+from .spans import runs
 from .split import rank_and_world, record_ranges, worker_slot
+from .stream import Stream
 
 if TYPE_CHECKING:
     from ..storage.remote import Remote
@@ -67,7 +70,7 @@ class Item(NamedTuple):
 
 class Space(Protocol):
     remote: bool  # whether any of its shards comes through the cache from object storage
-    cuts: np.ndarray | None  # positions where a shard starts, sorted (readers.order.lane_starts)
+    cuts: np.ndarray | None  # positions where a shard starts, sorted (readers.stream.lane_starts)
 
     def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
 
@@ -123,7 +126,7 @@ class _Reading:
         self.error: Exception | None = None
 
     def fill(self, count: int) -> None:
-        """Reads until `count` items are held (or an error)."""
+        """Reads until `count` items are read (or an error)."""
         if self.error is None and len(self.items) < count:
             try:
                 self.items.extend(itertools.islice(self.source, count - len(self.items)))
@@ -144,12 +147,11 @@ class _Reading:
 
 def emitted(space: Space, blocks: Iterator[np.ndarray], shuffle: bool) -> Iterator[Item | None]:
     """The items of consecutive blocks in their order. A shuffled block is read in ascending
-    positions and held, then emitted in its order, and the next block is read meanwhile, one record
-    for each handed out (each handed-out record is let go): the reader holds about one block, the
-    memory the old shuffle buffer took. Reading a whole block and then freeing it made the garbage
-    collector run ~10x as often and move blocks to its oldest generation, whose collections cost
-    ~16 ms a pass of 3,000 records in a process that imported torch (scripts/bench_resume.py
-    --only throughput)."""
+    positions and kept, then emitted in its order, and the next block is read meanwhile, one record
+    for each handed out (each handed-out record is let go): the reader keeps about one block in
+    memory. Reading the next block whole only once this one is freed would make the garbage
+    collector run far more often and move blocks to its oldest generation, whose collections are
+    slow in a process that imported torch."""
     if not shuffle:
         for positions in blocks:
             yield from space.read(positions)
@@ -244,6 +246,8 @@ class Epochs(Protocol):
 
     def box_vocabulary(self, path: str) -> BoxClasses: ...
 
+    def first_items(self) -> list[Item]: ...
+
 
 class Cursor(NamedTuple):
     """Where this process's stream is: the progress it advances, its split and worker."""
@@ -270,7 +274,7 @@ class Cursor(NamedTuple):
         layout.done[self.worker] = self.done + count
         layout.carry = None
 
-    def hold(self, taken: int, through: int) -> None:
+    def carry_over(self, taken: int, through: int) -> None:
         """The chunk at `done` part-used: `taken` of its kept records handed out, reaching `through`
         of its positions (readers/batch.py)."""
         self.progress.splits[self.split].carry = (taken, through)
@@ -289,9 +293,9 @@ def cursor(
     split, sequence = progress.start(world, count, owner.drop_last, space.cuts)
     mine = (worker + progress.splits[split].turn) % count  # the stream whose turn this worker serves
     position = Cursor(progress, split, mine, progress.stream(split, sequence, rank, mine, space.cuts))
-    held = position.carry
-    if held is not None and not carry:
-        position.advance(held[1])
+    carried = position.carry
+    if carried is not None and not carry:
+        position.advance(carried[1])
     return position
 
 

@@ -47,6 +47,11 @@ class EpochIteration:
         """The classes loader(box_labels=path) numbers boxes by (readers/box_classes.py)."""
         raise NotImplementedError
 
+    def first_items(self) -> list[Item]:
+        """The first record of each output, read without on_error (none where it cannot be read):
+        what the batch loader checks its options against when it is made."""
+        raise NotImplementedError
+
     def set_epoch(self, epoch: int) -> None:
         """Changes the shuffle for the next pass (call it on every rank, as with DistributedSampler)."""
         self.epoch = check_epoch(epoch)
@@ -119,7 +124,7 @@ class EpochIteration:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
         Each image is cropped and resized to `size` (an int, or (height, width)) as it is decoded,
-        with only what the crop needs decoded (see shardkit.readers.loader): crop="random" is torchvision's
+        only what the crop needs decoded (shardkit.readers.loader): crop="random" is torchvision's
         RandomResizedCrop(size, scale, ratio); "center" is Resize(resize) then CenterCrop(size)
         (resize defaults to size / 0.875: 224 -> 256); None resizes whole images (records packed at
         the size pass through unchanged). flip: a random horizontal flip. Batches hold uint8 images
@@ -129,43 +134,39 @@ class EpochIteration:
         rank's, split and shuffled like iteration; crops and flips repeat for the same seed, epoch
         and rank, whatever `workers` is. len() is the number of batches (with on_error="skip", at
         most that: every batch but the epoch's last holds exactly batch_size records, a skipped
-        record replaced by the next of the stream, so the epoch may end a batch or more sooner,
-        and ranks that skip different records may get different counts). `state_dict()` and
-        `load_state_dict()` stop and resume it exactly (readers/order, readers/batch; with
+        record replaced by the next of the stream, so ranks that skip different records may get
+        different counts). `state_dict()` and `load_state_dict()` stop and resume it exactly (with
         on_error="skip" on several ranks, each rank resumes from the state it saved).
 
         device="cuda" (or "cuda:N"; "cpu" runs the same torch code on the CPU): the threads only
         read records and draw the same windows and flips; decoding (nvJPEG, batched), crop, resize
-        and flip run on the device for a whole batch, and batches arrive there, the next one made on
-        a side stream meanwhile (see shardkit.readers.device). dtype (torch.float16, bfloat16 or
-        float32) with mean and std (per channel, on the 0..1 scale) normalizes them on the device.
+        and flip run on the device, a batch at a time (shardkit.readers.device). dtype
+        (torch.float16, bfloat16 or float32) with mean and std (per channel, on the 0..1 scale)
+        normalizes them there.
 
         Every batch says each image's window (`batch.windows`: x0, y0, x1, y1 in stored pixels) and
         `batch.flips`. mask="seg.png" (a sidecar field): `batch.masks`, uint8 (N, H, W) label maps
-        cropped, resized nearest-neighbour and flipped as the images. boxes="objects.bbox" (a column,
-        or a dotted path into one; in the original image's pixels, box_format "xywh" as COCO or
-        "xyxy"): `batch.boxes[i]`, float32 (k, 4) x0, y0, x1, y1 in output pixels, clipped, boxes
-        left without area dropped, and `batch.box_index[i]`, int64 (k,), which of the record's boxes
-        they are (to gather per-box labels). box_labels="objects.category" (a column or dotted path
-        of categories aligned with boxes=): `batch.box_labels[i]`, int64 (k,), the class id of each
-        box kept, from one vocabulary made from the output's index.parquet, `loader.box_classes`
-        (ds.box_classes(path): sorted categories, text numbered by place, whole numbers as they
-        are). mask_missing=255 (0-255): a record without the mask field gets a mask of that value
-        (an ignore_index for cross_entropy) instead of failing. torchvision's tv_tensors Mask and
-        BoundingBoxes with output="torch" where torchvision is installed. A record lacking the
-        field, whose mask is not its image's size, or whose box_labels are missing or not one per
-        box, is a failure on_error handles. With device=, they are made on the loader's threads
-        (a mask's PNG is decoded on the host) and sent to the device with the images.
-        A dataset's transform= is not applied here (a warning says so): it takes samples, not batches.
+        cropped, resized nearest-neighbour and flipped as the images; mask_missing=255 (0-255) fills
+        a record's missing mask instead of failing. boxes="objects.bbox" (a column, or a dotted path
+        into one; in the original image's pixels, box_format "xywh" as COCO or "xyxy"):
+        `batch.boxes[i]`, float32 (k, 4) x0, y0, x1, y1 in output pixels, clipped, boxes left without
+        area dropped, and `batch.box_index[i]`, int64 (k,), which of the record's boxes they are.
+        box_labels="objects.category" (categories aligned with boxes=): `batch.box_labels[i]`, int64
+        (k,), each kept box's class id in one vocabulary made from the output's index.parquet,
+        `loader.box_classes` (sorted categories, text numbered by place, whole numbers as they are).
+        Typed as torchvision's tv_tensors where it is installed. A record lacking the field, whose
+        mask is not its image's size, or whose box_labels do not match its boxes, is a failure
+        on_error handles. A dataset's transform= is not applied here: it takes samples, not batches.
 
         frames=T reads an output of video clips (readers/clips.py): images uint8 (N, T, 3, H, W),
         T consecutive frames of each clip from an offset drawn like the windows (the middle ones
         unless crop="random"; a clip with fewer repeats its last frame), one window and one flip for
-        all of a clip's frames, drawn as an image's from the clip's stored size; `batch.offsets` says
-        each clip's first frame. Decoded with PyAV on the same threads; no device=, mask= or boxes=.
-        frames= on images, or no frames= on clips, is a ConfigError at the first batch.
+        all of a clip's frames; `batch.offsets` says each clip's first frame. No device=, mask= or
+        boxes= with it. Every keyword is checked when loader() is called (readers/options.py), and
+        so is the data: frames= on images, or no frames= on clips, is a ConfigError then.
         """
-        from .loader import BatchLoader, LoaderOptions
+        from .loader import BatchLoader
+        from .options import LoaderOptions, given
 
         if getattr(self, "transform", None) is not None or any(
             getattr(source, "transform", None) is not None for source in getattr(self, "sources", ())
@@ -173,13 +174,7 @@ class EpochIteration:
             warnings.warn(
                 "transform= applies to ds[i] and iteration, not to the batch loader", UserWarning, stacklevel=2
             )
-        options = LoaderOptions(
-            batch_size=batch_size, size=size, crop=crop, flip=flip, workers=workers, scale=scale, ratio=ratio,
-            resize=resize, output=output, pin_memory=pin_memory, prefetch=prefetch, drop_last=drop_last,
-            device=device, dtype=dtype, mean=mean, std=std, mask=mask, boxes=boxes, box_format=box_format,
-            frames=frames, mask_missing=mask_missing, box_labels=box_labels,
-        )  # fmt: skip
-        return BatchLoader(self, options)
+        return BatchLoader(self, given(LoaderOptions, locals()))
 
     def iterable(self) -> ShardIterableDataset:
         """This dataset as a torch IterableDataset (for DataLoader's iterable mode), checkpointable

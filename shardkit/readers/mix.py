@@ -22,9 +22,10 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from .epoch import Item, ShardSource, ShardSpace
-from .handlers import OnError
 from .iteration import EpochIteration
-from .order import Progress, check_buffer, check_seed, lanes_for, shown
+from .options import OpenOptions, ReadOptions
+from .order import Progress, check_buffer, shown
+from .stream import lanes_for
 
 if TYPE_CHECKING:
     from .box_classes import BoxClasses
@@ -49,7 +50,7 @@ class Draws:
         self.seed = seed
         self.chunks = -(-positions // CHUNK)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        # Draws of each source before each chunk: one pass over the chunks, ~4 ms per million positions.
+        # Draws of each source before each chunk: one pass over the chunks.
         counts = np.zeros((self.chunks + 1, len(shares)), np.int64)
         for chunk in range(self.chunks):
             counts[chunk + 1] = counts[chunk] + np.bincount(self._choices(chunk), minlength=len(shares))
@@ -116,6 +117,8 @@ class MixSource(ShardSource, Protocol):
     def close(self) -> None: ...
 
     def box_vocabulary(self, path: str) -> BoxClasses: ...
+
+    def first_items(self) -> list[Item]: ...
 
 
 class MixSpace:
@@ -186,27 +189,16 @@ def _shares(weights: list[Any]) -> np.ndarray:
 
 
 class MixedDataset(EpochIteration):
-    """Several outputs drawn by weight (see open_shards): iterable, `loader()`, `iterable()`."""
+    """Several outputs drawn by weight (see open_shards): iterable, `loader()`, `iterable()`. Made
+    from open_shards' options: the mix is shuffled, split and skips as they say; each source was
+    opened with the same ones, unshuffled and unsplit."""
 
-    def __init__(
-        self,
-        sources: Sequence[MixSource],
-        weights: Sequence[float] | None,
-        *,
-        length: int | None = None,
-        exhausted: str = "resample",
-        shuffle: bool = False,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        on_error: str = "raise",
-    ) -> None:
-        weights = [1.0] * len(sources) if weights is None else list(weights)
+    def __init__(self, sources: Sequence[MixSource], options: ReadOptions, opening: OpenOptions) -> None:
+        weights = [1.0] * len(sources) if opening.weights is None else list(opening.weights)
         if len(weights) != len(sources):
             raise ConfigError(f"{len(weights)} weights for {len(sources)} sources")
         share = _shares(weights)
+        exhausted, length = opening.exhausted, opening.length
         if exhausted not in EXHAUSTED:
             raise ConfigError(f"exhausted must be 'resample' or 'stop', not {exhausted!r}")
         empty = [i for i, (source, w) in enumerate(zip(sources, weights, strict=True)) if w > 0 and len(source) == 0]
@@ -218,9 +210,13 @@ class MixedDataset(EpochIteration):
         self.weights, self.share = np.array(weights, np.float64), share
         self.length = sum(len(s) for s in sources) if length is None else length
         self.exhausted = exhausted
-        self.shuffle, self.seed, self.shuffle_buffer = shuffle, check_seed(seed), check_buffer(shuffle_buffer)
-        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.on_error = OnError(on_error)
+        self.shuffle, self.seed, self.shuffle_buffer = (
+            options.shuffle,
+            options.seed,
+            check_buffer(options.shuffle_buffer),
+        )
+        self.rank, self.world_size, self.drop_last = options.rank, options.world_size, options.drop_last
+        self.on_error = options.handler
         self.epoch = 0
         self.max_pixels = min(s.max_pixels for s in sources)
         self.classes = [list(s.classes) for s in sources]  # labels are each source's own
@@ -266,6 +262,10 @@ class MixedDataset(EpochIteration):
         from .box_classes import merged
 
         return merged([source.box_vocabulary(path) for source in self.sources], path)
+
+    def first_items(self) -> list[Item]:
+        """Each source's first record (readers.dataset.ShardDataset.first_items)."""
+        return [item for source in self.sources for item in source.first_items()]
 
     @property
     def skipped(self) -> int:

@@ -1,17 +1,11 @@
-"""The epoch's order and where an iteration stands in it: pure functions of (seed, epoch) and small
+"""Where an iteration stands in its epoch: `Progress`, pure functions of (seed, epoch) and small
 counts, so a run can stop anywhere and resume exactly, or on another number of ranks.
 
 An epoch is a sequence of positions 0..total-1 (a position is a record: shards in stored or seeded
 order, records in stored order; for a mix, a weighted draw from its sources). A *split* cuts what
-is left of the epoch into one contiguous run per rank and per DataLoader worker. Each run is read
-as a *stream* of blocks: with shuffling, a run is cut into lanes (LANES or more, lanes_for; each
-starting at a shard's first record where one is near, lane_starts) and block j takes the same share
-of every lane, about `buffer` positions in all, emitted in a permutation seeded by (seed, epoch,
-split, rank, worker, j). Reads stay sequential within each lane (so within each shard), a block
-holds what the old shuffle buffer held, and consecutive samples come from LANES far-apart places of
-the run (the old buffer drew from the last ~buffer records of one place). Where a stream stands
-is one count, the positions it has yielded; the rest follows from the functions here, so nothing
-consumed is read again on resume.
+is left of the epoch into one contiguous run per rank and per DataLoader worker, each read as a
+stream of blocks (readers/stream.py). Where a stream stands is one count, the positions it has
+yielded, so nothing consumed is read again on resume.
 
 `Progress` is that state: the epoch, the seed, and per split the layout (world size, workers) and
 each worker stream's count, the same on every rank (ranks train in lock step, so rank 0's state is
@@ -20,32 +14,29 @@ records of the next chunk of positions: how many, and through which of its posit
 skips records on several ranks, the rank whose counts these are (readers/batch.py): format 2, which
 is written only where a state holds either, so every other state stays format 1. Resuming with
 the layout of the last split continues its streams where they stood; resuming with another layout
-subtracts what every stream of every split consumed and splits the
-remaining positions anew (a new split). All of it is JSON: ints, bools and lists (and a mix's
-weights). A state may have been edited or saved on other data: `Progress.from_state` refuses a
-field out of range and `Progress.check` one that does not fit the dataset it is loaded into, before
-anything is allocated or read, each refusal a ConfigError naming the field.
+subtracts what every stream of every split consumed and splits the remaining positions anew (a new
+split). All of it is JSON: ints, bools and lists (and a mix's weights). A state may have been
+edited or saved on other data: `Progress.from_state` refuses a field out of range and
+`Progress.check` one that does not fit the dataset it is loaded into, before anything is allocated
+or read, each refusal a ConfigError naming the field.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError
+from .spans import Span, span_length, subtract, take
+from .stream import LANES, MAX_LANES, Stream
 
-LANES = 8  # the fewest places of a run one shuffled block draws from
-MAX_LANES = 256  # the most: each lane is a shard open at once (a descriptor, a cached remote shard)
 SEED_LIMIT = 2**64 - 1  # seeds: numpy takes any whole number >= 0; torch's initial_seed() fits 64 bits
 INT64 = 2**63 - 1  # epochs (the torch glue shares the epoch as an int64), counts and sizes
 # The most streams (ranks x workers, every split of an epoch together) an epoch of fewer positions
-# may have: resuming builds each stream of every earlier split (~40 us each), so a state's world is
-# bounded by the work its epoch is worth, and a real cluster's (8,192 ranks of 8 workers) fits.
+# may have: resuming builds each stream of every earlier split, so a state's world is bounded by the
+# work its epoch is worth, and a real cluster's (8,192 ranks of 8 workers) fits.
 MAX_STREAMS = 2**16
 
 
@@ -78,205 +69,8 @@ def check_buffer(buffer: Any) -> int:
     return max(1, whole(buffer, "shuffle_buffer", -INT64 - 1, INT64))
 
 
-def lanes_for(buffer: int, positions_per_shard: float) -> int:
-    """Lanes for a buffer: pieces of about a quarter shard, so a block of `buffer` records spans
-    ~4 * buffer / shard-size shards, twice the ~2 * buffer / shard-size the old shuffle buffer's
-    exponential window did (measured by scripts/bench_resume.py --only quality)."""
-    wanted = math.ceil(4 * buffer / max(1.0, positions_per_shard))
-    return max(LANES, min(MAX_LANES, wanted))
-
-
 STATE_FORMAT = "shardkit.progress/1"
 STATE_FORMAT_CARRY = "shardkit.progress/2"  # format 1 and a split's carry or rank (read as both)
-
-Span = tuple[int, int]  # positions [begin, end)
-
-
-def span_length(spans: list[Span]) -> int:
-    return sum(end - begin for begin, end in spans)
-
-
-def take(spans: list[Span], begin: int, end: int) -> list[Span]:
-    """Items [begin, end) of the sequence `spans` laid end to end; items past its length wrap around
-    to its start (the repeats an uneven split of an epoch among ranks needs)."""
-    total = span_length(spans)
-    starts = np.cumsum([0, *(e - b for b, e in spans)]).tolist()
-    out: list[Span] = []
-    at = begin
-    while total and at < end:
-        within = at % total
-        i = bisect.bisect_right(starts, within) - 1
-        while spans[i][1] == spans[i][0]:  # an empty span shares its start with the next one
-            i += 1
-        first = spans[i][0] + within - starts[i]
-        count = min(end - at, spans[i][1] - first)
-        out.append((first, first + count))
-        at += count
-    return out
-
-
-def span_positions(spans: list[Span]) -> np.ndarray:
-    if not spans:
-        return np.zeros(0, np.int64)
-    return np.concatenate([np.arange(begin, end, dtype=np.int64) for begin, end in spans])
-
-
-def merged(spans: list[Span]) -> list[Span]:
-    """Sorted, disjoint and non-adjacent: the same set of positions."""
-    out: list[Span] = []
-    for begin, end in sorted(s for s in spans if s[1] > s[0]):
-        if out and begin <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((begin, end))
-    return out
-
-
-def subtract(spans: list[Span], removed: list[Span]) -> list[Span]:
-    """The positions of merged `spans` not in `removed`, sorted."""
-    out: list[Span] = []
-    cut = merged(removed)
-    i = 0
-    for begin, end in merged(spans):
-        at = begin
-        while i < len(cut) and cut[i][1] <= at:
-            i += 1
-        j = i
-        while j < len(cut) and cut[j][0] < end:
-            if cut[j][0] > at:
-                out.append((at, cut[j][0]))
-            at = max(at, cut[j][1])
-            j += 1
-        if at < end:
-            out.append((at, end))
-    return out
-
-
-def runs(positions: np.ndarray) -> list[Span]:
-    """Maximal runs of consecutive ascending positions, in the given order."""
-    if len(positions) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    firsts = np.concatenate([[0], breaks])
-    lasts = np.concatenate([breaks, [len(positions)]])
-    return [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(firsts, lasts, strict=True)]
-
-
-def as_spans(positions: np.ndarray) -> list[Span]:
-    """Spans of sorted positions (consecutive runs joined)."""
-    return runs(np.unique(positions))
-
-
-def run_offsets(run: list[Span], cuts: np.ndarray) -> np.ndarray:
-    """Where in `run` (spans laid end to end) the sorted positions `cuts` fall, ascending."""
-    if not run or not len(cuts):
-        return np.zeros(0, np.int64)
-    spans = np.asarray(run, np.int64).reshape(-1, 2)
-    begins, lengths = spans[:, 0], spans[:, 1] - spans[:, 0]
-    at = np.cumsum(lengths) - lengths  # each span's offset in the run
-    first, counts = np.searchsorted(cuts, begins), np.searchsorted(cuts, spans[:, 1]) - np.searchsorted(cuts, begins)
-    owner = np.repeat(np.arange(len(spans)), counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    starts: np.ndarray = cuts[np.repeat(first, counts) + within] - begins[owner] + at[owner]
-    return starts
-
-
-def lane_starts(run: list[Span], lanes: int, cuts: np.ndarray | None) -> list[int]:
-    """Where each lane of `run` starts (and the run's end): equal lanes, each boundary moved to the
-    nearest of `cuts` (positions where a shard starts) within a lane's length, so a lane starts at
-    a shard's first record (two boundaries may meet: a lane fewer). A tar read from inside has its
-    headers walked from the start (or from where an earlier range stopped) first; at 8 equal lanes
-    over 6 shards that walk took half the records of an epoch, twice (scripts/bench_resume.py
-    --only throughput). With lanes longer than a shard, as in any large epoch, every boundary moves
-    by at most half a shard."""
-    n = span_length(run)
-    ideal = [i * n // lanes for i in range(lanes + 1)]
-    offsets = run_offsets(run, cuts) if cuts is not None and lanes > 1 else np.zeros(0, np.int64)
-    if not len(offsets):
-        return ideal
-    reach = n / lanes
-    starts = [0]
-    for want in ideal[1:-1]:
-        k = int(np.searchsorted(offsets, want))
-        near = [int(offsets[i]) for i in (k - 1, k) if 0 <= i < len(offsets)]
-        best = min(near, key=lambda offset: abs(offset - want))  # the lower of two as near
-        starts.append(max(starts[-1], best if abs(best - want) <= reach else want))
-    return [*starts, n]
-
-
-class Stream:
-    """One worker's run of one rank in one split, as the blocks it is read and emitted in: with
-    shuffling, `lanes` lanes (lane_starts), block j taking the same share of each lane, so all
-    lanes end in the last block."""
-
-    def __init__(
-        self,
-        run: list[Span],
-        shuffle: bool,
-        buffer: int,
-        key: tuple[int, ...],
-        lanes: int = LANES,
-        cuts: np.ndarray | None = None,
-    ) -> None:
-        self.run, self.shuffle, self.key = run, shuffle, key
-        self.length = n = span_length(run)
-        lanes = max(1, min(lanes, n)) if shuffle else 1
-        quota = max(1, buffer // lanes)
-        self.lane_starts = lane_starts(run, lanes, cuts)
-        self.lengths = np.diff(self.lane_starts).astype(np.int64)
-        self.blocks = -(-int(self.lengths.max(initial=0)) // quota)
-        self._lengths = [int(n) for n in self.lengths]  # Python ints: j * length overflows no int64
-
-    def _taken(self, lane: int, j: int) -> int:
-        """Items of `lane` handed out in blocks before j: lane i hands out its items [i_j, i_{j+1})
-        in block j, i_j = j * length_i // blocks."""
-        return j * self._lengths[lane] // self.blocks
-
-    def end(self, j: int) -> int:
-        """Positions the stream has yielded after its blocks before j, computed, never tabled: a
-        table of every block's (a buffer of 1 over a large epoch: a block per lane's record) took
-        8 bytes a position."""
-        return sum(j * n // self.blocks for n in self._lengths) if self.blocks else 0
-
-    def block(self, j: int) -> np.ndarray:
-        """Block j's positions in the order they are emitted."""
-        parts = []
-        for lane, lane_start in enumerate(self.lane_starts[:-1]):
-            first, stop = lane_start + self._taken(lane, j), lane_start + self._taken(lane, j + 1)
-            if first < stop:
-                parts.append(span_positions(take(self.run, first, stop)))
-        positions = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        if self.shuffle:
-            positions = positions[np.random.default_rng((*self.key, j)).permutation(len(positions))]
-        return positions
-
-    def locate(self, done: int) -> tuple[int, int]:
-        """(block, offset within it) of the stream's item number `done`."""
-        if not 0 <= done <= self.length:
-            raise ConfigError(f"a stream of {self.length:,} positions cannot have yielded {done:,}")
-        j, high = 0, self.blocks  # the last j with end(j) <= done (end grows with every block)
-        while j < high:
-            middle = (j + high + 1) // 2
-            j, high = (middle, high) if self.end(middle) <= done else (j, middle - 1)
-        return j, done - self.end(j)
-
-    def blocks_from(self, done: int) -> Iterator[np.ndarray]:
-        """The positions still to come after `done` were yielded, block by block."""
-        j, offset = self.locate(done)
-        for block in range(j, self.blocks):
-            positions = self.block(block)
-            yield positions[offset:] if block == j else positions
-
-    def consumed(self, done: int) -> list[Span]:
-        """The positions of the first `done` items (unsorted spans)."""
-        j, offset = self.locate(done)
-        out: list[Span] = []
-        for lane, first in enumerate(self.lane_starts[:-1]):
-            if j:
-                out += take(self.run, first, first + self._taken(lane, j))
-        if offset:
-            out += as_spans(self.block(j)[:offset])
-        return out
 
 
 @dataclass

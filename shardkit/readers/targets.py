@@ -5,8 +5,9 @@ Windows are in the stored image's pixels (x0, y0, x1, y1), as the loader draws t
 A mask was aligned with its image at pack time (packing/sources/sidecars.py), so it is cropped to
 the window and resized nearest-neighbour by indexing (never a value the stored mask lacks). Boxes
 are in the original image's pixels, as the source's annotations were: they are mapped to stored
-pixels (undoing pack's resize, and its center crop when the output was made with one), then
-through the window; their class ids (box_labels=, readers/box_classes.py) follow the boxes kept.
+pixels (undoing pack's resize, and its center crop where the manifest's `packed_resize` says the
+output was made with one), then through the window; their class ids (box_labels=,
+readers/box_classes.py) follow the boxes kept.
 A record without the mask field gets one of `mask_missing` where that is given (an ignore label,
 as cross_entropy's ignore_index takes it). Pure numpy; the one Pillow call decodes the mask."""
 
@@ -177,12 +178,6 @@ def window_boxes(
     out = np.clip(out, 0.0, (width, height, width, height))
     kept = np.flatnonzero((out[:, 2] - out[:, 0] >= MIN_SIDE) & (out[:, 3] - out[:, 1] >= MIN_SIDE))
     return out[kept].astype(np.float32), kept.astype(np.int64)
-
-
-def center_cropped(settings: dict[str, Any]) -> bool:
-    """Whether an output's manifest settings say pack cut each image's centered square."""
-    resize = settings.get("resize")
-    return isinstance(resize, dict) and resize.get("mode") == "center-crop" and resize.get("size") is not None
 
 
 def record_targets(

@@ -1,12 +1,15 @@
 """Crop windows, drawn from image headers before anything is decoded: torchvision's
 RandomResizedCrop and Resize+CenterCrop as windows of the original image, the DCT reduction a
 window allows, and the Pillow path that crops any record with the same window, scale and filter
-as the compiled kernel. The CPU loader and the device path draw windows here."""
+as the compiled kernel. Every decoder of the batch loader (CPU, device, clips) draws its windows
+and flips with one `WindowDraw`, seeded by the stream and the chunk's number, so they are the same
+whichever decoder and however many threads."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,6 +19,34 @@ from ..formats.base import Record
 from .decode import refuse_over, stored_size
 
 JPEG_EXTENSIONS = ("jpg", "jpeg")
+_WINDOWS = 0x6C6F6164  # keeps the windows' generator apart from every other seeded by the stream
+
+
+class WindowDraw(NamedTuple):
+    """How the loader draws a chunk's windows: its crop=, scale=, ratio= and flip=, the output size
+    (height, width) and, for crop="center", the short side resized to."""
+
+    crop: str | None
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    size: tuple[int, int]
+    resize: int
+    flip: bool
+
+    def draw(self, key: tuple[int, ...], number: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Crop boxes (left, top, width, height) and flips of chunk `number` of the stream `key`,
+        for images of `sizes` (width, height): the same for the same seed, epoch and rank, whatever
+        the threads, and again after a resume."""
+        rng = np.random.default_rng([*key, number, _WINDOWS])
+        widths, heights = sizes[:, 0], sizes[:, 1]
+        if self.crop == "random":
+            boxes = random_resized_boxes(widths, heights, rng, self.scale, self.ratio)
+        elif self.crop == "center":
+            boxes = center_boxes(widths, heights, self.size, self.resize)
+        else:
+            boxes = np.stack([np.zeros_like(widths), np.zeros_like(widths), widths, heights], axis=1).astype(float)
+        flips = rng.random(len(sizes)) < 0.5 if self.flip else np.zeros(len(sizes), bool)
+        return boxes, flips
 
 
 def random_resized_boxes(
@@ -115,3 +146,21 @@ def record_size(record: Record, max_pixels: int) -> tuple[int, int]:
     if not (size[0] > 0 and size[1] > 0):  # (a header saying 0: no window can be drawn in it)
         raise ImageError("decode", f"an empty {size[0]}x{size[1]} image")
     return size
+
+
+def header_sizes(records: Sequence[Record], max_pixels: int, kernel: Any) -> tuple[np.ndarray, dict[int, str]]:
+    """Each record's stored (width, height) from its header, and the records whose header fails
+    (their size left 1 x 1, so a window can still be drawn). The kernel, where built, reads every
+    JPEG's size in one call; the rest, and every refusal, go through `record_size`."""
+    sizes = np.full((len(records), 2), -1, np.int64)
+    if kernel is not None:
+        kernel.jpeg_sizes([r.data if r.ext in JPEG_EXTENSIONS else b"" for r in records], sizes)
+    widths, heights = sizes[:, 0], sizes[:, 1]
+    plain = (widths > 0) & (heights > 0) & (widths * heights <= max_pixels)  # what record_size would take as is
+    failures: dict[int, str] = {}
+    for i in np.flatnonzero(~plain).tolist():
+        try:
+            sizes[i] = record_size(records[i], max_pixels)
+        except ImageError as error:
+            failures[i], sizes[i] = error.reason, (1, 1)
+    return sizes, failures
