@@ -55,8 +55,8 @@ from shardkit.core.manifest import ERRORS_NAME, MANIFEST_NAME, read_manifest, wr
 from shardkit.core.version import __version__
 from shardkit.formats import get_format
 from shardkit.readers.epoch import ShardSpace
+from shardkit.readers.intervals import merged, runs
 from shardkit.readers.order import Progress
-from shardkit.readers.spans import merged, runs
 from shardkit.readers.split import record_ranges
 from shardkit.readers.stream import lanes_for
 from shardkit.synthetic import write_image

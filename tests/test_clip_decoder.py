@@ -12,7 +12,7 @@ import pytest
 from shardkit.core.errors import ConfigError
 from shardkit.readers import open_shards
 from shardkit.readers.clip_decoder import ClipDecoder
-from shardkit.readers.epoch import Item
+from shardkit.readers.epoch import EpochRecord
 from shardkit.readers.loader import loader_parts
 from shardkit.readers.options import LoaderOptions
 
@@ -54,7 +54,7 @@ def test_center_takes_the_middle_frames(output: Path) -> None:
 def test_an_image_among_clips_is_refused(output: Path) -> None:
     dataset = open_shards(output)
     key, chunk = chunk_of(dataset, 2)
-    image = Item(chunk[0].dataset, chunk[0].shard, chunk[0].record._replace(ext="jpg"))
+    image = EpochRecord(chunk[0].dataset, chunk[0].shard, chunk[0].record._replace(ext="jpg"))
     decoder = ClipDecoder(loader_parts(dataset, LoaderOptions(2, 16, frames=2, output="numpy")))
     with pytest.raises(ConfigError, match="is not a video clip: frames= reads clips only"):
         decoder.decode(key, 0, [chunk[1], image])

@@ -14,7 +14,7 @@ from shardkit.formats.base import Record
 from shardkit.readers import open_shards
 from shardkit.readers.cpu_decoder import CpuDecoder
 from shardkit.readers.decoding import Parts
-from shardkit.readers.epoch import Item
+from shardkit.readers.epoch import EpochRecord
 from shardkit.readers.loader import loader_parts
 from shardkit.readers.options import LoaderOptions
 from shardkit.readers.windows import crop_with_pillow
@@ -31,7 +31,7 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photos(tmp_path_factory)
 
 
-def first_chunk(dataset, size: int) -> tuple[tuple[int, ...], list[Item]]:
+def first_chunk(dataset, size: int) -> tuple[tuple[int, ...], list[EpochRecord]]:
     position, items = dataset.epoch_items()
     chunk = [item for item, _ in zip(items, range(size), strict=False) if item is not None]
     return position.stream.key, chunk
@@ -80,7 +80,7 @@ def test_a_failed_record_is_handed_to_on_error(tmp_path: Path) -> None:
 def test_a_clip_in_a_chunk_is_refused(output: Path) -> None:
     dataset = open_shards(output)
     key, chunk = first_chunk(dataset, 2)
-    clip = Item(chunk[1].dataset, chunk[1].shard, chunk[1].record._replace(ext="mp4"))
+    clip = EpochRecord(chunk[1].dataset, chunk[1].shard, chunk[1].record._replace(ext="mp4"))
     decoder = CpuDecoder(loader_parts(dataset, LoaderOptions(2, 16, output="numpy")))
     with pytest.raises(ConfigError, match="is a video clip: read clips with frames=T"):
         decoder.decode(key, 0, [chunk[0], clip])

@@ -20,8 +20,8 @@ from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats import available_formats
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
+from shardkit.readers.intervals import interval_positions, take
 from shardkit.readers.order import Progress, round_robin_counts
-from shardkit.readers.spans import span_positions, take
 from shardkit.readers.stream import Stream
 
 from .helpers import run_killing
@@ -71,7 +71,7 @@ def test_a_stream_resumes_where_it_stood(
             done = data.draw(st.integers(0, stream.length))
             rest = np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(done)]).tolist()
             assert rest == whole[done:]
-            assert sorted(span_positions(stream.consumed(done)).tolist()) == sorted(whole[:done])
+            assert sorted(interval_positions(stream.consumed(done)).tolist()) == sorted(whole[:done])
             seen.update(whole)
     per_rank = total if world == 1 else -(-total // world)
     assert set(seen) == set(range(total)) and sum(seen.values()) == per_rank * world if total else not seen
@@ -95,7 +95,7 @@ def test_elastic_resume_sees_every_position(
     counts = [data.draw(st.integers(0, streams[w].length)) for w in range(workers)]
     seen: Counter[int] = Counter()
     for i, stream in enumerate(streams):
-        seen.update(span_positions(stream.consumed(counts[i % workers])).tolist())
+        seen.update(interval_positions(stream.consumed(counts[i % workers])).tolist())
     progress.splits[split].done = list(counts)
     resumed = Progress.from_state(roundtrip(progress.to_state()))
     split, sequence = resumed.start(new_world, new_workers, drop_last, cuts)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardkit.readers import open_shards
-from shardkit.readers.spans import span_positions
+from shardkit.readers.intervals import interval_positions
 from shardkit.readers.stream import LANES, MAX_LANES, Stream, lanes_for
 
 from .stage_outputs import PHOTOS, photos
@@ -37,7 +37,7 @@ def test_where_a_stream_stands_is_one_count(cuts: np.ndarray) -> None:
     for done in range(PHOTOS + 1):
         rest = np.concatenate([np.zeros(0, np.int64), *stream.blocks_from(done)])
         assert rest.tolist() == emitted[done:].tolist()
-        assert sorted(span_positions(stream.consumed(done)).tolist()) == sorted(emitted[:done].tolist())
+        assert sorted(interval_positions(stream.consumed(done)).tolist()) == sorted(emitted[:done].tolist())
 
 
 def test_lanes_for_a_buffer() -> None:

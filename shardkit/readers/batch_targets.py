@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.errors import ImageError
 from .batch import Batch
-from .epoch import Item
+from .epoch import EpochRecord
 from .targets import record_targets
 
 if TYPE_CHECKING:
@@ -46,7 +46,12 @@ class TargetStage:
         return self.mask is not None or self.boxes is not None
 
     def measure(
-        self, chunk: list[Item], sizes: np.ndarray, windows: np.ndarray, flips: np.ndarray, failures: dict[int, str]
+        self,
+        chunk: list[EpochRecord],
+        sizes: np.ndarray,
+        windows: np.ndarray,
+        flips: np.ndarray,
+        failures: dict[int, str],
     ) -> Targets | None:
         """Masks (uint8 (n, H, W)) and per record (boxes, index, labels) through each record's
         window, before its pixels are decoded; a record whose targets fail joins `failures`. None

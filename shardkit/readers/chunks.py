@@ -9,21 +9,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .epoch import Item
+from .epoch import EpochRecord
 
 
 class Chunk(NamedTuple):
     number: int  # its place in the stream, counted from the stream's first chunk
     positions: int  # the stream positions it covers: batch_size, or fewer for the stream's last
-    items: list[Item]  # the items read at them, in order
+    items: list[EpochRecord]  # the items read at them, in order
     offsets: list[int]  # each item's place among its positions
 
 
-def chunks(items: Iterator[Item | None], batch_size: int, first: int, short_tail: bool) -> Iterator[Chunk]:
+def chunks(items: Iterator[EpochRecord | None], batch_size: int, first: int, short_tail: bool) -> Iterator[Chunk]:
     """The chunks of `items`, numbered from `first`. The stream's last chunk may be shorter; it is
     read only where `short_tail` says so (drop_last drops it, unless records are skipped: only then
     can its records fill a batch, readers/batch.py)."""
-    chunk: list[Item] = []
+    chunk: list[EpochRecord] = []
     offsets: list[int] = []
     positions, number = 0, first
     for item in items:

@@ -11,7 +11,7 @@ from ..core.errors import ConfigError
 from .batch import Batch
 from .clips import clip_geometry, clip_offsets, crop_clips, is_clip
 from .decoding import Parts, StreamKey, WholeOnThreads, kept_rows
-from .epoch import Item
+from .epoch import EpochRecord
 from .targets import window_corners
 
 _OFFSETS = 0x636C6970  # keeps the offsets' generator apart from the windows'
@@ -25,13 +25,13 @@ class ClipDecoder(WholeOnThreads):
         self.frames = int(parts.options.frames or 0)
         self.size = parts.options.out_size
 
-    def refuse(self, item: Item) -> None:
+    def refuse(self, item: EpochRecord) -> None:
         if not is_clip(item.record):
             raise ConfigError(
                 f"{item.shard_name}: record {item.record.key} is not a video clip: frames= reads clips only"
             )
 
-    def decode(self, key: StreamKey, number: int, chunk: list[Item]) -> Batch:
+    def decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Batch:
         """One batch of clips, on a loader thread."""
         parts, limit = self.parts, self.parts.dataset.max_pixels
         for item in chunk:

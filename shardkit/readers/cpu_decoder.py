@@ -18,7 +18,7 @@ from .batch import Batch
 from .clips import is_clip
 from .decode import npy_layout
 from .decoding import Parts, StreamKey, WholeOnThreads, kept_rows
-from .epoch import Item
+from .epoch import EpochRecord
 from .targets import window_corners
 from .windows import JPEG_EXTENSIONS, crop_with_pillow, header_sizes
 
@@ -32,11 +32,11 @@ class CpuDecoder(WholeOnThreads):
         self.parts = parts
         self.size = parts.options.out_size
 
-    def refuse(self, item: Item) -> None:
+    def refuse(self, item: EpochRecord) -> None:
         if is_clip(item.record):
             raise ConfigError(f"{item.shard_name}: record {item.record.key} is a video clip: read clips with frames=T")
 
-    def decode(self, key: StreamKey, number: int, chunk: list[Item]) -> Batch:
+    def decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Batch:
         """One batch, on a loader thread: windows from the headers, targets, then the kernel (or Pillow)."""
         parts, limit = self.parts, self.parts.dataset.max_pixels
         for item in chunk:
@@ -66,7 +66,7 @@ class CpuDecoder(WholeOnThreads):
 
     def _through_kernel(
         self,
-        chunk: list[Item],
+        chunk: list[EpochRecord],
         candidates: list[int],
         boxes: np.ndarray,
         flips: np.ndarray,

@@ -27,7 +27,7 @@ from ..core.config import DEFAULT_MAX_PIXELS
 from ..core.errors import ConfigError, ShardFormatError, ShardReadError
 from ..core.manifest import Manifest, read_manifest
 from ..formats.base import Record
-from .epoch import Item, ShardSpace
+from .epoch import EpochRecord, ShardSpace
 from .iteration import EpochIteration
 from .options import Location, OpenOptions, ReadOptions, given
 from .order import Progress, check_buffer
@@ -170,14 +170,14 @@ class ShardDataset(EpochIteration):
         as `decode` says, its fields, then `transform`; ShardReadError when it does not decode."""
         return sample_of(record, shard_name, self.decode, self.scale, self.max_pixels, self.transform)
 
-    def first_items(self) -> list[Item]:
+    def first_items(self) -> list[EpochRecord]:
         """The output's first record (none when it holds none, or when it cannot be read here), read
         without on_error: what the batch loader checks its options against when it is made."""
         for shard, count in enumerate(self.counts):
             if count:
                 position = 0 if self.subset is None else self.subset.position(shard, 0)
                 record = self._shards.peek(shard, position)
-                return [] if record is None else [Item(self, shard, record)]
+                return [] if record is None else [EpochRecord(self, shard, record)]
         return []
 
     def box_classes(self, path: str) -> list[Any]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from ..core.errors import ShardReadError
 from .batch import Assembly, Batch
 from .batch_targets import TargetStage
-from .epoch import Epochs, Item
+from .epoch import EpochRecord, Epochs
 from .handlers import OnError
 from .windows import WindowDraw
 
@@ -63,9 +63,9 @@ class Lane(Protocol):
 class Decoder(Protocol):
     """Records to pixels for one kind of batch (see the module's docstring)."""
 
-    def refuse(self, item: Item) -> None: ...
+    def refuse(self, item: EpochRecord) -> None: ...
 
-    def decode(self, key: StreamKey, number: int, chunk: list[Item]) -> Any: ...
+    def decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Any: ...
 
     def lane(self, make: Callable[..., Batch | None]) -> Lane: ...
 
@@ -99,7 +99,7 @@ class WholeOnThreads:
         return batch
 
 
-def kept_rows(chunk: list[Item], failures: dict[int, str], on_error: OnError) -> list[int] | None:
+def kept_rows(chunk: list[EpochRecord], failures: dict[int, str], on_error: OnError) -> list[int] | None:
     """The rows of a chunk to keep (None: all of them) once each failed record went to on_error,
     which raises for the first under on_error="raise"."""
     if not failures:

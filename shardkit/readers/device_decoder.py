@@ -19,7 +19,7 @@ from .batch import Batch, add_texts, labels_of
 from .batch_targets import Targets
 from .clips import is_clip
 from .decoding import Lane, Parts, StreamKey, kept_rows
-from .epoch import Item
+from .epoch import EpochRecord
 from .targets import window_corners
 from .windows import header_sizes
 
@@ -31,7 +31,7 @@ class Gathered(NamedTuple):
     failed, the JPEGs' bytes as the tensors the device's decoder takes, the resample's taps, and the
     masks and boxes (made on the host: a mask's PNG is decoded there)."""
 
-    chunk: list[Item]
+    chunk: list[EpochRecord]
     boxes: np.ndarray
     flips: np.ndarray
     failures: dict[int, str]
@@ -44,7 +44,7 @@ class OnDevice(NamedTuple):
     """A chunk's images decoded on the device and laid end to end, with the rows kept (on_error),
     their shapes and plan, and what the batch says of them."""
 
-    chunk: list[Item]
+    chunk: list[EpochRecord]
     rows: list[int]
     flat: Any
     shapes: np.ndarray
@@ -65,11 +65,11 @@ class DeviceDecoder:
         self.torch = parts.assembly.torch
         self._stream: Any = None  # the CUDA side stream of the lane's make step (made on first use, kept)
 
-    def refuse(self, item: Item) -> None:
+    def refuse(self, item: EpochRecord) -> None:
         if is_clip(item.record):
             raise ConfigError(f"{item.shard_name}: record {item.record.key} is a video clip: read clips with frames=T")
 
-    def decode(self, key: StreamKey, number: int, chunk: list[Item]) -> Gathered:
+    def decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Gathered:
         """The host's part, on a loader thread (decoding is the device's)."""
         from .device import encoded_jpegs, plan_resample
 

@@ -21,8 +21,8 @@ from ..core.errors import ShardReadError
 from ..core.manifest import Manifest
 from ..formats.base import Record
 from .handlers import OnError
+from .intervals import runs
 from .order import Progress
-from .spans import runs
 from .split import rank_and_world, record_ranges, worker_slot
 from .stream import Stream
 
@@ -58,7 +58,7 @@ class ShardSource(Protocol):
         ...
 
 
-class Item(NamedTuple):
+class EpochRecord(NamedTuple):
     dataset: ShardSource  # the output the record comes from (one of a mix's sources)
     shard: int
     record: Record
@@ -72,7 +72,7 @@ class Space(Protocol):
     remote: bool  # whether any of its shards comes through the cache from object storage
     cuts: np.ndarray | None  # positions where a shard starts, sorted (readers.stream.lane_starts)
 
-    def read(self, positions: np.ndarray) -> Iterator[Item | None]: ...
+    def read(self, positions: np.ndarray) -> Iterator[EpochRecord | None]: ...
 
     def shards(self, positions: np.ndarray) -> list[tuple[ShardSource, int]]: ...
 
@@ -91,7 +91,7 @@ class ShardSpace:
         self.starts = np.cumsum([0, *self.counts])
         self.cuts: np.ndarray | None = self.starts[:-1]
 
-    def read(self, positions: np.ndarray) -> Iterator[Item | None]:
+    def read(self, positions: np.ndarray) -> Iterator[EpochRecord | None]:
         """An item per position, in the order given; runs of consecutive positions are read as
         streams, so a shard is read sequentially."""
         for begin, end in runs(positions):
@@ -99,7 +99,7 @@ class ShardSpace:
                 read = 0
                 for record in self.dataset.read_range(shard, start, stop):
                     read += 1
-                    yield Item(self.dataset, shard, record)
+                    yield EpochRecord(self.dataset, shard, record)
                 for _ in range(stop - start - read):  # a damaged shard, skipped: the positions still count
                     yield None
 
@@ -122,7 +122,7 @@ class _Reading:
         self.emit = np.searchsorted(ascending, positions).tolist()  # the block's order, as indexes into items
         self.size = len(ascending)
         self.source = space.read(ascending)
-        self.items: list[Item | None] = []
+        self.items: list[EpochRecord | None] = []
         self.error: Exception | None = None
 
     def fill(self, count: int) -> None:
@@ -138,14 +138,14 @@ class _Reading:
             except Exception as error:
                 self.error = error
 
-    def ready(self) -> list[Item | None]:
+    def ready(self) -> list[EpochRecord | None]:
         self.fill(self.size)
         if self.error is not None:
             raise self.error
         return self.items
 
 
-def emitted(space: Space, blocks: Iterator[np.ndarray], shuffle: bool) -> Iterator[Item | None]:
+def emitted(space: Space, blocks: Iterator[np.ndarray], shuffle: bool) -> Iterator[EpochRecord | None]:
     """The items of consecutive blocks in their order. A shuffled block is read in ascending
     positions and kept, then emitted in its order, and the next block is read meanwhile, one record
     for each handed out (each handed-out record is let go): the reader keeps about one block in
@@ -176,7 +176,7 @@ def emitted(space: Space, blocks: Iterator[np.ndarray], shuffle: bool) -> Iterat
         reading = ahead
 
 
-def stream_items(space: Space, stream: Stream, done: int) -> Iterator[Item | None]:
+def stream_items(space: Space, stream: Stream, done: int) -> Iterator[EpochRecord | None]:
     """What a stream still yields after `done`."""
     blocks = stream.blocks_from(done)
     return emitted(space, _fetched(space, blocks) if space.remote else blocks, stream.shuffle)
@@ -240,13 +240,13 @@ class Epochs(Protocol):
 
     def epoch_items(
         self, progress: Progress | None = None, workers: tuple[int, int] | None = None, carry: bool = False
-    ) -> tuple[Cursor, Iterator[Item | None]]: ...
+    ) -> tuple[Cursor, Iterator[EpochRecord | None]]: ...
 
     def iterate(self, progress: Progress | None = None) -> Iterator[Any]: ...
 
     def box_vocabulary(self, path: str) -> BoxClasses: ...
 
-    def first_items(self) -> list[Item]: ...
+    def first_items(self) -> list[EpochRecord]: ...
 
 
 class Cursor(NamedTuple):
@@ -309,7 +309,7 @@ def check_progress(owner: Epochs, progress: Progress) -> Space:
     return space
 
 
-def decoded(position: Cursor, items: Iterator[Item | None], on_error: OnError) -> Iterator[Any]:
+def decoded(position: Cursor, items: Iterator[EpochRecord | None], on_error: OnError) -> Iterator[Any]:
     """Samples of a stream's items, each position counted as it is handed out."""
     for item in items:
         position.advance()

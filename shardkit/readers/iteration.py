@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import require
-from .epoch import Cursor, Item, Space, check_progress, cursor, decoded, stream_items
+from .epoch import Cursor, EpochRecord, Space, check_progress, cursor, decoded, stream_items
 from .handlers import OnError
 from .order import Progress, check_epoch
 from .split import rank_and_world
@@ -47,7 +47,7 @@ class EpochIteration:
         """The classes loader(box_labels=path) numbers boxes by (readers/box_classes.py)."""
         raise NotImplementedError
 
-    def first_items(self) -> list[Item]:
+    def first_items(self) -> list[EpochRecord]:
         """The first record of each output, read without on_error (none where it cannot be read):
         what the batch loader checks its options against when it is made."""
         raise NotImplementedError
@@ -73,9 +73,9 @@ class EpochIteration:
 
     def epoch_items(
         self, progress: Progress | None = None, workers: tuple[int, int] | None = None, carry: bool = False
-    ) -> tuple[Cursor, Iterator[Item | None]]:
+    ) -> tuple[Cursor, Iterator[EpochRecord | None]]:
         """This rank's and DataLoader worker's stream of the epoch, from where `progress` stands
-        (the start of the epoch by default), undecoded: an Item per position, None where a damaged
+        (the start of the epoch by default), undecoded: an EpochRecord per position, None where a damaged
         shard was skipped. What iteration decodes and the batch loader crop-decodes; the Cursor
         counts what the consumer took. carry=True: the caller (the batch loader) resumes a state's
         carry itself (readers/batch.py); otherwise its positions count as used."""

@@ -31,7 +31,7 @@ from .clip_decoder import ClipDecoder
 from .cpu_decoder import CpuDecoder
 from .decoding import Decoder, Parts, StreamKey
 from .device_decoder import DeviceDecoder
-from .epoch import Epochs, Item, check_progress
+from .epoch import EpochRecord, Epochs, check_progress
 from .loader_threads import Pending, decoded_ahead, loader_pool, stop
 from .options import LoaderOptions
 from .order import Progress
@@ -121,7 +121,7 @@ class BatchLoader:
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
             stop(pool, lane, named, pending)
 
-    def _decode(self, key: StreamKey, number: int, chunk: list[Item]) -> Any:
+    def _decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Any:
         """A chunk's decode step, on a loader thread: the decoder's."""
         return self._decoder.decode(key, number, chunk)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..core.errors import ConfigError
-from .epoch import Item, ShardSource, ShardSpace
+from .epoch import EpochRecord, ShardSource, ShardSpace
 from .iteration import EpochIteration
 from .options import OpenOptions, ReadOptions
 from .order import Progress, check_buffer, shown
@@ -118,7 +118,7 @@ class MixSource(ShardSource, Protocol):
 
     def box_vocabulary(self, path: str) -> BoxClasses: ...
 
-    def first_items(self) -> list[Item]: ...
+    def first_items(self) -> list[EpochRecord]: ...
 
 
 class MixSpace:
@@ -161,8 +161,8 @@ class MixSpace:
                 chosen = rounds == round_
                 yield self._space(source, round_), where[chosen], local[chosen]
 
-    def read(self, positions: np.ndarray) -> Iterator[Item | None]:
-        items: list[Item | None] = [None] * len(positions)
+    def read(self, positions: np.ndarray) -> Iterator[EpochRecord | None]:
+        items: list[EpochRecord | None] = [None] * len(positions)
         for space, where, local in self._split(positions):
             for at, item in zip(where.tolist(), space.read(local), strict=True):
                 items[at] = item
@@ -263,7 +263,7 @@ class MixedDataset(EpochIteration):
 
         return merged([source.box_vocabulary(path) for source in self.sources], path)
 
-    def first_items(self) -> list[Item]:
+    def first_items(self) -> list[EpochRecord]:
         """Each source's first record (readers.dataset.ShardDataset.first_items)."""
         return [item for source in self.sources for item in source.first_items()]
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
-from .spans import Span, span_length, subtract, take
+from .intervals import Interval, interval_length, subtract, take
 from .stream import LANES, MAX_LANES, Stream
 
 SEED_LIMIT = 2**64 - 1  # seeds: numpy takes any whole number >= 0; torch's initial_seed() fits 64 bits
@@ -208,7 +208,7 @@ class Progress:
         """Refuses a split whose stream counts (`done`) go past their streams."""
         sequence = [(0, self.total)]
         for index, layout in enumerate(self.splits):
-            per_rank = layout.per_rank(span_length(sequence)) if sequence else 0
+            per_rank = layout.per_rank(interval_length(sequence)) if sequence else 0
             for worker in range(layout.workers):
                 count = layout.consumed_count(worker)
                 length = (worker + 1) * per_rank // layout.workers - worker * per_rank // layout.workers
@@ -227,15 +227,15 @@ class Progress:
     # where they can (lane_starts). They follow from the data and (seed, epoch), so the state does
     # not carry them; the same cuts must come with every call on one epoch.
 
-    def sequence(self, split: int, cuts: np.ndarray | None = None) -> list[Span]:
+    def sequence(self, split: int, cuts: np.ndarray | None = None) -> list[Interval]:
         """The positions split number `split` cut among ranks: the whole epoch for the first, what
         the earlier splits left for each later one."""
-        spans = [(0, self.total)]
+        intervals = [(0, self.total)]
         for index in range(split):
-            spans = subtract(spans, self.consumed(index, spans, cuts))
-        return spans
+            intervals = subtract(intervals, self.consumed(index, intervals, cuts))
+        return intervals
 
-    def consumed(self, split: int, sequence: list[Span], cuts: np.ndarray | None = None) -> list[Span]:
+    def consumed(self, split: int, sequence: list[Interval], cuts: np.ndarray | None = None) -> list[Interval]:
         """Every position the streams of split `split` yielded, on every rank."""
         layout = self.splits[split]
         if any(count is None for count in layout.done):
@@ -244,7 +244,7 @@ class Progress:
                 "number of ranks and workers; for another layout, build the state from the number of "
                 "batches consumed (ShardIterableDataset.state_from_batches)"
             )
-        out: list[Span] = []
+        out: list[Interval] = []
         for rank in range(layout.world):
             for worker in range(layout.workers):
                 count = layout.consumed_count(worker)
@@ -253,19 +253,19 @@ class Progress:
         return out
 
     def stream(
-        self, split: int, sequence: list[Span], rank: int, worker: int, cuts: np.ndarray | None = None
+        self, split: int, sequence: list[Interval], rank: int, worker: int, cuts: np.ndarray | None = None
     ) -> Stream:
         layout = self.splits[split]
-        per_rank = layout.per_rank(span_length(sequence))
+        per_rank = layout.per_rank(interval_length(sequence))
         run = take(sequence, rank * per_rank, (rank + 1) * per_rank)
-        length = span_length(run)
+        length = interval_length(run)
         lo, hi = worker * length // layout.workers, (worker + 1) * length // layout.workers
         key = self.stream_key(split, rank, worker)
         return Stream(take(run, lo, hi), self.shuffle, self.buffer, key, self.lanes, cuts)
 
     def start(
         self, world: int, workers: int, drop_last: bool, cuts: np.ndarray | None = None
-    ) -> tuple[int, list[Span]]:
+    ) -> tuple[int, list[Interval]]:
         """The split an iteration with this layout goes on with, and the positions it cuts: the last
         split when the layout is unchanged, else a new split of what is left."""
         if self.splits:

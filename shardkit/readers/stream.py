@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..core.errors import ConfigError
-from .spans import Span, as_spans, run_offsets, span_length, span_positions, take
+from .intervals import Interval, as_intervals, interval_length, interval_positions, run_offsets, take
 
 LANES = 8  # the fewest places of a run one shuffled block draws from
 MAX_LANES = 256  # the most: each lane is a shard open at once (a descriptor, a cached remote shard)
@@ -26,13 +26,13 @@ def lanes_for(buffer: int, positions_per_shard: float) -> int:
     return max(LANES, min(MAX_LANES, wanted))
 
 
-def lane_starts(run: list[Span], lanes: int, cuts: np.ndarray | None) -> list[int]:
+def lane_starts(run: list[Interval], lanes: int, cuts: np.ndarray | None) -> list[int]:
     """Where each lane of `run` starts (and the run's end): equal lanes, each boundary moved to the
     nearest of `cuts` (positions where a shard starts) within a lane's length, so a lane starts at
     a shard's first record (two boundaries may meet: a lane fewer): a tar read from inside has its
     headers walked from its start first. With lanes longer than a shard, as in any large epoch,
     every boundary moves by at most half a shard."""
-    n = span_length(run)
+    n = interval_length(run)
     ideal = [i * n // lanes for i in range(lanes + 1)]
     offsets = run_offsets(run, cuts) if cuts is not None and lanes > 1 else np.zeros(0, np.int64)
     if not len(offsets):
@@ -54,7 +54,7 @@ class Stream:
 
     def __init__(
         self,
-        run: list[Span],
+        run: list[Interval],
         shuffle: bool,
         buffer: int,
         key: tuple[int, ...],
@@ -62,7 +62,7 @@ class Stream:
         cuts: np.ndarray | None = None,
     ) -> None:
         self.run, self.shuffle, self.key = run, shuffle, key
-        self.length = n = span_length(run)
+        self.length = n = interval_length(run)
         lanes = max(1, min(lanes, n)) if shuffle else 1
         quota = max(1, buffer // lanes)
         self.lane_starts = lane_starts(run, lanes, cuts)
@@ -86,7 +86,7 @@ class Stream:
         for lane, lane_start in enumerate(self.lane_starts[:-1]):
             first, stop = lane_start + self._taken(lane, j), lane_start + self._taken(lane, j + 1)
             if first < stop:
-                parts.append(span_positions(take(self.run, first, stop)))
+                parts.append(interval_positions(take(self.run, first, stop)))
         positions = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         if self.shuffle:
             positions = positions[np.random.default_rng((*self.key, j)).permutation(len(positions))]
@@ -109,13 +109,13 @@ class Stream:
             positions = self.block(block)
             yield positions[offset:] if block == j else positions
 
-    def consumed(self, done: int) -> list[Span]:
-        """The positions of the first `done` items (unsorted spans)."""
+    def consumed(self, done: int) -> list[Interval]:
+        """The positions of the first `done` items (unsorted intervals)."""
         j, offset = self.locate(done)
-        out: list[Span] = []
+        out: list[Interval] = []
         for lane, first in enumerate(self.lane_starts[:-1]):
             if j:
                 out += take(self.run, first, first + self._taken(lane, j))
         if offset:
-            out += as_spans(self.block(j)[:offset])
+            out += as_intervals(self.block(j)[:offset])
         return out
