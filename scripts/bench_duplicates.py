@@ -47,7 +47,8 @@ from PIL import Image, ImageEnhance
 
 from shardkit import __version__
 from shardkit.checks.duplicates import find_duplicates
-from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
+from shardkit.core.config import EncodeConfig, ResizeConfig
+from shardkit.core.pack_options import pack_config
 from shardkit.core.phash import components, distances, near_pairs
 from shardkit.packing import encode as encode_module
 from shardkit.packing.hashes import hash_file as _hash_file

@@ -215,7 +215,7 @@ def wait_quiet(limit: float, cores: float = QUIET_CORES, window: float = 0.5) ->
 
 def build(source: Path, root: Path, copies: int, args: argparse.Namespace) -> tuple[Path, int]:
     """`copies` hard links of every JPEG of `source` in class folders, packed; (shards folder, images)."""
-    from shardkit.core.config import pack_config
+    from shardkit.core.pack_options import pack_config
     from shardkit.packing.pack import pack
 
     photos = jpeg_files(source)

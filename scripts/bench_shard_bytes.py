@@ -22,8 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from shardkit.core.config import PackConfig, ResizeConfig, parse_bytes
+from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.manifest import read_manifest
+from shardkit.core.pack_options import parse_bytes
 from shardkit.packing import estimate, pack
 from shardkit.packing.sources import Item
 from shardkit.synthetic import make_sample_dataset

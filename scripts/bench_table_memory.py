@@ -33,7 +33,7 @@ from benchkit import WARM_CHUNK, pythonpath_env
 
 CHILD = """
 import json, resource, sys, time
-from shardkit.core.config import pack_config
+from shardkit.core.pack_options import pack_config
 from shardkit.formats import get_format
 from shardkit.packing.pack import prepare
 from shardkit.packing.plan import plan_shards

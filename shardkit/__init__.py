@@ -24,8 +24,8 @@ _EXPORTS = {
     "PackConfig": "core.config",
     "ResizeConfig": "core.config",
     "EncodeConfig": "core.config",
-    "load_preset": "core.config",
-    "pack_config": "core.config",
+    "load_preset": "core.pack_options",
+    "pack_config": "core.pack_options",
     "available_formats": "formats",
     "ShardkitError": "core.errors",
     "ConfigError": "core.errors",
@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .checks.verify import verify
     from .checks.verify_report import VerifyReport
-    from .core.config import EncodeConfig, PackConfig, ResizeConfig, load_preset, pack_config
+    from .core.config import EncodeConfig, PackConfig, ResizeConfig
     from .core.errors import (
         ConfigError,
         ImageError,
@@ -99,6 +99,7 @@ if TYPE_CHECKING:
         SourceError,
         StorageError,
     )
+    from .core.pack_options import load_preset, pack_config
     from .formats import available_formats
     from .packing.pack import PackResult, pack
     from .packing.probe import ProbeReport, probe, recommend

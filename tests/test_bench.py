@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.checks.bench import BASELINE, bench
+from shardkit.checks.bench import bench
+from shardkit.checks.bench_report import BASELINE
 from shardkit.core.config import MAX_SIDE
 from shardkit.core.errors import ConfigError
 
@@ -71,7 +72,7 @@ def test_bench_refuses_a_training_size_by_the_one_rule(tmp_path: Path, train: in
 
 def test_the_plot_draws_the_bytes_only_pass_on_its_own_axis(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from shardkit.checks.bench import IO_ONLY
+    from shardkit.checks.bench_report import IO_ONLY
     from shardkit.checks.plots import plot_bars
 
     path = tmp_path / "bench.png"

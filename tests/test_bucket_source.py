@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from shardkit.checks.verify import verify
-from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
+from shardkit.core.config import EncodeConfig, ResizeConfig
 from shardkit.core.errors import ShardkitError
+from shardkit.core.pack_options import pack_config
 from shardkit.packing.folder_output import claim
 from shardkit.packing.pack import pack
 from shardkit.packing.plan import ShardSpec

@@ -8,21 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.core.config import (
-    DEFAULT_SHARD_SIZE,
+from shardkit.core.config import DEFAULT_SHARD_SIZE, ClipConfig, EncodeConfig, PackConfig, ResizeConfig, WebConfig
+from shardkit.core.errors import ConfigError
+from shardkit.core.pack_options import (
     PACK_OPTION_TABLE,
     PACK_OPTIONS,
     PRESET_KEYS,
-    ClipConfig,
-    EncodeConfig,
-    PackConfig,
-    ResizeConfig,
-    WebConfig,
     load_preset,
     pack_config,
     preset_names,
 )
-from shardkit.core.errors import ConfigError
 
 
 def test_the_cli_shows_the_dataclasses_defaults(shardkit) -> None:

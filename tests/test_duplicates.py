@@ -21,9 +21,10 @@ from PIL import Image, ImageEnhance
 
 from shardkit.checks.duplicates import find_duplicates
 from shardkit.checks.verify import verify
-from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD, pack_config
+from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
+from shardkit.core.pack_options import pack_config
 from shardkit.core.phash import components, distances, near_components, near_pairs
 from shardkit.packing.dedup import Fallbacks, Hashed, keep_first
 from shardkit.packing.hashes import hash_file
@@ -574,7 +575,7 @@ def test_a_kept_file_changed_after_it_was_hashed_leaves_its_copy_packed(tmp_path
 
 KILLED_AT_MANIFEST = """
 import os, signal, sys
-from shardkit.core.config import pack_config
+from shardkit.core.pack_options import pack_config
 from shardkit.packing.pack import pack
 
 rename = os.replace

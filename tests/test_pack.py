@@ -291,7 +291,7 @@ def test_a_bug_is_not_passed_off_as_a_bad_image() -> None:
     """errors.jsonl's stage: 'decode' for what a codec raises, 'internal' for shardkit's own code."""
     from PIL import Image
 
-    from shardkit.core.config import parse_bytes
+    from shardkit.core.pack_options import parse_bytes
     from shardkit.packing.reading import blame as _blame
 
     with pytest.raises(Exception) as from_codec:

@@ -15,8 +15,9 @@ import pytest
 from PIL import Image
 
 from shardkit.checks.verify import verify
-from shardkit.core.config import EncodeConfig, PackConfig, TableConfig, pack_config
+from shardkit.core.config import EncodeConfig, PackConfig, TableConfig
 from shardkit.core.manifest import read_manifest, write_json_atomic
+from shardkit.core.pack_options import pack_config
 from shardkit.packing.pack import pack
 from shardkit.packing.sources import walk
 from shardkit.readers import open_shards

@@ -518,7 +518,7 @@ def gone(pid):
 
 def packs(src, out, answer):
     import multiprocessing.forkserver
-    from shardkit.core.config import pack_config
+    from shardkit.core.pack_options import pack_config
     from shardkit.packing.pack import pack
     pack(pack_config(src, out, workers=2, shard_size=4))
     answer.send((multiprocessing.forkserver._forkserver._forkserver_pid, multiprocessing.util.get_temp_dir()))
@@ -566,7 +566,7 @@ def test_a_pack_in_a_multiprocessing_child_leaves_its_parent_s_temp_folder(tmp_p
 UNGUARDED = """
 import sys
 import shardkit
-from shardkit.core.config import pack_config
+from shardkit.core.pack_options import pack_config
 
 try:  # at the top level, with no `if __name__ == "__main__":`
     if sys.argv[1] == "pack":

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.core.config import EncodeConfig, ResizeConfig, pack_config
+from shardkit.core.config import EncodeConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, SourceError
+from shardkit.core.pack_options import pack_config
 from shardkit.packing import sources
 from shardkit.packing.pack import pack, prepare
 from shardkit.packing.reading import Files, Packing

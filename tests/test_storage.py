@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from shardkit import open_shards
-from shardkit.core.config import pack_config
 from shardkit.core.errors import ConfigError, ShardkitError, ShardReadError, StorageError
 from shardkit.core.manifest import read_manifest
+from shardkit.core.pack_options import pack_config
 from shardkit.packing.pack import pack
 from shardkit.storage.cache import ShardCache
 from shardkit.storage.store import Store

@@ -20,9 +20,10 @@ import pytest
 
 from shardkit.checks.verify import verify
 from shardkit.core.clips import CLIP_EXT, CLIP_META
-from shardkit.core.config import ClipConfig, ResizeConfig, pack_config
+from shardkit.core.config import ClipConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, ImageError, SourceError
 from shardkit.core.manifest import ERRORS_NAME, read_manifest
+from shardkit.core.pack_options import pack_config
 from shardkit.formats import get_format
 from shardkit.formats.base import Record
 from shardkit.packing.clips import clip_key, cut
@@ -350,7 +351,8 @@ def test_a_timestamp_jump_is_refused_not_cut_into_a_million_clips(tmp_path: Path
 
 @pytest.mark.slow  # (a bench of four passes)
 def test_bench_compares_the_clips_with_their_source_videos(packed: Path, videos: Path) -> None:
-    from shardkit.checks.bench import VIDEO_BASELINE, bench
+    from shardkit.checks.bench import bench
+    from shardkit.checks.bench_report import VIDEO_BASELINE
 
     report = bench(packed, against=videos, repeat=1, train=32)
     rows = {row.name: row for row in report.rows}

@@ -15,9 +15,9 @@ import pytest
 
 from shardkit.checks.verify import verify
 from shardkit.core.clips import CLIP_META
-from shardkit.core.config import pack_config
 from shardkit.core.errors import ConfigError
 from shardkit.core.manifest import read_manifest
+from shardkit.core.pack_options import pack_config
 from shardkit.formats import get_format
 from shardkit.formats.base import Record
 from shardkit.packing.pack import pack

@@ -1,336 +1,47 @@
 """`bench`: decode speed of shards against the raw folder they came from, on the same images.
 
-Every pass is measured in the same run, after a warm-up, in `repeat` round-robin rounds; the report
-keeps the median and the spread, and each ratio is the median of the ratios within rounds. With
-`workers` > 1 each pass runs in that many processes (one pool, started before timing) over disjoint
-parts.
+Every pass (`bench_passes`) is measured in the same run, after a warm-up, in `repeat` round-robin
+rounds; the report (`bench_report`) keeps the median and the spread, and each ratio is the median
+of the ratios within rounds. With `workers` > 1 each pass runs in that many processes (one pool,
+started before timing) over disjoint parts.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 from ..core.clips import CLIP_EXT
 from ..core.codecs import turbojpeg
 from ..core.config import check_train_size, check_workers
-from ..core.errors import ConfigError, ImageError, ShardkitError, describe, require
-from ..core.safeio import open_regular
+from ..core.errors import ConfigError, ShardkitError, require
 from ..packing.sources import display
-from ..readers.dataset import open_shards
-from ..readers.decode import decode
 from ..readers.split import record_ranges
 from ..runtime.pools import map_pool, process_pool, stop_pool
 from ..storage.cache import ShardCache
 from ..storage.location import locate
-
-BASELINE = "folder: PIL (ImageFolder loader)"
-MAX_WORKERS = 1024
-MEMORY = "memory: same bytes, libjpeg-turbo"
-VIDEO_BASELINE = "videos: PyAV, each clip's span"  # an output of clips: decoded from its source videos
-IO_ONLY = "shards: bytes only (I/O)"
-CLIP_FRAMES = (
-    16  # the frames of a clip the clip loader's pass takes  # reads, decodes nothing: ~10x the decoders, plotted apart
+from .bench_passes import (
+    Where,
+    folder_pil,
+    folder_torchvision,
+    folder_turbo,
+    memory_blobs,
+    paired_overhead,
+    shard_ranges,
+    train_loader,
+    video_spans,
 )
+from .bench_report import BASELINE, IO_ONLY, MEMORY, VIDEO_BASELINE, BenchReport, BenchRow
+
+MAX_WORKERS = 1024
 
 # A pass: one worker's part in, (images, bytes) out
 _PassFunction = Callable[[Any], tuple[int, int]]
-
-
-@dataclass
-class BenchRow:
-    name: str
-    images: int
-    bytes: int
-    seconds: list[float]
-    workers: int
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def images_per_second(self) -> float:
-        return self.images / self.median if self.median else 0.0
-
-    @property
-    def megabytes_per_second(self) -> float:
-        return self.bytes / self.median / 1e6 if self.median else 0.0
-
-    @property
-    def per_core(self) -> float:
-        return self.images_per_second / self.workers
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "images": self.images, "bytes": self.bytes, "workers": self.workers,
-            "seconds": self.seconds, "median_seconds": self.median, "images_per_second": self.images_per_second,
-            "mb_per_second": self.megabytes_per_second, "images_per_second_per_core": self.per_core,
-        }  # fmt: skip
-
-
-@dataclass
-class BenchReport:
-    output: str
-    source: str | None
-    format: str
-    images: int
-    workers: int
-    cold: bool
-    repeat: int
-    rows: list[BenchRow] = field(default_factory=list)
-    paired_overhead: list[float] = field(default_factory=list)  # one per round, see _paired_overhead
-    baseline: str = BASELINE  # the pass the others are compared with (an output of clips: VIDEO_BASELINE)
-    unit: str = "images"  # what a pass counts: images, or clips
-
-    def ratio(self, name: str, baseline: str | None = None) -> float | None:
-        """Speed of pass `name` over `baseline` (the report's own by default): the median of the
-        ratios within each round."""
-        baseline = self.baseline if baseline is None else baseline
-        rows = {row.name: row for row in self.rows}
-        if name not in rows or baseline not in rows:
-            return None
-        row, base = rows[name], rows[baseline]
-        if not row.images or not base.images or not all(row.seconds) or not all(base.seconds):
-            return None
-        per_image = [(b / base.images) / (r / row.images) for r, b in zip(row.seconds, base.seconds, strict=True)]
-        return statistics.median(per_image)
-
-    def reader_overhead(self) -> float | None:
-        """How much slower the shard reader is than decoding the same bytes from memory: from the
-        paired measurement when there is one, else from the two passes."""
-        if self.paired_overhead:
-            return statistics.median(self.paired_overhead)
-        ratio = self.ratio("shards: libjpeg-turbo", MEMORY)
-        return None if ratio is None else 1 / ratio - 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "output": self.output, "source": self.source, "format": self.format, "images": self.images,
-            "workers": self.workers, "cold": self.cold, "repeat": self.repeat,
-            "rows": [row.to_json() for row in self.rows],
-            "baseline": self.baseline, "unit": self.unit,
-            "speedup_vs_folder_pil": {row.name: self.ratio(row.name) for row in self.rows},
-            "reader_overhead": self.reader_overhead(), "paired_overhead_per_round": self.paired_overhead,
-        }  # fmt: skip
-
-
-# --- passes: top-level functions over plain data, so worker processes can run them ----------
-
-
-def _evict(paths: list[str]) -> None:
-    """Drop the files from the page cache (no root needed) so the pass reads from disk."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _folder_pil(paths: list[str]) -> tuple[int, int]:
-    from PIL import Image
-
-    count = size = 0
-    for path in paths:
-        with _source(path) as file:
-            try:
-                image = Image.open(file)
-                image.convert("RGB")  # torchvision's pil_loader: decode and convert
-            except Exception as error:  # Pillow's plugins raise their own types for a bad file
-                raise ShardkitError(f"{path}: cannot decode ({describe(error, with_type=True)})") from None
-            size += file.tell()
-        count += 1
-    return count, size
-
-
-def _folder_turbo(paths: list[str]) -> tuple[int, int]:
-    count = size = 0
-    for path in paths:
-        with _source(path) as file:
-            data = file.read()
-        try:
-            decode(data, "jpg" if data[:3] == b"\xff\xd8\xff" else "png")
-        except ImageError as error:
-            raise ShardkitError(f"{path}: cannot decode ({error.reason})") from None
-        size += len(data)
-        count += 1
-    return count, size
-
-
-def _source(path: str) -> BinaryIO:
-    """A raw-folder file, opened for reading: a regular file (a FIFO would hang the pass)."""
-    try:
-        return open(open_regular(path), "rb")
-    except OSError as error:
-        raise ShardkitError(f"{path}: cannot read ({describe(error)})") from None
-
-
-def source_files(against: str | os.PathLike[str], sources: list[str]) -> list[str]:
-    """The raw-folder file of each record, from the source path its metadata names. Records come
-    from strangers: a path must stay inside `against` (no absolute paths, no '..')."""
-    root = os.path.realpath(against)
-    files = []
-    for source in sources:
-        path = os.path.realpath(os.path.join(root, source))
-        if os.path.isabs(source) or not path.startswith(root.rstrip(os.sep) + os.sep):
-            raise ShardkitError(f"a record's source {source[:200]!r} is not a path inside {os.fspath(against)}")
-        if not os.path.exists(path):
-            raise ShardkitError(f"{path}: packed from this file, but it is not under {os.fspath(against)}")
-        files.append(path)
-    return files
-
-
-class Where(NamedTuple):
-    """The shards a pass reads: a folder or URL and how to reach it (plain data, for workers)."""
-
-    path: str
-    storage_options: dict[str, Any] | None = None
-    cache_dir: str | None = None
-    cache_limit: str | int | None = None
-
-
-def _open(where: Where, **options: Any) -> Any:
-    return open_shards(
-        where.path, storage_options=where.storage_options, cache_dir=where.cache_dir, cache_limit=where.cache_limit,
-        **options,
-    )  # fmt: skip
-
-
-def _shards(job: tuple[Where, list[tuple[int, int, int]], str, float | None]) -> tuple[int, int]:
-    """Read and decode the (shard, start, stop) record ranges of one worker's part."""
-    where, ranges, mode, scale = job
-    dataset = _open(where, decode=mode, scale=scale)
-    count = 0
-    size = 0.0
-    for shard, start, stop in ranges:
-        for _ in dataset.shard_samples(shard, start, stop):
-            count += 1
-        info = dataset.manifest.shards[shard]
-        size += info.bytes * (stop - start) / max(1, info.count)  # the shard's bytes, pro rata
-    dataset.close()
-    return count, int(size)
-
-
-def worker_parts(counts: list[int], workers: int) -> list[list[tuple[int, int, int]]]:
-    """(shard, start, stop) ranges per worker: equal runs of records, not whole shards, so one big
-    shard cannot leave a worker idle and make the pass look slower than it is."""
-    order, total = list(range(len(counts))), sum(counts)
-    return [
-        record_ranges(order, counts, total * part // workers, total * (part + 1) // workers) for part in range(workers)
-    ]
-
-
-def _memory(blobs: list[tuple[bytes, str]]) -> tuple[int, int]:
-    for data, ext in blobs:
-        decode(data, ext)
-    return len(blobs), sum(len(data) for data, _ in blobs)
-
-
-def _paired_overhead(where: Where, blobs: list[list[tuple[bytes, str]]], rounds: int, chunk: int = 25) -> list[float]:
-    """The reader's overhead over decoding the same bytes from memory, per round.
-
-    Two whole passes minutes apart differ by more than the overhead itself on a shared machine, so
-    this alternates the two every `chunk` records (a few ms), in alternating order, over every
-    shard: drift and cache effects fall on both sides alike. Both loops keep one image alive
-    while the next decodes, as a training loop does.
-    """
-    dataset = _open(where)
-    overheads = []
-    try:
-        for round_number in range(rounds):
-            reader_seconds = memory_seconds = 0.0
-            for shard, shard_blobs in enumerate(blobs):
-                stream = dataset.shard_samples(shard)
-                for turn, start in enumerate(range(0, len(shard_blobs), chunk)):
-                    part = shard_blobs[start : start + chunk]
-                    for side in (0, 1) if (turn + round_number) % 2 else (1, 0):
-                        started = time.perf_counter()
-                        if side == 0:
-                            for _sample in itertools.islice(stream, len(part)):
-                                pass
-                        else:
-                            for data, ext in part:
-                                _image = decode(data, ext)
-                        elapsed = time.perf_counter() - started
-                        if side == 0:
-                            reader_seconds += elapsed
-                        else:
-                            memory_seconds += elapsed
-            overheads.append(reader_seconds / memory_seconds - 1 if memory_seconds else 0.0)
-    finally:
-        dataset.close()
-    return overheads
-
-
-def _folder_torchvision(job: tuple[list[str], int]) -> tuple[int, int]:
-    """What a training loop on the raw folder does per image: ImageFolder's PIL loader, then
-    torchvision v2's RandomResizedCrop and horizontal flip on the PIL image, to a uint8 tensor."""
-    from torchvision.transforms import v2
-
-    paths, size = job
-    transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    count = size_bytes = 0
-    for path in paths:
-        with _source(path) as file:
-            try:
-                from PIL import Image
-
-                transform(Image.open(file).convert("RGB"))
-            except Exception as error:  # Pillow's plugins raise their own types for a bad file
-                raise ShardkitError(f"{path}: cannot decode ({describe(error, with_type=True)})") from None
-            size_bytes += file.tell()
-        count += 1
-    return count, size_bytes
-
-
-def _train_loader(job: tuple[Where, int, int, str | None]) -> tuple[int, int]:
-    """The batch loader's epoch (random crops and flips, batches of 64) on `workers` threads; with
-    a device, the device path's (readers/device.py), its last batch waited for."""
-    where, size, workers, device = job
-    dataset = _open(where)
-    how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
-    if dataset.manifest.totals.get("videos") is not None:  # clips: 16 frames of each
-        how["frames"] = CLIP_FRAMES
-    count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, **how))
-    if device is not None and device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
-    dataset.close()
-    return count, sum(shard.bytes for shard in dataset.manifest.shards)
-
-
-def _torchvision_available() -> bool:
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _run_split(pool: ProcessPoolExecutor | None, function: _PassFunction, parts: list[Any]) -> tuple[int, int, float]:
-    started = time.perf_counter()
-    if function is _train_loader:  # threads of its own, in this process
-        pool = None
-    results = [function(part) for part in parts] if pool is None else map_pool(pool, function, parts)
-    elapsed = time.perf_counter() - started
-    return sum(r[0] for r in results), sum(r[1] for r in results), elapsed
-
-
-def _split(items: list[Any], parts: int) -> list[list[Any]]:
-    return [items[i::parts] for i in range(parts)]
 
 
 # A pass as bench runs it: its name, its function, each worker's part, the files it reads (evicted
@@ -422,7 +133,7 @@ def _read(
         str(location) if isinstance(location, Path) else location.url, storage_options,
         None if cache_dir is None else os.fspath(cache_dir), cache_limit,
     )  # fmt: skip
-    dataset = _open(where, decode="bytes")
+    dataset = where.open(decode="bytes")
     manifest = dataset.manifest
     if not isinstance(location, Path):
         cache = ShardCache.at(cache_dir, cache_limit)
@@ -447,6 +158,30 @@ def _span(meta: dict[str, Any]) -> tuple[float, float, float]:
     return start, end, fps
 
 
+def source_files(against: str | os.PathLike[str], sources: list[str]) -> list[str]:
+    """The raw-folder file of each record, from the source path its metadata names. Records come
+    from strangers: a path must stay inside `against` (no absolute paths, no '..')."""
+    root = os.path.realpath(against)
+    files = []
+    for source in sources:
+        path = os.path.realpath(os.path.join(root, source))
+        if os.path.isabs(source) or not path.startswith(root.rstrip(os.sep) + os.sep):
+            raise ShardkitError(f"a record's source {source[:200]!r} is not a path inside {os.fspath(against)}")
+        if not os.path.exists(path):
+            raise ShardkitError(f"{path}: packed from this file, but it is not under {os.fspath(against)}")
+        files.append(path)
+    return files
+
+
+def worker_parts(counts: list[int], workers: int) -> list[list[tuple[int, int, int]]]:
+    """(shard, start, stop) ranges per worker: equal runs of records, not whole shards, so one big
+    shard cannot leave a worker idle and make the pass look slower than it is."""
+    order, total = list(range(len(counts))), sum(counts)
+    return [
+        record_ranges(order, counts, total * part // workers, total * (part + 1) // workers) for part in range(workers)
+    ]
+
+
 def _passes(
     read: _Output, files: list[str], workers: int, cold: bool, train: int | None, device: str | None
 ) -> list[_Pass]:
@@ -461,28 +196,26 @@ def _passes(
     if read.clips:
         return _clip_passes(read, files, workers, train, shard_pass)
     if files:
-        passes.append((BASELINE, _folder_pil, _split(files, workers), files))
+        passes.append((BASELINE, folder_pil, _split(files, workers), files))
         if turbojpeg() is not None:
-            passes.append(("folder: libjpeg-turbo", _folder_turbo, _split(files, workers), files))
+            passes.append(("folder: libjpeg-turbo", folder_turbo, _split(files, workers), files))
     if turbojpeg() is not None:
-        passes.append(("shards: libjpeg-turbo", _shards, shard_pass("rgb"), read.paths))
-    passes.append(("shards: Pillow", _shards, shard_pass("pil"), read.paths))
-    passes.append((IO_ONLY, _shards, shard_pass("bytes"), read.paths))
-    passes.append(("shards: scale 1/2", _shards, shard_pass("rgb", 0.5), read.paths))
+        passes.append(("shards: libjpeg-turbo", shard_ranges, shard_pass("rgb"), read.paths))
+    passes.append(("shards: Pillow", shard_ranges, shard_pass("pil"), read.paths))
+    passes.append((IO_ONLY, shard_ranges, shard_pass("bytes"), read.paths))
+    passes.append(("shards: scale 1/2", shard_ranges, shard_pass("rgb", 0.5), read.paths))
     if not cold:
         passes.append(
-            (MEMORY if turbojpeg() else "memory: same bytes, Pillow", _memory, _split(read.blobs, workers), [])
+            (MEMORY if turbojpeg() else "memory: same bytes, Pillow", memory_blobs, _split(read.blobs, workers), [])
         )
     if train is not None:
         if files and _torchvision_available():
             parts = [(part, train) for part in _split(files, workers)]
-            passes.append((f"train {train}: folder + torchvision", _folder_torchvision, parts, files))
-        passes.append(
-            (f"train {train}: shards loader", _train_loader, [(read.where, train, workers, None)], read.paths)
-        )
+            passes.append((f"train {train}: folder + torchvision", folder_torchvision, parts, files))
+        passes.append((f"train {train}: shards loader", train_loader, [(read.where, train, workers, None)], read.paths))
         if device is not None:
             loader = [(read.where, train, workers, device)]
-            passes.append((f"train {train}: shards loader, {device}", _train_loader, loader, read.paths))
+            passes.append((f"train {train}: shards loader, {device}", train_loader, loader, read.paths))
     return passes
 
 
@@ -495,40 +228,26 @@ def _clip_passes(
     passes: list[_Pass] = []
     if files:
         spans = [(path, *span) for path, span in zip(files, read.spans, strict=True)]
-        passes.append((VIDEO_BASELINE, _video_spans, _split(spans, workers), sorted(set(files))))
-    passes.append(("shards: clips, PyAV", _shards, shard_pass("rgb"), read.paths))
-    passes.append((IO_ONLY, _shards, shard_pass("bytes"), read.paths))
+        passes.append((VIDEO_BASELINE, video_spans, _split(spans, workers), sorted(set(files))))
+    passes.append(("shards: clips, PyAV", shard_ranges, shard_pass("rgb"), read.paths))
+    passes.append((IO_ONLY, shard_ranges, shard_pass("bytes"), read.paths))
     if train is not None:
         passes.append(
-            (f"train {train}: shards clip loader", _train_loader, [(read.where, train, workers, None)], read.paths)
+            (f"train {train}: shards clip loader", train_loader, [(read.where, train, workers, None)], read.paths)
         )
     return passes
 
 
-def _video_spans(spans: list[tuple[str, float, float, float]]) -> tuple[int, int]:
-    """Each clip from its source video, as one would without shards: the frames of [start, end)
-    decoded (from the keyframe before start), those at the clip's fps turned to RGB arrays."""
-    av = require("av", "video")
-    count = size = 0
-    for path, start, end, fps in spans:
-        try:
-            with av.open(path) as container:
-                stream = container.streams.video[0]
-                stream.thread_type = "AUTO"
-                container.seek(int(start / stream.time_base), stream=stream, backward=True)
-                wanted, frames = start, 0
-                for frame in container.decode(stream):
-                    if frame.time is None or frame.time < wanted - 0.002:
-                        continue
-                    if frame.time >= end:
-                        break
-                    frame.to_ndarray(format="rgb24")
-                    wanted, frames = wanted + 1 / fps, frames + 1
-        except av.error.FFmpegError as error:
-            raise ShardkitError(f"{path}: cannot decode ({error})") from None
-        size += os.path.getsize(path) * frames // max(1, round((end - start) * fps))  # (its share, roughly)
-        count += 1
-    return count, size
+def _split(items: list[Any], parts: int) -> list[list[Any]]:
+    return [items[i::parts] for i in range(parts)]
+
+
+def _torchvision_available() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _measure(
@@ -552,11 +271,11 @@ def _measure(
     finished = False
     try:
         if pool is not None:
-            map_pool(pool, _folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
+            map_pool(pool, folder_turbo, [[] for _ in range(workers)])  # start the workers before timing
         report.rows = _rounds(pool, passes, report, tick)
         if paired:
             by_shard = [[(r.data, r.ext) for r in read.dataset.records(shard)] for shard in range(len(read.paths))]
-            report.paired_overhead = _paired_overhead(read.where, by_shard, report.repeat)
+            report.paired_overhead = paired_overhead(read.where, by_shard, report.repeat)
             tick()
         finished = True
     finally:
@@ -570,7 +289,7 @@ def _rounds(
 ) -> list[BenchRow]:
     """A warm-up (not with `cold`), then `repeat` rounds. Round-robin: every round runs each pass
     once, so a noisy neighbour slows the passes of a round alike, and ratios taken within rounds
-    hold still. `tick` after each pass run."""
+    stay steady. `tick` after each pass run."""
     cold, repeat = report.cold, report.repeat
     rows = [BenchRow(name, 0, 0, [], report.workers) for name, *_ in passes]
     if not cold:
@@ -585,3 +304,26 @@ def _rounds(
             row.seconds.append(seconds)
             tick()
     return rows
+
+
+def _run_split(pool: ProcessPoolExecutor | None, function: _PassFunction, parts: list[Any]) -> tuple[int, int, float]:
+    started = time.perf_counter()
+    if function is train_loader:  # threads of its own, in this process
+        pool = None
+    results = [function(part) for part in parts] if pool is None else map_pool(pool, function, parts)
+    elapsed = time.perf_counter() - started
+    return sum(r[0] for r in results), sum(r[1] for r in results), elapsed
+
+
+def _evict(paths: list[str]) -> None:
+    """Drop the files from the page cache (no root needed) so the pass reads from disk."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

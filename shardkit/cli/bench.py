@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from ..checks.bench import BenchReport
+    from ..checks.bench_report import BenchReport
 
 from .common import (
     STORAGE_OPTION_HELP,
@@ -64,7 +64,7 @@ def bench(
         if json_path is not None:
             write_json_report(json_path, report.to_json())
         if plot is not None:
-            from ..checks.bench import IO_ONLY
+            from ..checks.bench_report import IO_ONLY
             from ..checks.plots import plot_bars
 
             plot_bars(
@@ -75,7 +75,7 @@ def bench(
 
 
 def render(report: BenchReport) -> None:
-    from ..checks.bench import BASELINE, MEMORY
+    from ..checks.bench_report import BASELINE, MEMORY
 
     cache = "cold cache (evicted before each run)" if report.cold else "warm cache"
     table = Table(

@@ -12,9 +12,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.config import PACK_OPTION_TABLE, PackConfig, PackOption, TableConfig
-from ..core.config import pack_config as make_pack_config
+from ..core.config import PackConfig, TableConfig
 from ..core.errors import ConfigError, ShardkitError
+from ..core.pack_options import PACK_OPTION_TABLE, PackOption
+from ..core.pack_options import pack_config as make_pack_config
 from ..formats import available_formats
 
 if TYPE_CHECKING:

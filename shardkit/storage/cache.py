@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.config import parse_bytes
 from ..core.errors import ConfigError, ShardkitError, StorageError, describe
+from ..core.pack_options import parse_bytes
 from .store import Store
 
 
@@ -127,9 +127,9 @@ class ShardCache:
         """Excludes the other threads of this process, then the other processes: an open file
         description lock (F_OFD_SETLKW), released by the kernel when its holder dies. Not a POSIX
         record lock: those belong to the process, so a thread downloading one shard while another
-        waits for a second, in two processes, looked like a deadlock to the kernel ("Resource
-        deadlock avoided"). A child forked while one is held closes its copy (_after_fork_in_child),
-        so it cannot keep the lock alive."""
+        waits for a second, in two processes, looks like a deadlock to the kernel (EDEADLK,
+        "Resource deadlock avoided"). A child forked while one is held closes its copy
+        (_after_fork_in_child), so it cannot keep the lock alive."""
         with _thread_lock(self.root, name):
             fd = os.open(self.root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             _HELD.add(fd)
