@@ -47,11 +47,11 @@ test: test-fast
 installed:
 	$(if $(wildcard $(PY)),,$(error $(PY) is not here: run 'make install' first (it makes $(VENV) with every extra)))
 
-# The inner loop: the suite without the tests marked slow, on two processes (about a minute on 2 cores).
+# The inner loop: the suite without the tests marked slow, on two processes.
 # CLI tests run the command in-process (tests/inprocess.py); what needs a real process stays one.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: each worker otherwise compiles and
-# assertion-rewrites every test module again (collection 9.4 s -> 5.6 s). --dist loadfile keeps a
-# module's fixtures (packed outputs) on one worker instead of building them on both.
+# assertion-rewrites every test module again. --dist loadfile keeps a module's fixtures (packed
+# outputs) on one worker instead of building them on both.
 test-fast: installed
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
 

@@ -39,7 +39,7 @@ def main() -> None:
 
 def run() -> None:
     """The command line in sys.argv, run: returns, or raises SystemExit with its exit code."""
-    # Importing the CLI takes about 0.3 s (typer, rich): a stop signal in that window would end the
+    # Importing the CLI (typer, rich) takes a while: a stop signal in that window would end the
     # process by the default action (exit -15, no line). Only os and signal are loaded here; the
     # command's own handlers replace these once it runs.
     for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -52,8 +52,8 @@ def run() -> None:
         from .runtime.processes import PACK_PRELOAD, started_context
 
         # The forkserver imports what the workers run while this process imports the CLI's
-        # modules: started when the pool is, it kept both workers waiting 0.2 s (of a 1.5 s
-        # pack of 700 images, scripts/bench_pack_workers.py). It exits with this process.
+        # modules: started only with the pool, it would keep the workers waiting for those
+        # imports. It exits with this process.
         started_context(PACK_PRELOAD)
     import typer
 
@@ -91,10 +91,10 @@ def _starts_workers(args: list[str]) -> bool:
 
 def _exit(code: int) -> None:
     """Exit once the atexit handlers have run (multiprocessing's, tempfile's finalizers), without
-    the interpreter's teardown of every module and object: 50 ms of a pack's 1.5 s, to free what
-    the process's end frees anyway. Everything the commands write is closed by then. Where a
-    thread that the interpreter would wait for is still running, or a profiler or coverage is
-    watching, the usual exit."""
+    the interpreter's teardown of every module and object, which frees what the process's end
+    frees anyway and is a visible share of a short command. Everything the commands write is closed
+    by then. Where a thread that the interpreter would wait for is still running, or a profiler or
+    coverage is watching, the usual exit."""
     import atexit
     import threading
 

@@ -42,9 +42,9 @@ def _ephemeral_floor() -> int:
 def free_ports(count: int) -> list[int]:
     """`count` distinct loopback ports, each free when probed, drawn at random from below the
     kernel's ephemeral range and above Ray's worker ports (10002-19999). Below the ephemeral range
-    no outgoing connection (a client's, Ray's) can be holding one, which is what took a SeaweedFS
-    gRPC port once in CI when ports came from bind(0) and +10000. Another process may still bind a
-    port between the probe and the server's own bind: start_s3 starts again on new ports then."""
+    no outgoing connection (a client's, Ray's) can be using one, as it can a port from bind(0) (or
+    that port + 10000, SeaweedFS's gRPC port). Another process may still bind a port between the
+    probe and the server's own bind: start_s3 starts again on new ports then."""
     import random
 
     # Where the ephemeral range starts lower (some containers set 1024-65535) no range is safe from

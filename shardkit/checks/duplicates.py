@@ -5,7 +5,7 @@ with manifest.json, or a URL). A folder's files are each read once: the bytes ha
 exact copies are the same bytes) and, with `near`, decoded at a reduced DCT scale to the DCT hash
 of a grey thumbnail (packing/hashes.py). A packed output's records already carry both (the source
 file's sha256 and the picture's DCT hash, from pack): they come from its index.parquet, no shard
-read and nothing decoded; an output packed before the hashes existed is read and hashed record by
+read and nothing decoded; an output whose records carry no hashes is read and hashed record by
 record. Near hashes are grouped through multi-index hashing (core/phash.py), not all pairs. Files
 that are one file (symlinks, hard links) count once. A group whose files come from more than one
 source is leakage. Nothing here prints.
@@ -283,7 +283,7 @@ def _add_records(
     found: _Found, number: int, source: str, near: bool, max_pixels: int, storage_options: dict[str, Any] | None
 ) -> None:
     """A packed output's records and their hashes: from its index when it has them, else from each
-    record's metadata, else (an output packed before pack hashed) from the record's own bytes."""
+    record's metadata, else (an output whose records carry no hashes) from the record's own bytes."""
     shown = source.removesuffix("/" + MANIFEST_NAME).rstrip("/")
     try:
         dataset = open_shards(source, decode="bytes", max_pixels=max_pixels, storage_options=storage_options)

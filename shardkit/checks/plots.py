@@ -92,7 +92,8 @@ def plot_bars(
     labels: list[str], values: list[float], title: str, unit: str, path: Path, apart: Sequence[str] = ()
 ) -> None:
     """Horizontal bars, each with its value. The bars named in `apart` go on a panel of their own,
-    with its own scale: bench's bytes-only pass runs ~10x the decoders and flattened them all."""
+    with its own scale: bench's bytes-only pass runs far faster than the decoders, and on one scale
+    would flatten their bars."""
     plt = _pyplot()
     groups = [[(label, value) for label, value in zip(labels, values, strict=True) if (label in apart) == side]
               for side in (False, True)]  # fmt: skip

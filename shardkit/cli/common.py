@@ -33,7 +33,7 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
 
     A stop signal is handled at every instant, here too: one that lands while the handlers are
     being armed, or after the work but before `exit_on_stop`, still raises Stopped, and the outer
-    handler turns it into the exit code (it reached click once: "Aborted." and exit code 1)."""
+    handler turns it into the exit code (left to click, it would be "Aborted." and exit code 1)."""
     try:
         try:
             arm_stops()
@@ -52,8 +52,8 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
         raise typer.Exit(1) from None
     except KeyboardInterrupt as stopped:
         # A library may catch our Stopped and raise a plain KeyboardInterrupt in its place (Ray's
-        # waits do: a SIGTERM then read as Ctrl-C, exit 130, once under load): the signal that
-        # came is the one to exit with.
+        # waits do, and a SIGTERM would then read as Ctrl-C, exit 130): the signal that came is
+        # the one to exit with.
         _stopped(stopped.signum if isinstance(stopped, Stopped) else stopped_by() or signal.SIGINT, on_stop)
 
 

@@ -29,7 +29,7 @@ REBUILD = "pip install --force-reinstall --no-deps --no-binary shardkit shardkit
 
 def doctor() -> None:
     """Report the PIL build (Pillow-SIMD or not), libjpeg-turbo, SIMD flags and optional extras."""
-    import importlib.metadata  # here: ~50 ms that only this command needs
+    import importlib.metadata  # here: a slow import that only this command needs
 
     pil = pil_build()
     turbo = turbojpeg_problem()

@@ -1,4 +1,4 @@
-/* Crop-decode kernel of the batch loader (shardkit.loader): JPEG bytes (or a raw record's pixels) +
+/* Crop-decode kernel of the batch loader (shardkit.readers): JPEG bytes (or a raw record's pixels) +
  * a crop box in, the crop resized to the output size (and maybe flipped) out, written straight into
  * the batch buffer.
  *
@@ -198,9 +198,9 @@ static void rgbx_to_rgb_plain(const unsigned char *src, unsigned char *dst, int 
 
 static void (*rgbx_to_rgb)(const unsigned char *, unsigned char *, int) = rgbx_to_rgb_plain;
 
-/* A raw record's window row as RGBX for the paired passes: four pixels a shuffle (the byte-at-a-time
- * copy was a third of a raw crop's time). The loads take 16 bytes for 12, so the last pixels of the
- * row, where 4 more bytes may lie past the record, go one by one. */
+/* A raw record's window row as RGBX for the paired passes: four pixels a shuffle (a byte-at-a-time
+ * copy is a large share of a raw crop's time). The loads take 16 bytes for 12, so the last pixels of
+ * the row, where 4 more bytes may lie past the record, go one by one. */
 __attribute__((target("ssse3"))) static void rgb_to_rgbx_ssse3(const unsigned char *src, unsigned char *dst, int n) {
     const __m128i spread = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
     const __m128i opaque = _mm_set1_epi32((int)0xFF000000u);

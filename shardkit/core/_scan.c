@@ -1,11 +1,12 @@
 /* Compiled fast path of `probe`: the common case of headers.read_header + probe.probe_file.
  *
- * Python's per-file cost (~8 us) is twice the open+read+close floor; this does the same work in
- * C for baseline/progressive JPEG and PNG (reading past the first 4 KiB exactly as Python does), with the GIL
- * released so threads scale across cores. Anything else (other formats, errors, warnings,
+ * Python's per-file cost is well above the open+read+close floor; this does the same work in C
+ * for baseline/progressive JPEG and PNG (reading past the first 4 KiB exactly as Python does), with
+ * the GIL released so threads scale across cores. Anything else (other formats, errors, warnings,
  * headers that need more reads, names that are not UTF-8) comes back as None and Python's
- * reference parser handles it. The rules below mirror shardkit/headers.py line for line; the
- * tests compare both on every fixture and on fuzzed bytes.
+ * reference parser handles it. The rules below mirror shardkit/core/headers.py and
+ * shardkit/packing/probe.py line for line; the tests compare both on every fixture and on fuzzed
+ * bytes.
  *
  * Every read is bounds-checked against the bytes actually in hand: the input is untrusted.
  */
@@ -72,13 +73,13 @@ static int exif_orientation(const unsigned char *t, int64_t len) {
 /* headers.head_hash: a 64-bit hash of the file's first bytes, to find files that may be copies of
  * each other without reading them whole (a match is only a candidate: probe confirms it with a
  * sha256 of both files). Each 8-byte word is mixed on its own, so the loop has no chain of
- * multiplies and costs ~0.2 us for 4 KiB; numpy computes the same in Python's twin. */
+ * multiplies; numpy computes the same in Python's twin. */
 #define HASH_STEP 0x9E3779B97F4A7C15ULL
 #define HASH_MIX 0xBF58476D1CE4E5B9ULL
 #define HASH_FINAL 0x94D049BB133111EBULL
 static uint64_t le64(const unsigned char *p) {
     uint64_t w;
-    memcpy(&w, p, 8); /* one load: a loop of byte shifts stays a loop at -O2 (6x slower) */
+    memcpy(&w, p, 8); /* one load: a loop of byte shifts stays a loop at -O2, several times slower */
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     w = __builtin_bswap64(w);
 #endif
@@ -272,7 +273,7 @@ static int extension_matches(const char *path, Py_ssize_t len, int format) {
 }
 
 /* Files of a chunk mostly share a folder: opening each by name relative to the folder's descriptor
- * spares the kernel the walk down every component of the full path (~5% of the scan). O_NONBLOCK: a
+ * spares the kernel the walk down every component of the full path. O_NONBLOCK: a
  * FIFO named in a list file must not block the scan (it reads as empty, and Python then names it). */
 typedef struct {
     int fd;
@@ -307,8 +308,8 @@ static void scan_one(const char *path, Py_ssize_t path_len, uint64_t max_pixels,
     ssize_t got = read(fd, head, HEAD_BYTES);
     if (got > 0) {
         Source src = {fd, head, got, got, got < HEAD_BYTES};
-        /* one fstat: the size (for a file longer than its head) and which file this is, so that
-         * links to one file are one file among copies (it replaced an lseek: the same one call) */
+        /* one fstat gives both the size (for a file longer than its head) and which file this is,
+         * so that links to one file are one file among copies */
         struct stat info;
         if (fstat(fd, &info) != 0) {
             src.size = 0; /* Python looks at it */

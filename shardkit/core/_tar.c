@@ -1,16 +1,16 @@
 /* Compiled fast path of reading a WebDataset tar: the common case of tar_headers.tar_members +
  * webdataset._group + the member reads of webdataset._records, one batch of records per call.
  *
- * In Python a record costs ~26 us to walk and read (3 headers parsed, grouped, 2 reads, a tuple
- * per member), a tenth of the decode the batch loader then does with the GIL released: the read
- * ran on the loop's thread while the decode threads waited for it. This does the same work in C
+ * In Python, walking and reading a record (3 headers parsed, grouped, 2 reads, a tuple per member)
+ * runs on the loader's thread with the GIL held, and the decode threads wait for it. This does the
+ * same work in C
  * for records whose every member has a plain ustar header (regular file, octal size, an ASCII
  * name with an extension) and whose members' extensions are distinct and include one that is not
  * a small part. Anything else (pax or GNU long names, other member kinds, damage, a missing end
  * marker, a record over the size limit, a short read) stops the walk at the first header of the
  * record it meets it in, and Python's reference walk goes on from there: it reads that record, or
  * raises the error it would have raised, exactly as without this module. The rules below mirror
- * shardkit/formats/tar_headers.py and webdataset.py line for line; tests/test_tar_fast.py compares
+ * shardkit/formats/tar_headers.py and webdataset.py line for line; tests/test_tar_walk.py compares
  * both on every fixture and on fuzzed tars.
  *
  * Every read is bounds-checked against the bytes actually in hand: the input is untrusted.
@@ -35,7 +35,7 @@ typedef struct {
     int64_t file_size;
     unsigned char buffer[READ_AHEAD];
     int64_t start;  /* file offset of buffer[0] */
-    int64_t length; /* bytes held */
+    int64_t length; /* bytes in the buffer */
 } Reader;
 
 /* FileBytes.get: n bytes at offset from the read-ahead when it holds them, else by an exact pread
@@ -75,8 +75,8 @@ static PyObject *payload(Reader *r, int64_t offset, int64_t n) {
     char *out = PyBytes_AS_STRING(bytes);
     ssize_t got;
     /* Without the GIL, as os.pread: the loader's decode threads need it between their batches, and
-     * an image read holds it for tens of microseconds (a raw record's 260 KB: measured 10% slower
-     * held). Nothing else holds this new object yet. */
+     * reading an image's bytes (a raw record's hundreds of KB) is long enough to hold them up.
+     * Nothing else references this new object yet. */
     Py_BEGIN_ALLOW_THREADS
     do {
         got = pread(r->fd, out, (size_t)n, offset); /* one read, as os.pread: a short one is a cut member */

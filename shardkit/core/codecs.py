@@ -8,7 +8,7 @@ import functools
 import os
 from typing import Any
 
-# libjpeg-turbo 2.1 reduces fastest at these factors; other M/8 factors measured slower than full decode.
+# The DCT scale factors libjpeg-turbo reduces fastest at; its other M/8 factors are slower than a full decode.
 DCT_FACTORS = ((1, 8), (1, 4), (1, 2))
 
 
@@ -45,7 +45,7 @@ def turbojpeg_problem() -> str | None:
 
 @functools.cache
 def header_scanner() -> Any | None:
-    """The compiled header scanner (shardkit._scan), or None when it was not built.
+    """The compiled header scanner (shardkit.core._scan), or None when it was not built.
 
     Set SHARDKIT_NO_CSCAN=1 to force the pure-Python parser (for comparisons and tests).
     """
@@ -61,7 +61,7 @@ def header_scanner() -> Any | None:
 
 @functools.cache
 def tar_walker() -> Any | None:
-    """The compiled tar record walk of the WebDataset reader (shardkit._tar), or None when it was not
+    """The compiled tar record walk of the WebDataset reader (shardkit.core._tar), or None when it was not
     built (formats/webdataset then walks the headers in Python, with the same results).
 
     Set SHARDKIT_NO_CTAR=1 to force the pure-Python walk (for comparisons and tests).
@@ -78,7 +78,7 @@ def tar_walker() -> Any | None:
 
 @functools.cache
 def crop_kernel() -> Any | None:
-    """The compiled crop-decode kernel of the batch loader (shardkit._crop), or None when it was not
+    """The compiled crop-decode kernel of the batch loader (shardkit.core._crop), or None when it was not
     built (no compiler or no libjpeg headers at install: the loader then goes through Pillow).
 
     Set SHARDKIT_NO_CROP_KERNEL=1 to force the Pillow path (for comparisons and tests).
@@ -121,9 +121,9 @@ def _pil_has_libjpeg_turbo() -> bool:
 @functools.cache
 def write_codec() -> str:
     """Which libjpeg the write side uses: Pillow's own when it is libjpeg-turbo (it decodes and encodes
-    straight into its image buffer, so it beats PyTurboJPEG's numpy round trip: 1.08 vs 1.19 ms per
-    ImageNet decode, 0.27 vs 0.29 ms per 256px encode), else PyTurboJPEG when it loads, else Pillow.
-    SHARDKIT_WRITE_CODEC=pillow|pyturbojpeg forces one (for tests and comparisons)."""
+    straight into its image buffer, so it beats PyTurboJPEG's numpy round trip), else PyTurboJPEG
+    when it loads, else Pillow. SHARDKIT_WRITE_CODEC=pillow|pyturbojpeg forces one (for tests and
+    comparisons)."""
     forced = os.environ.get("SHARDKIT_WRITE_CODEC")
     if forced in ("pillow", "pyturbojpeg"):
         return forced if forced == "pillow" or turbojpeg() is not None else "pillow"

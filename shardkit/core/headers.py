@@ -145,9 +145,10 @@ def _refuse_special(fd: int, path: str | os.PathLike[str]) -> None:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from the frame header of a clean JPEG held in memory, or None when its
-    segments are not laid out plainly (then parse_bytes has the last word). ~4x cheaper than
-    parse_bytes: the read side checks every record's size before decoding it."""
+    """(width, height) from the frame header of a clean JPEG in memory, or None when its segments
+    are not laid out plainly (then parse_bytes has the last word). Much cheaper than parse_bytes
+    (no EXIF, no end-marker check, no ImageHeader): the read side checks every record's size before
+    decoding it."""
     pos, end = 2, len(data) - 9
     while pos < end:
         if data[pos] != 0xFF:

@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ERRORS_NAME = "errors.jsonl"
 INDEX_NAME = "index.parquet"  # a row per record: key, shard, position, label, caption, columns, sizes
-WIDS_NAME = "shardindex.json"  # wids' list of shards (formats/indexes)
+WIDS_NAME = "shardindex.json"  # wids' list of shards (formats/tar_companions)
 STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
 
 
@@ -56,8 +56,8 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     created_by: str = ""
     checksum: str = ""  # sha256 of everything else: verify uses it to catch hand edits
-    index: ShardInfo | None = None  # index.parquet (count: its rows); absent from outputs before it
-    # files for other readers beside the shards (formats/indexes: a tar's DALI index, wids'
+    index: ShardInfo | None = None  # index.parquet (count: its rows); None for an output without one
+    # files for other readers beside the shards (formats/tar_companions: a tar's DALI index, wids'
     # shardindex.json), count: the records each describes; absent when there are none
     companions: list[ShardInfo] = field(default_factory=list)
 

@@ -70,8 +70,8 @@ def distances(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:
 def _bands(count: int, threshold: int) -> list[tuple[int, int]]:
     """(shift, width) of each band. More bands mean fewer variants to look up (a smaller radius)
     but fuller buckets (more candidates to compare); the count with the least work is taken, a
-    candidate costing about 4 lookups (measured with numpy here). Widths stay within 22 bits (a
-    band's table has 2**width entries)."""
+    candidate weighing as much as about 4 lookups. Widths stay within 22 bits (a band's table has
+    2**width entries)."""
 
     def work(bands: int) -> float:
         width = _BITS // bands
@@ -94,8 +94,7 @@ def _variants(width: int, radius: int) -> npt.NDArray[np.uint64]:
 class _Band(NamedTuple):
     """One band's buckets as a counting sort: the members of value v are
     order[starts[v]:starts[v] + sizes[v]]. A dense table (2**width entries, width about
-    log2(count)) looks up in O(1), where searchsorted took log(count) per lookup: 10x on a million
-    hashes."""
+    log2(count)) looks up in O(1), where a search of sorted values costs O(log count) per lookup."""
 
     values: npt.NDArray[np.int64]  # each hash's value in this band
     order: npt.NDArray[np.int64]

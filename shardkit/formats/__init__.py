@@ -18,7 +18,7 @@ __all__ = ["Backend", "available_formats", "get_format", "idx_files", "output_fi
 
 
 # Each format is a module that declares its own BACKEND (name, suffix, random access, writer,
-# reader); the names are known here without importing one (h5py and numpy cost ~0.2 s).
+# reader); the names are known here without importing one (h5py and numpy are slow to import).
 FORMAT_NAMES = ("webdataset", "lmdb", "hdf5")
 _formats: dict[str, Backend] | None = None
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 
 class Record(NamedTuple):
-    """One stored sample. A NamedTuple: readers build one per record, 4x cheaper than a frozen dataclass."""
+    """One stored sample. A NamedTuple: readers build one per record, and a tuple is cheaper to
+    build than a frozen dataclass."""
 
     key: str
     data: bytes  # encoded image (ext "jpg") or .npy pixels (ext "npy")
@@ -120,8 +121,9 @@ _scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C
 
 def json_objects(blobs: list[bytes]) -> list[dict[str, Any] | None]:
     """Each blob's JSON object, or None where the blob is not exactly one JSON object (callers then
-    parse it with parse_meta, which names the problem). Per blob, the C scanner costs ~2x less than
-    json.loads; each object must span its whole blob, so nothing can shift between records."""
+    parse it with parse_meta, which names the problem). The C scanner skips json.loads's Python
+    wrappers, a cost paid once per record here; each object must span its whole blob, so nothing
+    can shift between records."""
     objects: list[dict[str, Any] | None] = []
     for blob in blobs:
         try:
@@ -184,7 +186,7 @@ class ShardWriter(ABC):
 
     def append(self, path: str, count: int, members: list[tuple[str, int, int]] | None) -> None:
         """A part (its file, closed with close_part, holding `count` records and `members` placed
-        from its own start) after what this writer holds."""
+        from its own start) after what this writer has written so far."""
         raise NotImplementedError(f"{type(self).__name__} writes no parts")
 
 

@@ -1,9 +1,10 @@
 """HDF5 shards: one `.h5` per shard with random access by index and key.
 
 Layout (no pickle, no object references): `data` uint8 [total bytes] holding every record back to
-back (contiguous when the shard's data is under 32 MiB, else in 1 MiB chunks); `offsets` int64
-[n+1]; `keys`, `exts`, `meta` (JSON) as UTF-8 strings; `labels` int64 (-1 when unlabelled; any
-other label outside the label rule, core.config.MAX_LABEL, is a damaged record).
+back (contiguous when the shard's data is under 32 MiB, else in chunks of `chunk_bytes`, 1 MiB by
+default); `offsets` int64 [n+1]; `keys`, `exts`, `meta` (JSON) as UTF-8 strings; `labels` int64 (-1
+when unlabelled; any other label outside the label rule, core.config.MAX_LABEL, is a damaged
+record).
 
 Reading: the index (offsets, keys, metadata, and where each raw chunk of `data` lies in the file)
 loads once per shard; a record is then one pread from the file. h5py's own reads cost more than
@@ -34,17 +35,17 @@ from .base import (
 )
 
 CHUNK_BYTES = 1 << 20
-# Data held before the first write to the file. A shard whose data fits is written contiguous, at
-# its exact size; a bigger one goes into chunks, and HDF5 stores the last one whole: under one
-# chunk of padding in 32 MiB (3%; 1 MiB chunks from the first byte padded a 100-record shard by
-# up to 17%).
+# Data kept in memory before the first write to the file. A shard whose data fits is written
+# contiguous, at its exact size (chunks from the first byte would pad a small shard heavily); a
+# bigger one goes into chunks, and HDF5 stores the last one whole: under one chunk of padding in
+# 32 MiB.
 _FLUSH_BYTES = 32 << 20
 # Data read through h5py (filtered or odd layouts) is inflated a whole chunk at a time: a hostile
-# shard could declare one chunk of gigabytes. Ours are 1 MiB.
+# shard could declare one chunk of gigabytes. shardkit writes 1 MiB by default (chunk_bytes).
 _MAX_H5PY_CHUNK = 64 << 20
 _RESERVE_SLACK = 2 << 20  # disk reserved beyond the data for HDF5's own structures
 _META_BATCH = 256  # records whose metadata is parsed ahead of their data (see json_objects)
-_MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, more chunks than this cost seconds to locate
+_MAX_CHUNK_LOOKUPS = 4096  # without chunk_iter, locating chunks is quadratic: past this many, read through h5py
 VERSION = 1
 
 
@@ -125,7 +126,7 @@ class Hdf5ShardWriter(ShardWriter):
     def close(self) -> int:
         import numpy as np
 
-        if self._data is None:  # all of it held: contiguous, no padding
+        if self._data is None:  # all of it still in the buffer: contiguous, no padding
             self._reserve(2 * self._index_bytes)
             data = np.frombuffer(self._buffer, dtype=np.uint8)
             self._data = self._file.create_dataset("data", data=data, track_times=False)
@@ -253,7 +254,7 @@ class Hdf5ShardReader(ShardReader):
         keys = [k.decode() if isinstance(k, bytes) else k for k in h5["keys"][:n]]
         exts = [e.decode() if isinstance(e, bytes) else e for e in h5["exts"][:n]]
         labels = h5["labels"][:n]
-        # Metadata is small: one read here beats one h5py call (~100 us) per record later.
+        # Metadata is small: all of it in one h5py call here, not one call per record later.
         self._meta = list(h5["meta"][:n])
         self._extras = list(h5["extras"][:n]) if "extras" in h5 else None
         if self._extras is not None and len(self._extras) != n:
@@ -343,7 +344,8 @@ class Hdf5ShardReader(ShardReader):
 
     def read_range(self, start: int, stop: int) -> Iterator[Record]:
         """Records [start, stop): straight from the file's chunks where the layout allows, else
-        through h5py in windows of ~8 MiB (one h5py call per window, not per record)."""
+        through h5py in windows of up to 32 MiB or one record (one h5py call per window, not per
+        record)."""
         offsets, keys, _, _ = self._load_directory()
         index, stop = max(0, start), min(stop, len(keys))
         chunks = self._chunks

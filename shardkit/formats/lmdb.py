@@ -169,8 +169,8 @@ def check_lmdb_file(path: str) -> None:
     before it is memory-mapped: such a touch kills the process (SIGBUS). So the meta pages must
     point inside the file, and every page of the main B-tree must be well formed: its node pointers,
     keys and inline values inside the page, its child and overflow pages inside the file. Only
-    branch and leaf pages are read (images sit in overflow pages, which are only measured), so this
-    costs a few milliseconds per shard."""
+    branch and leaf pages are read (images sit in overflow pages, whose extent is checked without
+    reading them), so the check stays small beside reading the shard."""
     try:
         fd = open_regular(path)
     except OSError as error:
@@ -326,8 +326,8 @@ class LmdbShardReader(ShardReader):
                 self._releaser.detach()  # (a parent's, inherited through a fork: the parent releases its own)
             self._env = _acquire(self.path)
             # Released when the reader is collected too, not only by close(): a dataset dropped
-            # without close() (a notebook's `del ds`) kept the file open for the process's life,
-            # and py-lmdb then refused to open it again ("already open in this process").
+            # without close() (`del ds`) would otherwise keep the file open for the process's life,
+            # and py-lmdb refuses to open it again ("already open in this process").
             self._releaser = weakref.finalize(self, _release, self.path)
             self.opened()
         return self._env

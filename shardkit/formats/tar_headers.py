@@ -1,7 +1,7 @@
 """A tar's headers, written and walked: the header tarfile writes for a regular member, built here
-(tarfile takes ~25 us a member), and the regular-file members of a ustar, pax or GNU tar found from
-the headers alone (nothing is extracted), read with `os.pread` through a small read-ahead. What the
-members mean (a record's, a DALI sample's) is for the modules above: `webdataset` and
+(tarfile's own is slow per member), and the regular-file members of a ustar, pax or GNU tar found
+from the headers alone (nothing is extracted), read with `os.pread` through a small read-ahead.
+What the members mean (a record's, a DALI sample's) is for the modules above: `webdataset` and
 `tar_companions`.
 """
 
@@ -17,8 +17,8 @@ from ..core.errors import ShardFormatError
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 # Read-ahead for headers and small members (.cls, .json): 4 KiB holds a record's small members and
-# their headers in one read, while images, read exactly, are copied once. A 1 MiB read-ahead copied
-# every image twice (page cache -> buffer -> member) and measured ~25% slower per record.
+# their headers in one read, while images, read exactly, are copied once. A read-ahead large enough
+# to hold images would copy every image twice (page cache -> buffer -> member).
 READ_AHEAD = 4096
 _MAX_HEADER_PAYLOAD = 1 << 20  # pax and GNU long-name payloads are small; more is hostile
 Member = tuple[str, int, int, int]  # name, offset of its data, size, offset of its first header

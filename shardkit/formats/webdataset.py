@@ -3,7 +3,7 @@
 and `<key>.columns.json` (the user's columns), which stock webdataset and `datasets` read.
 
 The reader parses tar headers itself (ustar, pax, GNU long names) instead of going through
-`tarfile`, which costs ~10 us per member in Python: iteration reads headers and small members with a
+`tarfile`, which is slow per member in Python: iteration reads headers and small members with a
 small read-ahead and each image exactly once; a range that starts inside a shard walks on from the
 nearest record offset an earlier range left (`marks`), and random access uses a table of member
 offsets built from the headers. The tar's headers themselves are `tar_headers`' (written and
@@ -42,10 +42,10 @@ from .tar_headers import BLOCK, READ_AHEAD, FileBytes, Member, member_header, sp
 
 class TarShardWriter(ShardWriter):
     """Writes the bytes tarfile writes (PAX format, mtime 0, mode 0444, no owner), building plain
-    headers itself: tarfile takes ~25 us a member, and a record is 3 to 5 members (measured: 4% of
-    a whole pack with captions). A name too long for a plain header goes through tarfile's pax.
-    It hashes what it writes and keeps each member's place as it goes: reading the tar again for
-    its sha256 and DALI's index took 25 ms of a 22 MB shard, after its last record."""
+    headers itself: tarfile is slow per member, and a record is 3 to 5 members. A name too long
+    for a plain header goes through tarfile's pax. It hashes what it writes and keeps each
+    member's place as it goes, so the tar is not read again after its last record for its sha256
+    and DALI's index."""
 
     def __init__(self, path: str, **options: object) -> None:
         super().__init__(path, **options)
@@ -120,7 +120,7 @@ Entry = tuple[
     str, dict[str, tuple[int, int]], int
 ]  # key, (data offset, size) by extension, where the next record starts
 _WALK_END, _WALK_PYTHON = 1, 2  # how a compiled walk stopped: at the end marker; at a record for Python
-_SKIP_STEP = 1024  # records a compiled walk passes over per call (it holds the GIL: ~3 ms at most)
+_SKIP_STEP = 1024  # records a compiled walk passes over per call (it holds the GIL, so a call stays short)
 _MAX_MARKS = 4096  # record offsets a reader remembers (a few per range read; forgotten all at once past this)
 OTHER_PARTS = frozenset({"cls", "json", "txt", "captions.json", "columns.json"})  # a record's other members
 
@@ -169,9 +169,9 @@ class TarShardReader(ShardReader):
         self._fd: int | None = None
         # Record number -> offset of its first header, where ranges stopped and started: a range
         # walks the headers on from the nearest mark before it, so a shard read in pieces (a
-        # shuffled epoch reads it in a few per lane) needs no member table. A member table costs a header walk
-        # of the whole shard and ~1 KB per record held until close, which also made the garbage
-        # collector run ~10x as often (measured 1.35x slower, 3x the memory); a mark is two ints.
+        # shuffled epoch reads it in a few per lane) needs no member table. A member table costs a
+        # header walk of the whole shard and a tuple and a dict per record kept until close, which
+        # also makes the garbage collector run far more often; a mark is two ints.
         self._marks: dict[int, int] = {0: 0}
 
     def _descriptor(self) -> int:
@@ -243,8 +243,8 @@ class TarShardReader(ShardReader):
         small members are read as the entries come (straight after their headers, so from the
         read-ahead buffer that just read those), the batch's metadata is parsed together, each
         image is read exactly once, and only then are the records handed out: between image
-        decodes, the same Python work per record runs with cold caches and costs about twice as
-        much. A damaged record ends the stream only after every good record before it."""
+        decodes, the same Python work per record would run with cold caches. A damaged record ends
+        the stream only after every good record before it."""
         while True:
             batch: list[tuple[str, dict[str, tuple[int, int]], _Small, Payloads]] = []
             batch_bytes, damage = 0, None

@@ -68,7 +68,7 @@ from .sources.item import display, label_problem
 from .sources.rows import is_utf8
 
 ADOPTED_BY = f"shardkit {__version__} index"
-# Class names "0".."n-1" are written for labels below this; past it (a stranger's `.cls` of
+# Class names "0".."n-1" are written for labels below this; past it (another tool's `.cls` of
 # 99999999999) the manifest names no classes and says why. ImageNet-21k's 21,841 fit with room.
 MAX_CLASS_NAMES = 100_000
 # The member extensions the manifest counts one by one (the most common; the rest as one count): a
@@ -148,7 +148,7 @@ def _scanned(path: str, name: str) -> TarScan:
         try:  # the samples and their members, from the headers, as DALI and webdataset group them
             skipped: list[tuple[str, str]] = []
             unnamed: list[str] = []  # members no reader takes as part of a sample
-            samples = list(dali_samples(FileBytes(fd, scan.size, READ_AHEAD), path, skipped, unnamed))  # ~100 B each
+            samples = list(dali_samples(FileBytes(fd, scan.size, READ_AHEAD), path, skipped, unnamed))
             for sample in samples:
                 extensions.update(ext for ext, _, _, _ in sample)
                 if {ext for ext, _, _, _ in sample} <= OTHER_PARTS:
@@ -172,7 +172,7 @@ def _scanned(path: str, name: str) -> TarScan:
                 folder = key_folder(record.key)
                 if folder is None:
                     scan.unfoldered += 1
-                elif len(scan.folders) <= MAX_CLASS_NAMES:  # (bounded: a stranger's tar may have a million)
+                elif len(scan.folders) <= MAX_CLASS_NAMES:  # (bounded: another tool's tar may have a million)
                     scan.folders.add(folder)
                 if record.key in imageless:
                     apart.add(record.key)

@@ -61,11 +61,10 @@ class Clip:
 
 
 # x264's settings, which decide every clip's bytes (and so a resume's settings, packing/resume.py).
-# No macroblock tree: with it, x264 read memory it had not written on these short clips, so a clip's
-# bytes changed with whatever malloc handed it (MALLOC_PERTURB_=85 against 255 gave another clip of a
-# rotated test video; about one CLI run in 100 under load another clip of a variable-frame-rate one)
-# and a killed pack did not resume to the same bytes. CRF 25 without it against CRF 23 with it, on
-# a 640x360 test video: +12% bytes, +0.3 dB luma PSNR (CRF 23 without it: +65% bytes).
+# No macroblock tree (mbtree=0): with it, x264 reads memory it has not written on clips this short,
+# so a clip's bytes depend on what the allocator hands it and a killed pack would not resume to the
+# same bytes. CRF 25 rather than x264's default 23 keeps the clips near the default's quality and
+# size without the tree (CRF 23 without it makes far larger clips).
 ENCODER_OPTIONS = {"preset": "veryfast", "crf": "25", "x264-params": "mbtree=0"}
 
 
@@ -297,7 +296,7 @@ def _span(
         for t, frame in _frames(av, container, stream, source_fps, max_pixels):
             if prev is None:
                 # An annotation's 0 names a video whose first frame some containers show a frame or two
-                # late (B-frame delay, an edit list): within one frame, its first frame stands in.
+                # late (B-frame delay, an edit list): within one frame, its first frame is used.
                 if t > span.start + max(tolerance, 1 / source_fps):
                     raise ImageError("clip", f"starts at {span.start:g} s, before the video's first frame ({t:.3f} s)")
                 shape = _shape(frame, resize)

@@ -57,7 +57,7 @@ def hash_paths(
     taken = np.zeros(len(paths), bool)
     usable = False
     if cache is not None and reuse:
-        # the cache streamed against the files (nothing of it held: ~100 B a file for the index)
+        # the cache streamed against the files, never loaded whole: memory holds `where`, an entry a file
         where: dict[str, int] = {}
         again: dict[str, list[int]] = {}  # a path listed more than once: its other places
         for at, path in enumerate(paths):

@@ -18,7 +18,7 @@ from ..formats.base import Record
 from .plan import ShardSpec
 from .sources import Item
 
-SAMPLE_ITEMS = 64  # enough for the mean bytes per pixel within a few per cent on ImageNet
+SAMPLE_ITEMS = 64  # enough items for a stable mean of the bytes per pixel
 NPY_HEADER = 128  # np.save's header of an (h, w, 3) uint8 array (padded to 64 bytes, <= 128 here)
 
 

@@ -8,8 +8,8 @@ a resumed pack keeps the parts of the shards it keeps; the driver joins the part
 one row group a shard, streamed. The same records give the same bytes, whatever the workers.
 
 Parts are JSON lines, not parquet: pyarrow converting Python objects (pa.array of a list) imports
-pandas, ~0.3 s in every worker, measured as 15% of a 1,200-image pack; workers never load pyarrow
-now, and the driver reads the parts with pyarrow's own JSON reader, which needs no pandas.
+pandas, a start-up cost every worker would pay; workers never load pyarrow, and the driver reads
+the parts with pyarrow's own JSON reader, which needs no pandas.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def row(record: Record, shard: str, position: int) -> tuple[Any, ...]:
 
 
 def _text(value: Any) -> str | None:
-    # an adopted tar's metadata is a stranger's: a column must keep its type whatever it holds
+    # an adopted tar's metadata comes from another tool: a column must keep its type whatever it holds
     return value if isinstance(value, str) else None
 
 
@@ -84,9 +84,9 @@ def write_part_bytes(path: Path, data: bytes) -> None:
 
 
 def load_soon() -> None:
-    """Import what `join` needs (pyarrow's JSON reader and parquet writer, ~0.1 s) on a thread of
-    its own, while the shards are written: imported by `join` itself, it was on every pack's
-    critical path after the last shard (scripts/bench_pack_workers.py)."""
+    """Import what `join` needs (pyarrow's JSON reader and parquet writer) on a thread of its own,
+    while the shards are written, so that the import is not on the pack's critical path after the
+    last shard."""
 
     def load() -> None:
         with contextlib.suppress(ImportError):  # (join says what is missing)

@@ -1,5 +1,5 @@
 """A pack, orchestrated: the output claimed, the source walked and planned, shards written in
-parallel as the plan is cut, errors.jsonl and the manifest last. The rooms it calls on:
+parallel as the plan is cut, errors.jsonl and the manifest last. The modules it calls on:
 
 - `sources/`: the walk of a source, typed items and the inputs not taken;
 - `plan`: shards cut from the walk, the plan's fingerprint;

@@ -49,7 +49,7 @@ def plan_shards(
         size = size_of(item) if shard_bytes is not None else 0
         full_by_count = shard_size is not None and len(current) >= shard_size
         # cut where the shard lands nearest the target: over by less than half an item rather than
-        # always under (shards of 30 records averaged 3% short)
+        # always under, which would leave every shard short of it
         full_by_bytes = shard_bytes is not None and current and current_bytes + size / 2 > shard_bytes
         if full_by_count or full_by_bytes:
             yield ShardSpec(index, shard_name(index, suffix), tuple(current))
@@ -64,7 +64,7 @@ def plan_shards(
 def _shuffled(items: Iterable[Item], seed: int) -> Iterator[Item]:
     """The items in the order of np.random.default_rng(seed).permutation(len(items)), held as one
     block of UTF-8 text (a record per item: where its path starts, relpath, key, label) and an
-    offset array, not as objects: ~60 bytes an item for ImageNet's names instead of ~300."""
+    offset array, not as objects, which would take several times the memory."""
     import numpy as np  # (here: only --shuffle needs numpy, and the pack driver does not import it)
 
     block = bytearray()

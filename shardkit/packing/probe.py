@@ -86,8 +86,8 @@ def _probe_chunk(job: tuple[list[str], list[str], int]) -> list[ScanRow]:
 
     The compiled scanner answers the common case (a clean JPEG/PNG) for the whole chunk in one
     call; every file it leaves (None) goes through the Python reference, so results are the same
-    either way. Plain tuples also travel cheaply between processes: pickling NamedTuples costs
-    the parent ~1.5 us each, which on 2 cores ate the whole gain of a second process.
+    either way. Plain tuples also travel cheaply between processes: pickling NamedTuples costs the
+    parent enough per row to cancel, on a machine with few cores, what a second process gains.
     """
     paths, relpaths, max_pixels = job
     scanner = header_scanner()

@@ -15,7 +15,7 @@ from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 # (start, length) -> (the bytes, fewer at the object's end, and the object's whole size)
 ReadRange = Callable[[int, int], tuple[bytes, int]]
 
-PROBE_FIRST = HEAD_BYTES  # probe's first range: an ImageNet photo's header ends by byte ~180 at the median
+PROBE_FIRST = HEAD_BYTES  # probe's first range: all of most photos' headers (more only where one runs on)
 PACK_FIRST = 64 << 10  # the worker's: the header of nearly any photo, and all of a small one
 _MORE = 16 << 10  # a header that runs on is read on in ranges of at least this much (a 45 KB EXIF: 3)
 
@@ -74,7 +74,7 @@ def probe_row(read_range: ReadRange, url: str, relpath: str, max_pixels: int) ->
     None, error, warnings, head hash, identity), and the bytes its ranges read."""
     try:
         reads = RangeReads(read_range, PROBE_FIRST)
-    except (OSError, StorageError) as error:  # (the retry window's last word names the URL: the row does too)
+    except (OSError, StorageError) as error:  # (the error the retries end with names the URL: so does the row)
         return (0, None, FileProblem(f"cannot read: {describe(error)}", CANNOT_READ), (), None, None), 0
     try:
         header = reads.header()

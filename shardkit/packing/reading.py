@@ -5,7 +5,7 @@ once a pack, sent with every shard job. The contract is one method: `packed(pack
 item's `Outcome` in the shard's order, whatever order the work is done in: its record (a video's
 clips: a list; None where it failed), its source bytes, and its failures. `Files` reads image files
 (a folder's, a list's, a table's, a bucket's objects); a table of URLs and a folder of videos have
-readings of their own, in their conventions' modules (sources/urls.py, sources/video.py).
+readings of their own, in their conventions' modules (sources/url_table.py, sources/video.py).
 
 What the readings share is here: a file's bytes read with its header checked first (`read_source`),
 an image's bytes encoded into its record (`image_record`), and an item that fails turned into its

@@ -1,7 +1,7 @@
 """What a pack may reuse: the settings that decide an output's bytes (and their hash in the state
 file), the verdict on an output found begun or finished, the shards an interrupted run finished
 (done markers whose shard is intact and whose plan hash is this plan's), and the stale shards of
-an earlier plan. Nothing here writes shards; `claim` (output.py) has already refused what is not
+an earlier plan. Nothing here writes shards; `claim` (folder_output.py) has already refused what is not
 shardkit's, and whether a kept shard is still whole is the output's to say (`Output.intact`)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def settings_of(config: PackConfig, *, urls: bool = False) -> dict[str, Any]:
         # only when flags name a table's columns: the settings of every other pack keep their hash
         **({"table": asdict(config.table)} if config.table != TableConfig() else {}),
         **({"sidecars": True} if config.sidecars else {}),
-        # shards cut by estimated output bytes, not source bytes as before: an older plan is another plan
+        # shards cut by estimated output bytes, not by source bytes as older shardkits cut them: another plan
         **({"shard_bytes_of": "output"} if config.shard_bytes is not None else {}),
         **({"dedup": _dedup_settings(config)} if config.dedup != "none" else {}),
         **({"web": _web_settings(config)} if urls else {}),

@@ -75,7 +75,7 @@ def _run_local(
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
     while shards are in flight."""
-    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as core/processes says
+    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as runtime/processes says
     counter = mp_context().Value("q", 0)
     errors = [0]
     stop = threading.Event()

@@ -1,5 +1,5 @@
 """What a scan says of one file, apart from the census of many: its row (the compiled scanner's
-or its Python twin's), the problem found in reading it, the warnings its header gives. The pack
+or its pure-Python fallback's), the problem found in reading it, the warnings its header gives. The pack
 side takes these for every file it reads, so they live apart from the census, which needs numpy
 (the pack driver does not import it)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.headers import EXTENSION_FORMATS, ImageHeader
 
-# One file as the scanner (or its Python twin) reports it: (bytes, header tuple or None, error,
+# One file as the scanner (or its pure-Python fallback) reports it: (bytes, header tuple or None, error,
 # warnings, head hash, file identity).
 ScanRow = tuple[Any, ...]
 

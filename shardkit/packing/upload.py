@@ -82,7 +82,8 @@ def deliver(
     its two markers. False when the bucket already has these very bytes, recorded as uploaded (a resume from
     a lost staging folder, an overwrite with the same shards): nothing is uploaded then."""
     if uploaded is not None and (uploaded.bytes, uploaded.sha256) == (shard.bytes, shard.sha256):
-        if companion is not None and uploaded.idx_bytes != companion.bytes:  # earlier shardkits sent them last
+        # older shardkits uploaded the .idx file after its shard: one missing or of another size is sent
+        if companion is not None and uploaded.idx_bytes != companion.bytes:
             store.upload(str(idx_path), companion.name)
         return False
     mark(store, shard.name, shard.bytes, shard.sha256, uploaded=False)  # named by a marker before it exists

@@ -25,7 +25,7 @@ from .av_support import native_path, said
 from .sources import Item, walk
 from .sources.labelling import Labelling, labelling
 
-CHUNK_VIDEOS = 16  # a job: enough to pay its trip to a worker, few enough to keep both cores busy
+CHUNK_VIDEOS = 16  # a job: enough to pay its trip to a worker, few enough to keep every worker busy
 VFR_FRAMES = 32
 REORDER = 16  # packets read past VFR_FRAMES: B-frames arrive out of order, so the last read leave holes
 MAX_PACKETS = 200_000  # the most packets read to measure a duration the header lacks (hours of video)

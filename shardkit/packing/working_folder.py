@@ -22,7 +22,7 @@ STATE_NAME = "state.json"
 HASHES_NAME = "hashes.jsonl"  # pack --dedup's hashes as they are taken, for a resume
 CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
 SHARD_PREFIX = "shard-"
-# Temporary files of atomic writes by shardkit before 0.2 sat beside their targets.
+# Temporary files of atomic writes that shardkit before 0.2 leaves beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
 # what a pack writes beside its shards (and the formats' files for other readers: own_files())
 OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
@@ -92,7 +92,7 @@ def old_temp_file(name: str) -> bool:
 
 
 def remove_old_temp_files(output: Path) -> None:
-    """Temporary files that shardkit before 0.2 left beside manifest.json when killed."""
+    """Temporary files that shardkit before 0.2 leaves beside manifest.json when killed."""
     for entry in os.scandir(output):
         if old_temp_file(entry.name) and entry.is_file(follow_symlinks=False):
             os.unlink(entry.path)

@@ -27,8 +27,8 @@ from .decode import refuse_over
 FRAME_SLACK = 2  # frames a clip may hold beyond its meta's count (an encoder's rounding)
 MAX_FRAMES = 100_000  # the most frames a clip's meta may declare (an hour at 24 fps and more)
 MAX_VIDEO_BYTES = 4 << 30  # the most a whole clip's RGB frames (Sample.video) may take in memory
-# FFmpeg threads per clip: the loader's threads decode clips side by side, and 2 per clip gained
-# nothing with 2 loader threads on 2 cores (scripts/bench_video.py: 94 against 96 clips/s)
+# FFmpeg threads per clip: the loader's threads already decode clips side by side, so more
+# threads per clip add no parallelism
 DECODE_THREADS = 1
 
 
@@ -37,11 +37,11 @@ _THREAD = threading.local()  # each thread's swscale context (see frame_rgb)
 
 def frame_rgb(frame: Any) -> np.ndarray:
     """A decoded frame as HxWx3 uint8 RGB. One VideoReformatter per thread, reused: PyAV's
-    frame.to_ndarray makes a new swscale context for every frame, which cost 3x the decode itself
-    (a 456x256 clip of 16 frames: 56 ms against 20 ms). Not shared across threads: swscale's
-    context is not thread-safe. One thread each: the loader's threads are the parallelism, and
-    swscale's own worker threads hung a torch DataLoader worker forked after a read (they do not
-    survive the fork; the context is dropped in the child too)."""
+    frame.to_ndarray makes a new swscale context for every frame, which costs more than decoding
+    the frame. Not shared across threads: swscale's context is not thread-safe. One swscale thread
+    each: the loader's threads are the parallelism, and swscale's own worker threads do not survive
+    a fork, so a torch DataLoader worker forked after a read would hang on them (the context is
+    dropped in the child too)."""
     reformatter = getattr(_THREAD, "reformatter", None)
     if reformatter is None:
         from av.video.reformatter import VideoReformatter

@@ -138,7 +138,7 @@ def _decode_jpegs(torch: Any, datas: list[Any], jpegs: list[int], images: list[A
     """The JPEGs `datas` (CPU uint8 tensors) into `images` at `jpegs`, in one batched call (nvJPEG's
     on CUDA: it blocks until the batch is decoded, with the GIL released); a JPEG the call refuses
     stays None (the CPU decode says why, or converts it: CMYK)."""
-    # torchvision 0.29 deprecates its decoders for TorchCodec's (not measured here yet): quiet.
+    # torchvision 0.29 deprecates its decoders in favour of TorchCodec's: the warning is silenced.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -345,9 +345,9 @@ def _resample_part(
 def _full_float32(torch: Any) -> Any:
     """float32 matmuls at full precision: a training script's allow_tf32 (or
     set_float32_matmul_precision("high")) would move levels by one. The setting is the process's,
-    not the thread's: it is held only while the two matmuls are queued (microseconds a batch), so
-    a training step queued by another thread in that instant runs at full precision too (slower,
-    never less exact)."""
+    not the thread's: it is set only while the two matmuls are queued, so a training step queued
+    by another thread in that short window runs at full precision too (slower, never less
+    exact)."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:

@@ -34,7 +34,7 @@ CHUNK = 4096  # positions drawn per generator: the unit the draws are counted an
 # A mix keeps the shard orders of its sources' latest rounds up to this many shards, each order
 # counted SPACE_COST more (its objects): a block reads a few rounds of each source, while a source
 # smaller than the epoch has a round per pass over it (a 1-record source, one per draw), so keeping
-# every round grew memory with the positions (+39 MB over 100,000 of them).
+# every round would grow memory with the positions.
 SPACE_BUDGET = 2**16
 SPACE_COST = 64
 EXHAUSTED = ("resample", "stop")

@@ -26,7 +26,7 @@ from ..core.manifest import INDEX_NAME, Manifest, sha256_file
 if TYPE_CHECKING:
     from ..storage.store import Store
 
-# A run of kept positions is read as one range while fewer than this many unkept records lie
+# A run of kept positions is read as one range while at most this many unkept records lie
 # between two kept ones: reading past a few records costs less than starting a read again (a tar
 # walk from its nearest mark, an LMDB transaction, an HDF5 window).
 GAP = 16
@@ -38,8 +38,8 @@ Selection = Sequence[str] | Callable[[Any], Any] | Any  # keys, a callable, or a
 @dataclass
 class IndexFile:
     """An output's index.parquet checked against its manifest: `source` is what pyarrow reads
-    (a local path, or the fetched bytes of a remote one) and `base` its key, shard (the shard's
-    number) and position columns."""
+    (a local path, or the fetched bytes of a remote one), and `keys`, `shards` (the shard's number
+    in the manifest) and `positions` its key, shard and position columns."""
 
     source: Any
     manifest: Manifest

@@ -94,8 +94,8 @@ class ShardIterableDataset(IterableDataset[Any]):
 
 
 def register_sample_collate(sample_type: type) -> None:
-    """Teach torch's default_collate the Sample: keys, images, labels and meta collate as they did
-    before samples had captions (lists, stacked tensors, a dict of lists), and `text` and `fields`
+    """Teach torch's default_collate the Sample: keys, images, labels and meta collate as
+    default_collate collates them (lists, stacked tensors, a dict of lists), and `text` and `fields`
     become lists, one per sample, None and all (default_collate refuses None and would stack
     nothing else); so do images, clips' videos and labels where any of them is None (an image's
     video, a clip's image, an unlabelled record's label). Images (or videos)

@@ -1,8 +1,9 @@
 """Imported by the forkserver process only, never elsewhere (a preload of `processes.mp_context`):
 it removes the driver's multiprocessing temp folder (/tmp/pymp-*, which holds the forkserver's
 socket) when the forkserver exits. The driver removes it on a normal exit; after a kill -9 of the
-driver nothing did, and every killed run left a folder behind. The forkserver outlives the driver by design: it
-exits once the driver and every worker are gone, so the socket is no longer needed by then."""
+driver nothing else would, and each killed run would leave a folder behind. The forkserver outlives
+the driver by design: it exits once the driver and every worker are gone, so the socket is no
+longer needed by then."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _register() -> None:
     # Only in the forkserver itself (the driver's child), or where the driver is gone.
     if driver == os.getppid():
         atexit.register(_remove_if_orphaned, driver, folder)
-    elif not _alive(driver):  # gone before these imports ran (a stop in its first 0.1 s): orphaned
+    elif not _alive(driver):  # gone before these imports ran (a stop early in its start-up): orphaned
         shutil.rmtree(folder, ignore_errors=True)
     # (else the driver lives and the folder is in use: the driver imported this module itself, as a
     # test of the preloads does, or the variable reached another process's forkserver)
@@ -46,15 +47,15 @@ def _remove_if_orphaned(driver: int, folder: str) -> None:
     # While the driver lives, the folder is its to remove (its exit handler would fail on a folder
     # gone, with a traceback); once it is gone, this process has a new parent. That can take a
     # moment after the driver's descriptors closed (which is what ended this process): wait up to a
-    # second, looking every millisecond (every 50 ms kept the output's pipe open 50 ms longer).
+    # second, looking every millisecond (a coarser poll keeps the output's pipe open that much longer).
     for _ in range(1000):
         if os.getppid() != driver:
             shutil.rmtree(folder, ignore_errors=True)
             break
         time.sleep(0.001)
-    # The last exit handler (registered first, by the preload): what is left is the interpreter's
-    # teardown of every preloaded module, ~40 ms with numpy and the codecs, while whoever reads
-    # the driver's output waits for this process to let go of it.
+    # The last exit handler (registered first, by the preload): what is left after it is the
+    # interpreter's teardown of every preloaded module (numpy and the codecs among them), which
+    # os._exit skips, since whoever reads the driver's output waits for this process to let go of it.
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

@@ -43,8 +43,8 @@ def process_pool(
 def submit(pool: ProcessPoolExecutor, function: Callable[..., Result], *args: Any) -> Future[Result]:
     """pool.submit, never cut short by a stop signal: a submit can start a worker process, and a
     Stopped raised half way (forkserver asked, the process not yet recorded, its start data half
-    sent) left a worker the pool did not know, which printed its own traceback (SemLock
-    FileNotFoundError, EOFError) once the driver was gone, or a manager thread created and never
+    sent) would leave a worker the pool does not know, which prints its own traceback (SemLock
+    FileNotFoundError, EOFError) once the driver is gone, or a manager thread created and never
     started ("cannot join thread before it is started"). The stop is raised once it returns."""
     with stops_deferred():
         return pool.submit(function, *args)
@@ -70,8 +70,8 @@ def stop_pool(pool: ProcessPoolExecutor, abandon: bool) -> None:
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.kill()
         # The pool's manager thread fails every queued future once it sees the workers dead; a
-        # future cancelled meanwhile made it die with InvalidStateError (a traceback on stderr,
-        # Python 3.11): the cancels wait for it to be done.
+        # future cancelled meanwhile makes it die with InvalidStateError (a traceback on stderr,
+        # Python 3.11), so the cancels wait for it to be done.
         manager = getattr(pool, "_executor_manager_thread", None)
         if manager is not None and manager.is_alive():
             manager.join(10)

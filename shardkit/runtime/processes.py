@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from .timeline import mark
 
-# "<driver pid>:<folder>": the driver's multiprocessing temp folder, for core/forkserver_exit.py.
+# "<driver pid>:<folder>": the driver's multiprocessing temp folder, for runtime/forkserver_exit.py.
 FORKSERVER_TEMP_ENV = "SHARDKIT_FORKSERVER_TEMP"
 
 
@@ -51,8 +51,8 @@ FORKSERVER_PRELOAD = (
     "shardkit.runtime.forkserver_exit", "shardkit.packing.pack", "shardkit.packing.encode", "shardkit.packing.probe",
 )  # fmt: skip
 # What a pack's workers run: the forkserver `__main__` starts for a pack imports only these. Its
-# imports are what the first worker waits for (the driver's own, numpy-free, end sooner); the
-# driver's modules and probe's census took it ~30 ms more (scripts/bench_pack_workers.py).
+# imports are what the first worker waits for (the driver's own, numpy-free, end sooner), so the
+# driver's modules and probe's census stay out of it.
 PACK_PRELOAD = ("shardkit.runtime.forkserver_exit", "shardkit.packing.worker", "shardkit.packing.encode")
 
 
@@ -77,10 +77,10 @@ RAN_THE_SCRIPT_AGAIN = 78
 def exit_if_importing_main() -> None:
     """Under forkserver and spawn, multiprocessing imports the user's main script again in every
     worker process (as __mp_main__). A script that calls pack() at its top level, with no
-    `if __name__ == "__main__":`, then ran pack again in each worker: it met the driver's output
-    lock, and the driver failed with "a worker process died ... run out of memory", and verify called
-    a whole shard "crashed". Such a worker exits here with RAN_THE_SCRIPT_AGAIN, before it starts
-    anything, and the driver says what to change (`script_ran_again`)."""
+    `if __name__ == "__main__":`, would then run pack again in each worker, meet the driver's
+    output lock there, and leave the driver reporting a dead worker ("... run out of memory") or
+    verify a whole shard as "crashed". Such a worker exits here with RAN_THE_SCRIPT_AGAIN, before
+    it starts anything, and the driver says what to change (`script_ran_again`)."""
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
         os._exit(RAN_THE_SCRIPT_AGAIN)
 
@@ -101,11 +101,11 @@ def started_context(
 ) -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
     """mp_context, with multiprocessing's helper processes started the way a stop signal to the
     whole group needs. Both are started with SIGINT and SIGHUP blocked, which they keep:
-    - the resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP killed it, the
-      driver started a new one, and that one printed a KeyError traceback for every semaphore
-      the old one had been told of;
+    - the resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP would kill it, the
+      driver would start a new one, and that one would print a KeyError traceback for every
+      semaphore the old one was told of;
     - the forkserver ignores SIGINT only once its preload imports are done: a Ctrl-C during them
-      printed its KeyboardInterrupt traceback.
+      would print its KeyboardInterrupt traceback.
     Workers unblock both (start_worker). SIGTERM still ends either at once: it prints nothing."""
     exit_if_importing_main()
     context = mp_context(preload)
@@ -122,7 +122,7 @@ def started_context(
 
 
 # A Unix socket's path holds at most 107 bytes, and the forkserver's is TMP/pymp-XXXXXXXX/listener-XXXXXXXX:
-# under a longer TMPDIR (SLURM's per-job scratch folders, pytest's) it could not be made at all
+# under a longer TMPDIR (SLURM's per-job scratch folders, pytest's) it cannot be made at all
 # ("OSError: AF_UNIX path too long", a traceback).
 _LONGEST_TMP = 70
 
@@ -132,8 +132,9 @@ def _temp_dir() -> str:
     and the one forkserver_exit removes once this process is gone), under /tmp when TMPDIR is too
     long for the forkserver's socket. Always this process's own: a multiprocessing child inherits
     its parent's folder (a Process carries its parent's config), and a shardkit pool in such a child
-    (a user's own worker running pack) removed the parent's folder with its forkserver's socket
-    when the child ended: the parent could start no process again, and its exit printed a traceback."""
+    (a user's own worker running pack) would remove the parent's folder, with its forkserver's
+    socket, when the child ends: the parent could then start no process, and its exit would print a
+    traceback."""
     import tempfile
 
     config = cast(Any, multiprocessing.process.current_process())._config  # where get_temp_dir keeps it

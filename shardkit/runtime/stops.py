@@ -66,7 +66,8 @@ def stop(signum: int, frame: object = None) -> None:
         again = _stopped_by is not None
         os.write(2, (f"\nstopped again ({name}): exiting now\n" if again else f"stopped by {name}\n").encode())
         # os._exit skips multiprocessing's handler that removes the forkserver's folder, and a
-        # SIGTERM to the whole group ends the forkserver before its own does: a /tmp/pymp-* each time
+        # SIGTERM to the whole group ends the forkserver before its own does: removed here, or a
+        # /tmp/pymp-* folder is left behind each time
         remove = getattr(sys.modules.get("shardkit.runtime.processes"), "remove_forkserver_folder", None)
         if remove is not None:
             with contextlib.suppress(Exception):
@@ -84,8 +85,8 @@ def exit_on_stop() -> None:
     process at once with its exit code. Raising Stopped there instead would reach click, which
     turns a KeyboardInterrupt into "Aborted!" and exit code 1. From the exit handlers on, stop
     signals are ignored: Python's finalization puts back the default action of every signal that
-    has a Python handler, and a signal landing then killed the process (exit -2 or -15, not the
-    130 or 143 already decided; seen 2 runs in 5 under load)."""
+    has a Python handler, and a signal landing then would kill the process (exit -2 or -15, not
+    the 130 or 143 already decided)."""
     global _over, _ignoring_at_exit
     _over = True
     if not _ignoring_at_exit:
@@ -102,8 +103,8 @@ def _ignore_stops() -> None:
 def raise_swallowed_stop() -> None:
     """Raise Stopped again for a stop signal whose Stopped never got out: the handler runs wherever
     the main thread is, and inside a weakref callback or a __del__ Python prints the exception
-    ("Exception ignored in ...") and carries on (seen once in 200 random stops under load: the pack
-    ran to the end and exited 0). Called where the work waits, and when it ends."""
+    ("Exception ignored in ...") and carries on, so the work would run to its end and exit 0.
+    Called where the work waits, and when it ends."""
     global _pending
     if _stopped_by is not None and not _deferring:
         _pending = None
@@ -130,7 +131,7 @@ def stops_deferred() -> Iterator[None]:
             signum, _pending = _pending, None
             # Raised in place of an exception too: a stop to the whole group kills the forkserver
             # and the workers as well, and the wait or submit then fails with EOFError or
-            # BrokenProcessPool (which reached click as "Aborted." and exit code 1).
+            # BrokenProcessPool (which click would turn into "Aborted." and exit code 1).
             raise Stopped(signum)
 
 

@@ -1,6 +1,6 @@
 """The process's HTTP client: one urllib3 pool manager per process (a new one after a fork, so a
 child never shares its parent's sockets), used by the shard reads of `http` and the URL downloads of
-`webget`, and the watchdog that holds a request to its deadline. The manager retries nothing and
+`webget`, and the watchdog that cuts off a request at its deadline. The manager retries nothing and
 follows no redirect of its own: each caller passes its timeouts, redirects and pool size with the
 request, and `retry` decides what is tried again."""
 

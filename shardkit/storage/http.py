@@ -1,9 +1,9 @@
 """The direct read path of a remote output: one keep-alive GET per object (an S3 presigned URL or an
 http(s) URL) through the process's HTTP client (`client`), read a MiB at a time and hashed on the
 way, which costs less CPU than fsspec's async client on a machine whose cores decode; ranged reads,
-a paced stream, and the bounded GET of a manifest or an index page. Each request is held to a
-`Pace`; what a failure means (absence, refusal, a passing fault) is said as an OSError subclass for
-`retry` to judge."""
+a paced stream, and the bounded GET of a manifest or an index page. Each request is checked
+against a `Pace`; what a failure means (absence, refusal, a passing fault) is said as an OSError
+subclass for `retry` to judge."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class NotDirect(Exception):
 def _get(
     url: str, retries: urllib3.Retry | bool, decode_content: bool, headers: dict[str, str] | None = None
 ) -> tuple[urllib3.BaseHTTPResponse, Pace]:
-    """A streamed GET of `url` and the pace it is held to; any trouble reaching it as OSError."""
+    """A streamed GET of `url` and the pace it is checked against; any trouble reaching it as OSError."""
     import urllib3
 
     from .client import http_client
@@ -213,8 +213,8 @@ def _range_total(response: urllib3.BaseHTTPResponse) -> int | None:
 
 class PacedReader(io.RawIOBase):
     """A body as a raw file for `io.BufferedReader` (and so `readline`): each read through `read`,
-    held to `pace`, any client's error mid-body an OSError naming it. For a body read as a stream,
-    never kept."""
+    checked against `pace`, any client's error mid-body an OSError naming it. For a body read as a
+    stream, never kept."""
 
     def __init__(self, read: Callable[[int], bytes], pace: Pace) -> None:
         self._read, self._pace, self._total = read, pace, 0
@@ -237,9 +237,9 @@ class PacedReader(io.RawIOBase):
 
 @contextlib.contextmanager
 def stream_direct(url: str) -> Iterator[BinaryIO]:
-    """The body of `url` as a buffered binary stream, read as it is consumed and held to a `Pace`
-    (nothing of it kept but the buffer). FileNotFoundError on 404, PermissionError on 401/403,
-    OSError on 5xx and 429, NotDirect on redirects and other statuses: as `get_direct`."""
+    """The body of `url` as a buffered binary stream, read as it is consumed and checked against a
+    `Pace` (nothing of it kept but the buffer). FileNotFoundError on 404, PermissionError on
+    401/403, OSError on 5xx and 429, NotDirect on redirects and other statuses: as `get_direct`."""
     response, pace = _get(url, retries=False, decode_content=True)
     try:
         if response.status != 200:

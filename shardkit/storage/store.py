@@ -152,7 +152,7 @@ class Store:
             self._fs, self._root = _filesystem(self.url, self.protocol, self.options)
             self._root = self._root.rstrip("/")
             if self.protocol in ("s3", "s3a"):
-                self._fs.retries = 2  # s3fs's own retry loop; `retrying` holds the window
+                self._fs.retries = 2  # s3fs's own retry loop; `retrying` bounds the total time
             self._pid = os.getpid()
         return self._fs
 
@@ -346,10 +346,10 @@ class Store:
 
     def _direct_url(self, path: str) -> str | None:
         """A plain URL that a GET fetches this object from, where there is one: an S3 object's
-        presigned URL, an http(s) URL itself. The transfer then costs about half the CPU of the
-        async client (urllib3, a MiB a read, hashed on the way), which counts on a machine whose
-        cores decode. Options that change the request (headers, requester pays,
-        server-side keys) or a proxy in the environment keep the filesystem's own path."""
+        presigned URL, an http(s) URL itself. The transfer then costs less CPU than the async
+        client (urllib3, a MiB a read, hashed on the way), which counts on a machine whose cores
+        decode. Options that change the request (headers, requester pays, server-side keys) or a
+        proxy in the environment keep the filesystem's own path."""
         if any(os.environ.get(name) for name in _PROXIES) or "verify" in self.options.get("client_kwargs", {}):
             return None
         url = None

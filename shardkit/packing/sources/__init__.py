@@ -6,7 +6,7 @@ contract), registered in `SOURCES`:
 - `listfile`: a text file of `path[,label]` lines;
 - `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
 - `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png);
-- `urls`: a table file whose rows name images by http(s) URL (downloaded by the worker);
+- `url_table`: a table file whose rows name images by http(s) URL (downloaded by the worker);
 - `bucket`: an object-storage prefix walked with the folder, table and sidecar conventions;
 - `video`: a folder of videos (class sub-folders or flat, or a table), each cut into clips by the worker.
 

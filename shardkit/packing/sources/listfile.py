@@ -93,10 +93,10 @@ def from_list(list_path: str) -> SourceList:
 
 
 def _refuse_if_none_exists(list_path: str, base: str, paths: list[str]) -> None:
-    """A list whose paths were written from another folder than its own names no file at all: that
-    packed 0 of N inputs, listed each as "No such file or directory", and exited 0. Refused before
-    any work instead, saying where the paths were looked for. (While the paths exist this is one
-    stat: the search stops at the first; a list that names nothing costs a stat a line, once.)"""
+    """A list whose paths were written from another folder than its own names no file at all: it is
+    refused before any work, saying where the paths were looked for, since packing none of its
+    files would look like a pack that succeeded. (While the paths exist this is one stat: the
+    search stops at the first; a list that names nothing costs a stat a line, once.)"""
 
     if any(os.path.lexists(_resolved(base, path)) for path in paths):
         return

@@ -31,7 +31,7 @@ AUTO_TABLES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
 # A row's caption and columns as stored (canonical JSON): past this a row is refused, not truncated.
 MAX_EXTRA_BYTES = 1 << 20
-_PARQUET_BATCH = 8192  # rows a pass holds as Python objects (65,536 cost 60 MB more on a 10 M-row table)
+_PARQUET_BATCH = 8192  # rows a pass holds as Python objects at once: larger batches only cost memory
 _LINE_LIMIT = 4 * MAX_EXTRA_BYTES  # a JSONL line or CSV field longer than this is refused unread
 # UTF-8's byte-order mark, which Excel ("CSV UTF-8") and Notepad write first: not part of the text,
 # as pyarrow, pandas and Hugging Face read it.
@@ -224,8 +224,8 @@ def _parquet_rows(table: Table) -> Iterator[Row]:
     import pyarrow.parquet as pq  # here: a source without a parquet table never loads pyarrow
 
     try:
-        # (pre_buffer reads ahead whole column chunks: 60 MB more held on a 10 M-row table, for a
-        # local file that streams as fast without it)
+        # (pre_buffer reads ahead whole column chunks: more memory held, for a local file that
+        # streams as fast without it)
         handle = pq.ParquetFile(table.path, pre_buffer=False)
     except Exception as error:  # pyarrow's ArrowInvalid, OSError...: the file is not parquet
         raise SourceError(f"{table.shown}: not a readable parquet file ({describe(error)})") from None

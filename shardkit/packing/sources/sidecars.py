@@ -137,8 +137,8 @@ def sidecar_items(
         if not suffix:
             skipped.append(skip(base + name, "no suffix: not part of a sample (x.jpg, x.txt, x.json, ...)"))
             continue
-        # (the stem is escaped into the key; a suffix names a field as it is: one not UTF-8 took
-        # the whole pack down, in every format)
+        # (the stem is escaped into the key; a suffix names a field as it is, and no format can
+        # write a field name that is not UTF-8)
         if not is_utf8(suffix):
             skipped.append(skip(base + name, "its suffix is not UTF-8 text, so no shard can name the field"))
             continue

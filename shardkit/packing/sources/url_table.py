@@ -4,7 +4,7 @@ LAION, DataComp, COYO and CC12M ship; the table itself may be an object (s3://..
 at a URL. The worker downloads the images (`Downloads`, packing/fetched.py).
 
 Read twice, streamed both times, as a metadata table is (table.py): the first pass counts the rows
-and keeps an 8-byte hash of each URL (duplicates) and the class names; the second yields the items
+and keeps a 4-byte hash of each URL (duplicates) and the class names; the second yields the items
 in row order. Memory grows by 4 bytes a row (10 M rows: 40 MB), never by the rows themselves.
 A row's key is its place in the table (`000000042`), so keys sort as the rows do and never depend
 on the URL; a row that cannot be taken (no URL, not http(s), a second row naming the same URL,
