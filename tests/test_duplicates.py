@@ -591,7 +591,8 @@ if __name__ == "__main__":
 """
 
 
-def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("marker_key", ["copies_used", "stand_ins"])  # (stand_ins: an earlier marker's name)
+def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path, marker_key: str) -> None:
     """Killed before the manifest, a pack whose kept file failed resumes from its done markers:
     every shard reused, and errors.jsonl says again that b was packed in a's place."""
     _sidecar_copies(tmp_path / "src", {"a": b"\xff\xfe not text", "b": b"the copy", "c": b"near", "z": b"other"})
@@ -602,6 +603,12 @@ def test_a_resume_keeps_what_the_workers_did_with_the_copies(tmp_path: Path) -> 
     killed = subprocess.run([sys.executable, str(script), str(tmp_path / "src"), str(tmp_path / "out")],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
     assert killed.returncode == -9 and not (tmp_path / "out" / "manifest.json").exists()
+    markers = sorted((tmp_path / "out" / ".shardkit" / "done").glob("*.json"))
+    assert markers and all("copies_used" in json.loads(m.read_text()) for m in markers)
+    for marker in markers:  # as a marker written before the name changed says it
+        data = json.loads(marker.read_text())
+        data[marker_key] = data.pop("copies_used")
+        marker.write_text(json.dumps(data))
     config = pack_config(tmp_path / "src", tmp_path / "out", resize=96, workers=1, dedup="near", sidecars=True,
                          shard_size=1, resume=True)  # fmt: skip
     resumed = pack(config)

@@ -233,9 +233,9 @@ def retire_earlier(contents: BucketContents) -> None:
     its shards change."""
     if contents.manifest is None:
         return
-    on_record = {shard.name: [shard.bytes, shard.sha256] for shard in contents.manifest.shards}
-    on_record.update((name, list(entry)) for name, entry in contents.uploaded.items())
-    contents.store.write(EARLIER, json.dumps({"shards": on_record}).encode())
+    earlier_shards = {shard.name: [shard.bytes, shard.sha256] for shard in contents.manifest.shards}
+    earlier_shards.update((name, list(entry)) for name, entry in contents.uploaded.items())
+    contents.store.write(EARLIER, json.dumps({"shards": earlier_shards}).encode())
     contents.store.delete(MANIFEST_NAME)
 
 

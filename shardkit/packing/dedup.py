@@ -312,17 +312,19 @@ def _first_within(kept: Sequence[tuple[int, int]], value: int, threshold: int) -
     return None
 
 
-def settle(rows: Sequence[Failure], fallbacks: Mapping[str, Fallbacks], stand_ins: Mapping[str, str]) -> list[Failure]:
+def settle(
+    rows: Sequence[Failure], fallbacks: Mapping[str, Fallbacks], copies_used: Mapping[str, str]
+) -> list[Failure]:
     """The pack's skipped rows as it turned out, from what the workers did: for each kept item that
-    failed (`stand_ins`: its key -> the key of the copy packed in its place, "" when none was), the
+    failed (`copies_used`: its key -> the key of the copy packed in its place, "" when none was), the
     rows of the copies tried are gone (one was packed; the others failed and have rows of their
     own), and those not tried name the copy packed (`Fallbacks`' places index `rows`). Nothing
     failed: `rows` as they were."""
-    if not stand_ins:
+    if not copies_used:
         return list(rows)
     rows = list(rows)
     gone: set[int] = set()
-    for key, packed in stand_ins.items():
+    for key, packed in copies_used.items():
         fallback = fallbacks.get(key)
         if fallback is None:
             continue

@@ -154,7 +154,7 @@ def finish(
         records=records,
         errors=len(error_rows),
         shards=len(ordered),
-        reused_shards=sum(1 for r in ordered if r.reused or r.already_held),
+        reused_shards=sum(1 for r in ordered if r.reused or r.already_uploaded),
         input_bytes=sum(r.input_bytes for r in ordered),
         output_bytes=sum(r.shard.bytes for r in ordered),
         seconds=0.0,

@@ -280,9 +280,9 @@ def _write_all(
     remove_stale_shards(output.folder, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
     inputs = planned.images + len(found.skipped)
-    stand_ins = {key: packed for result in ordered for key, packed in result.stand_ins.items()}
-    if stand_ins:
-        found = replace(found, skipped=settle(found.skipped, fallbacks, stand_ins))
+    copies_used = {key: packed for result in ordered for key, packed in result.copies_used.items()}
+    if copies_used:
+        found = replace(found, skipped=settle(found.skipped, fallbacks, copies_used))
     return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output.folder)
 
 

@@ -110,7 +110,7 @@ class Joining:
             part = joined.waiting.pop(joined.next)
             for stage, seconds in part.timings.items():
                 writing.timings[stage] = writing.timings.get(stage, 0.0) + seconds
-            writing.stand_ins.update(part.stand_ins)
+            writing.copies_used.update(part.copies_used)
             for name, count in part.counts.items():
                 writing.counts[name] = writing.counts.get(name, 0) + count
             if part.segment is not None:

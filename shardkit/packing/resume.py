@@ -158,8 +158,8 @@ def _earlier(
         ShardInfo(**result["shard"])
         for row in result["errors"]:  # well-formed, or the marker is not trusted
             Failure(**row)
-        stand_ins = result.get("stand_ins", {})
-        if not isinstance(stand_ins, dict) or not all(isinstance(v, str) for v in stand_ins.values()):
+        copies_used = _copies_used(result)
+        if not isinstance(copies_used, dict) or not all(isinstance(v, str) for v in copies_used.values()):
             return None
         counts = result.get("counts")  # (absent from an earlier shardkit's marker: not counted)
         if counts is not None and not (
@@ -184,7 +184,7 @@ def _result_from_json(data: dict[str, Any]) -> ShardResult:
         plan=data["plan"],
         reused=True,
         companion=None if companion is None else ShardInfo(**companion),
-        stand_ins=data.get("stand_ins", {}),
+        copies_used=_copies_used(data),
         counts=data.get("counts"),
     )
 
@@ -200,3 +200,9 @@ def remove_stale_shards(output: Path, planned: set[str]) -> None:
                     (output / name).unlink(missing_ok=True)
                     (output / idx_name(name)).unlink(missing_ok=True)
                 marker.unlink(missing_ok=True)
+
+
+def _copies_used(marker: dict[str, Any]) -> Any:
+    """A marker's copies packed in place of failed files: "copies_used", or "stand_ins" in a marker
+    written before the name changed, which a resume still reuses."""
+    return marker.get("copies_used", marker.get("stand_ins", {}))

@@ -84,8 +84,8 @@ class ShardResult:
     worker: str = ""  # host:pid (local) or Ray node id that wrote the shard
     companion: ShardInfo | None = None  # the shard's .idx file for other readers (Backend.idx_file)
     # by the key of each item that failed and had copies: the key of the copy packed in its place ("" none)
-    stand_ins: dict[str, str] = field(default_factory=dict)
-    already_held: bool = False  # a bucket already had these very bytes: not sent again
+    copies_used: dict[str, str] = field(default_factory=dict)
+    already_uploaded: bool = False  # a bucket already had these very bytes: not sent again
     # an uploaded shard's part of index.parquet, for the driver to write (BucketOutput.mark_done); never on disk
     index_part: bytes | None = field(default=None, repr=False)
     # PICTURE_COUNTS of its records; None for a shard an earlier shardkit wrote, which did not count
@@ -121,7 +121,7 @@ class PartResult:
     part: int
     packed: list[tuple[Record | list[Record] | None, int, list[Failure]]]
     timings: dict[str, float]
-    stand_ins: dict[str, str]
+    copies_used: dict[str, str]
     segment: Segment | None = None
     counts: dict[str, int] = field(default_factory=dict)  # PICTURE_COUNTS of its records
 
@@ -150,7 +150,7 @@ class ShardWriting:
         self.errors: list[Failure] = []
         self.input_bytes = 0
         self.rows: list[tuple[Any, ...]] = []  # the shard's part of index.parquet
-        self.stand_ins: dict[str, str] = {}
+        self.copies_used: dict[str, str] = {}
         self.counts = dict.fromkeys(PICTURE_COUNTS, 0)
         with writing(self.space.folder, job.spec.name):
             self.space.shard.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ class ShardWriting:
                 worker = f"{socket.gethostname()}:{os.getpid()}"
                 result = ShardResult(
                     info, self.errors, self.input_bytes, self.timings, job.plan, worker=worker,
-                    companion=companion, stand_ins=self.stand_ins, counts=self._counts(),
+                    companion=companion, copies_used=self.copies_used, counts=self._counts(),
                 )  # fmt: skip
             self.timings["write"] += time.perf_counter() - closing
             self.destination.put(result, self.rows, space)

@@ -66,7 +66,7 @@ class BucketShards:
         with writing(space.folder, result.shard.name):
             result.index_part = part_bytes(rows)
             sent = deliver(self.store, result.shard, space.shard, result.companion, space.idx, self.uploaded)
-            result.already_held = not sent
+            result.already_uploaded = not sent
         result.timings["upload"] = time.perf_counter() - uploading
 
 

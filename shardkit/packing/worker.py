@@ -82,7 +82,7 @@ def _written(job: ShardJob, close: Callable[[ShardWriting], T]) -> tuple[T, Shar
     handed on as a part; whatever of it is neither is removed, all of it on a failure."""
     with contextlib.ExitStack() as files:  # (what the destination must undo when the writing ends)
         shard = ShardWriting(job, destination_of(job), files)
-        packed = _packed(job, shard.timings, shard.stand_ins, shard.counts)
+        packed = _packed(job, shard.timings, shard.copies_used, shard.counts)
         try:
             for record, size, failures in packed:
                 shard.add(record, size, failures)
@@ -102,16 +102,16 @@ def encode_part(job: ShardJob) -> PartResult:
     if get_format(job.format).appends:
         segment, shard = _written(job, ShardWriting.close_part)
         mark(f"done {job.spec.name}:{job.part}")
-        return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.stand_ins, segment, shard.counts)
+        return PartResult(job.spec.name, job.part or 0, [], shard.timings, shard.copies_used, segment, shard.counts)
     timings = dict.fromkeys(TIMED_STEPS, 0.0)
-    stand_ins: dict[str, str] = {}
+    copies_used: dict[str, str] = {}
     counts = dict.fromkeys(PICTURE_COUNTS, 0)
     done = []
-    for outcome in _packed(job, timings, stand_ins, counts):
+    for outcome in _packed(job, timings, copies_used, counts):
         done.append(outcome)
         _count_one()
     mark(f"done {job.spec.name}:{job.part}")
-    return PartResult(job.spec.name, job.part or 0, done, timings, stand_ins, counts=counts)
+    return PartResult(job.spec.name, job.part or 0, done, timings, copies_used, counts=counts)
 
 
 def run_job(job: ShardJob) -> ShardResult | PartResult:
@@ -125,17 +125,25 @@ def destination_of(job: ShardJob) -> Destination:
 
 
 def _packed(
-    job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str], counts: dict[str, int]
+    job: ShardJob, timings: dict[str, float], copies_used: dict[str, str], counts: dict[str, int]
 ) -> Generator[Outcome, None, None]:
     """Each item's outcome in the shard's order, as the source's reading makes it (reading.py):
     its record (None where it failed; a video's clips, a list), source bytes and failures; what
     its pictures were is added to `counts` (PICTURE_COUNTS)."""
-    return job.reading.packed(_packing(job, timings, stand_ins, counts))
+    return job.reading.packed(_packing(job, timings, copies_used, counts))
 
 
-def _packing(job: ShardJob, timings: dict[str, float], stand_ins: dict[str, str], counts: dict[str, int]) -> Packing:
+def _packing(job: ShardJob, timings: dict[str, float], copies_used: dict[str, str], counts: dict[str, int]) -> Packing:
     return Packing(
-        job.spec.items, job.resize, job.encode, job.format, timings, counts, stand_ins, job.copies, job.storage_options
+        job.spec.items,
+        job.resize,
+        job.encode,
+        job.format,
+        timings,
+        counts,
+        copies_used,
+        job.copies,
+        job.storage_options,
     )
 
 

@@ -260,15 +260,15 @@ def resample_planned(torch: Any, flat: Any, shapes: np.ndarray, plan: ResamplePl
     planes = shapes[:, 0] * shapes[:, 1]
     starts = np.concatenate([[0], np.cumsum(3 * planes)[:-1]]).astype(np.int64)
     spans_h, spans_w = plan.rows.end - plan.rows.first, plan.cols.end - plan.cols.first
-    parts, start, span, held = [], 0, (0, 0), 0
+    parts, start, span, pending = [], 0, (0, 0), 0
     for i in range(len(shapes)):
         grown = (max(span[0], int(spans_h[i])), max(span[1], int(spans_w[i])))
         pixels = 3 * int(planes[i])
-        cost = held + pixels + (i + 1 - start) * WINDOW_PIXEL_BYTES * grown[0] * grown[1]
+        cost = pending + pixels + (i + 1 - start) * WINDOW_PIXEL_BYTES * grown[0] * grown[1]
         if i > start and cost > WINDOW_BYTES:
             parts.append((start, i))
-            start, grown, held = i, (int(spans_h[i]), int(spans_w[i])), 0
-        span, held = grown, held + pixels
+            start, grown, pending = i, (int(spans_h[i]), int(spans_w[i])), 0
+        span, pending = grown, pending + pixels
     parts.append((start, len(shapes)))
     pieces = [_resample_part(torch, flat, starts[a:b], shapes[a:b], plan.take(slice(a, b)), size) for a, b in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)

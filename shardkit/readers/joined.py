@@ -154,11 +154,11 @@ def stored_columns(index: IndexFile) -> set[str]:
     import pyarrow.compute as pc
 
     names = set(index.columns) - {"key"}
-    held: list[str] = [n for n in ("columns", "fields") if n in index.columns]
-    if not held:
+    stored: list[str] = [n for n in ("columns", "fields") if n in index.columns]
+    if not stored:
         return names
-    table = index.read(held)
-    if "columns" in held:
+    table = index.read(stored)
+    if "columns" in stored:
         for text in pc.unique(table.column("columns").drop_null()).to_pylist():
             try:
                 parsed = json.loads(text)
@@ -166,7 +166,7 @@ def stored_columns(index: IndexFile) -> set[str]:
                 continue
             if isinstance(parsed, dict):
                 names.update(parsed)
-    if "fields" in held:
+    if "fields" in stored:
         names.update(pc.unique(pc.list_flatten(table.column("fields"))).drop_null().to_pylist())
     return names
 

@@ -131,7 +131,7 @@ class MixSpace:
         self.cuts: np.ndarray | None = None  # a source's shards start at scattered draws: lanes are cut evenly
         self.draws = mix.draws(progress.seed, progress.epoch)
         self._spaces: OrderedDict[tuple[int, int], ShardSpace] = OrderedDict()  # least recently used first
-        self._held = 0  # the kept spaces' shards, each space counted SPACE_COST more
+        self._kept_cost = 0  # the kept spaces' shards, each space counted SPACE_COST more
 
     def _space(self, source: int, round_: int) -> ShardSpace:
         """Round `round_` of a source's epoch order (a pure function of seed, epoch, source and
@@ -143,10 +143,10 @@ class MixSpace:
             return space
         seed = (self.progress.seed, self.progress.epoch, source, round_)
         space = self._spaces[key] = ShardSpace(self.mix.sources[source], seed, self.progress.shuffle)
-        self._held += len(space.order) + SPACE_COST
-        while self._held > SPACE_BUDGET and len(self._spaces) > 1:
+        self._kept_cost += len(space.order) + SPACE_COST
+        while self._kept_cost > SPACE_BUDGET and len(self._spaces) > 1:
             _, oldest = self._spaces.popitem(last=False)
-            self._held -= len(oldest.order) + SPACE_COST
+            self._kept_cost -= len(oldest.order) + SPACE_COST
         return space
 
     def _split(self, positions: np.ndarray) -> Iterator[tuple[ShardSpace, np.ndarray, np.ndarray]]:

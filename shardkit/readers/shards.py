@@ -100,7 +100,7 @@ class Shards:
             return record if self.joined is None else self.joined.add(record, self._stored_starts[shard] + position)
         finally:
             if self.remote is not None:
-                self._hold_open(shard)
+                self._keep_open(shard)
 
     def peek(self, shard: int, position: int) -> Record | None:
         """The record at a stored position, read as a stream's first (no member table is built), or
@@ -126,7 +126,7 @@ class Shards:
             if self.remote is not None:
                 reader.close()
 
-    def _hold_open(self, shard: int) -> None:
+    def _keep_open(self, shard: int) -> None:
         """Random access keeps the last few remote shards open, not all it ever touched: each open
         one holds descriptors, and a cached copy the cache evicted still takes its disk space."""
         self._open_remote[shard] = None

@@ -43,16 +43,16 @@ def _after_fork_in_child() -> None:
     _THREAD_LOCKS.clear()
     global _THREAD_LOCKS_GUARD
     _THREAD_LOCKS_GUARD = threading.Lock()
-    for fd in list(_HELD):
+    for fd in list(_LOCKED):
         with contextlib.suppress(OSError):
             os.close(fd)
-    _HELD.clear()
+    _LOCKED.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-_HELD: set[int] = set()  # descriptors of the cache locks this process holds now
+_LOCKED: set[int] = set()  # descriptors of the cache locks this process holds now
 # struct flock for a whole-file write lock (l_type, l_whence, l_start, l_len, l_pid; pid 0 for OFD)
 _WHOLE_FILE = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(32, b"\0")
 
@@ -132,12 +132,12 @@ class ShardCache:
         (_after_fork_in_child), so it cannot keep the lock alive."""
         with _thread_lock(self.root, name):
             fd = os.open(self.root / "locks" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            _HELD.add(fd)
+            _LOCKED.add(fd)
             try:
                 _lock_exclusive(fd)
                 yield
             finally:
-                _HELD.discard(fd)
+                _LOCKED.discard(fd)
                 os.close(fd)  # releases the lock
 
     def open(self, store: Store, name: str, size: int, sha256: str) -> int:

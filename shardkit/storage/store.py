@@ -225,15 +225,15 @@ class Store:
                 return []
 
         entries = retrying(self.url, "listing", ls)
-        held: dict[str, int | None] = {}
+        listed: dict[str, int | None] = {}
         for entry in entries:
             if entry.get("type") == "file":  # an HTTP index may not tell sizes: None
                 size = entry.get("size")
                 name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
                 if self._http:
                     name = unquote(name)  # links are URLs: "a%20b.tar" is the shard "a b.tar"
-                held[name] = None if size is None else int(size)
-        return held
+                listed[name] = None if size is None else int(size)
+        return listed
 
     def folder(self, rel_dir: str = "") -> list[tuple[str, bool]]:
         """(name, whether it is a folder) of each entry directly under `rel_dir` ('/'-separated,
@@ -296,9 +296,9 @@ class Store:
             raise ShardFormatError(f"{url}: listed in the manifest but missing") from None
         except TooLong:
             raise ShardFormatError(f"{url}: more than the {size:,} bytes the manifest says (replaced?)") from None
-        held = os.path.getsize(destination)
-        if held != size:
-            raise ShardFormatError(f"{url}: {held:,} bytes, the manifest says {size:,} (truncated or replaced?)")
+        on_disk = os.path.getsize(destination)
+        if on_disk != size:
+            raise ShardFormatError(f"{url}: {on_disk:,} bytes, the manifest says {size:,} (truncated or replaced?)")
         if digest != sha256:
             raise ShardFormatError(f"{url}: sha256 differs from the manifest (damaged or replaced object)")
 
