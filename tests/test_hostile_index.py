@@ -5,6 +5,7 @@ into memory or onto disk past what the manifest says the output holds."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import threading
@@ -170,11 +171,7 @@ def temp_watched(tmp_path: Path) -> Iterator[list[int]]:
 
     def watch() -> None:
         while not done.is_set():
-            held = 0
-            for path in base.rglob("*"):
-                with contextlib.suppress(OSError):
-                    held += path.stat().st_size if path.is_file() else 0
-            peak[0] = max(peak[0], held)
+            peak[0] = max(peak[0], _bytes_under(base))
             done.wait(0.005)
 
     saved, tempfile.tempdir = tempfile.tempdir, str(base)
@@ -186,6 +183,18 @@ def temp_watched(tmp_path: Path) -> Iterator[list[int]]:
         done.set()
         watcher.join()
         tempfile.tempdir = saved
+
+
+def _bytes_under(base: Path) -> int:
+    """The bytes of the files under `base` now. Folders come and go while it walks (verify's
+    temporary folder is removed as it ends): one that vanished mid-walk counts as empty, and the
+    walk goes on, so the watcher samples until the block ends."""
+    total = 0
+    for folder, _, names in os.walk(base):  # (os.walk skips a folder it can no longer list)
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+    return total
 
 
 def errors_log_problems(report) -> list[str]:
