@@ -39,6 +39,26 @@ def test_run_alone_returns_results_and_reraises_errors() -> None:
         run_alone(square_or_die, 5)
 
 
+def variable(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_workers_see_the_environment_the_driver_has_when_they_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forkserver's children inherit the forkserver's environment, fixed when it started: a
+    variable set since (AWS credentials set after a first pack in the same process) must still
+    reach the workers of the next pool, as it reaches a forked or spawned child."""
+    name = "SHARDKIT_TEST_SET_LATE"
+    monkeypatch.delenv(name, raising=False)
+    assert dict(map_local(variable, [name, name], 2)) == {0: None, 1: None}  # (the forkserver runs now)
+    monkeypatch.setenv(name, "set after the forkserver started")
+    assert dict(map_local(variable, [name, name], 2)) == {0: "set after the forkserver started"} | {
+        1: "set after the forkserver started"
+    }
+    assert run_alone(variable, name) == ("set after the forkserver started", None)
+    monkeypatch.delenv(name)
+    assert dict(map_local(variable, [name, name], 2)) == {0: None, 1: None}
+
+
 def test_plain_map_local_reports_a_dead_worker() -> None:
     with pytest.raises(WorkerDiedError):
         list(map_local(square_or_die, [1, 3, 4], 2))

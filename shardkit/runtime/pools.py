@@ -36,7 +36,10 @@ def process_pool(
 ) -> ProcessPoolExecutor:
     """A process pool whose workers follow the rules of `start_worker`."""
     return ProcessPoolExecutor(
-        workers, mp_context=started_context(), initializer=start_worker, initargs=(os.getpid(), initializer, initargs)
+        workers,
+        mp_context=started_context(),
+        initializer=start_worker,
+        initargs=(os.getpid(), initializer, initargs, dict(os.environ)),
     )
 
 
@@ -187,7 +190,7 @@ def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | Non
     An exception raised by the job is re-raised here."""
     context = started_context()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_alone, args=(os.getpid(), function, job, sender), daemon=True)
+    process = context.Process(target=_alone, args=(os.getpid(), function, job, sender, dict(os.environ)), daemon=True)
     with stops_deferred():  # (as in `submit`: a process half started is one nobody stops)
         process.start()
     sender.close()
@@ -217,8 +220,8 @@ def run_alone(function: Callable[[Any], Result], job: Any) -> tuple[Result | Non
     return value, None
 
 
-def _alone(driver: int, function: Callable[[Any], Any], job: Any, sender: Any) -> None:
-    start_worker(driver)
+def _alone(driver: int, function: Callable[[Any], Any], job: Any, sender: Any, environment: dict[str, str]) -> None:
+    start_worker(driver, environment=environment)
     try:
         result = (True, function(job))
     except Exception as error:

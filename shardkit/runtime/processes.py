@@ -179,10 +179,22 @@ def _start_blocked(start: Callable[[], None]) -> None:
 _HELPER_BLOCKED = {signal.SIGINT, signal.SIGHUP}
 
 
-def start_worker(driver: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
+def start_worker(
+    driver: int,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
+    environment: dict[str, str] | None = None,
+) -> None:
     """Runs first in every worker process. Ctrl-C, which a terminal sends to every process, is the
     driver's to handle (it stops the workers itself); a SIGTERM ends a worker as usual. When the
-    driver dies (even by kill -9) the worker exits within a second instead of working for nobody."""
+    driver dies (even by kill -9) the worker exits within a second instead of working for nobody.
+
+    `environment` is the driver's at the pool's start: a forkserver's children inherit the
+    forkserver's environment, which is the driver's when the forkserver started, so a variable the
+    driver set since (credentials, an endpoint) would be missing in its workers."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
     mark("worker")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELPER_BLOCKED)  # (blocked in the forkserver)
