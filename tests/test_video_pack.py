@@ -365,3 +365,93 @@ def test_bench_compares_the_clips_with_their_source_videos(packed: Path, videos:
         "train 32: shards clip loader",
     ]
     assert all(row.images == clips for row in report.rows) and report.ratio("shards: clips, PyAV") is not None
+
+
+def _corner_picture(width: int = 96, height: int = 64) -> np.ndarray:
+    """A picture no turn or mirror maps onto itself: a bright block at the top-left corner, a
+    mid-gray one at the top-right, dark elsewhere."""
+    pixels = np.full((height, width, 3), 16, np.uint8)
+    pixels[:16, :16] = 240
+    pixels[:16, -24:] = 128
+    return pixels
+
+
+def _oriented(path: Path, degrees: int, hflip: bool, vflip: bool, seconds: float = 0.5) -> None:
+    """An H.264 MP4 of _corner_picture whose display matrix turns it `degrees` counter-clockwise,
+    then mirrors it (PyAV's set_display_rotation)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.set_display_rotation(degrees, hflip=hflip, vflip=vflip)
+        for _ in range(round(seconds * 24)):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(_corner_picture(), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+# name -> (degrees counter-clockwise, hflip, vflip) of the display matrix
+ORIENTED = {"hflip": (0, True, False), "vflip": (0, False, True), "transpose": (270, True, False),
+            "turn90": (90, False, False), "antitranspose": (90, True, False),
+            "turn180": (180, False, False)}  # fmt: skip
+
+
+def _as_displayed(degrees: int, hflip: bool, vflip: bool) -> np.ndarray:
+    """_corner_picture as a player shows it: turned counter-clockwise, then mirrored."""
+    shown = np.rot90(_corner_picture(), degrees // 90)
+    if hflip:
+        shown = shown[:, ::-1]
+    if vflip:
+        shown = shown[::-1]
+    return np.ascontiguousarray(shown)
+
+
+@pytest.fixture(scope="module")
+def oriented_firsts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The first frame of each ORIENTED video's first clip, packed in one pack."""
+    source = tmp_path_factory.mktemp("oriented")
+    for name, (degrees, hflip, vflip) in ORIENTED.items():
+        _oriented(source / f"{name}.mp4", degrees, hflip, vflip)
+    out = tmp_path_factory.mktemp("oriented_out") / "out"
+    pack(pack_config(source, out, clip_seconds=0.25, clip_fps=8, workers=1))
+    firsts = {}
+    for record in _records(out):
+        if record.key.endswith("_000000"):
+            with av.open(io.BytesIO(record.data)) as container:
+                firsts[record.meta["source"]] = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    assert set(firsts) == {f"{name}.mp4" for name in ORIENTED}
+    return firsts
+
+
+@pytest.mark.parametrize("name", list(ORIENTED))
+def test_a_mirrored_or_transposed_video_is_packed_as_displayed(
+    oriented_firsts: dict[str, np.ndarray], name: str
+) -> None:
+    """Each display matrix of a turn and a mirror: the clip's first frame is the picture as a
+    player shows it, nearer to it than to any other of the eight orientations."""
+    frame = oriented_firsts[f"{name}.mp4"].astype(np.float64)
+    expected = _as_displayed(*ORIENTED[name])
+    assert frame.shape == expected.shape
+    candidates = {(d, h): _as_displayed(d, h, False) for d in (0, 90, 180, 270) for h in (False, True)}
+    distances = {turn: float(np.abs(shown - frame).mean()) for turn, shown in candidates.items()
+                 if shown.shape == frame.shape}  # fmt: skip
+    nearest = min(distances, key=distances.__getitem__)
+    assert np.array_equal(candidates[nearest], expected), nearest
+    assert float(np.abs(expected - frame).mean()) < 8
+
+
+def test_a_jpeg_named_mp4_gets_the_probes_verdict_from_pack(tmp_path: Path) -> None:
+    from shardkit.packing.video_probe import probe_video
+    from shardkit.synthetic import encode, picture
+
+    source = tmp_path / "src"
+    write_video(source / "good.mp4", 96, 64, seconds=1.0, fps=24)
+    (source / "photo.mp4").write_bytes(encode(picture(96, 64), "JPEG"))
+    out = tmp_path / "out"
+    pack(pack_config(source, out, clip_seconds=SECONDS, workers=1))
+    errors = {row["path"]: row for row in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    verdict = probe_video(str(source / "photo.mp4"), "photo.mp4").error
+    assert verdict == "not a video: no MP4, Matroska or AVI header"
+    assert set(errors) == {"photo.mp4"}
+    assert (errors["photo.mp4"]["stage"], errors["photo.mp4"]["reason"]) == ("header", verdict)

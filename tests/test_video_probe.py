@@ -11,7 +11,7 @@ import pytest
 from shardkit.packing.video_probe import probe_video, probe_videos, sniff
 from shardkit.synthetic import write_video
 from tests.inprocess import run_cli
-from tests.test_video_pack import VFR_MS, _rotated, _streamed_webm, _vfr, zeroed
+from tests.test_video_pack import ORIENTED, VFR_MS, _oriented, _rotated, _streamed_webm, _vfr, zeroed
 
 av = pytest.importorskip("av")
 
@@ -72,3 +72,22 @@ def test_census_and_json(videos: Path, tmp_path: Path, capfd: pytest.CaptureFixt
     data = json.loads(out.read_text())["videos"]
     assert data["count"] == 8 and data["codecs"]["h264"] == 5
     assert set(data["distributions"]) == {"duration", "fps", "width", "height"}
+
+
+def test_the_census_tells_a_mirror_from_a_turn(tmp_path: Path) -> None:
+    """The display matrix read whole: a mirror is counted as mirrored, not as a half turn; a
+    transpose as a three-quarter turn and a mirror, its sides swapped."""
+    expected = {"hflip": (0, True, 96, 64), "vflip": (180, True, 96, 64), "transpose": (270, True, 64, 96),
+                "turn90": (90, False, 64, 96), "antitranspose": (90, True, 64, 96),
+                "turn180": (180, False, 96, 64)}  # fmt: skip
+    for name, (degrees, hflip, vflip) in ORIENTED.items():
+        _oriented(tmp_path / f"{name}.mp4", degrees, hflip, vflip)
+    found = {}
+    for name in ORIENTED:
+        row = probe_video(str(tmp_path / f"{name}.mp4"), f"{name}.mp4")
+        assert row.error is None
+        found[name] = (row.rotation, row.mirrored, row.width, row.height)
+    assert found == expected
+    report = probe_videos(tmp_path, workers=1)
+    assert (report.videos, report.rotated, report.mirrored) == (6, 5, 4)
+    assert report.to_json()["mirrored"] == 4

@@ -13,9 +13,9 @@ from shardkit.core.errors import ConfigError, ShardReadError
 from shardkit.formats.base import Record
 from shardkit.readers.clips import decode_clip
 from shardkit.readers.dataset import open_shards
-from shardkit.synthetic import encode, picture
+from shardkit.synthetic import encode, picture, video_frame
 
-from .video_clips import clip_record, write_output
+from .video_clips import clip_mp4, clip_record, write_output
 
 pytest.importorskip("av")
 
@@ -228,7 +228,7 @@ def test_torch_workers_read_every_clip_once(output: Path) -> None:
 def test_a_whole_clip_over_the_memory_limit_is_refused_unread(clips: list[Record]) -> None:
     from shardkit.core.errors import ImageError
 
-    meta = {**clips[0].meta, "frames": 90_000, "stored_width": 4096, "stored_height": 2160}
+    meta = {**clips[0].meta, "frames": 18_000, "end": 18_000 / 8, "stored_width": 4096, "stored_height": 2160}
     with pytest.raises(ImageError, match="bytes of frames, over the limit of"):
         decode_clip(clips[0].data, meta, 10**9)
 
@@ -236,3 +236,62 @@ def test_a_whole_clip_over_the_memory_limit_is_refused_unread(clips: list[Record
 def test_a_clip_not_of_whole_macroblocks_decodes() -> None:
     record = clip_record("odd", 0, frames=3, width=70, height=46)
     assert decode_clip(record.data, record.meta, 10**8).shape == (3, 46, 70, 3)
+
+
+@pytest.fixture(scope="module")
+def packed_clips(tmp_path_factory: pytest.TempPathFactory) -> list[Record]:
+    """The records of a real pack: one video cut into clips of 5 frames, 72x48."""
+    from shardkit.core.manifest import read_manifest
+    from shardkit.core.pack_options import pack_config
+    from shardkit.formats import get_format
+    from shardkit.packing.pack import pack
+    from shardkit.synthetic import write_video
+
+    source = tmp_path_factory.mktemp("video")
+    write_video(source / "v.mp4", 96, 64, seconds=1.5, fps=20)
+    out = tmp_path_factory.mktemp("packed") / "out"
+    pack(pack_config(source, out, clip_seconds=0.5, clip_fps=10, resize=48, workers=1))
+    manifest = read_manifest(out)
+    reader = get_format(manifest.format).reader
+    records = [record for shard in manifest.shards for record in reader(str(out / shard.name))]
+    assert len(records) == 3 and {r.meta["frames"] for r in records} == {5}
+    return records
+
+
+def _tampered(record: Record, how: str) -> Record:
+    """A packed clip record whose meta or MP4 a stranger changed, as it would reach a reader."""
+    meta = record.meta
+    if how == "nan-fps":
+        return record._replace(meta={**meta, "fps": float("nan")})
+    if how == "far-start":
+        return record._replace(meta={**meta, "start": 1e308})
+    if how == "declared-longer":  # a meta consistent in itself, 18,000 frames, over a clip of 5
+        return record._replace(meta={**meta, "frames": 18_000, "end": meta["start"] + 18_000 / meta["fps"]})
+    assert how == "swapped-longer"  # the MP4 swapped for a longer one of the same size
+    frames = [video_frame(meta["stored_width"], meta["stored_height"], i) for i in range(400)]
+    return record._replace(data=clip_mp4(frames, fps=10, preset="ultrafast", crf=40))
+
+
+@pytest.mark.parametrize("name", ["webdataset", "lmdb"])
+@pytest.mark.parametrize("how", ["nan-fps", "far-start", "declared-longer", "swapped-longer"])
+def test_a_clip_whose_meta_and_content_disagree_fails_everywhere(
+    tmp_path: Path, packed_clips: list[Record], name: str, how: str
+) -> None:
+    """verify --deep, Sample.video and the clip loader (a few frames of each clip) all refuse the
+    tampered record, naming it; the untouched records read."""
+    from shardkit.checks.verify import verify
+
+    records = [packed_clips[0], _tampered(packed_clips[1], how), packed_clips[2]]
+    folder = write_output(tmp_path / "out", name, [records])
+    key = records[1].key
+    report = verify(folder, deep=True)
+    assert [p.key for p in report.problems] == [key], report.problems
+    dataset = open_shards(folder)
+    assert dataset[0].video.shape == (5, 48, 72, 3)
+    with pytest.raises(ShardReadError, match=rf": record {key}: cannot decode") as raised:
+        dataset[1]
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ShardReadError, match=rf": record {key}: cannot decode"):
+        list(open_shards(folder).loader(3, 16, frames=2, output="numpy"))
+    (batch,) = open_shards(folder, on_error="skip").loader(3, 16, frames=2, output="numpy")
+    assert batch.keys == [packed_clips[0].key, packed_clips[2].key]

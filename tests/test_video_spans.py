@@ -149,3 +149,32 @@ def test_sigkill_then_resume_gives_the_same_clips(source: Path, tmp_path: Path) 
     shards, clean_shards = killed_then_resumed(_pack_cli, many, out, tmp_path / "clean")
     assert len(shards) == 12 and shards == clean_shards
     assert verify(out, deep=True, source=many).ok
+
+
+HOSTILE_ROWS = """file_name,start,end
+a.mp4,0.25,7.5E-1
+a.mp4,-1e308,1e308
+a.mp4,0,0_5
+a.mp4,\u0660,0.5
+a.mp4,1e15,1000000000000001
+"""
+
+
+def test_a_span_cell_is_a_plain_number_and_any_span_is_listed_plainly(source: Path, tmp_path: Path) -> None:
+    """A cell in Python-only syntax (an underscore, other digits) is not a number of seconds; a span
+    no video holds (of infinite length, past any timestamp) is listed with its reason at the clip
+    stage, as a span past a video's end is, never as shardkit's own error."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    os.link(source / "a.mp4", folder / "a.mp4")
+    (folder / "metadata.csv").write_text(HOSTILE_ROWS, encoding="utf-8")
+    out = tmp_path / "out"
+    records = _pack(folder, out)
+    assert [(r.key, r.meta["start"], r.meta["end"]) for r in records] == [("a_000000002", 0.25, 0.75)]
+    rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    listed = {row["reason"].split(":")[0].rsplit(" ", 1)[1]: (row["stage"], row["reason"]) for row in rows}
+    assert sorted(listed, key=int) == ["3", "4", "5", "6"]
+    assert listed["3"] == ("clip", "metadata.csv line 3: the span from -1e+308 s to 1e+308 s is longer than any video")
+    assert listed["4"] == ("discover", "metadata.csv line 4: end '0_5' is not a number of seconds")
+    assert listed["5"] == ("discover", "metadata.csv line 5: start '\u0660' is not a number of seconds")
+    assert listed["6"][0] == "clip" and "past the video's end" in listed["6"][1]

@@ -173,7 +173,8 @@ def render_videos(report: VideoReport) -> None:
         formats = ", ".join(f"{name} {count:,}" for name, count in report.pix_fmts.items())
         console.print(f"codecs: {shown}; pixel formats: {formats}")
         console.print(
-            f"variable frame rate: {report.vfr:,}; rotated: {report.rotated:,}; with audio: {report.with_audio:,}"
+            f"variable frame rate: {report.vfr:,}; rotated: {report.rotated:,}; mirrored: {report.mirrored:,}; "
+            f"with audio: {report.with_audio:,}"
         )
     _render_labels(report.labels)
     for reason, count in report.problems.items():

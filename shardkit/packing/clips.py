@@ -6,7 +6,7 @@ timestamp (not 0), and is kept only when it ends by the video's end (the last fr
 plus one frame); a partial last clip is dropped. A clip's frame j is the source frame shown at
 start + j / fps: the last one whose timestamp is at or before it (a small tolerance for containers
 that round timestamps to milliseconds), so a variable frame rate comes out constant. Frames are
-turned as displayed (the display matrix) before they are sized.
+turned and mirrored as displayed (the display matrix) before they are sized.
 
 Memory is bounded: frames are decoded one at a time and fed straight to the encoder of each clip
 they fall in (at most ceil(seconds / stride) at once); what is held is the clips' encoded bytes,
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from ..core.config import (
 )
 from ..core.errors import ImageError, describe, require
 from ..core.safeio import open_regular
-from .av_support import native_path, said
+from .av_support import NOT_A_VIDEO, SNIFF_BYTES, Orientation, native_path, orientation, said, sniff
 from .sources.item import Span
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ _TOLERANCE = 0.002  # seconds: webm and mkv round timestamps to milliseconds
 CLIP_NUMBER_DIGITS = 6  # clip keys `<video key>_000003`: sort in order, never a dot
 MAX_CLIPS = 10**CLIP_NUMBER_DIGITS - 1  # of one video (a clip a second: 11 days)
 MAX_GAP = 60.0  # seconds between two frames' timestamps: more is a damaged file, not a still scene
+# a video's clip geometry: orientation, width and height as displayed, stored width and height
+MAX_SEEK = 2**62  # a seek's target in the stream's time base: FFmpeg's timestamps are 64-bit
+_Shape = tuple[Orientation, int, int, int, int]
 
 
 def clip_key(video_key: str, number: int) -> str:
@@ -150,6 +154,9 @@ def _opened(path: str) -> Iterator[tuple[Any, av.container.InputContainer]]:
     av = require("av", "video")
     fd = open_regular(path)  # a FIFO or a device is refused here, never waited on
     with os.fdopen(fd, "rb") as file:
+        if sniff(file.read(SNIFF_BYTES)) is None:  # (the probe's test: one verdict for a file)
+            raise ImageError("header", NOT_A_VIDEO)
+        file.seek(0)
         try:
             container = av.open(native_path(fd, file), metadata_errors="ignore")
         except av.FFmpegError as error:
@@ -184,7 +191,10 @@ def _clip_fps(clips: ClipConfig, source_fps: float) -> Fraction:
 
 
 def _frame_count(seconds: float, fps: Fraction) -> int:
-    count = round(seconds * fps)
+    exact = seconds * float(fps)
+    if not math.isfinite(exact):  # a span table's row may name any two numbers of seconds
+        raise ImageError("clip", f"a clip of {seconds:g} s is longer than any video")
+    count = round(exact)
     if not 1 <= count <= MAX_CLIP_FRAMES:
         raise ImageError(
             "clip", f"a clip of {seconds:g} s at {float(fps):g} fps holds {count} frames; not 1 to {MAX_CLIP_FRAMES:,}"
@@ -212,7 +222,7 @@ def _cut(
     active: list[_Encoder] = []
     prev: tuple[float, av.video.frame.VideoFrame] | None = None
     t0 = last_t = 0.0
-    shape: tuple[int, int, int, int, int] | None = None  # rotation, width, height (displayed), stored
+    shape: _Shape | None = None
     next_clip = 0
 
     def finish(clip: _Encoder) -> None:
@@ -282,16 +292,20 @@ def _span(
 ) -> Clip:
     stream, source_fps = _header(container, max_pixels)
     fps = _clip_fps(clips, source_fps)
-    count = _frame_count(span.end - span.start, fps)
+    length = span.end - span.start
+    if not math.isfinite(length):
+        raise ImageError("clip", f"the span from {span.start:g} s to {span.end:g} s is longer than any video")
+    count = _frame_count(length, fps)
     tolerance = min(_TOLERANCE, 0.25 / source_fps)
     # Back to the keyframe at or before the start (a seek is in the stream's time base): decoding
     # from there, not from 0, is what makes a row late in a long video cheap.
-    if stream.time_base:
+    target = span.start / stream.time_base if stream.time_base else 0.0
+    if 0 < target < MAX_SEEK:  # (a start past any timestamp FFmpeg keeps is found past the video's end)
         with contextlib.suppress(av.FFmpegError):  # (a file that cannot seek is decoded from its start)
-            container.seek(max(0, int(span.start / stream.time_base)), stream=stream, backward=True)
+            container.seek(int(target), stream=stream, backward=True)
     clip: _Encoder | None = None
     prev: tuple[float, Any] | None = None
-    shape: tuple[int, int, int, int, int] | None = None
+    shape: _Shape | None = None
     try:
         for t, frame in _frames(av, container, stream, source_fps, max_pixels):
             if prev is None:
@@ -330,7 +344,7 @@ def _span(
 
 
 def _meta(
-    source: str, start: float, end: float, fps: Fraction, count: int, shape: tuple[int, int, int, int, int], codec: str
+    source: str, start: float, end: float, fps: Fraction, count: int, shape: _Shape, codec: str
 ) -> dict[str, Any]:
     """A clip's meta: core/clips.py's CLIP_META."""
     return {
@@ -361,30 +375,23 @@ def _frames(
         yield t, frame
 
 
-def _shape(frame: Any, resize: ResizeConfig) -> tuple[int, int, int, int, int]:
-    """A video's clip geometry from its first frame: quarter turns, width and height as displayed,
-    and the stored width and height."""
-    rotation = _quarter_turns(frame)
-    width, height = (frame.height, frame.width) if rotation % 2 else (frame.width, frame.height)
-    return (rotation, width, height, *stored_size(width, height, resize))
+def _shape(frame: Any, resize: ResizeConfig) -> _Shape:
+    """A video's clip geometry from its first frame: its orientation (display matrix), width and
+    height as displayed, and the stored width and height."""
+    turn = orientation(frame)
+    width, height = (frame.height, frame.width) if turn.swap else (frame.width, frame.height)
+    return (turn, width, height, *stored_size(width, height, resize))
 
 
-def _quarter_turns(frame: Any) -> int:
-    """Counter-clockwise quarter turns that show the frame as displayed (its display matrix)."""
-    rotation = getattr(frame, "rotation", 0) or 0
-    return round(rotation / 90) % 4
-
-
-def _displayed(frame: Any, shape: tuple[int, int, int, int, int], resize: ResizeConfig) -> Any:
-    """The frame turned as displayed, at the stored size, in yuv420p."""
+def _displayed(frame: Any, shape: _Shape, resize: ResizeConfig) -> Any:
+    """The frame as displayed (turned and mirrored as its display matrix says), at the stored
+    size, in yuv420p."""
     import av
-    import numpy as np
 
-    turns, _, _, stored_width, stored_height = shape
+    turn, _, _, stored_width, stored_height = shape
     interpolation = _INTERPOLATION[resize.resample]
-    if not turns:
+    if turn == Orientation():
         return frame.reformat(stored_width, stored_height, "yuv420p", interpolation=interpolation)
-    width, height = (stored_height, stored_width) if turns % 2 else (stored_width, stored_height)
+    width, height = (stored_height, stored_width) if turn.swap else (stored_width, stored_height)
     pixels = frame.reformat(width, height, "rgb24", interpolation=interpolation).to_ndarray()
-    turned = np.ascontiguousarray(np.rot90(pixels, turns))
-    return av.VideoFrame.from_ndarray(turned, format="rgb24").reformat(format="yuv420p")
+    return av.VideoFrame.from_ndarray(turn.displayed(pixels), format="rgb24").reformat(format="yuv420p")

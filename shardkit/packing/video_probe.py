@@ -1,11 +1,11 @@
 """The census of a folder's videos (`shardkit probe` of a folder that holds videos), read with PyAV
 (the `video` extra) in worker processes, a chunk of files per job as the image probe does.
 
-A file counts as a video by its content (an MP4/MOV 'ftyp' box at offset 4, Matroska/WebM's EBML
-magic, AVI's RIFF header), and as readable only once its first frame decodes. What the header does
-not say is measured with bounded work: a duration missing from it comes from the packets' timestamps
-(at most MAX_PACKETS), a variable frame rate from the first VFR_FRAMES packets' timestamps (demuxed:
-only the first frame is decoded). Nothing here prints."""
+A file counts as a video by its content (av_support.sniff, the pack's test too: an MP4/MOV box at
+offset 4, Matroska/WebM's EBML magic, AVI's RIFF header), and as readable only once its first frame
+decodes. What the header does not say is measured with bounded work: a duration missing from it
+comes from the packets' timestamps (at most MAX_PACKETS), a variable frame rate from the first
+VFR_FRAMES packets' timestamps (demuxed: only the first frame is decoded). Nothing here prints."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..core.config import DEFAULT_MAX_PIXELS, DEFAULT_TRAIN_SIZE, check_workers
 from ..core.errors import describe, require
 from ..core.safeio import open_regular
 from ..runtime.pools import default_workers, map_local
-from .av_support import native_path, said
+from .av_support import NOT_A_VIDEO, SNIFF_BYTES, native_path, orientation, said, sniff
 from .sources import Item, walk
 from .sources.labelling import Labelling, labelling
 
@@ -45,21 +45,11 @@ class VideoRow(NamedTuple):
     frames: int = 0  # from the header, else duration x fps
     width: int = 0  # as displayed (rotation applied)
     height: int = 0
-    rotation: int = 0  # degrees counter-clockwise, from the display matrix
+    rotation: int = 0  # degrees counter-clockwise, from the display matrix (before `mirrored`)
     codec: str = ""  # FFmpeg's name
     pix_fmt: str = ""
     audio: int = 0  # audio streams
-
-
-def sniff(head: bytes) -> str | None:
-    """The container a file's first bytes say it is, or None."""
-    if len(head) >= 8 and head[4:8] == b"ftyp":
-        return "mp4"
-    if head[:4] == b"\x1a\x45\xdf\xa3":
-        return "matroska"
-    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:11] == b"AVI":
-        return "avi"
-    return None
+    mirrored: bool = False  # shown mirrored left-right after its rotation (the display matrix)
 
 
 def probe_video(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> VideoRow:
@@ -69,9 +59,9 @@ def probe_video(path: str, relpath: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
         return VideoRow(relpath, 0, f"cannot read: {describe(error)}")
     with os.fdopen(fd, "rb") as file:
         size = os.fstat(fd).st_size
-        kind = sniff(file.read(12))
+        kind = sniff(file.read(SNIFF_BYTES))
         if kind is None:
-            return VideoRow(relpath, size, "not a video: no MP4, Matroska or AVI header")
+            return VideoRow(relpath, size, NOT_A_VIDEO)
         file.seek(0)
         try:
             return _probe_open(native_path(fd, file), relpath, size, kind, max_pixels)
@@ -106,16 +96,16 @@ def _probe_open(file: Any, relpath: str, size: int, kind: str, max_pixels: int) 
         times = sorted(times)[: max(2, len(times) - REORDER)] if len(times) > VFR_FRAMES else sorted(times)
         if first is None:
             return VideoRow(relpath, size, "no frame decodes", kind)
-        rotation = round((getattr(first, "rotation", 0) or 0) / 90) % 4 * 90
-        width, height = (first.height, first.width) if rotation in (90, 270) else (first.width, first.height)
+        turn = orientation(first)
+        width, height = (first.height, first.width) if turn.swap else (first.width, first.height)
         rate = stream.average_rate or stream.guessed_rate
         deltas = [b - a for a, b in itertools.pairwise(times) if b > a]
         fps = float(rate) if rate else (len(deltas) / sum(deltas) if deltas else 0.0)
         vfr = bool(deltas) and max(deltas) - min(deltas) > max(0.002, 0.1 * sorted(deltas)[len(deltas) // 2])
         duration = _duration(container, stream, times, fps)
         frames = stream.frames or round(duration * fps)
-        return VideoRow(relpath, size, None, kind, duration, fps, vfr, frames, width, height, rotation,
-                        context.name, context.pix_fmt or "", audio)  # fmt: skip
+        return VideoRow(relpath, size, None, kind, duration, fps, vfr, frames, width, height, turn.rotation,
+                        context.name, context.pix_fmt or "", audio, turn.mirrored)  # fmt: skip
 
 
 def _duration(container: Any, stream: Any, times: list[float], fps: float) -> float:
@@ -161,7 +151,8 @@ class VideoReport:
     pix_fmts: dict[str, int]
     containers: dict[str, int]
     vfr: int
-    rotated: int
+    rotated: int  # turned by the display matrix (a vertical mirror is a half turn, mirrored)
+    mirrored: int
     with_audio: int
     total_seconds: float
     problems: dict[str, int]  # reason -> files
@@ -244,7 +235,8 @@ def summarize(
         pix_fmts=dict(Counter(row.pix_fmt for row in good).most_common()),
         containers=dict(Counter(row.container for row in good).most_common()),
         vfr=sum(row.vfr for row in good), rotated=sum(row.rotation != 0 for row in good),
-        with_audio=sum(row.audio > 0 for row in good), total_seconds=round(sum(row.duration for row in good), 3),
+        mirrored=sum(row.mirrored for row in good), with_audio=sum(row.audio > 0 for row in good),
+        total_seconds=round(sum(row.duration for row in good), 3),
         problems=dict(problems.most_common()), examples=examples, recommendation=recommend(good, train_size),
         skipped=skipped, rows=rows,
     )  # fmt: skip

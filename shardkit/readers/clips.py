@@ -2,11 +2,13 @@
 crops. A clip's MP4 is decoded with PyAV from memory, frame by frame, and only as far as asked.
 
 Clips come from strangers like images do: the demuxer is MP4's alone and the decoder H.264's (no
-probing of other formats), the stored size is checked against `max_pixels` and against the meta
-before a frame is decoded, every frame against the stream's size, and a clip holding more than its
-meta's `frames` (plus FRAME_SLACK) is refused as it is decoded: memory stays bounded by what the
-meta declares. Every failure is ImageError("decode", ...), which readers turn into a ShardReadError
-naming shard and key."""
+probing of other formats). The meta is held to the contract (core/clips.py's `checked_meta`), the
+stored size checked against `max_pixels` and against the stream's, and the clip's packets counted
+against the meta's `frames` (demuxed, not decoded: cheap, and bounded by what the meta declares)
+before a frame is decoded; then every frame is checked against the stream's size, the first to be
+a keyframe, and a clip decoded to its end to hold its meta's `frames` exactly. A clip whose meta
+and content disagree fails wherever it is read, whole or a few frames of it. Every failure is
+ImageError("decode", ...), which readers turn into a ShardReadError naming shard and key."""
 
 from __future__ import annotations
 
@@ -15,17 +17,15 @@ import io
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
-from ..core.clips import CLIP_EXT
+from ..core.clips import CLIP_EXT, checked_meta
 from ..core.errors import ImageError, describe, require
 from ..formats.base import Record
 from .decode import refuse_over
 
-FRAME_SLACK = 2  # frames a clip may hold beyond its meta's count (an encoder's rounding)
-MAX_FRAMES = 100_000  # the most frames a clip's meta may declare (an hour at 24 fps and more)
 MAX_VIDEO_BYTES = 4 << 30  # the most a whole clip's RGB frames (Sample.video) may take in memory
 # FFmpeg threads per clip: the loader's threads already decode clips side by side, so more
 # threads per clip add no parallelism
@@ -64,24 +64,15 @@ def is_clip(record: Record) -> bool:
 
 def clip_size(meta: dict[str, Any], max_pixels: int) -> tuple[int, int]:
     """(width, height) of a clip's frames as its meta states them (windows are drawn from it before
-    anything is decoded), checked against `max_pixels`."""
-    width, height = meta.get("stored_width"), meta.get("stored_height")
-    if not (_whole(width) and _whole(height) and width > 0 and height > 0):
-        raise ImageError("decode", f"clip meta's stored size is not two positive integers ({width!r}, {height!r})")
-    refuse_over((width, height), max_pixels)
-    return width, height
+    anything is decoded), the meta checked (core/clips.py) and the size against `max_pixels`."""
+    checked = checked_meta(meta)
+    refuse_over((checked.stored_width, checked.stored_height), max_pixels)
+    return checked.stored_width, checked.stored_height
 
 
 def declared_frames(meta: dict[str, Any]) -> int:
-    """How many frames a clip's meta says it holds (at least one, at most MAX_FRAMES)."""
-    frames = meta.get("frames")
-    if not (_whole(frames) and 0 < frames <= MAX_FRAMES):
-        raise ImageError("decode", f"clip meta's frames is not an integer from 1 to {MAX_FRAMES:,} ({frames!r})")
-    return int(frames)
-
-
-def _whole(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """How many frames a clip's meta says it holds, the meta checked (core/clips.py)."""
+    return checked_meta(meta).frames
 
 
 @contextlib.contextmanager
@@ -105,7 +96,7 @@ def clip_frames(
     there), checked as the module says."""
     av = require("av", "video")
     width, height = clip_size(meta, max_pixels)
-    limit = declared_frames(meta) + FRAME_SLACK
+    declared = declared_frames(meta)
     with _av_errors(), av.open(io.BytesIO(data), mode="r", format="mp4") as container:
         if not container.streams.video:
             raise ImageError("decode", "broken clip: no video stream")
@@ -125,26 +116,46 @@ def clip_frames(
             stream.thread_type, stream.thread_count = "AUTO", threads
         else:
             stream.thread_count = 1
+        packets = _packets(container, stream, declared)
         count = 0
-        for frame in container.decode(stream):
-            if (frame.width, frame.height) != (width, height):
-                raise ImageError(
-                    "decode", f"broken clip: a {frame.width}x{frame.height} frame in a {width}x{height} clip"
-                )
+        for packet in packets:
+            for frame in stream.decode(packet):
+                if (frame.width, frame.height) != (width, height):
+                    raise ImageError(
+                        "decode", f"broken clip: a {frame.width}x{frame.height} frame in a {width}x{height} clip"
+                    )
+                if count == 0 and not frame.key_frame:
+                    raise ImageError("decode", "broken clip: its first frame is not a keyframe")
+                count += 1
+                if count > declared:
+                    raise ImageError("decode", f"broken clip: more than the {declared:,} frames its meta says")
+                yield frame
+                if stop is not None and count >= stop:
+                    return
+        if count != declared:
+            raise ImageError("decode", f"broken clip: {count:,} frames decode, its meta says {declared:,}")
+
+
+def _packets(container: Any, stream: Any, declared: int) -> list[Any]:
+    """The clip's packets (one a frame), the flush packet last, refused unless there are exactly
+    `declared` of them: a clip's length is known before a frame is decoded, however few are read."""
+    packets: list[Any] = []
+    count = 0
+    for packet in container.demux(stream):
+        packets.append(packet)
+        if packet.size:
             count += 1
-            if count > limit:
-                raise ImageError("decode", f"broken clip: more than the {limit - FRAME_SLACK} frames its meta says")
-            yield frame
-            if stop is not None and count >= stop:
-                return
-        if count == 0:
-            raise ImageError("decode", "broken clip: no frame decodes")
+            if count > declared:
+                raise ImageError("decode", f"broken clip: more than the {declared:,} frames its meta says")
+    if count != declared:
+        raise ImageError("decode", f"broken clip: {count:,} frames, its meta says {declared:,}")
+    return packets
 
 
 def decode_clip(data: bytes, meta: dict[str, Any], max_pixels: int) -> np.ndarray:
     """A clip's frames as a (T, H, W, 3) uint8 array, refused unread over MAX_VIDEO_BYTES."""
     width, height = clip_size(meta, max_pixels)
-    need = (declared_frames(meta) + FRAME_SLACK) * width * height * 3
+    need = declared_frames(meta) * width * height * 3
     if need > MAX_VIDEO_BYTES:
         raise ImageError("decode", f"clip of {need:,} bytes of frames, over the limit of {MAX_VIDEO_BYTES:,}")
     with _av_errors():

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # (imported where a table is read: the pack driver of a folde
     import numpy as np
 
 SPAN_COLUMNS = ("start", "end")  # a video table with both: a row is one clip, this span (seconds) of its video
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # a cell's seconds
 SPAN_ROW_DIGITS = 9  # a span clip's key: `<video key>_000000003`, the row's line: sorts in row order
 NO_FILE = "no such file"  # how a row naming no file ends its reason (probe counts those rows apart)
 # The caption column when --caption-column names none: the first of these the table has (a row's
@@ -314,17 +315,31 @@ def row_span(values: dict[str, Any], where: str) -> tuple[Span | None, str]:
         value = values.get(name)
         if value is None or value == "":
             return None, f"no {name} in column {name!r}"
-        try:
-            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
-        except ValueError:
-            number = None
-        if number is None or not math.isfinite(number):
+        number = seconds(value)
+        if number is None:
             return None, f"{name} {str(value)[:40]!r} is not a number of seconds"
         bounds.append(number)
     start, end = bounds
     if end <= start:
         return None, f"end {end:g} s is not after start {start:g} s"
     return Span(start, end, where), ""
+
+
+def seconds(value: Any) -> float | None:
+    """A cell as a finite number of seconds, or None: a number, or text in decimal or scientific
+    notation with ASCII digits (Python's float() takes '1_0', 'inf' and other digits too, which
+    no table means as seconds)."""
+    if isinstance(value, str):
+        value = value.strip(" \t")
+        if _DECIMAL.fullmatch(value) is None:
+            return None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # (an integer past float's range)
+        return None
+    return number if math.isfinite(number) else None
 
 
 def table_label(values: dict[str, Any], rows: Rows) -> tuple[int | None, str]:
