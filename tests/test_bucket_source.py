@@ -255,3 +255,26 @@ def test_a_url_table_in_a_bucket_packs_as_the_same_local_table(s3, tmp_path: Pat
     assert files.items() <= _files(remote).items()
     assert missing.returncode == 1 and "s3://data/tables/none.csv: no such table" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("through", ["direct", "fsspec"])
+def test_an_object_replaced_between_its_header_and_its_body_is_read_whole_again(s3, through, tmp_path: Path) -> None:
+    """Two versions of the same byte size (a size check alone cannot tell them apart), replaced
+    after the worker's header range is served: the record is the new version whole."""
+    import s3fs
+
+    from shardkit.packing.reading import read_object
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    old = write_image(tmp_path / "240x100.bmp", 240, 100, seed=1).read_bytes()
+    new = write_image(tmp_path / "100x240.bmp", 100, 240, seed=2).read_bytes()
+    assert len(old) == len(new) > 64 << 10 and old != new
+    key = f"data/replaced/{through}.bmp"
+    fs.pipe_file(key, old)
+    # "version_aware" is an option that changes the request: the filesystem's own path, not the direct GET
+    options = dict(s3.options) if through == "direct" else {**s3.options, "version_aware": False}
+    data, header = read_object(f"s3://{key}", 1 << 24, options, between=lambda: fs.pipe_file(key, new))
+    assert data == new
+    assert (header.width, header.height) == (100, 240)
+    fs.pipe_file(key, old)
+    assert read_object(f"s3://{key}", 1 << 24, options)[0] == old  # (unchanged: read as before)

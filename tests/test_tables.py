@@ -261,14 +261,14 @@ def test_every_bad_row_is_an_error_with_its_line_and_nothing_outside_is_read(tmp
     assert "not a path inside the source folder" in reasons[str(outside)]
     assert "outside the source folder" in reasons["link.jpg"]
     assert reasons["missing.jpg"] == "metadata.jsonl line 5: missing.jpg: no such file"  # its line, as the others
-    assert "line 7: dup.jpg is named by an earlier row too" in reasons["metadata.jsonl line 7"]
-    assert "line 8: not valid JSON" in reasons["metadata.jsonl line 8"]
+    assert reasons["metadata.jsonl line 7"] == "dup.jpg is named by an earlier row too"  # the path is its line
+    assert reasons["metadata.jsonl line 8"].startswith("not valid JSON")
     assert "over the 1 MiB limit" in reasons["sub/big.jpg"]
     assert "not text or a list of texts" in reasons["list.jpg"]
     assert "negative" in reasons["neg.jpg"]
-    assert "line 12: no path" in reasons["metadata.jsonl line 12"]
-    assert "not a JSON object" in reasons["metadata.jsonl line 13"]
-    assert "line 14: not UTF-8" in reasons["metadata.jsonl line 14"]
+    assert reasons["metadata.jsonl line 12"] == "no path in column 'file_name'"
+    assert reasons["metadata.jsonl line 13"] == "not a JSON object"
+    assert reasons["metadata.jsonl line 14"] == "not UTF-8"
     assert reasons["norow.jpg"] == "no row in metadata.jsonl"
     assert {s.text for s in open_shards(tmp_path / "out", decode="bytes")} == {"fine", "first"}
 
@@ -284,9 +284,20 @@ def test_a_malformed_csv_line_is_an_error_row(tmp_path: Path) -> None:
     assert result.records == 1 and [s.text for s in open_shards(tmp_path / "out", decode="bytes")] == [
         "fine, with a comma"
     ]
-    assert reasons["metadata.csv line 3"] == "metadata.csv line 3: 3 fields, the header has 2"
-    assert reasons["metadata.csv line 4"] == "metadata.csv line 4: not UTF-8"
+    assert reasons["metadata.csv line 3"] == "3 fields, the header has 2"  # the path names the line: said once
+    assert reasons["metadata.csv line 4"] == "not UTF-8"
     assert reasons["1.jpg"] == reasons["2.jpg"] == "no row in metadata.csv"
+
+
+def test_a_row_that_is_not_utf8_is_said_with_its_line_once(tmp_path: Path, shardkit) -> None:
+    source = tmp_path / "src"
+    _images(source, ["a.jpg"])
+    (source / "metadata.csv").write_bytes(b"file_name,text\na.jpg,caf\xe9\n")
+    done = shardkit("pack", source, tmp_path / "out")  # nothing packed: the first error row is said
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith(
+        "none of the 2 inputs was packed; the first: metadata.csv line 2: not UTF-8 (each is in errors.jsonl)"
+    ), done.stderr
 
 
 @pytest.mark.parametrize(
@@ -540,7 +551,7 @@ def test_a_file_named_twice_through_a_linked_folder_is_one_file(tmp_path: Path) 
         "a/in.jpg", "a/self/other.jpg", "z/x.jpg"
     ]  # fmt: skip
     assert reasons == {
-        "metadata.jsonl line 2": "metadata.jsonl line 2: a/self/in.jpg is named by an earlier row too",
-        "metadata.jsonl line 3": "metadata.jsonl line 3: a/self/self/in.jpg is named by an earlier row too",
+        "metadata.jsonl line 2": "a/self/in.jpg is named by an earlier row too",
+        "metadata.jsonl line 3": "a/self/self/in.jpg is named by an earlier row too",
     }
     assert result.inputs == result.records + result.errors == 5

@@ -246,6 +246,29 @@ def test_resume_tries_again_only_what_failed_transiently(site: tuple[Site, str],
     assert third.returncode == 0 and "already complete" in third.stdout
 
 
+def test_resume_of_a_finished_pack_whose_table_changed_is_refused(
+    site: tuple[Site, str], tmp_path: Path, shardkit
+) -> None:
+    """As a finished folder pack with other inputs: refused in one line, the output as it was,
+    whether or not rows failed transiently (their state kept for a --resume)."""
+    state, base = site
+    args = ["--shard-size", "5", "--workers", "1", "--retries", "0", "--timeout", "5"]
+    for failing in (set(), {"/ok/7.jpg"}):
+        out = tmp_path / f"out{len(failing)}"
+        table = _table(tmp_path / f"urls{len(failing)}.csv", _rows(base, 12))
+        state.failing = failing
+        assert shardkit("pack", table, out, *args).returncode == 0
+        state.failing = set()
+        before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+        _table(table, _rows(base, 14))  # two rows more
+        again = shardkit("pack", table, out, *args, "--resume")
+        assert again.returncode == 1
+        assert again.stderr == (
+            f"error: {out}: holds a finished pack made with other settings or inputs; use --overwrite to replace it\n"
+        )
+        assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+
 def test_bad_tables_are_refused_in_one_line(site: tuple[Site, str], tmp_path: Path, shardkit) -> None:
     _, base = site
     import pyarrow as pa

@@ -71,13 +71,12 @@ class BucketOutput:
         self.contents = BucketContents(store)
 
     def open(self, config: PackConfig) -> Manifest | None:
-        """The bucket claimed (`claim_bucket`); with --resume, a finished output it holds."""
+        """The bucket claimed (`claim_bucket`); with --resume, a finished output it holds (one with
+        rows that failed transiently too: it is resumed only with the inputs it was made from)."""
         get_format(config.format)
         self.contents = claim_bucket(self.store, resume=config.resume, overwrite=config.overwrite)
         manifest = self.contents.manifest
-        if config.resume and manifest is not None and not manifest.totals.get("transient"):
-            return manifest
-        return None
+        return manifest if config.resume else None
 
     def complete(self, manifest: Manifest) -> bool:
         """Whether every shard is listed with its size (its bytes are trusted here; `shardkit

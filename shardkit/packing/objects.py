@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from ..core.errors import StorageError
@@ -35,9 +34,10 @@ def object_store(url: str, options: dict[str, Any] | None) -> tuple[Store, str]:
 
 def object_reads(url: str, options: dict[str, Any] | None) -> RangeReads:
     """An object's first 64 KiB (its header; all of a small image) and size, by one ranged read:
-    FileNotFoundError ("no such object") when it has gone since it was listed."""
+    FileNotFoundError ("no such object") when it has gone since it was listed. Its later ranges are
+    of the version the first one read (ObjectChanged when it was replaced in between)."""
     store, name = object_store(url, options)
-    return RangeReads(partial(store.read_range, name), PACK_FIRST)
+    return RangeReads(store.ranges(name), PACK_FIRST)
 
 
 def object_bytes(url: str, options: dict[str, Any] | None, limit: int) -> bytes:
@@ -64,7 +64,7 @@ def probe_objects(
     read = 0
     for url, relpath in zip(urls, relpaths, strict=True):
         store, name = object_store(url, options)
-        row, taken = probe_row(partial(store.read_range, name), url, relpath, max_pixels)
+        row, taken = probe_row(store.ranges(name), url, relpath, max_pixels)
         rows.append(row)
         read += taken
     transfer.bytes += read

@@ -181,14 +181,14 @@ def _found_finished(
     """--resume of an output that `Output.open` found finished (a bucket's, before any local state):
     the same plan with every shard there means nothing to do (the shards' sizes are trusted here;
     `shardkit verify` checks their bytes), another plan is refused, and the same plan with shards
-    missing (None) is packed again."""
+    missing or rows that failed transiently (None) is packed again."""
     prepared = prepare(config, dedup_progress)
     plan = fingerprint(prepared.settings, _dry_plan(prepared.config, prepared.found))
     if manifest.settings.get("plan") != plan:
         raise OutputError(
             f"{output.url}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
         )
-    if not output.complete(manifest):
+    if manifest.totals.get("transient") or not output.complete(manifest):
         return None
     resolved = replace(prepared.config, output=output.url)
     labels = labelling(prepared.found, config.labels)

@@ -27,6 +27,7 @@ from ..core.errors import Failure, HeaderError, ImageError, StorageError, descri
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.safeio import open_regular, read_regular
 from ..formats.base import Record
+from ..storage.http import ObjectChanged
 from ..storage.urls import is_remote
 from .objects import object_bytes, object_reads
 
@@ -226,7 +227,7 @@ def read_source(path: str, max_pixels: int, storage_options: dict[str, Any] | No
     nor a multi-GB file is read into memory; FIFOs and devices are refused, never waited on. A
     bucket's object (a URL) is read so too, by ranges: its first 64 KiB, then the rest."""
     if is_remote(path):
-        return as_read_error(lambda: _read_object(path, max_pixels, storage_options))
+        return as_read_error(lambda: read_object(path, max_pixels, storage_options))
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
@@ -239,10 +240,27 @@ def read_source(path: str, max_pixels: int, storage_options: dict[str, Any] | No
     return data, header
 
 
-def _read_object(url: str, max_pixels: int, storage_options: dict[str, Any] | None) -> tuple[bytes, ImageHeader]:
-    reads = object_reads(url, storage_options)
-    header = _checked(reads.header, reads.size, max_pixels)
-    return reads.whole(), header
+def read_object(
+    url: str, max_pixels: int, storage_options: dict[str, Any] | None, between: Callable[[], object] | None = None
+) -> tuple[bytes, ImageHeader]:
+    """A bucket's object read as `read_source` reads a file: its header by its first range, then
+    the rest, each range of the version the first one read. One replaced in between is read once
+    more, whole by one GET, so its record is one version whole, never two spliced. `between` is
+    called after the header is read, before the rest (where a test replaces the object)."""
+    try:
+        reads = object_reads(url, storage_options)
+        header = _checked(reads.header, reads.size, max_pixels)
+        if between is not None:
+            between()
+        return reads.whole(), header
+    except ObjectChanged:
+        data = object_bytes(url, storage_options, max_source_bytes(max_pixels))
+        return data, _checked(lambda: parse_header(data[:HEAD_BYTES], _slicer(data), len(data), None), len(data),
+                              max_pixels)  # fmt: skip
+
+
+def _slicer(data: bytes) -> Callable[[int, int], bytes]:
+    return lambda offset, n: data[offset : offset + n]
 
 
 def _checked(parse: Callable[[], ImageHeader], size: int, max_pixels: int) -> ImageHeader:

@@ -107,17 +107,13 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
             raise OutputError(
                 f"{output}: was started with other settings; resume with the same flags, or use --overwrite"
             )
+        if (output / MANIFEST_NAME).exists():  # finished, its state kept for rows that failed transiently
+            _same_plan(output, _finished(output), settings, plan)
         return None
     if not (output / MANIFEST_NAME).exists():
         return None
-    try:
-        manifest = read_manifest(output)
-    except ManifestError as error:
-        raise OutputError(f"{error}; use --overwrite to pack again") from None
-    if manifest.settings.get("plan") != fingerprint(settings, plan()):
-        raise OutputError(
-            f"{output}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
-        )
+    manifest = _finished(output)
+    _same_plan(output, manifest, settings, plan)
     for shard in manifest.shards:
         path = output / shard.name
         try:
@@ -127,6 +123,23 @@ def resumable(output: Path, settings: dict[str, Any], plan: Callable[[], Iterabl
         if not intact:
             raise OutputError(f"{path}: no longer what the manifest says; use --overwrite to pack again")
     return manifest
+
+
+def _finished(output: Path) -> Manifest:
+    try:
+        return read_manifest(output)
+    except ManifestError as error:
+        raise OutputError(f"{error}; use --overwrite to pack again") from None
+
+
+def _same_plan(
+    output: Path, manifest: Manifest, settings: dict[str, Any], plan: Callable[[], Iterable[ShardSpec]]
+) -> None:
+    """A finished pack is resumed only with the plan it was made with: its inputs as they were."""
+    if manifest.settings.get("plan") != fingerprint(settings, plan()):
+        raise OutputError(
+            f"{output}: holds a finished pack made with other settings or inputs; use --overwrite to replace it"
+        )
 
 
 def reused_shard(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import unquote, urljoin
 
-from ..core.errors import ConfigError, ShardFormatError
+from ..core.errors import ConfigError, ShardFormatError, StorageError
 
 if TYPE_CHECKING:
     import urllib3  # imported where a GET is made: plain imports of this module stay light
@@ -28,6 +28,12 @@ _DIRECT_BUFFER = 1 << 20
 
 class TooLong(ShardFormatError):
     """The body runs past the size the manifest gives (the caller names the URL)."""
+
+
+class ObjectChanged(StorageError):
+    """An object read in parts is another object than the one its first part came from (another
+    ETag, another size): replaced between two reads. Never retried: a read of it from the start is
+    the caller's to make."""
 
 
 def _seconds(name: str, default: float) -> float:
@@ -164,22 +170,29 @@ def get_direct(url: str, destination: str, limit: int | None) -> str:
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:\d+-\d+|\*)/(\d+)")
 
 
-def fetch_range(url: str, start: int, length: int) -> tuple[bytes, int | None]:
+def fetch_range(url: str, start: int, length: int, if_match: str | None = None) -> tuple[bytes, int | None, str | None]:
     """Bytes [start, start + length) of `url` by one ranged GET (fewer at its end, none past it),
-    and the whole size where the answer says it (Content-Range; a server that ignores the range:
-    its Content-Length, the body read no further than the range). FileNotFoundError on 404,
-    PermissionError on 401/403, OSError (retried) on 5xx, 429 and a body cut short; NotDirect on
-    redirects and other statuses."""
+    the whole size where the answer says it (Content-Range; a server that ignores the range: its
+    Content-Length, the body read no further than the range) and the ETag it reports. With
+    `if_match` (a strong ETag) the read is of that version only: ObjectChanged (412) when the object
+    is another now. FileNotFoundError on 404, PermissionError on 401/403, OSError (retried) on 5xx,
+    429 and a body cut short; NotDirect on redirects and other statuses."""
     import urllib3
 
-    wanted = f"bytes={start}-{start + max(length, 1) - 1}"
-    response, pace = _get(url, retries=False, decode_content=False, headers={"Range": wanted})
+    headers = {"Range": f"bytes={start}-{start + max(length, 1) - 1}"}
+    if if_match is not None and not if_match.startswith("W/"):  # a weak ETag never matches (RFC 9110)
+        headers["If-Match"] = if_match
+    response, pace = _get(url, retries=False, decode_content=False, headers=headers)
     drained = False  # a body read to its end leaves its connection for the next request
     try:
         status = response.status
+        tag = response.headers.get("ETag")
+        if status == 412:
+            response.read(1 << 16)
+            raise ObjectChanged("")
         if status == 416:  # the range starts at or past the end: nothing there, and the size said
             drained = not response.read(1 << 16)
-            return b"", _range_total(response)
+            return b"", _range_total(response), tag
         if status not in (200, 206):
             response.read(1 << 16)
             raise _refusal(response) or NotDirect(status)
@@ -195,9 +208,9 @@ def fetch_range(url: str, start: int, length: int) -> tuple[bytes, int | None]:
         data = b"".join(parts)[skip : skip + length]
         if status == 206:
             drained = not response.read(1)
-            return data, _range_total(response)
+            return data, _range_total(response), tag
         size = response.headers.get("Content-Length")
-        return data, int(size) if size is not None and size.isdigit() else None
+        return data, int(size) if size is not None and size.isdigit() else None, tag
     except urllib3.exceptions.HTTPError as error:
         raise OSError(f"{type(error).__name__}: {error}") from None
     finally:

@@ -11,7 +11,7 @@ import io
 import os
 import select
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote
@@ -20,6 +20,7 @@ from ..core.errors import ConfigError, ManifestError, MissingDependencyError, Sh
 from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .http import (
     NotDirect,
+    ObjectChanged,
     Pace,
     PacedReader,
     TooLong,
@@ -263,28 +264,60 @@ class Store:
             raise NotADirectoryError(f"{where}: an object, not a prefix")
         return found
 
-    def read_range(self, name: str, start: int, length: int) -> tuple[bytes, int]:
-        """Bytes [start, start + length) of object `name` (fewer at its end) and the object's whole
-        size, in one ranged GET where there is a direct path (its Content-Range says the size),
-        else a ranged read and the object's info. FileNotFoundError ("no such object") when there
-        is none; transient failures retried."""
+    def read_range(
+        self, name: str, start: int, length: int, version: str | None = None
+    ) -> tuple[bytes, int, str | None]:
+        """Bytes [start, start + length) of object `name` (fewer at its end), the object's whole
+        size and its version (the ETag or generation it reports, None where it tells none), in one
+        ranged GET where there is a direct path (its Content-Range says the size), else a ranged
+        read and the object's info. With `version`, of that version only: ObjectChanged when the
+        object is another now. FileNotFoundError ("no such object") when there is none; transient
+        failures retried."""
         path = self._path(name)
 
-        def fetch() -> tuple[bytes, int]:
+        def fetch() -> tuple[bytes, int, str | None]:
             try:
                 direct = self._direct_url(path)
                 if direct is not None:
                     with contextlib.suppress(NotDirect):
-                        data, total = fetch_range(direct, start, length)
+                        data, total, tag = fetch_range(direct, start, length, if_match=version)
                         if total is not None:
-                            return data, total
-                size = int(self.fs.size(path))
+                            _same(version, tag)  # (a server that ignores If-Match)
+                            return data, total, tag
+                info = self.fs.info(path)
+                size, tag = int(info["size"]), _version_of(info)
+                _same(version, tag)
                 end = min(start + length, size)
-                return (self.fs.cat_file(path, start=start, end=end) if end > start else b""), size
+                data = self.fs.cat_file(path, start=start, end=end) if end > start else b""
+                if version is not None:  # the range is of the version asked for if that is there still
+                    _same(version, _version_of(self.fs.info(path)))
+                return data, size, tag
             except FileNotFoundError:
                 raise FileNotFoundError(errno.ENOENT, "no such object") from None
+            except ObjectChanged:
+                raise ObjectChanged(f"{self.child(name)}: replaced while it was read") from None
 
         return retrying(self.child(name), "reading", fetch)
+
+    def ranges(self, name: str) -> Callable[[int, int], tuple[bytes, int]]:
+        """Object `name` read by ranges, (start, length) -> (bytes, whole size), every read after
+        the first of the version the first one read: ObjectChanged when a later one finds another
+        (its version, or where the store tells none, its size), so no two versions are ever
+        spliced."""
+        first: list[tuple[int, str | None]] = []
+
+        def read_range(start: int, length: int) -> tuple[bytes, int]:
+            version = first[0][1] if first else None
+            data, size, tag = self.read_range(name, start, length, version)
+            if not first:
+                first.append((size, tag))
+            elif size != first[0][0]:
+                raise ObjectChanged(
+                    f"{self.child(name)}: replaced while it was read ({first[0][0]:,} bytes, then {size:,})"
+                )
+            return data, size
+
+        return read_range
 
     def download(self, name: str, destination: str, size: int, sha256: str) -> None:
         """Object `name` into the local file `destination`, checked against `size` and `sha256`
@@ -378,6 +411,20 @@ class Store:
                 self.fs.rm_file(path)
 
         retrying(self.child(name), "deleting", remove)
+
+
+def _version_of(info: dict[str, Any]) -> str | None:
+    """The version an fsspec filesystem's info tells of an object: its ETag (as a direct GET's
+    answer says it), else its generation or version id; None where it tells none."""
+    for key in ("ETag", "etag", "generation", "VersionId", "version_id"):
+        if info.get(key):
+            return str(info[key])
+    return None
+
+
+def _same(version: str | None, found: str | None) -> None:
+    if version is not None and found is not None and found != version:
+        raise ObjectChanged("")
 
 
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

@@ -41,7 +41,7 @@ BOM = b"\xef\xbb\xbf"
 class Row(NamedTuple):
     line: int  # 1-based line of a JSONL or CSV file (the header is line 1), row number in parquet
     values: dict[str, Any] | None  # None: the row could not be read (`problem` says why)
-    problem: str = ""
+    problem: str = ""  # (its line or row is the failure's path: not said again here)
 
 
 @dataclass
@@ -148,15 +148,15 @@ def _jsonl_rows(table: Table) -> Iterator[Row]:
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError:
-                yield Row(number, None, f"line {number}: not UTF-8")
+                yield Row(number, None, "not UTF-8")
                 continue
             try:
                 value = loads(text)
             except ValueError as error:
-                yield Row(number, None, f"line {number}: not valid JSON ({describe(error)})")
+                yield Row(number, None, f"not valid JSON ({describe(error)})")
                 continue
             if type(value) is not dict:
-                yield Row(number, None, f"line {number}: not a JSON object")
+                yield Row(number, None, "not a JSON object")
                 continue
             if not table._known.issuperset(value):
                 table.found.extend(name for name in value if name not in table._known)
@@ -185,15 +185,15 @@ def _csv_rows(table: Table, delimiter: str) -> Iterator[Row]:
             except StopIteration:
                 return
             except csv.Error as error:
-                yield Row(number, None, f"line {number}: malformed CSV ({error})")
+                yield Row(number, None, f"malformed CSV ({error})")
                 continue
             if not fields or fields == [""]:
                 continue
             if len(fields) != len(header):
-                yield Row(number, None, f"line {number}: {len(fields)} fields, the header has {len(header)}")
+                yield Row(number, None, f"{len(fields)} fields, the header has {len(header)}")
                 continue
             if not all(is_utf8(text) for text in fields):
-                yield Row(number, None, f"line {number}: not UTF-8")
+                yield Row(number, None, "not UTF-8")
                 continue
             yield Row(number, dict(zip(header, fields, strict=True)))
 

@@ -249,20 +249,21 @@ def _table_items(
     for row in read_rows(table):
         where = f"{table.name} {unit} {row.line}"
         if row.values is None:
-            skipped.append(Failure(where, "discover", f"{table.name} {row.problem}"))
+            skipped.append(Failure(where, "discover", row.problem))
             continue
         raw = row.values.get(path_column)
         rel = clean_relpath(raw)
         if rel is None:
             shown = display(raw) if isinstance(raw, str) and raw else where
             why = "no path" if raw is None or raw == "" else "not a path inside the source folder"
-            skipped.append(Failure(shown, "discover", f"{where}: {why} in column {path_column!r}"))
+            why = f"{why} in column {path_column!r}"
+            skipped.append(Failure(shown, "discover", why if shown == where else f"{where}: {why}"))
             continue
         real = rows.real(rel)
         hashed = hash(real)
         if hashed in rows.repeated and not rows.spans:
             if real in taken.setdefault(hashed, []):  # (the row is the input left out: the file is packed)
-                skipped.append(Failure(where, "discover", f"{where}: {display(rel)} is named by an earlier row too"))
+                skipped.append(Failure(where, "discover", f"{display(rel)} is named by an earlier row too"))
                 continue
             taken[hashed].append(real)
         if exists is not None and not exists(real):

@@ -220,12 +220,12 @@ def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]
     for ordinal, row in enumerate(read_rows(table)):
         where = f"{table.name} {unit} {row.line}"
         if row.values is None:
-            skipped.append(Failure(where, "discover", f"{table.name} {row.problem}"))
+            skipped.append(Failure(where, "discover", row.problem))
             continue
         url = row.values.get(column)
         if not isinstance(url, str) or not url:
             why = "no URL" if url is None or url == "" else "not a URL"
-            skipped.append(Failure(where, "discover", f"{where}: {why} in column {column!r}"))
+            skipped.append(Failure(where, "discover", f"{why} in column {column!r}"))
             continue
         shown = display(redact(url))
         problem = url_problem(url)
