@@ -41,7 +41,7 @@ from .shard_writing import PartResult, ShardResult
 from .sources import Item, SourceList, SourceWalk, pack_source
 from .sources.labelling import labelling
 from .worker import ShardJob
-from .working_folder import HASHES_NAME, remove_old_temp_files, remove_temp_shards, state_dir, writing
+from .working_folder import HASHES_NAME, remove_old_temp_files, remove_state, remove_temp_shards, state_dir, writing
 
 __all__ = ["HashProgress", "PackResult", "ProgressCallback", "Tally", "pack", "resolve_resize"]
 
@@ -110,7 +110,9 @@ def _pack_into(
             claimed.release(undo=True)
             raise
         if finished is not None:
-            claimed.release(undo=True)  # as it was found: nothing to do
+            # nothing to do but what a kill in the finished pack's cleanup left: a clean pack's folder
+            remove_state(folder)
+            claimed.release(undo=False)
             return already_complete(finished, config, time.perf_counter() - started, labelling(found, config.labels))
         try:
             remove_temp_shards(folder)  # half shards of workers killed in an earlier run

@@ -105,8 +105,11 @@ def remove_temp_shards(output: Path) -> None:
 
 
 def remove_state(output: Path, keep_lock: bool = False) -> None:
-    """Remove the working folder's own files (and the folders, once empty); nothing else."""
+    """Remove the working folder's own files (and the folders, once empty); nothing else. The state
+    file goes first: a working folder without one is what a finished pack's cleanup left, which a
+    --resume removes, and one with it still has every done marker, which the ledger needs."""
     state = state_dir(output)
+    (state / STATE_NAME).unlink(missing_ok=True)
     for folder, pattern in (
         ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.jsonl"), ("index", ".*.tmp"), ("tmp", "*.tmp"),
         (".", ".*.tmp"),
@@ -114,7 +117,6 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
         for path in (state / folder).glob(pattern):
             if path.is_file() and not path.is_symlink():
                 path.unlink(missing_ok=True)
-    (state / STATE_NAME).unlink(missing_ok=True)
     (state / CLEARING_NAME).unlink(missing_ok=True)
     (state / HASHES_NAME).unlink(missing_ok=True)  # (a name: a link planted there is only unlinked)
     if not keep_lock:

@@ -1,0 +1,92 @@
+"""Kill a pack at one step of its own: a test-only hook, loaded into every process of a pack run
+as a subprocess (the driver, the forkserver, the workers) through a `sitecustomize` on PYTHONPATH
+(`hooked_env`), that watches the calls which change the file system (mkdir, a file created, replace,
+unlink, rmdir) and the source folder's listings (the walk). Each call under a watched folder is a
+step, named by what it did and where ("replace out/shard-000001.lmdb"; a process id or mkstemp's
+random part in a name is written PID or RANDOM, so names repeat from run to run; a second time in
+one process adds " #2"). A call that changes nothing (a missing file unlinked, a folder made that
+exists) is no step. Nothing in the library knows of it.
+
+STEP_KILLS_WATCH: the folders watched (os.pathsep between them), names relative to the first's parent;
+STEP_KILLS_LOG: a file each step is appended to, as "<pid> <step>";
+STEP_KILLS_AT: the step just after which the whole process group gets SIGKILL (start the pack in a
+session of its own): nothing of the pack runs past it, in any of its processes."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SITECUSTOMIZE = "import tests.step_kills\ntests.step_kills.install()\n"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def hooked_env(hook: Path, watched: list[Path], **variables: str) -> dict[str, str]:
+    """The environment of a pack run with the hook: `hook`, a folder, gets the sitecustomize."""
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return {
+        **os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)]),
+        "STEP_KILLS_WATCH": os.pathsep.join(map(str, watched)),
+        **{f"STEP_KILLS_{name.upper()}": value for name, value in variables.items()},
+    }  # fmt: skip
+
+
+def install() -> None:
+    watched = os.environ.get("STEP_KILLS_WATCH")
+    if not watched:
+        return
+    roots = watched.split(os.pathsep)
+    base = os.path.dirname(roots[0])
+    log, at = os.environ.get("STEP_KILLS_LOG"), os.environ.get("STEP_KILLS_AT")
+    seen: dict[str, int] = {}
+
+    def step(op: str, path: Any) -> None:
+        where = os.path.abspath(os.fsdecode(path))
+        if not any(where == root or where.startswith(root + os.sep) for root in roots):
+            return
+        name = f"{op} {os.path.relpath(where, base)}"
+        name = re.sub(r"\.[a-z0-9_]{8}\.tmp$", ".RANDOM.tmp", re.sub(r"\.\d+\.tmp$", ".PID.tmp", name))
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name += f" #{seen[name]}"
+        if log:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(fd, f"{os.getpid()} {name}\n".encode())
+            os.close(fd)
+        if name == at:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    def watch(op: str, call: Callable[..., Any], which: int = 0, when: Callable[..., bool] | None = None) -> Any:
+        def watched_call(*args: Any, **kwargs: Any) -> Any:
+            path = args[which] if len(args) > which else None
+            if isinstance(path, int) or path is None or (when is not None and not when(*args, **kwargs)):
+                return call(*args, **kwargs)
+            new = op != "create" or not os.path.lexists(path)
+            result = call(*args, **kwargs)  # (one that raises is no step)
+            if new:
+                step(op, path)
+            return result
+
+        return watched_call
+
+    def writes(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> bool:
+        return any(c in mode for c in "wxa+")
+
+    def creates(path: Any, flags: int, *args: Any, **kwargs: Any) -> bool:
+        return bool(flags & os.O_CREAT)
+
+    os.replace = watch("replace", os.replace, 1)
+    os.rename = watch("replace", os.rename, 1)
+    os.unlink = os.remove = watch("unlink", os.unlink)
+    os.rmdir = watch("rmdir", os.rmdir)
+    os.mkdir = watch("mkdir", os.mkdir)
+    os.scandir = watch("scandir", os.scandir)
+    os.open = watch("create", os.open, 0, creates)
+    io.open = builtins.open = watch("create", io.open, 0, writes)
