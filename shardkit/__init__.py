@@ -36,6 +36,7 @@ _EXPORTS = {
     "ManifestError": "core.errors",
     "ShardReadError": "core.errors",
     "StorageError": "core.errors",
+    "StoreUnreachable": "core.errors",
     "MissingDependencyError": "core.errors",
 }
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ShardkitError",
     "SourceError",
     "StorageError",
+    "StoreUnreachable",
     "VerifyReport",
     "__version__",
     "available_formats",
@@ -98,6 +100,7 @@ if TYPE_CHECKING:
         ShardReadError,
         SourceError,
         StorageError,
+        StoreUnreachable,
     )
     from .core.pack_options import load_preset, pack_config
     from .formats import available_formats

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from shardkit.packing.probe import probe
 from shardkit.packing.sources import walk
 from shardkit.packing.worker import ShardJob, write_shard
 from shardkit.synthetic import make_sample_dataset, write_image
+from tests.servers import start_s3
 
 pytestmark = pytest.mark.slow  # a real S3 server: `make test` runs these, `make test-fast` does not
 
@@ -278,3 +284,100 @@ def test_an_object_replaced_between_its_header_and_its_body_is_read_whole_again(
     assert (header.width, header.height) == (100, 240)
     fs.pipe_file(key, old)
     assert read_object(f"s3://{key}", 1 << 24, options)[0] == old  # (unchanged: read as before)
+
+
+def _pack_killing_the_server(
+    server, args: list[str], done: Path, window: int
+) -> tuple[subprocess.CompletedProcess, float]:
+    """`shardkit pack *args` as its own process, the server killed as soon as a shard is done (its
+    marker in `done`): the finished process and the seconds from the kill to its exit."""
+    env = {**os.environ, **server.env, "SHARDKIT_RETRY_SECONDS": str(window)}
+    command = [sys.executable, "-m", "shardkit", "pack", *args, "--workers", "2", "--shard-size", "5"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (done.is_dir() and any(done.iterdir())):
+        assert process.poll() is None, "the pack ended before a shard was done"
+        time.sleep(0.005)
+    server.kill()
+    killed = time.monotonic()
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # (a pack that outlasts the test is stopped with it)
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), time.monotonic() - killed
+
+
+def _stopped_in_one_window(stopped: subprocess.CompletedProcess, after_kill: float, url: str, window: int) -> None:
+    """The pack ended on the store out of reach: exit code 1 and one line naming `url`, the
+    seconds its request waited (about one window, as the time from the kill to the exit says) and
+    how to carry on."""
+    lines = stopped.stderr.strip().splitlines()
+    assert stopped.returncode == 1 and len(lines) == 1, stopped.stderr
+    said = re.search(r"gave up after (\d+)s", lines[0])
+    assert url in lines[0] and said is not None and "run the same command with --resume" in lines[0], lines[0]
+    assert abs(int(said.group(1)) - window) <= 2 and abs(int(said.group(1)) - after_kill) < 2, (after_kill, lines[0])
+    assert after_kill < 3 * window + 4, after_kill
+
+
+def _images(folder: Path, count: int) -> Path:
+    for i in range(count):
+        write_image(folder / f"{i:03d}.jpg", 96, 64, seed=i)
+    return folder
+
+
+def test_a_source_bucket_killed_mid_pack_stops_the_pack_after_one_window(tmp_path: Path) -> None:
+    """A store out of reach past the retry window stops the pack (its items are no one's failure)
+    in about one window; --resume finishes it once the store is back, as a clean pack would."""
+    window, source = 3, _images(tmp_path / "src", 150)
+    server = start_s3(tmp_path / "weed")
+    try:
+        server.make_bucket("data")
+        url, out = _put(server, source, "dead"), tmp_path / "out"
+        stopped, after_kill = _pack_killing_the_server(server, [url, str(out)], out / ".shardkit" / "done", window)
+        _stopped_in_one_window(stopped, after_kill, url, window)
+        written = [out / "errors.jsonl", *(out / ".shardkit" / "done").glob("*.json")]
+        assert not any("gave up" in path.read_text() for path in written if path.exists())
+
+        server.start()
+        env = {**os.environ, **server.env}
+        resumed = subprocess.run([*stopped.args, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+        clean = tmp_path / "clean"
+        command = [*stopped.args[:5], str(clean), *stopped.args[6:]]
+        assert subprocess.run(command, env=env, capture_output=True, text=True, timeout=300).returncode == 0
+        assert _files(out) == _files(clean) and _manifest(out) == _manifest(clean)
+        assert not (out / ".shardkit").exists()
+    finally:
+        server.kill()
+
+
+def test_an_output_bucket_killed_mid_pack_stops_the_pack_after_one_window(tmp_path: Path) -> None:
+    """The other way: a local folder packed into a bucket whose server dies stops in about one
+    window, with the same line, and --resume finishes it to a clean pack's objects."""
+    window, source = 3, _images(tmp_path / "src", 150)
+    server = start_s3(tmp_path / "weed")
+    try:
+        server.make_bucket("data")
+        url, staging = "s3://data/out", tmp_path / "staging"
+        args = [str(source), url, "--staging", str(staging)]
+        stopped, after_kill = _pack_killing_the_server(server, args, staging / ".shardkit" / "done", window)
+        _stopped_in_one_window(stopped, after_kill, url, window)
+
+        server.start()
+        env = {**os.environ, **server.env}
+        resumed = subprocess.run([*stopped.args, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+        command = [*stopped.args[:5], "s3://data/clean", "--staging", str(tmp_path / "clean"), *stopped.args[8:]]
+        assert subprocess.run(command, env=env, capture_output=True, text=True, timeout=300).returncode == 0
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**server.options)
+
+        def objects(prefix: str) -> dict[str, str]:
+            names = [name for name in fs.find(f"data/{prefix}") if not name.endswith("/manifest.json")]
+            return {name.rpartition("/")[2]: hashlib.sha256(fs.cat_file(name)).hexdigest() for name in names}
+
+        assert objects("out") == objects("clean") and objects("out")
+    finally:
+        server.kill()

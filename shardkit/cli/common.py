@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..core.errors import ConfigError, ShardkitError, describe
+from ..core.errors import ConfigError, ShardkitError, StoreUnreachable, describe
 from ..runtime.stops import Stopped, arm_stops, exit_on_stop, raise_swallowed_stop, stopped_by
 
 console = Console(highlight=False)
@@ -26,10 +26,11 @@ err_console = Console(stderr=True, highlight=False)
 
 @contextlib.contextmanager
 def user_errors(on_stop: str = "") -> Iterator[None]:
-    """Library errors become one red line and exit code 1. Ctrl-C exits 130, SIGTERM 143 and SIGHUP
-    129, the same way (workers stopped, no traceback); `on_stop` says how to carry on. The stop
-    handlers stay until the process ends: once the work is over (the block left, by any way), a
-    signal ends the process at once with its code.
+    """Library errors become one red line and exit code 1; a store out of reach (StoreUnreachable)
+    says `on_stop` too, since the work carries on as after a stop once the store answers. Ctrl-C
+    exits 130, SIGTERM 143 and SIGHUP 129, the same way (workers stopped, no traceback); `on_stop`
+    says how to carry on. The stop handlers stay until the process ends: once the work is over (the
+    block left, by any way), a signal ends the process at once with its code.
 
     A stop signal is handled at every instant, here too: one that lands while the handlers are
     being armed, or after the work but before `exit_on_stop`, still raises Stopped, and the outer
@@ -48,7 +49,10 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
             _stopped(signum, on_stop)
         if not isinstance(error, ShardkitError):
             raise  # a bug: the traceback is wanted
-        err_console.print(f"[bold red]error:[/] {_escape(str(error))}", soft_wrap=True)
+        said = str(error)
+        if isinstance(error, StoreUnreachable) and on_stop:
+            said += f"; once the store answers, {on_stop}"
+        err_console.print(f"[bold red]error:[/] {_escape(said)}", soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as stopped:
         # A library may catch our Stopped and raise a plain KeyboardInterrupt in its place (Ray's

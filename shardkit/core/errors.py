@@ -88,7 +88,14 @@ class ShardReadError(ShardkitError):
 
 
 class StorageError(ShardkitError):
-    """Object storage stayed unreachable through the retry window, or refused access; names the URL."""
+    """Object storage refused a request (denied access, an object over its limit) or, as
+    StoreUnreachable, stayed unreachable through the retry window; names the URL."""
+
+
+class StoreUnreachable(StorageError):
+    """Object storage stayed unreachable through the whole retry window. The store's fault, not
+    one input's: a pack stops on it (and finishes with --resume once the store answers), where a
+    missing or denied object is one input not packed."""
 
 
 class WorkerDiedError(ShardkitError):

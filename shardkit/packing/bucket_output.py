@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.config import PackConfig
-from ..core.errors import OutputError, ShardkitError, describe
+from ..core.errors import OutputError, ShardkitError, StoreUnreachable, describe
 from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, idx_name, write_json_atomic
 from ..core.safeio import loads
 from ..formats import get_format, idx_files, output_file_names
@@ -146,6 +146,8 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
     if MANIFEST_NAME in objects:
         try:
             contents.manifest = read_remote_manifest(store)
+        except StoreUnreachable:
+            raise  # (the store is down, not the manifest damaged: --overwrite would be the wrong advice)
         except ShardkitError as error:
             if not overwrite:
                 raise OutputError(f"{error}; use --overwrite to replace it") from None
@@ -172,6 +174,8 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
     try:
         store.write(_PROBE, b"shardkit checks this output takes writes\n")
         store.delete(_PROBE)
+    except StoreUnreachable:
+        raise
     except ShardkitError as error:
         raise OutputError(f"{store.url}: cannot write here ({error})") from None
     except OSError as error:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import StorageError
+from ..core.errors import StorageError, StoreUnreachable
 from ..storage.store import Store
 from ..storage.urls import URL_SCHEME
 from .ranges import PACK_FIRST, RangeReads, probe_row
@@ -72,7 +72,8 @@ def probe_objects(
 
 
 def object_digest(options: dict[str, Any] | None, url: str, identity: int) -> tuple[str, int] | None:
-    """The sha256 and size of an object (probe's copies), streamed; None when it cannot be read."""
+    """The sha256 and size of an object (probe's copies), streamed; None when it cannot be read
+    (StoreUnreachable when the store is out of reach: no one object's doing)."""
     store, name = object_store(url, options)
     digest, size = hashlib.sha256(), 0
     try:
@@ -80,6 +81,8 @@ def object_digest(options: dict[str, Any] | None, url: str, identity: int) -> tu
             while chunk := body.read(1 << 20):
                 digest.update(chunk)
                 size += len(chunk)
+    except StoreUnreachable:
+        raise
     except (OSError, StorageError):
         return None
     return digest.hexdigest(), size

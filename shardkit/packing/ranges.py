@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from ..core.errors import HeaderError, StorageError, describe
+from ..core.errors import HeaderError, StorageError, StoreUnreachable, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, head_hash, parse_header
 from .scan_rows import CANNOT_READ, FileProblem, ScanRow, header_warnings
 
@@ -71,15 +71,20 @@ def identity_of(url: str) -> int:
 
 def probe_row(read_range: ReadRange, url: str, relpath: str, max_pixels: int) -> tuple[ScanRow, int]:
     """One remote image's probe row, as `probe_file` makes a local file's: (bytes, header tuple or
-    None, error, warnings, head hash, identity), and the bytes its ranges read."""
+    None, error, warnings, head hash, identity), and the bytes its ranges read. A store out of
+    reach (StoreUnreachable) is no one object's row: it goes on."""
     try:
         reads = RangeReads(read_range, PROBE_FIRST)
+    except StoreUnreachable:
+        raise
     except (OSError, StorageError) as error:  # (the error the retries end with names the URL: so does the row)
         return (0, None, FileProblem(f"cannot read: {describe(error)}", CANNOT_READ), (), None, None), 0
     try:
         header = reads.header()
     except HeaderError as error:
         return (reads.size, None, FileProblem(str(error), error.kind), (), None, None), reads.bytes_read
+    except StoreUnreachable:
+        raise
     except (OSError, StorageError) as error:
         problem = FileProblem(f"cannot read: {describe(error)}", CANNOT_READ)
         return (0, None, problem, (), None, None), reads.bytes_read

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..core.config import MAX_RECORD_BYTES, RECORD_META_ALLOWANCE, EncodeConfig, ResizeConfig
-from ..core.errors import Failure, HeaderError, ImageError, StorageError, describe
+from ..core.errors import Failure, HeaderError, ImageError, StorageError, StoreUnreachable, describe
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..core.safeio import open_regular, read_regular
 from ..formats.base import Record
@@ -183,10 +183,13 @@ def _sidecars(item: Item, parts: dict[str, str], meta: dict[str, Any], packing: 
 
 def attempt(item: Item, make: Callable[[], tuple[T, int]], where: str = "") -> tuple[T | None, int, list[Failure]]:
     """`make()` of one item: its record and source bytes, or (None, 0) and the failure, at the stage
-    it failed (`where` opens the reason: a span row's line)."""
+    it failed (`where` opens the reason: a span row's line). A store out of reach is no item's
+    failure: it stops the job."""
     try:
         record, size = make()
         return record, size, []
+    except StoreUnreachable:
+        raise
     except OSError as error:
         failure = _failure(item.relpath, "read", where + describe(error))
     except ImageError as error:
@@ -278,10 +281,13 @@ def _checked(parse: Callable[[], ImageHeader], size: int, max_pixels: int) -> Im
 
 
 def as_read_error(read: Callable[[], T]) -> T:
-    """`read()` of a bucket's object, a failure the retry window gave up on (or denied access) an
-    ImageError at the read stage: one input not packed, as an unreadable file is."""
+    """`read()` of a bucket's object, its denied access (or another refusal) an ImageError at the
+    read stage: one input not packed, as an unreadable file is. A store the retry window gave up
+    on (StoreUnreachable) is no one object's fault: it goes on, and stops the pack."""
     try:
         return read()
+    except StoreUnreachable:
+        raise
     except StorageError as error:
         raise ImageError("read", str(error)) from None
 

@@ -5,8 +5,8 @@ two forms: a window (shard reads, listings, uploads and `join=` tables: tried wh
 would start within SHARDKIT_RETRY_SECONDS, waiting 0.25 s, 0.5 s, ... up to 4 s) or a count (the
 images of a URL table: `--retries` more tries, each after a full-jitter draw or what a 429/503's
 Retry-After asks, a minute at most). `retrying` runs a storage request under the window form: a
-transient error retried, then one StorageError naming the URL; absence and denied access final at
-once. The URL downloader (`download`) runs its tries under the count form."""
+transient error retried, then one StoreUnreachable naming the URL; absence and denied access final
+at once. The URL downloader (`download`) runs its tries under the count form."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..core.errors import ConfigError, ShardkitError, StorageError, describe
+from ..core.errors import ConfigError, ShardkitError, StorageError, StoreUnreachable, describe
 
 T = TypeVar("T")
 RETRY_SECONDS = 30.0  # how long a remote that keeps failing is retried before the error is final
@@ -98,8 +98,8 @@ _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialR
 
 def retrying(url: str, what: str, action: Callable[[], T]) -> T:
     """`action()`, tried again under the storage policy while it fails with a transient error (a
-    refused connection, a timeout, a 5xx); then one StorageError naming the URL. A missing object
-    or denied access is final at once (FileNotFoundError, PermissionError)."""
+    refused connection, a timeout, a 5xx); then StoreUnreachable naming the URL and the seconds
+    waited. A missing object or denied access is final at once (FileNotFoundError, PermissionError)."""
     policy = storage_policy()
     started, tries = time.monotonic(), 0
     while True:
@@ -121,7 +121,7 @@ def retrying(url: str, what: str, action: Callable[[], T]) -> T:
             wait = policy.next_wait(tries, elapsed=time.monotonic() - started)
             if wait is None:
                 waited = time.monotonic() - started
-                raise StorageError(
+                raise StoreUnreachable(
                     f"{url}: {what} failed ({describe(error, with_type=True)}); gave up after {waited:.0f}s"
                 ) from None
             time.sleep(wait)
