@@ -276,21 +276,9 @@ def url_site(inputs: Path, base: str) -> None:
 
 def rotated_video(path: Path, degrees: int, seconds: float = 1.5) -> None:
     """An H.264 MP4 with a display rotation, as tests/test_video_pack.py makes one."""
-    import av
+    from shardkit.synthetic import write_video
 
-    from shardkit.synthetic import video_frame
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=24)
-        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
-        stream.set_display_rotation(degrees)
-        for index in range(round(seconds * 24)):
-            frame = av.VideoFrame.from_ndarray(video_frame(96, 64, index), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(path, 96, 64, seconds, 24, gop=None, rotation=(degrees, False, False))
 
 
 def videos(root: Path) -> None:

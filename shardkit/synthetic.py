@@ -15,6 +15,8 @@ import numpy as np
 from PIL import Image
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy.typing as npt
 
 # Width x height shares that resemble ImageNet's mix (most are 500x375 or 375x500).
@@ -120,11 +122,16 @@ def write_video(
     fps: int = 24,
     seed: int = 0,
     codec: str | None = None,
-    gop: int = 12,
+    gop: int | None = 12,
+    *,
+    rotation: tuple[int, bool, bool] | None = None,
+    picture: Callable[[int], npt.NDArray[np.uint8]] | None = None,
 ) -> Path:
     """A real video file written with PyAV (the `video` extra): the container from the suffix (.mp4,
     .mov, .mkv, .webm, .avi), the codec its common one (H.264, VP9 for .webm, MPEG-4 for .avi) unless
-    given; frames from `video_frame`, at constant `fps`, a keyframe every `gop` frames."""
+    given; frames from `video_frame` (or `picture(index)`, of width x height), at constant `fps`, a
+    keyframe every `gop` frames (None: the codec's own interval). `rotation` (degrees counter-
+    clockwise, hflip, vflip) is the display matrix a player turns and mirrors the frames by."""
     import av
 
     path = Path(path)
@@ -132,9 +139,14 @@ def write_video(
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec or VIDEO_CODECS[path.suffix.lower()], rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.codec_context.gop_size = gop
+        if gop is not None:
+            stream.codec_context.gop_size = gop
+        if rotation is not None:
+            degrees, hflip, vflip = rotation
+            stream.set_display_rotation(degrees, hflip=hflip, vflip=vflip)
         for index in range(round(seconds * fps)):
-            frame = av.VideoFrame.from_ndarray(video_frame(width, height, index, seed), format="rgb24")
+            pixels = video_frame(width, height, index, seed) if picture is None else picture(index)
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from shardkit import EncodeConfig, PackConfig, ResizeConfig, pack
+from shardkit.readers.epoch import EpochRecord
 from shardkit.synthetic import write_image
 
 from .conftest import built_once
@@ -62,3 +63,11 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_output(folder / "out", "webdataset", [records[:4], records[4:]])
 
     return built_once(tmp_path_factory, "stage-clips", build) / "out"
+
+
+def first_chunk(dataset, size: int) -> tuple[tuple[int, ...], list[EpochRecord]]:
+    """The stream key and the records of the first `size` positions of `dataset`'s epoch: what the
+    loader's read stage hands a decoder as its first chunk."""
+    position, items = dataset.epoch_items()
+    chunk = [item for item, _ in zip(items, range(size), strict=False) if item is not None]
+    return position.stream.key, chunk

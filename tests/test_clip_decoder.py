@@ -16,7 +16,7 @@ from shardkit.readers.epoch import EpochRecord
 from shardkit.readers.loader import loader_parts
 from shardkit.readers.options import LoaderOptions
 
-from .stage_outputs import clips
+from .stage_outputs import clips, first_chunk
 
 pytest.importorskip("av")
 
@@ -26,14 +26,9 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return clips(tmp_path_factory)
 
 
-def chunk_of(dataset, size: int):
-    position, items = dataset.epoch_items()
-    return position.stream.key, [item for item, _ in zip(items, range(size), strict=False) if item is not None]
-
-
 def test_a_chunk_is_the_loaders_batch_of_clips(output: Path) -> None:
     dataset = open_shards(output, seed=5)
-    key, chunk = chunk_of(dataset, 4)
+    key, chunk = first_chunk(dataset, 4)
     options = LoaderOptions(4, 24, frames=4, flip=True, output="numpy")
     batch = ClipDecoder(loader_parts(dataset, options)).decode(key, 0, chunk)
     expected = next(iter(dataset.loader(4, 24, frames=4, flip=True, output="numpy")))
@@ -43,7 +38,7 @@ def test_a_chunk_is_the_loaders_batch_of_clips(output: Path) -> None:
 
 def test_center_takes_the_middle_frames(output: Path) -> None:
     dataset = open_shards(output)
-    key, chunk = chunk_of(dataset, 6)
+    key, chunk = first_chunk(dataset, 6)
     batch = ClipDecoder(loader_parts(dataset, LoaderOptions(6, 16, frames=4, crop="center", output="numpy"))).decode(
         key, 0, chunk
     )
@@ -53,7 +48,7 @@ def test_center_takes_the_middle_frames(output: Path) -> None:
 
 def test_an_image_among_clips_is_refused(output: Path) -> None:
     dataset = open_shards(output)
-    key, chunk = chunk_of(dataset, 2)
+    key, chunk = first_chunk(dataset, 2)
     image = EpochRecord(chunk[0].dataset, chunk[0].shard, chunk[0].record._replace(ext="jpg"))
     decoder = ClipDecoder(loader_parts(dataset, LoaderOptions(2, 16, frames=2, output="numpy")))
     with pytest.raises(ConfigError, match="is not a video clip: frames= reads clips only"):

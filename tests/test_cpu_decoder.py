@@ -20,7 +20,7 @@ from shardkit.readers.options import LoaderOptions
 from shardkit.readers.windows import crop_with_pillow
 from shardkit.synthetic import picture
 
-from .stage_outputs import photos
+from .stage_outputs import first_chunk, photos
 from .test_loader import foreign_output, jpeg
 
 OPTIONS = {"output": "numpy", "flip": True, "workers": 1}
@@ -29,12 +29,6 @@ OPTIONS = {"output": "numpy", "flip": True, "workers": 1}
 @pytest.fixture(scope="module")
 def output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photos(tmp_path_factory)
-
-
-def first_chunk(dataset, size: int) -> tuple[tuple[int, ...], list[EpochRecord]]:
-    position, items = dataset.epoch_items()
-    chunk = [item for item, _ in zip(items, range(size), strict=False) if item is not None]
-    return position.stream.key, chunk
 
 
 def test_a_chunk_decodes_to_the_loaders_batch(output: Path) -> None:

@@ -19,7 +19,7 @@ from shardkit.readers.loader import loader_parts
 from shardkit.readers.options import LoaderOptions
 from shardkit.synthetic import picture
 
-from .stage_outputs import photos
+from .stage_outputs import first_chunk, photos
 from .test_loader import foreign_output, jpeg
 
 torch = pytest.importorskip("torch")
@@ -32,14 +32,9 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photos(tmp_path_factory)
 
 
-def chunk_of(dataset, size: int):
-    position, items = dataset.epoch_items()
-    return position.stream.key, [item for item, _ in zip(items, range(size), strict=False) if item is not None]
-
-
 def test_the_three_steps_make_the_loaders_batch(output: Path) -> None:
     dataset = open_shards(output, shuffle=True, seed=9)
-    key, chunk = chunk_of(dataset, 6)
+    key, chunk = first_chunk(dataset, 6)
     decoder = DeviceDecoder(loader_parts(dataset, LoaderOptions(6, 48, flip=True, device="cpu")))
     gathered = decoder.decode(key, 0, chunk)
     assert gathered.failures == {} and len(gathered.encoded) == 6
@@ -55,7 +50,7 @@ def test_the_three_steps_make_the_loaders_batch(output: Path) -> None:
 
 def test_the_lane_hands_batches_in_order_and_ends_its_threads(output: Path) -> None:
     dataset = open_shards(output)
-    key, chunk = chunk_of(dataset, 4)
+    key, chunk = first_chunk(dataset, 4)
     decoder = DeviceDecoder(loader_parts(dataset, LoaderOptions(2, 32, device="cpu")))
     lane = decoder.lane(decoder.make)
     submitted = []
@@ -73,7 +68,7 @@ def test_a_record_the_device_cannot_decode_is_left_out(tmp_path: Path) -> None:
     good = jpeg(picture(90, 70, 1, 3))
     records = [Record("r0", good, "jpg", 0, {}), Record("r1", b"\x89PNG\r\n\x1a\n" + bytes(40), "png", 1, {})]
     dataset = open_shards(foreign_output(tmp_path / "out", records), on_error="skip")
-    key, chunk = chunk_of(dataset, 2)
+    key, chunk = first_chunk(dataset, 2)
     decoder = DeviceDecoder(loader_parts(dataset, LoaderOptions(2, 32, device="cpu")))
     on_device = decoder.decode_on_device(decoder.decode(key, 0, chunk))
     assert on_device is not None and on_device.rows == [0] and dataset.skipped == 1

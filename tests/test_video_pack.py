@@ -95,16 +95,7 @@ def zeroed(mp4: bytes) -> bytes:
 
 
 def _rotated(path: Path, degrees: int, seconds: float = 1.0) -> None:
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=24)
-        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
-        stream.set_display_rotation(degrees)
-        for index in range(round(seconds * 24)):
-            frame = av.VideoFrame.from_ndarray(video_frame(96, 64, index), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(path, 96, 64, seconds, 24, gop=None, rotation=(degrees, False, False))
 
 
 VFR_MS = [0, 40, 60, 140, 160, 240, 300, 320, 420, 460, 500, 580, 640, 700, 720, 800, 900, 960, 1000, 1100]
@@ -379,16 +370,9 @@ def _corner_picture(width: int = 96, height: int = 64) -> np.ndarray:
 def _oriented(path: Path, degrees: int, hflip: bool, vflip: bool, seconds: float = 0.5) -> None:
     """An H.264 MP4 of _corner_picture whose display matrix turns it `degrees` counter-clockwise,
     then mirrors it (PyAV's set_display_rotation)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=24)
-        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
-        stream.set_display_rotation(degrees, hflip=hflip, vflip=vflip)
-        for _ in range(round(seconds * 24)):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(_corner_picture(), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(
+        path, 96, 64, seconds, 24, gop=None, rotation=(degrees, hflip, vflip), picture=lambda _: _corner_picture()
+    )
 
 
 # name -> (degrees counter-clockwise, hflip, vflip) of the display matrix
