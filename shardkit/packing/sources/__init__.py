@@ -6,7 +6,8 @@ contract), registered in `SOURCES`:
 - `listfile`: a text file of `path[,label]` lines;
 - `table`: a folder with a metadata table, one sample per row (`rows` reads CSV, TSV, JSONL, parquet);
 - `sidecars`: files sharing a stem are one sample (x.jpg, x.txt, x.json, x.cls, x.seg.png);
-- `url_table`: a table file whose rows name images by http(s) URL (downloaded by the worker);
+- `url_table`: a table file whose rows name images by http(s) URL (downloaded by the worker), or
+  a local folder or glob of its parts (`url_parts`);
 - `bucket`: an object-storage prefix walked with the folder, table and sidecar conventions;
 - `video`: a folder of videos (class sub-folders or flat, or a table), each cut into clips by the worker.
 
@@ -37,7 +38,8 @@ __all__ = [
 
 # The source conventions, in the order each is asked whether a source is its kind: the first that
 # takes it walks it. Videos are asked for by a flag; a table of URLs may be an object, so it comes
-# before a bucket's prefix; a local folder's table or --sidecars decide before its plain walk.
+# before a bucket's prefix, and a folder of its parts, before the folder conventions; a local
+# folder's table or --sidecars decide before its plain walk.
 SOURCES: dict[str, type[Source]] = {
     "videos": VideoSource,
     "urls": UrlSource,

@@ -1,14 +1,16 @@
 """The URL-table convention (`UrlSource`): a table file (CSV, TSV, JSONL, gzipped or not, or parquet:
 rows.py reads them) whose rows name images by http(s) URL, with a caption, a label and columns, as
 LAION, DataComp, COYO and CC12M ship; the table itself may be an object (s3://.../part-0.parquet) or
-at a URL. The worker downloads the images (`Downloads`, packing/fetched.py).
+at a URL, or in parts: a local folder of table files or a glob of them (url_parts.py), read as one
+table, part after part. The worker downloads the images (`Downloads`, packing/fetched.py).
 
 Read twice, streamed both times, as a metadata table is (table.py): the first pass counts the rows
-and keeps a 4-byte hash of each URL (duplicates) and the class names; the second yields the items
-in row order. Memory grows by 4 bytes a row (10 M rows: 40 MB), never by the rows themselves.
-A row's key is its place in the table (`000000042`), so keys sort as the rows do and never depend
-on the URL; a row that cannot be taken (no URL, not http(s), a second row naming the same URL,
-a bad caption) is a Failure naming its URL, or its line where it has none.
+and keeps a 4-byte hash of each URL (duplicates, across all parts) and the class names (one
+vocabulary for all parts); the second yields the items in row order. Memory grows by 4 bytes a row
+(10 M rows: 40 MB), never by the rows themselves. A row's key is its place in the table
+(`000000042`), or in parts its part's place and its own (`00003-000000042`), so keys sort as the
+rows do and never depend on the URL; a row that cannot be taken (no URL, not http(s), a second row
+naming the same URL, a bad caption) is a Failure naming its URL, or its line where it has none.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .item import Item, display
 from .labelling import column_labels
 from .rows import Table, read_rows, table_kind
 from .table import LabelKinds, RealPaths, Rows, caption_and_columns, check_columns, table_label
+from .url_parts import glob_parts, is_glob, is_remote_glob, part_key_format, part_name, table_folder_parts
 
 if TYPE_CHECKING:
     from ..objects import Transfer
@@ -43,36 +46,48 @@ _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class UrlSource(Source):
-    """A table of URLs: a local table file whose header names the URL column, or a table that is
-    itself an object or at a URL (fetched to a temporary copy when it is walked)."""
+    """A table of URLs: a local table file whose header names the URL column, a local folder or
+    glob of table parts (url_parts.py), or a table that is itself an object or at a URL (fetched
+    to a temporary copy when it is walked)."""
 
     KIND = "urls"
     downloads = True
 
-    def __init__(self, options: WalkOptions, table: Table | None = None) -> None:
+    def __init__(self, options: WalkOptions, tables: list[Table] | None = None) -> None:
         super().__init__(options)
-        self.table = table  # a local table's, found when opened
+        self.tables = tables  # a local table's parts (one for a table file), found when opened
 
     @classmethod
     def open(cls, options: WalkOptions) -> UrlSource | None:
         root = options.source
         if is_remote(root):
+            if is_remote_glob(root):
+                raise SourceError(
+                    f"{root}: a glob of remote tables is not read; give one table, or copy its parts to a local folder"
+                )
             return cls(options) if table_kind(root) is not None else None
-        if not os.path.isfile(root):
+        web = options.web or WebConfig()
+        if os.path.isfile(root):
+            found = url_table(root, options.table or TableConfig(), web)
+            if found is None:
+                return None
+            if options.table is not None and options.table.path is not None:
+                raise SourceError(f"{display(root)}: is a table of URLs itself; --metadata is for a source folder")
+            if options.sidecars:
+                raise SourceError(f"{display(root)}: a table of URLs has no sidecar files; leave out --sidecars")
+            return cls(options, [found])
+        parts = _local_parts(options)
+        if parts is None:
             return None
-        found = url_table(root, options.table or TableConfig(), options.web or WebConfig())
-        if found is None:
-            return None
-        if options.table is not None and options.table.path is not None:
-            raise SourceError(f"{display(root)}: is a table of URLs itself; --metadata is for a source folder")
-        if options.sidecars:
-            raise SourceError(f"{display(root)}: a table of URLs has no sidecar files; leave out --sidecars")
-        return cls(options, found)
+        if (options.table is not None and options.table.path is not None) or options.sidecars:
+            raise SourceError(f"{display(root)}: a table of URLs takes neither --metadata nor --sidecars")
+        config = replace(options.table or TableConfig(), path_column=web.url_column)
+        return cls(options, [Table(path, table_kind(path) or "", config, part_name(path, root)) for path in parts])
 
     def walk(self) -> SourceWalk:
-        if self.table is None:
+        if self.tables is None:
             return self._remote_walk()
-        return from_urls(self, self.table, self.options.labels, self.options.keys)
+        return from_urls(self, self.tables, self.options.labels, self.options.keys)
 
     def _remote_walk(self) -> SourceWalk:
         """A table of URLs that is itself an object (s3://.../laion.parquet, https://.../part-0.parquet):
@@ -88,7 +103,7 @@ class UrlSource(Source):
         if (options.table is not None and options.table.path is not None) or options.sidecars:
             shutil.rmtree(local, ignore_errors=True)
             raise SourceError(f"{url}: a table of URLs takes neither --metadata nor --sidecars")
-        walked = from_urls(self, found, options.labels, options.keys)
+        walked = from_urls(self, [found], options.labels, options.keys)
         weakref.finalize(found, shutil.rmtree, local, True)  # the copy lives as long as the walk reading it
         return walked
 
@@ -177,45 +192,86 @@ def url_table(path: str, table: TableConfig, web: WebConfig) -> Table | None:
     return found
 
 
-def from_urls(source: Source, table: Table, labels: str, keys: bool) -> SourceWalk:
-    """The walk of a URL table for `source`: items whose `path` is the URL (credentials and all, for
-    the download) and whose `relpath` is the URL as reports show it (credentials redacted)."""
+def _local_parts(options: WalkOptions) -> list[str] | None:
+    """The parts of a local folder of tables or of a glob, None when the source is neither (a
+    folder given --metadata is the table convention's)."""
+    root = options.source
+    if os.path.isdir(root):
+        return None if options.table is not None and options.table.path is not None else table_folder_parts(root)
+    return glob_parts(root) if is_glob(root) else None
+
+
+def from_urls(source: Source, tables: list[Table], labels: str, keys: bool) -> SourceWalk:
+    """The walk of a URL table for `source`, in one part or several (`tables`, read in turn): items
+    whose `path` is the URL (credentials and all, for the download) and whose `relpath` is the URL
+    as reports show it (credentials redacted). Every part is read once before any item is yielded,
+    so a part that cannot be read is refused before any work."""
+    root = source.root
     if labels == "folders":
-        raise SourceError(f"{display(table.shown)}: a table of URLs has no folders; labels come from --label-column")
-    config = table.config
+        raise SourceError(f"{display(root)}: a table of URLs has no folders; labels come from --label-column")
+    config = tables[0].config
     label_column = config.label_column if labels != "none" else None
-    before = file_stamp(table.path)
     url_hashes = array("I")  # 4 bytes a row: a hash two URLs share only makes them suspects, compared whole later
     labels_seen = LabelKinds(label_column)
-    for row in read_rows(table):
-        if row.values is None:
-            continue
-        url = row.values.get(config.path_column)
-        if isinstance(url, str) and url:
-            url_hashes.append(_hash32(url))
-        labels_seen.see(row.values)
-    check_columns(table, flag="--url-column")
-    classes = labels_seen.classes(table)
+    stamps = [_first_pass(table, url_hashes, labels_seen, len(tables) > 1) for table in tables]
+    whole = tables[0] if len(tables) == 1 else _whole(root, tables)
+    if not whole.rows:
+        raise SourceError(f"{display(root)}: its {len(tables)} table parts have no rows")
+    classes = labels_seen.classes(whole)
     import numpy as np  # (here: the pack driver of a folder never imports numpy)
 
     hashes = np.frombuffer(url_hashes, dtype=np.uint32)
     hashes.sort()  # in place: duplicates are neighbours
     repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
     del hashes, url_hashes
-    width = max(9, len(str(table.rows - 1)))
-    rows = Rows(table, label_column, {name: i for i, name in enumerate(classes)}, repeated, set(), keys, before,
-                RealPaths(os.path.dirname(table.path)))  # fmt: skip
-    found = SourceWalk(table.shown, source, [], classes, [], table=table)  # (its root: the table itself)
-    found.items = _url_items(rows, found.skipped, width)
+    class_index = {name: i for i, name in enumerate(classes)}
+    parts = [
+        Rows(table, label_column, class_index, repeated, set(), keys, stamp, RealPaths(os.path.dirname(table.path)))
+        for table, stamp in zip(tables, stamps, strict=True)
+    ]
+    found = SourceWalk(root, source, [], classes, [], table=whole)  # (its root: the table, its folder or glob)
+    found.items = _url_items(parts, found.skipped, part_key_format([table.rows for table in tables]))
     return found
 
 
-def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]:
+def _first_pass(
+    table: Table, url_hashes: array[int], labels_seen: LabelKinds, several: bool
+) -> tuple[int, int, int, int] | None:
+    """One part's first read: its URLs' hashes and labels noted, its columns checked (an empty part
+    among several has nothing to check); returns its stamp from before the read."""
+    before = file_stamp(table.path)
+    column = table.config.path_column
+    for row in read_rows(table):
+        if row.values is None:
+            continue
+        url = row.values.get(column)
+        if isinstance(url, str) and url:
+            url_hashes.append(_hash32(url))
+        labels_seen.see(row.values)
+    if table.rows or not several:
+        check_columns(table, flag="--url-column")
+    return before
+
+
+def _whole(root: str, tables: list[Table]) -> Table:
+    """The table that the parts make, as probe's census and the labels' words name it: its rows and
+    columns are all the parts' (it is never read itself)."""
+    columns = list(dict.fromkeys(name for table in tables for name in table.found))
+    name = f"{display(root)} ({len(tables)} parts)"
+    return Table(root, tables[0].kind, tables[0].config, name, found=columns, rows=sum(t.rows for t in tables))
+
+
+def _url_items(parts: list[Rows], skipped: list[Failure], key_formats: list[str]) -> Iterator[Item]:
+    taken: dict[int, list[str]] = {}  # URL hash -> the URLs taken, for the few hashes seen twice (all parts)
+    for rows, key_format in zip(parts, key_formats, strict=True):
+        yield from _part_items(rows, skipped, key_format, taken)
+
+
+def _part_items(rows: Rows, skipped: list[Failure], key_format: str, taken: dict[int, list[str]]) -> Iterator[Item]:
     from ...storage.webget import redact, url_problem  # (urllib3: only for a table of URLs)
 
     table = rows.table
     column = table.config.path_column
-    taken: dict[int, list[str]] = {}  # URL hash -> the URLs taken, for the few hashes seen twice
     unit = "row" if table.kind == "parquet" else "line"
     for ordinal, row in enumerate(read_rows(table)):
         where = f"{table.name} {unit} {row.line}"
@@ -247,7 +303,7 @@ def _url_items(rows: Rows, skipped: list[Failure], width: int) -> Iterator[Item]
         if problem:
             skipped.append(Failure(shown, "discover", f"{where}: {problem}"))
             continue
-        yield Item(url, shown, f"{ordinal:0{width}d}" if rows.keys else "", label, text, columns)
+        yield Item(url, shown, key_format.format(ordinal) if rows.keys else "", label, text, columns)
     if file_stamp(table.path) != rows.stamp:
         raise SourceError(f"{table.shown}: changed while it was being read; pack again (--resume keeps what was done)")
 
