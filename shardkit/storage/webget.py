@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import re
 import socket
 import time
@@ -17,6 +18,7 @@ from typing import NamedTuple
 from urllib.parse import unquote, urljoin, urlsplit
 
 import urllib3
+from urllib3.connection import HTTPConnection
 
 from ..core.config import WebConfig
 from ..core.headers import format_from_magic
@@ -189,23 +191,50 @@ def _hop(target: str, auth: str | None, web: WebConfig, want: _Want, deadline: f
         raise _no_answer(error, watch, web) from None
     finally:
         client.local.watch = None
+    conn = _held(response)
     try:
         got = _answer(response, web, want, watch)
     except BaseException:
         client.watchdog.finish(watch)
-        response.close()  # never reuse a connection left mid-body
+        _close(response, conn)  # a failed answer's connection is never reused (it may be left mid-body)
         raise
     client.watchdog.finish(watch)  # before the connection goes back to the pool
-    if isinstance(got, str) or got.cut:
-        response.close()  # a redirect's body, or the rest of one: not worth reading to keep the connection
+    if isinstance(got, str) or not got.reusable or _more_to_read(conn):
+        # a redirect's body or the rest of one (not worth reading to keep the connection), or bytes
+        # past the body's end, which the next request on the connection would read as its answer
+        _close(response, conn)
         return got if isinstance(got, str) else got.got
+    if isinstance(response, urllib3.HTTPResponse):
+        response._connection = conn
     response.release_conn()
     return got.got
 
 
+def _held(response: urllib3.BaseHTTPResponse) -> HTTPConnection | None:
+    """The response's connection, taken from it: urllib3 puts a connection back in the pool as the
+    body's last byte is read, before anything after the body could be seen (or the try's watch
+    ended), so `_hop` gives it back itself."""
+    if not isinstance(response, urllib3.HTTPResponse):
+        return None
+    conn, response._connection = response._connection, None
+    return conn
+
+
+def _close(response: urllib3.BaseHTTPResponse, conn: HTTPConnection | None) -> None:
+    response.close()
+    if conn is not None:
+        conn.close()
+
+
 class _Read(NamedTuple):
     got: Got
-    cut: bool  # the body was left unread past what was wanted
+    reusable: bool  # the body was read to its declared end and no further bytes came with it
+
+
+class _Body(NamedTuple):
+    data: bytes
+    whole: bool  # read to its end (else the rest was left unread)
+    surplus: bool  # bytes past the declared length came in with it
 
 
 def _answer(response: urllib3.BaseHTTPResponse, web: WebConfig, want: _Want, watch: Watch) -> _Read | str:
@@ -224,16 +253,17 @@ def _answer(response: urllib3.BaseHTTPResponse, web: WebConfig, want: _Want, wat
     if (declared or 0) > web.max_bytes:
         raise DownloadError(f"over the {_bytes(web.max_bytes)} cap", "too-big", status=status)
     skip = want.start if status == 200 else 0  # a server that ignores Range sends it all
-    body, cut = _body(response, web, watch, skip + want.length if want.length is not None else None)
-    body = body[skip:]
+    read = _body(response, web, watch, skip + want.length if want.length is not None else None)
+    body = read.data[skip:]
     # (a range from 0 too short to tell, of an object longer still, is taken as it is)
-    if want.start == 0 and (len(body) >= MAGIC_BYTES or not cut) and not is_image(body[:MAGIC_BYTES]):
+    if want.start == 0 and (len(body) >= MAGIC_BYTES or read.whole) and not is_image(body[:MAGIC_BYTES]):
         kind = (response.headers.get("Content-Type") or "no Content-Type").split(";")[0].strip()[:60]
         empty = ", empty body" if not body else ""
         raise DownloadError(f"not an image ({_printable(kind)} at {status}{empty})", "not-image", status=status)
     if want.sha256 and hashlib.sha256(body).hexdigest() != want.sha256:
         raise DownloadError("sha256 mismatch", "sha256", status=status)
-    return _Read(Got(body, size), cut)
+    # a body longer than it said is taken as the declared bytes (what its length promised)
+    return _Read(Got(body, size), read.whole and not read.surplus)
 
 
 def _status_error(response: urllib3.BaseHTTPResponse) -> DownloadError:
@@ -258,7 +288,7 @@ def _sizes(response: urllib3.BaseHTTPResponse) -> tuple[int | None, int | None]:
     return declared, None if encoded and response.status != 206 else declared
 
 
-def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: Watch, take: int | None) -> tuple[bytes, bool]:
+def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: Watch, take: int | None) -> _Body:
     """The body, inflated when the server gzipped it anyway, each step bounded: the first `take`
     bytes (and whether more were left unread), or all of it up to the cap."""
     encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
@@ -269,6 +299,10 @@ def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: Watch, take
     parts: list[bytes] = []
     total = received = 0
     checked = ended = False
+    try:
+        surplus = _buffered_past_end(response)
+    except OSError as error:
+        raise _mid_body(error, watch, web, received, response) from None
     while total <= cap:
         try:
             chunk = response.read1(_CHUNK)
@@ -292,11 +326,41 @@ def _body(response: urllib3.BaseHTTPResponse, web: WebConfig, watch: Watch, take
             head = b"".join(parts)[:MAGIC_BYTES]
             checked = True
             if not is_image(head):
-                return head, True
+                return _Body(head, False, surplus)
+    if ended and inflate is not None and not inflate.eof:  # the stream stops before its end marker
+        raise DownloadError(
+            f"body cut short ({received:,} bytes, its {encoding} stream unfinished)", "cut", True, response.status
+        )
     body = b"".join(parts)
     if take is None and total > cap:
         raise DownloadError(f"over the {_bytes(web.max_bytes)} cap", "too-big", status=response.status)
-    return body[:cap], not ended
+    return _Body(body[:cap], ended, surplus)
+
+
+def _buffered_past_end(response: urllib3.BaseHTTPResponse) -> bool:
+    """Whether the bytes read in with the headers run past the declared length. http.client drops
+    its read buffer at the body's end, so this surplus is seen only now, before the body is read
+    (and more of it may still be on its way)."""
+    remaining = response.length_remaining
+    reader = getattr(getattr(response, "_fp", None), "fp", None)  # http.client's buffered reader
+    if not remaining or reader is None or not hasattr(reader, "peek"):
+        return False
+    # (the buffered bytes; with none buffered, one read of what the body's start must bring anyway)
+    return len(reader.peek()) > remaining
+
+
+def _more_to_read(conn: HTTPConnection | None) -> bool:
+    """Whether anything more waits on the connection after the body (bytes past its end, or the
+    server's close): in the socket, or decrypted by TLS and held there, where urllib3's own check
+    of a pooled connection never looks."""
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return True
+    pending = getattr(sock, "pending", None)
+    try:
+        return bool(pending and pending()) or urllib3.util.wait.wait_for_read(sock, timeout=0.0)
+    except (OSError, ValueError):
+        return True
 
 
 def _no_answer(error: BaseException, watch: Watch, web: WebConfig) -> DownloadError:
@@ -319,10 +383,25 @@ def _no_answer(error: BaseException, watch: Watch, web: WebConfig) -> DownloadEr
     if isinstance(error, urllib3.exceptions.ConnectTimeoutError):  # (after its subclass NewConnectionError)
         return DownloadError(f"timed out connecting after {web.timeout:g} s", "timeout", True, unreachable=True)
     if isinstance(error, urllib3.exceptions.ProtocolError | ConnectionError):
-        return DownloadError("connection closed before an answer", "connection", True, unreachable=True)
+        return _refused_headers(error) or DownloadError(
+            "connection closed before an answer", "connection", True, unreachable=True
+        )
     if isinstance(error, urllib3.exceptions.LocationValueError | ValueError):
         return DownloadError("not a valid URL", "url")
     return DownloadError(f"request failed ({type(error).__name__})", "connection", True, unreachable=True)
+
+
+def _refused_headers(error: BaseException) -> DownloadError | None:
+    """The answer's head that http.client refuses to read (a line over 64 KiB, more than 100
+    headers), or None for another failure. The host answered, so this is no outage of it (its
+    breaker stays shut), and the same URL answers the same again: final."""
+    inner = error.args[1] if len(error.args) > 1 else error.__context__
+    if isinstance(inner, http.client.LineTooLong):
+        status_line = str(inner).endswith("status line")  # ("got more than 65536 bytes when reading status line")
+        return DownloadError("status line too long" if status_line else "headers too long", "headers")
+    if isinstance(inner, http.client.HTTPException) and re.fullmatch(r"got more than \d+ headers", str(inner)):
+        return DownloadError("too many headers", "headers")
+    return None
 
 
 def _mid_body(
