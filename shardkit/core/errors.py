@@ -24,9 +24,14 @@ class Failure:
     duplicate_of: str | None = None
     transient: bool = False
     cause: str | None = None  # a download's failure in a word ("404", "timeout", "not-image"): counted per cause
+    # the row's key, where rows are told apart by row and not by path: a table of URLs' rows, whose
+    # paths are URLs with their credentials redacted (two rows may show as one URL)
+    key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"path": self.path, "stage": self.stage, "reason": self.reason}
+        if self.key is not None:
+            row["key"] = self.key
         if self.duplicate_of is not None:
             row["duplicate_of"] = self.duplicate_of
         if self.transient:

@@ -10,6 +10,7 @@ import hashlib
 import os
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 
 from ..core.config import WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError
@@ -54,19 +55,19 @@ def refetched(
     rows that failed for good as they were, and only the rows that failed transiently downloaded
     again; in the items' order, streamed (the earlier shard holds its records in that order)."""
     items = packing.items
-    transient = {row.path for row in earlier if row.transient}
-    final = {row.path: row for row in earlier if not row.transient}
+    transient, final = _earlier_rows(earlier, items)
     reader = get_format(packing.format).reader(shard)
-    again = [(item.path, sha256) for item, sha256 in zip(items, sha256s, strict=True) if item.relpath in transient]
+    again = [(item.path, sha256) for item, sha256 in zip(items, sha256s, strict=True) if _row(item) in transient]
     got = _fetched(web, again)
     try:
         records = iter(reader)
         record = next(records, None)
         for item in items:
-            if item.relpath in transient:
+            row = _row(item)
+            if row in transient:
                 yield _encoded(item, next(got), packing)
-            elif item.relpath in final:
-                yield None, 0, [final[item.relpath]]
+            elif row in final:
+                yield None, 0, [final[row]]
             elif record is not None and record.key == item.key:
                 yield record, 0, []
                 record = next(records, None)
@@ -75,6 +76,28 @@ def refetched(
     finally:
         got.close()
         reader.close()
+
+
+def _row(item: Item) -> str:
+    """What tells a row apart: its key (two rows may name one URL with other credentials, which
+    reports show alike), or its URL as shown where keys are off."""
+    return item.key or item.relpath
+
+
+def _earlier_rows(earlier: list[Failure], items: Sequence[Item]) -> tuple[set[str], dict[str, Failure]]:
+    """The rows of an earlier run's failures, those to download again and those that failed for
+    good, each named as `_row` names an item. A failure without a key (written by a shardkit that
+    kept none) is matched by its URL as shown, to the rows that show it."""
+    keyed = [row for row in earlier if row.key is not None]
+    unkeyed = {row.path: row for row in earlier if row.key is None}
+    named = {row.key: row for row in keyed if row.key}
+    for item in items:
+        if item.key and item.key not in named and item.relpath in unkeyed:
+            named[item.key] = unkeyed[item.relpath]
+    if not any(item.key for item in items):
+        named = {row.path: row for row in earlier}
+    transient = {row for row, failure in named.items() if failure.transient}
+    return transient, {row: failure for row, failure in named.items() if not failure.transient}
 
 
 def _fetched(web: WebConfig, requests: list[tuple[str, str | None]]) -> Generator[bytes | DownloadError, None, None]:
@@ -94,7 +117,8 @@ def _encoded(item: Item, got: bytes | DownloadError, packing: Packing) -> Outcom
         packing.timings["read"] += time.perf_counter() - started
         return image_record(item, data, header, packing)
 
-    return attempt(item, made)
+    record, size, failures = attempt(item, made)
+    return record, size, [replace(failure, key=item.key or None) for failure in failures]
 
 
 def url_ranges(url: str, web: WebConfig) -> ReadRange:
@@ -168,4 +192,6 @@ def read_downloaded(data: bytes, max_pixels: int) -> tuple[bytes, ImageHeader]:
 
 def download_failure(item: Item, error: DownloadError) -> Failure:
     """A row that could not be downloaded, as errors.jsonl keeps it: the URL as shown, the cause."""
-    return Failure(item.relpath, "download", error.reason, transient=error.transient, cause=error.cause)
+    return Failure(
+        item.relpath, "download", error.reason, transient=error.transient, cause=error.cause, key=item.key or None
+    )

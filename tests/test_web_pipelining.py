@@ -1,0 +1,123 @@
+"""A table of URLs at its users' scale, on a real loopback server of the test's own: failed rows
+are told apart by row (two rows naming one image with other credentials)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shardkit.readers import open_shards
+from tests.helpers import read_errors
+from tests.servers import serving
+
+
+def _jpeg(index: int) -> bytes:
+    rng = random.Random(index)
+    image = Image.new("RGB", (40 + index % 9, 32 + index % 5), tuple(rng.randrange(256) for _ in range(3)))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+@dataclass
+class Web:
+    """What the server does and saw: rows that answer 429 with a Retry-After on their first try,
+    a user whose requests fail with 503 (while `refusing`), and when each path was first asked."""
+
+    retry_after: dict[int, int] = field(default_factory=dict)  # row -> seconds, its first try
+    refusing: set[str] = field(default_factory=set)  # users answered 503
+    missing: set[str] = field(default_factory=set)  # users answered 404
+    first: dict[str, float] = field(default_factory=dict)
+    tries: dict[str, list[float]] = field(default_factory=dict)
+    shards_at_retry: list[str] = field(default_factory=list)  # the shard files there when a 429's row came back
+    output: Path | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@pytest.fixture
+def web() -> Iterator[tuple[Web, str]]:
+    state = Web()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            row = int(self.path.rsplit("/", 1)[1].split(".")[0])
+            user = base64.b64decode(self.headers.get("Authorization", "Basic ")[6:]).decode().partition(":")[0]
+            with state.lock:
+                tries = state.tries.setdefault(self.path, [])
+                tries.append(time.monotonic())
+                state.first.setdefault(self.path, tries[0])
+                if len(tries) == 2 and row in state.retry_after and state.output is not None:
+                    state.shards_at_retry = sorted(p.name for p in state.output.glob("*.tar"))
+            if len(tries) == 1 and row in state.retry_after:
+                self._answer(429, b"slow down", "text/plain", {"Retry-After": str(state.retry_after[row])})
+            elif user in state.refusing:
+                self._answer(503, b"busy", "text/plain")
+            elif user in state.missing:
+                self._answer(404, b"no", "text/plain")
+            else:
+                self._answer(200, _jpeg(row), "image/jpeg")
+
+        def _answer(self, status: int, body: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serving(Handler) as base:
+        yield state, base
+
+
+def _table(path: Path, urls: list[str]) -> Path:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["url", "caption"])
+    writer.writeheader()
+    writer.writerows({"url": url, "caption": f"row {i}"} for i, url in enumerate(urls))
+    path.write_text(text.getvalue())
+    return path
+
+
+def test_two_rows_of_one_image_with_other_credentials_are_told_apart(
+    web: tuple[Web, str], tmp_path: Path, shardkit
+) -> None:
+    """One image named by two rows with other credentials: the one whose user is refused (503)
+    fails transiently, the other packs; errors.jsonl names the failed row by its key, and a
+    --resume downloads that row alone and finishes whole."""
+    state, base = web
+    host = base.removeprefix("http://")
+    urls = [f"{base}/img/1.jpg", f"http://good:pw@{host}/img/7.jpg", f"http://bad:pw@{host}/img/7.jpg"]
+    table = _table(tmp_path / "urls.csv", urls)
+    out = tmp_path / "out"
+    args = ["--shard-size", "10", "--workers", "1", "--retries", "0", "--timeout", "5"]
+    state.refusing = {"bad"}
+    assert shardkit("pack", table, out, *args).returncode == 0
+    (failed,) = read_errors(out)
+    assert failed["key"] == "000000002" and failed["transient"] and failed["path"] == f"http://***@{host}/img/7.jpg"
+    assert "bad" not in json.dumps(failed) and "pw" not in json.dumps(failed)
+    state.refusing = set()
+    state.tries.clear()
+    again = shardkit("pack", table, out, *args, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert list(state.tries) == ["/img/7.jpg"] and len(state.tries["/img/7.jpg"]) == 1  # that row alone
+    dataset = open_shards(out)
+    assert [dataset[i].key for i in range(len(dataset))] == ["000000000", "000000001", "000000002"]
+    assert read_errors(out) == []
