@@ -1,5 +1,6 @@
-"""A table of URLs at its users' scale, on a real loopback server of the test's own: failed rows
-are told apart by row (two rows naming one image with other credentials)."""
+"""A table of URLs at its users' scale, on a real loopback server of the test's own: a row waiting
+out a server's Retry-After holds back no other shard, failed rows are told apart by row (two rows
+naming one image with other credentials)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,32 @@ def _table(path: Path, urls: list[str]) -> Path:
     writer.writerows({"url": url, "caption": f"row {i}"} for i, url in enumerate(urls))
     path.write_text(text.getvalue())
     return path
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_row_waiting_on_retry_after_holds_back_no_other_shard(
+    web: tuple[Web, str], tmp_path: Path, shardkit, workers: str
+) -> None:
+    """The first row of each of the first shards (one a worker) answers 429 with Retry-After: 3;
+    the rows of the shards after them are all asked for, and those shards written, while they
+    wait (one shard a worker at a time would ask for them only once those shards are done)."""
+    state, base = web
+    stuck = int(workers)
+    state.retry_after = {5 * shard: 3 for shard in range(stuck)}
+    rows = 40
+    table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(rows)])
+    out = tmp_path / "out"
+    state.output = out
+    args = ["--shard-size", "5", "--workers", workers, "--download-threads", "4", "--timeout", "10"]
+    assert shardkit("pack", table, out, *args).returncode == 0
+    retried = min(state.tries[f"/img/{row}.jpg"][1] for row in state.retry_after)
+    later = [state.first[f"/img/{i}.jpg"] for i in range(5 * stuck, rows)]
+    assert max(later) < retried  # every other shard's rows, asked for within the wait
+    assert len(state.shards_at_retry) >= 6  # and most of the shards after them written by then
+    assert all(name.endswith(".tar") for name in state.shards_at_retry)
+    dataset = open_shards(out)
+    assert [dataset[i].key for i in range(len(dataset))] == [f"{i:09d}" for i in range(rows)]
+    assert [dataset[i].text for i in range(len(dataset))] == [f"row {i}" for i in range(rows)]
 
 
 def test_two_rows_of_one_image_with_other_credentials_are_told_apart(

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..core.config import WebConfig
 from ..core.errors import Failure, HeaderError, ImageError, OutputError
 from ..core.headers import HEAD_BYTES, ImageHeader, parse_header
 from ..formats import get_format
 from ..formats.base import Record
+from ..runtime.lanes import in_turn, job_done
 from ..storage.download import Downloader, DownloadError, download, fetch_head, fetch_range
 from .encode import check_pixels
 from .objects import Transfer
@@ -26,6 +29,7 @@ from .scan_rows import ScanRow
 from .sources.item import Item
 
 _DOWNLOADERS: dict[int, tuple[WebConfig, Downloader]] = {}  # pid -> the process's downloader
+_MADE = threading.Lock()
 DOWNLOAD_WINDOW = 4096  # rows asked for ahead of the oldest unfinished one
 DOWNLOAD_HOLD = 64 << 20  # bodies downloaded and not yet encoded, per worker process
 
@@ -41,7 +45,9 @@ def downloaded(packing: Packing, web: WebConfig, sha256s: Sequence[str | None]) 
     done: dict[int, Outcome] = {}
     turn = 0
     for at, got in _downloader(web).fetch_unordered(requests):
-        done[at] = _encoded(items[at], got, packing)
+        with in_turn():  # (a worker's shards encode one row at a time, the earliest shard's first)
+            done[at] = _encoded(items[at], got, packing)
+        job_done()  # (in any order: what waits for its turn here holds no download)
         while turn in done:
             yield done.pop(turn)
             turn += 1
@@ -63,6 +69,7 @@ def refetched(
         records = iter(reader)
         record = next(records, None)
         for item in items:
+            job_done()
             row = _row(item)
             if row in transient:
                 yield _encoded(item, next(got), packing)
@@ -165,7 +172,37 @@ def url_digest(web: WebConfig, url: str, identity: int) -> tuple[str, int] | Non
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
+@dataclass(frozen=True)
+class DownloadAdmission:
+    """When a worker running shards of a table of URLs takes its next shard (runtime/lanes.py):
+    once its downloader has fewer than `budget` rows that need a thread now (rows waiting out a
+    retry need none) and holds less than DOWNLOAD_HOLD bytes of bodies for the encoder. Downloads
+    thus run ahead of the encoder by up to that many bytes, across shards, and a row's retries
+    start as early as its shard's turn allows, not after the shards before it are written."""
+
+    budget: int
+
+    @classmethod
+    def of(cls, web: WebConfig) -> DownloadAdmission:
+        return cls(2 * web.threads)
+
+    def weight(self, job: Any) -> int:  # (a worker.ShardJob: worker.py imports this module's readers)
+        return len(job.spec.items)
+
+    def admits(self, left: int) -> bool:
+        cached = _DOWNLOADERS.get(os.getpid())
+        if cached is None or left >= DOWNLOAD_WINDOW:  # (what its shards hold for their turn is bounded too)
+            return cached is None
+        wanted, held = cached[1].load()
+        return wanted < self.budget and held < DOWNLOAD_HOLD
+
+
 def _downloader(web: WebConfig) -> Downloader:
+    with _MADE:  # (a worker's shards run on threads of their own, and share one)
+        return _made_downloader(web)
+
+
+def _made_downloader(web: WebConfig) -> Downloader:
     cached = _DOWNLOADERS.get(os.getpid())
     if cached is not None and cached[0] == web:
         return cached[1]

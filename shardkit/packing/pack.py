@@ -22,6 +22,7 @@ from ..core.config import PackConfig
 from ..core.errors import OutputError
 from ..core.manifest import MANIFEST_NAME, Manifest
 from ..formats import get_format
+from ..runtime.lanes import Admission
 from ..runtime.pools import default_workers
 from ..runtime.processes import exit_if_importing_main
 from ..runtime.timeline import mark
@@ -271,13 +272,13 @@ def _write_all(
     jobs = _jobs(config, found, specs, output, reading, fallbacks, digest, planned, results)
     workers = config.workers or default_workers()
     # Parts are encoded by local workers and joined here, where the shards are files of the local
-    # folder: not for a Ray task (its node's files), a URL table's downloads (a worker's own pool)
-    # or videos (a clip is a job).
+    # folder: not for a Ray task (its node's files) or videos (a clip is a job).
     splits = (
         workers > 1 and config.executor == "local" and output.shards_here and reading.splits
     )  # fmt: skip
     upcoming = split_last(jobs, workers) if splits else jobs
-    _run_all(config, upcoming, output, planned, results, progress, tally if found.source.downloads else None)
+    tally = tally if found.source.downloads else None
+    _run_all(config, upcoming, output, planned, results, progress, tally, reading.admission())
     mark("results")
     remove_stale_shards(output.folder, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
@@ -333,10 +334,12 @@ def _run_all(
     results: dict[int, ShardResult],
     progress: ProgressCallback | None,
     tally: Tally | None,
+    admission: Admission | None = None,
 ) -> None:
-    """The jobs run as they come (`running`), each shard's result into `results` by its index once
-    whole (its parts joined here), its done marker written by the output where its worker did not
-    (`Output.mark_done`), and counted by `tally`."""
+    """The jobs run as they come (`running`; several at once in each worker with an `admission`),
+    each shard's result into `results` by its index once whole (its parts joined here), its done
+    marker written by the output where its worker did not (`Output.mark_done`), and counted by
+    `tally`."""
     job_specs: list[int] = []  # job number -> shard index
     parts: dict[int, ShardJob] = {}  # job number -> its part job, until that part is back
 
@@ -354,7 +357,8 @@ def _run_all(
         # index.parquet's writer is imported on a thread once the workers have their first jobs:
         # the import holds the GIL, and begun before the walk it would hold up the walk, the plan
         # and the pool's start.
-        for job_number, outcome in run_jobs(config, numbered(jobs), planned, progress, started=load_soon):
+        running = run_jobs(config, numbered(jobs), planned, progress, started=load_soon, admission=admission)
+        for job_number, outcome in running:
             if isinstance(outcome, PartResult):
                 whole = joining.add(parts.pop(job_number), outcome)
                 if whole is None:

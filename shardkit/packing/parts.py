@@ -43,6 +43,9 @@ def split_last(jobs: Iterator[ShardJob], workers: int) -> Iterator[ShardJob]:
 def split(job: ShardJob, workers: int, last: bool = False) -> Iterator[ShardJob]:
     """The job as part jobs (itself when too small to split): up to 2 x `workers` of near-equal
     item counts, or for the plan's last shard, parts that shrink as it ends (`guided`)."""
+    if not job.reading.may_split():
+        yield job
+        return
     items = job.spec.items
     sizes = guided(len(items), workers) if last else even(len(items), min(2 * workers, len(items) // MIN_PART))
     parts = len(sizes)

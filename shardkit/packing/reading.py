@@ -32,6 +32,7 @@ from ..storage.urls import is_remote
 from .objects import object_bytes, object_reads
 
 if TYPE_CHECKING:  # (sources/ imports this module: its names are imported where they are used)
+    from ..runtime.lanes import Admission
     from .sources.item import Item
     from .sources.sidecar_files import Sidecars
 
@@ -67,6 +68,16 @@ class Reading(ABC):
 
     # Whether a shard's items may be encoded in parts by several workers at once (packing/parts.py).
     splits: ClassVar[bool] = True
+
+    def may_split(self) -> bool:
+        """Whether this shard may be split into parts (`splits`, unless its own state says not)."""
+        return self.splits
+
+    def admission(self) -> Admission | None:
+        """How a worker takes shards when its shards mostly wait on something outside the process
+        (a table of URLs' downloads): several at once, by this admission (runtime/lanes.py). None:
+        one shard a worker at a time."""
+        return None
 
     @abstractmethod
     def packed(self, packing: Packing) -> Generator[Outcome, None, None]:

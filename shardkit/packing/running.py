@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core.config import PackConfig
 from ..runtime.cluster import check_ray, connect_ray, disconnect_ray, map_ray
+from ..runtime.lanes import Admission, map_lanes
 from ..runtime.pools import default_workers, map_local
 from ..runtime.processes import mp_context, start_resource_tracker
 from .shard_writing import PartResult, ShardResult
@@ -57,13 +58,16 @@ def run_jobs(
     planned: Planned,
     progress: ProgressCallback | None,
     started: Callable[[], None] | None = None,
+    admission: Admission | None = None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """Yield (job number, result) as jobs finish, drawing jobs from the plan as workers free up: a
     shard's result, or a part's records (local workers only, packing/parts.py). `started` is
-    called once the first jobs are out (map_local's)."""
+    called once the first jobs are out (map_local's). With an `admission` (a reading whose shards
+    wait on downloads), each local worker runs several shards at once as it admits them
+    (runtime/lanes.py)."""
     if config.executor == "ray":
         return _run_on_ray(jobs, planned, progress, started)
-    return _run_local(jobs, config.workers or default_workers(), planned, progress, started)
+    return _run_local(jobs, config.workers or default_workers(), planned, progress, started, admission)
 
 
 def _run_local(
@@ -72,6 +76,7 @@ def _run_local(
     planned: Planned,
     progress: ProgressCallback | None,
     started: Callable[[], None] | None,
+    admission: Admission | None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
     while shards are in flight."""
@@ -92,9 +97,12 @@ def _run_local(
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        for index, result in map_local(
-            run_job, jobs, workers, initializer=init_worker, initargs=(counter,), started=started
-        ):
+        if admission is not None:
+            running = map_lanes(run_job, jobs, workers, admission, initializer=init_worker, initargs=(counter,),
+                                started=started)  # fmt: skip
+        else:
+            running = map_local(run_job, jobs, workers, initializer=init_worker, initargs=(counter,), started=started)
+        for index, result in running:
             errors[0] += len(result.errors)
             yield index, result
     finally:

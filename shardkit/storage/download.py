@@ -157,6 +157,17 @@ class Downloader:
             self._cond.notify_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def load(self) -> tuple[int, int]:
+        """(requests that need a thread now: running, or due and not started; bytes of bodies
+        downloaded and not yet taken). A request waiting out a backoff or a Retry-After is neither."""
+        with self._cond:
+            now = time.monotonic()
+            wanted = sum(
+                1 for window in self._windows for slot in window
+                if slot.result is None and (slot.running or slot.due <= now)
+            )  # fmt: skip
+            return wanted, self._untaken
+
     def fetch(self, requests: Iterable[tuple[str, str | None]]) -> Iterator[bytes | DownloadError]:
         for _, result in self._fetch(requests, ordered=True):
             yield result

@@ -23,7 +23,7 @@ from array import array
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from ...core.config import PackConfig, TableConfig, WebConfig
 from ...core.errors import ConfigError, Failure, SourceError
@@ -39,6 +39,7 @@ from .table import LabelKinds, RealPaths, Rows, caption_and_columns, check_colum
 from .url_parts import glob_parts, is_glob, is_remote_glob, part_key_format, part_name, table_folder_parts
 
 if TYPE_CHECKING:
+    from ...runtime.lanes import Admission
     from ..objects import Transfer
 
 SHA256_COLUMN = "sha256"  # where a table has it, each download is checked against it
@@ -149,7 +150,13 @@ class Downloads(Reading):
     earlier: list[Failure] | None = None
     earlier_counts: dict[str, int] | None = None
 
-    splits: ClassVar[bool] = False  # (the downloads are the worker process's own)
+    def may_split(self) -> bool:
+        return self.earlier is None  # (a shard written again keeps its file's records, read in order)
+
+    def admission(self) -> Admission:
+        from ..fetched import DownloadAdmission
+
+        return DownloadAdmission.of(self.web)
 
     def packed(self, packing: Packing) -> Generator[Outcome, None, None]:
         from ..fetched import downloaded, refetched  # (urllib3 and threads: only for URL tables)
