@@ -1,6 +1,7 @@
 """A table of URLs at its users' scale, on a real loopback server of the test's own: a row waiting
 out a server's Retry-After holds back no other shard, failed rows are told apart by row (two rows
-naming one image with other credentials)."""
+naming one image with other credentials), and the failed rows go to errors.jsonl in order through
+parts of their own, whatever the workers."""
 
 from __future__ import annotations
 
@@ -148,3 +149,27 @@ def test_two_rows_of_one_image_with_other_credentials_are_told_apart(
     dataset = open_shards(out)
     assert [dataset[i].key for i in range(len(dataset))] == ["000000000", "000000001", "000000002"]
     assert read_errors(out) == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_failed_rows_reach_errors_jsonl_in_row_order_through_their_parts(
+    web: tuple[Web, str], tmp_path: Path, shardkit, workers: str
+) -> None:
+    """Rows failing for good in every shard (404s):
+    errors.jsonl lists them in the table's order whatever order the shards end in, the manifest
+    counts them per cause, and the working folder keeps no part once the pack is done."""
+    state, base = web
+    host = base.removeprefix("http://")
+    state.missing = {"nobody"}
+    state.retry_after = {3: 1}  # (shard 0 ends last)
+    urls = [f"http://nobody:x@{host}/img/{i}.jpg" if i % 4 == 1 else f"{base}/img/{i}.jpg" for i in range(30)]
+    table = _table(tmp_path / "urls.csv", urls)
+    out = tmp_path / "out"
+    args = ["--shard-size", "4", "--workers", workers, "--retries", "1", "--backoff", "0.05", "--timeout", "5"]
+    assert shardkit("pack", table, out, *args).returncode == 0
+    rows = read_errors(out)
+    assert [row["key"] for row in rows] == [f"{i:09d}" for i in range(30) if i % 4 == 1]
+    assert all(row["cause"] == "404" and not row.get("transient") for row in rows)
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert totals["errors"] == totals["download:404"] == len(rows) and totals["transient"] == 0
+    assert not (out / ".shardkit").exists()

@@ -9,7 +9,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -204,12 +204,17 @@ def write_json_atomic(path: str | Path, data: Any, temp_dir: str | Path | None =
 def write_text_atomic(path: str | Path, text: str, temp_dir: str | Path | None = None) -> None:
     """Write to a temporary file, fsync, then rename: readers never see half a file. The temporary
     file goes in `temp_dir` (same filesystem) when given, so a kill leaves nothing beside `path`."""
+    write_lines_atomic(path, [text], temp_dir)
+
+
+def write_lines_atomic(path: str | Path, texts: Iterable[str], temp_dir: str | Path | None = None) -> None:
+    """`write_text_atomic` of the texts joined, written as they come (never held whole)."""
     path = Path(path)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=temp_dir or path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+            out.writelines(texts)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)

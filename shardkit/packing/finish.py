@@ -5,13 +5,11 @@ the output whole from there); and what the run did, as a PackResult."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..core.config import PackConfig
-from ..core.errors import Failure
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
@@ -20,10 +18,12 @@ from ..core.manifest import (
     ShardInfo,
     info_of,
     write_json_atomic,
+    write_lines_atomic,
     write_text_atomic,
 )
 from ..formats import get_format
 from ..runtime.timeline import mark
+from .failed_rows import FailedRows
 from .index import join as join_index
 from .index import part_path, write_part
 from .index import row as index_row
@@ -104,28 +104,29 @@ def single_colour_warning(totals: dict[str, int], background: object) -> str:
 
 def finish(
     config: PackConfig, found: SourceWalk, ordered: list[ShardResult], inputs: int, settings: dict[str, Any],
-    plan: str, output: Path,
+    plan: str, output: Path, failed: FailedRows,
 ) -> PackResult:  # fmt: skip
     """Write index.parquet, the companions, errors.jsonl and the manifest (last) into the local
-    folder `output` for the shard results in plan order, and say what was done; the working folder
+    folder `output` for the shard results in plan order (their failed rows in `failed`'s parts),
+    and say what was done; the working folder
     stays for the output's `publish`. What the manifest says of each shard comes from its result: a
     pack to a bucket needs no shard here (its resume keeps only shards whose index part is in the
     state, so none is read again)."""
-    error_rows: list[Failure] = [*found.skipped, *(row for result in ordered for row in result.errors)]
+    skipped = found.skipped
+    errors, transient, causes = failed.totals(skipped)
     records = sum(r.shard.count for r in ordered)
-    duplicates = sum(1 for row in found.skipped if row.stage == "duplicate")
-    totals = {"inputs": inputs, "records": records, "errors": len(error_rows)}
+    duplicates = sum(1 for row in skipped if row.stage == "duplicate")
+    totals = {"inputs": inputs, "records": records, "errors": errors}
     if config.clips.seconds is not None:  # records are clips: each video packed (whole) or listed, once
-        totals["videos"] = inputs - len(error_rows)
+        totals["videos"] = inputs - errors
     if config.dedup != "none":  # of the errors, the copies left out: what a later run can say without reading
         totals["duplicates"] = duplicates
     counts = [result.counts for result in ordered]
     if config.clips.seconds is None and all(count is not None for count in counts):  # (unknown: not said)
         totals.update({name: sum(count.get(name, 0) for count in counts if count) for name in PICTURE_COUNTS})
-    transient = sum(1 for row in error_rows if row.transient)
     if found.source.downloads:  # rows per cause of failure, and those a --resume tries again
         totals["transient"] = transient
-        totals.update(download_causes(error_rows))
+        totals.update(causes)
     source = {"path": str(config.source), "layout": found.layout}
     manifest = Manifest(
         format=config.format,
@@ -142,8 +143,8 @@ def finish(
     companions += _output_companions(config.format, [r.shard for r in ordered], output, state)
     manifest = replace(manifest, index=index, companions=companions).sealed()
     with writing(output, ERRORS_NAME):
-        lines = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in error_rows)
-        write_text_atomic(output / ERRORS_NAME, lines, temp_dir=state)
+        lines = failed.lines(skipped, (r.shard.name for r in ordered))
+        write_lines_atomic(output / ERRORS_NAME, lines, temp_dir=state)
     with writing(output, MANIFEST_NAME):
         write_json_atomic(output / MANIFEST_NAME, manifest.to_json(), temp_dir=state)
     mark("manifest")
@@ -152,7 +153,7 @@ def finish(
         manifest=manifest,
         inputs=inputs,
         records=records,
-        errors=len(error_rows),
+        errors=errors,
         shards=len(ordered),
         reused_shards=sum(1 for r in ordered if r.reused or r.already_uploaded),
         input_bytes=sum(r.input_bytes for r in ordered),
@@ -164,15 +165,6 @@ def finish(
         duplicates=duplicates,
         labels=labelling(found, config.labels),
     )
-
-
-def download_causes(rows: list[Failure]) -> dict[str, int]:
-    """A table of URLs' failed rows counted per cause ("download:404": 12), most first."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        if row.cause is not None:
-            counts[f"{row.stage}:{row.cause}"] = counts.get(f"{row.stage}:{row.cause}", 0) + 1
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def _stage_seconds(ordered: list[ShardResult]) -> dict[str, float]:

@@ -131,7 +131,8 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
     created = not path.exists()
     state = state_dir(path)
     state_existed = os.path.lexists(state)
-    for folder in (state, state / "done", state / "index", state / "tmp"):  # a planted link must not redirect deletions
+    # a planted link must not redirect deletions or writes
+    for folder in (state, state / "done", state / "index", state / "errors", state / "tmp"):
         if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
             raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
     try:

@@ -29,6 +29,7 @@ from ..runtime.timeline import mark
 from ..storage.urls import is_remote
 from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
 from .estimate import calibrate
+from .failed_rows import FailedRows
 from .finish import PackResult, already_complete, finish
 from .folder_output import claim, clear, refuse_overlap, refuse_sources_inside
 from .index import load_soon
@@ -269,7 +270,8 @@ def _write_all(
     planned = Planned()
     reading = found.source.reading(config)
     results: dict[int, ShardResult] = {}  # by shard index: kept ones as the plan is read, the rest as they come
-    jobs = _jobs(config, found, specs, output, reading, fallbacks, digest, planned, results)
+    failed = FailedRows(state_dir(output.folder))  # the shards' failed rows, out of `results`
+    jobs = _jobs(config, found, specs, output, reading, fallbacks, digest, planned, results, failed)
     workers = config.workers or default_workers()
     # Parts are encoded by local workers and joined here, where the shards are files of the local
     # folder: not for a Ray task (its node's files) or videos (a clip is a job).
@@ -278,7 +280,7 @@ def _write_all(
     )  # fmt: skip
     upcoming = split_last(jobs, workers) if splits else jobs
     tally = tally if found.source.downloads else None
-    _run_all(config, upcoming, output, planned, results, progress, tally, reading.admission())
+    _run_all(config, upcoming, output, planned, results, progress, tally, failed, reading.admission())
     mark("results")
     remove_stale_shards(output.folder, {result.shard.name for result in results.values()})
     ordered = [results[index] for index in range(planned.shards)]
@@ -286,7 +288,7 @@ def _write_all(
     copies_used = {key: packed for result in ordered for key, packed in result.copies_used.items()}
     if copies_used:
         found = replace(found, skipped=settle(found.skipped, fallbacks, copies_used))
-    return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output.folder)
+    return finish(config, found, ordered, inputs, settings, digest.hexdigest(), output.folder, failed)
 
 
 def _jobs(
@@ -299,6 +301,7 @@ def _jobs(
     digest: PlanDigest,
     planned: Planned,
     results: dict[int, ShardResult],
+    failed: FailedRows,
 ) -> Iterator[ShardJob]:
     """A job for each planned shard, as the plan is cut; on --resume, a shard an earlier run
     finished goes into `results` instead."""
@@ -311,9 +314,9 @@ def _jobs(
         planned.images += len(spec.items)
         previous = reused_shard(folder, spec, shard_hash, output.intact) if config.resume else None
         if previous is not None:
-            results[spec.index] = previous
             planned.reused_images += len(spec.items)
             planned.reused_errors += len(previous.errors)
+            results[spec.index] = failed.add(previous)
             continue
         # (only a shard that is a file here keeps its records: one in a bucket is written again whole)
         keeps = config.resume and found.source.downloads and output.shards_here
@@ -334,12 +337,13 @@ def _run_all(
     results: dict[int, ShardResult],
     progress: ProgressCallback | None,
     tally: Tally | None,
+    failed: FailedRows,
     admission: Admission | None = None,
 ) -> None:
     """The jobs run as they come (`running`; several at once in each worker with an `admission`),
     each shard's result into `results` by its index once whole (its parts joined here), its done
     marker written by the output where its worker did not (`Output.mark_done`), and counted by
-    `tally`."""
+    `tally`; its failed rows go to their part (`failed`), out of the driver's memory."""
     job_specs: list[int] = []  # job number -> shard index
     parts: dict[int, ShardJob] = {}  # job number -> its part job, until that part is back
 
@@ -365,8 +369,8 @@ def _run_all(
                     continue
                 outcome = whole
             output.mark_done(outcome)
-            results[job_specs[job_number]] = outcome
             if tally is not None:
                 tally.add(outcome)
+            results[job_specs[job_number]] = failed.add(outcome)
     finally:
         joining.abandon()

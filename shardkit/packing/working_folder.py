@@ -111,8 +111,8 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
     state = state_dir(output)
     (state / STATE_NAME).unlink(missing_ok=True)
     for folder, pattern in (
-        ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.jsonl"), ("index", ".*.tmp"), ("tmp", "*.tmp"),
-        (".", ".*.tmp"),
+        ("done", "*.json"), ("done", ".*.tmp"), ("index", "*.jsonl"), ("index", ".*.tmp"), ("errors", "*.jsonl"),
+        ("tmp", "*.tmp"), (".", ".*.tmp"),
     ):  # fmt: skip
         for path in (state / folder).glob(pattern):
             if path.is_file() and not path.is_symlink():
@@ -123,6 +123,6 @@ def remove_state(output: Path, keep_lock: bool = False) -> None:
         (state / LOCK_NAME).unlink(missing_ok=True)
     if keep_lock:  # the folder stays in use
         return
-    for emptied in (state / "done", state / "index", state / "tmp", state):
+    for emptied in (state / "done", state / "index", state / "errors", state / "tmp", state):
         with contextlib.suppress(OSError):
             emptied.rmdir()
