@@ -173,3 +173,21 @@ def test_failed_rows_reach_errors_jsonl_in_row_order_through_their_parts(
     totals = json.loads((out / "manifest.json").read_text())["totals"]
     assert totals["errors"] == totals["download:404"] == len(rows) and totals["transient"] == 0
     assert not (out / ".shardkit").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_live_tally_says_how_many_rows_wait_to_retry(web: tuple[Web, str], tmp_path: Path, workers: int) -> None:
+    """While three rows wait out a Retry-After, the progress line's tally counts them; at the end
+    none wait."""
+    from shardkit.core.pack_options import pack_config
+    from shardkit.packing.pack import Tally, pack
+
+    state, base = web
+    state.retry_after = {0: 2, 7: 2, 13: 2}
+    table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(20)])
+    tally = Tally()
+    seen: list[int] = []
+    config = pack_config(table, tmp_path / "out", workers=workers, shard_size=5, timeout=10)
+    result = pack(config, progress=lambda done, total, errors: seen.append(tally.waiting), tally=tally)
+    assert result.records == 20
+    assert max(seen) == 3 and seen[-1] == 0 and tally.waiting == 0

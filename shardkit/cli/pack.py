@@ -178,6 +178,7 @@ def _run(config: PackConfig) -> PackResult:
                 ok = (done - errors) / done if done else 1.0
                 top = ", ".join(f"{cause} {count:,}" for cause, count in tally.top())
                 rate += f", {ok:.1%} ok, {tally.input_bytes / seconds / 1e6:,.1f} MB/s" + (f" ({top})" if top else "")
+                rate += f", {tally.waiting:,} waiting to retry" if tally.waiting else ""
             bar.update(task, completed=done, total=total, rate=rate)
 
         def hashed(done: int, total: int) -> None:

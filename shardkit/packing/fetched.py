@@ -21,6 +21,7 @@ from ..formats import get_format
 from ..formats.base import Record
 from ..runtime.lanes import in_turn, job_done
 from ..storage.download import Downloader, DownloadError, download, fetch_head, fetch_range
+from .counters import count_waiting
 from .encode import check_pixels
 from .objects import Transfer
 from .ranges import ReadRange, probe_row
@@ -212,7 +213,7 @@ def _made_downloader(web: WebConfig) -> Downloader:
     # for as soon as it starts, so a row that waits out a retry (a 429's Retry-After, a 503's
     # backoff) waits while the rows after it are encoded, not at the shard's end; at most
     # DOWNLOAD_HOLD bytes of bodies wait for the encoder.
-    downloader = Downloader(web, window=DOWNLOAD_WINDOW, hold=DOWNLOAD_HOLD)
+    downloader = Downloader(web, window=DOWNLOAD_WINDOW, hold=DOWNLOAD_HOLD, on_waiting=count_waiting)
     _DOWNLOADERS.clear()  # (a forked child's copy of its parent's: its threads are not there)
     _DOWNLOADERS[os.getpid()] = (web, downloader)
     return downloader

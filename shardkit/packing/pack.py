@@ -361,7 +361,9 @@ def _run_all(
         # index.parquet's writer is imported on a thread once the workers have their first jobs:
         # the import holds the GIL, and begun before the walk it would hold up the walk, the plan
         # and the pool's start.
-        running = run_jobs(config, numbered(jobs), planned, progress, started=load_soon, admission=admission)
+        running = run_jobs(
+            config, numbered(jobs), planned, progress, started=load_soon, admission=admission, tally=tally
+        )
         for job_number, outcome in running:
             if isinstance(outcome, PartResult):
                 whole = joining.add(parts.pop(job_number), outcome)

@@ -14,8 +14,9 @@ from ..runtime.cluster import check_ray, connect_ray, disconnect_ray, map_ray
 from ..runtime.lanes import Admission, map_lanes
 from ..runtime.pools import default_workers, map_local
 from ..runtime.processes import mp_context, start_resource_tracker
+from .counters import init_worker
 from .shard_writing import PartResult, ShardResult
-from .worker import ShardJob, init_worker, run_job, write_shard
+from .worker import ShardJob, run_job, write_shard
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # images done, total (None while walking), errors
 
@@ -37,10 +38,11 @@ class Planned:
 @dataclass
 class Tally:
     """A table of URLs' downloads so far, as shards come back (for the live progress line): bytes
-    downloaded and the failed rows per cause."""
+    downloaded and the failed rows per cause; and the rows waiting out a retry now."""
 
     input_bytes: int = 0
     causes: dict[str, int] = field(default_factory=dict)
+    waiting: int = 0  # rows waiting out a retry now (local workers: live; on Ray, not known)
 
     def add(self, result: ShardResult) -> None:
         self.input_bytes += result.input_bytes
@@ -59,15 +61,16 @@ def run_jobs(
     progress: ProgressCallback | None,
     started: Callable[[], None] | None = None,
     admission: Admission | None = None,
+    tally: Tally | None = None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """Yield (job number, result) as jobs finish, drawing jobs from the plan as workers free up: a
     shard's result, or a part's records (local workers only, packing/parts.py). `started` is
     called once the first jobs are out (map_local's). With an `admission` (a reading whose shards
     wait on downloads), each local worker runs several shards at once as it admits them
-    (runtime/lanes.py)."""
+    (runtime/lanes.py), and `tally.waiting` says live how many rows wait out a retry."""
     if config.executor == "ray":
         return _run_on_ray(jobs, planned, progress, started)
-    return _run_local(jobs, config.workers or default_workers(), planned, progress, started, admission)
+    return _run_local(jobs, config.workers or default_workers(), planned, progress, started, admission, tally)
 
 
 def _run_local(
@@ -77,11 +80,12 @@ def _run_local(
     progress: ProgressCallback | None,
     started: Callable[[], None] | None,
     admission: Admission | None,
+    tally: Tally | None,
 ) -> Iterator[tuple[int, ShardResult | PartResult]]:
     """On local processes: a ticker reports images done (and the total once the walk is over)
-    while shards are in flight."""
-    start_resource_tracker()  # the counter's lock is a semaphore: its tracker started as runtime/processes says
-    counter = mp_context().Value("q", 0)
+    while shards are in flight, and the rows waiting out a retry."""
+    start_resource_tracker()  # the counters' locks are semaphores: the tracker started as runtime/processes says
+    counter, waiting = mp_context().Value("q", 0), mp_context().Value("q", 0)
     errors = [0]
     stop = threading.Event()
 
@@ -91,6 +95,8 @@ def _run_local(
 
     def tick() -> None:
         while not stop.wait(0.25):
+            if tally is not None:
+                tally.waiting = max(0, int(waiting.get_obj().value))
             if progress is not None:
                 progress(planned.reused_images + done(), planned.total(), planned.reused_errors + errors[0])
 
@@ -98,8 +104,8 @@ def _run_local(
     ticker.start()
     try:
         if admission is not None:
-            running = map_lanes(run_job, jobs, workers, admission, initializer=init_worker, initargs=(counter,),
-                                started=started)  # fmt: skip
+            running = map_lanes(run_job, jobs, workers, admission, initializer=init_worker,
+                                initargs=(counter, waiting), started=started)  # fmt: skip
         else:
             running = map_local(run_job, jobs, workers, initializer=init_worker, initargs=(counter,), started=started)
         for index, result in running:
@@ -109,6 +115,8 @@ def _run_local(
         stop.set()
         ticker.join()
         init_worker(None)
+        if tally is not None:
+            tally.waiting = 0
         if progress is not None:
             progress(planned.reused_images + done(), planned.total(), planned.reused_errors + errors[0])
 

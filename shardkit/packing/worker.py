@@ -20,6 +20,7 @@ from ..core.config import EncodeConfig, ResizeConfig
 from ..formats import get_format
 from ..formats.base import Record
 from ..runtime.timeline import mark
+from .counters import count_done
 from .folder_output import FolderShards
 from .plan import ShardSpec
 from .reading import Files, Outcome, Packing, Reading, file_outcome
@@ -52,22 +53,6 @@ class ShardJob:
     parts: int = 1
 
 
-# Set in each worker process by the executor; counts images as they are done, for live progress.
-_progress_counter: Any = None
-
-
-def init_worker(counter: Any) -> None:
-    global _progress_counter
-    _progress_counter = counter
-
-
-def _count_one() -> None:
-    """One item done, on the live progress counter (when the executor gave this process one)."""
-    if _progress_counter is not None:
-        with _progress_counter.get_lock():
-            _progress_counter.value += 1
-
-
 def write_shard(job: ShardJob) -> ShardResult:
     """Write one shard from its items; a bad image is recorded, never fatal. A failure to write the
     output (disk full, read-only) raises OutputError and leaves no part of the shard behind."""
@@ -86,7 +71,7 @@ def _written(job: ShardJob, close: Callable[[ShardWriting], T]) -> tuple[T, Shar
         try:
             for record, size, failures in packed:
                 shard.add(record, size, failures)
-                _count_one()
+                count_done()
             return close(shard), shard
         finally:
             packed.close()  # (downloads still queued are dropped)
@@ -109,7 +94,7 @@ def encode_part(job: ShardJob) -> PartResult:
     done = []
     for outcome in _packed(job, timings, copies_used, counts):
         done.append(outcome)
-        _count_one()
+        count_done()
     mark(f"done {job.spec.name}:{job.part}")
     return PartResult(job.spec.name, job.part or 0, done, timings, copies_used, counts=counts)
 

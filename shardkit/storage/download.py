@@ -94,6 +94,7 @@ class _Slot:
     position: int = 0  # its place among the requests of its `fetch`
     handed: bool = False  # its result went out (unordered), the slot kept until those before it are
     dropped: bool = False  # its fetch ended before its result was taken
+    waiting: bool = False  # it waits out a retry's backoff (counted by the downloader's `on_waiting`)
 
 
 def _any_done(window: deque[_Slot]) -> bool:
@@ -123,8 +124,15 @@ class Downloader:
     ahead, so a slow URL holds back the ones after it only once the window is full. Retries wait
     out their backoff without holding a thread. Thread-safe; `close` when done."""
 
-    def __init__(self, web: WebConfig, window: int | None = None, hold: int | None = None) -> None:
+    def __init__(
+        self,
+        web: WebConfig,
+        window: int | None = None,
+        hold: int | None = None,
+        on_waiting: Callable[[int], None] | None = None,
+    ) -> None:
         self._web = web
+        self._on_waiting = on_waiting  # told each change in the requests waiting out a retry (+1, -1)
         self._window = window if window is not None else max(2 * web.threads, 8)
         # no new try starts while the bodies downloaded and not yet taken pass this many bytes:
         # a wide window reads far ahead of a slow consumer without holding more than this
@@ -153,6 +161,9 @@ class Downloader:
         """Stops taking work; tries in flight end within their deadline."""
         with self._cond:
             self._closed = True
+            for window in self._windows:
+                for slot in window:
+                    self._unwait(slot)
             self._windows.clear()
             self._cond.notify_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -217,6 +228,7 @@ class Downloader:
                 for slot in window:  # its bodies not yet taken count no more (a try still running counts nothing)
                     if not slot.handed:
                         self._release(slot)
+                    self._unwait(slot)
                     slot.dropped = True
                 self._cond.notify_all()
 
@@ -260,6 +272,13 @@ class Downloader:
                 ready.append((slot.position, slot.result))
             return ready
 
+    def _unwait(self, slot: _Slot) -> None:
+        """The slot waits no more (its try starts, or it is dropped or failed). With the lock taken."""
+        if slot.waiting:
+            slot.waiting = False
+            if self._on_waiting is not None:
+                self._on_waiting(-1)
+
     def _release(self, slot: _Slot) -> None:
         """A body taken by the caller: no longer counted against `hold`. Called with the lock taken."""
         if isinstance(slot.result, bytes) and not slot.dropped:
@@ -283,6 +302,7 @@ class Downloader:
                     if host.probing:
                         continue  # the probe's answer decides
                     if now < host.probe_at:
+                        self._unwait(slot)
                         slot.result = DownloadError(
                             f"host unreachable ({host.last}, {host.failures} times in a row)", "unreachable", True
                         ).after(slot.tries)
@@ -293,6 +313,7 @@ class Downloader:
                 self._start(slot, host)
 
     def _start(self, slot: _Slot, host: _Host) -> None:
+        self._unwait(slot)
         slot.running, slot.tries = True, slot.tries + 1
         host.running += 1
         self._running += 1
@@ -328,6 +349,10 @@ class Downloader:
             wait = self._policy.next_wait(slot.tries, self._rng, outcome.retry_after)
         if wait is not None:
             slot.due = now + wait
+            if not slot.dropped:
+                slot.waiting = True
+                if self._on_waiting is not None:
+                    self._on_waiting(1)
         else:
             slot.result = outcome.after(slot.tries) if isinstance(outcome, DownloadError) else outcome
             if isinstance(outcome, bytes) and not slot.dropped:
