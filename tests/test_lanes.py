@@ -20,6 +20,7 @@ _waiting = 0  # this process's units that only wait
 _running = 0  # jobs running in this process now
 _most = 0  # the most that ran at once
 _lock = threading.Lock()
+_abandoned = threading.Event()  # set by Budget.abandon: what a waiting job waits on ends
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class Budget:
     def admits(self, left: int) -> bool:
         return left - _waiting < self.budget
 
+    def abandon(self) -> None:
+        _abandoned.set()
+
 
 def run(job: Work) -> tuple[str, int, float, int]:
     """(name, pid, when it ended, the most jobs this process ran at once so far)."""
@@ -58,7 +62,7 @@ def run(job: Work) -> tuple[str, int, float, int]:
         if job.wait:
             with _lock:
                 _waiting += job.weight
-            time.sleep(job.wait)
+            _abandoned.wait(job.wait)
             with _lock:
                 _waiting -= job.weight
         time.sleep(job.busy)
@@ -73,6 +77,7 @@ def run(job: Work) -> tuple[str, int, float, int]:
 def _fresh_counts() -> None:
     global _most
     _most = 0
+    _abandoned.clear()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -132,6 +137,15 @@ def test_a_worker_that_dies_is_said() -> None:
     jobs = [Work("a", wait=0.5), Work("b", fail="die"), *(Work(f"c{n}") for n in range(4))]
     with pytest.raises(WorkerDiedError, match="died"):
         list(map_lanes(run, jobs, 2, Budget(5)))
+
+
+def test_a_failure_on_one_thread_ends_the_jobs_that_wait_at_once() -> None:
+    """In this process (one worker): a job that fails while another waits for a minute is raised
+    as soon as it fails; the waiting job is abandoned, not waited for."""
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="b cannot be done"):
+        list(map_lanes(run, [Work("a", wait=60), Work("b", fail="raise")], 1, Budget(50)))
+    assert time.monotonic() - started < 10 and _abandoned.is_set()
 
 
 def test_no_jobs_is_no_results() -> None:

@@ -191,3 +191,33 @@ def test_the_live_tally_says_how_many_rows_wait_to_retry(web: tuple[Web, str], t
     result = pack(config, progress=lambda done, total, errors: seen.append(tally.waiting), tally=tally)
     assert result.records == 20
     assert max(seen) == 3 and seen[-1] == 0 and tally.waiting == 0
+
+
+def test_a_stop_ends_a_one_worker_pack_whose_rows_wait_a_minute(
+    web: tuple[Web, str], tmp_path: Path, python_command
+) -> None:
+    """With one worker the shards run on threads of the driver: a Ctrl-C while rows wait out a
+    Retry-After of a minute ends the pack at once (its shards abandoned, not waited for), with the
+    stop's exit code, and a --resume finishes it."""
+    import signal
+    import subprocess
+
+    state, base = web
+    state.retry_after = {0: 60, 6: 60}
+    table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(12)])
+    out = tmp_path / "out"
+    command = [*python_command, "pack", str(table), str(out), "--workers", "1", "--shard-size", "5"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not all(f"/img/{row}.jpg" in state.tries for row in (0, 6)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # (both rows now wait out their minute)
+    stopped = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert time.monotonic() - stopped < 5
+    state.retry_after = {}
+    again = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert len(open_shards(out)) == 12

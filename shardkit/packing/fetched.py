@@ -197,6 +197,14 @@ class DownloadAdmission:
         wanted, held = cached[1].load()
         return wanted < self.budget and held < DOWNLOAD_HOLD
 
+    def abandon(self) -> None:
+        """Closes this process's downloader: a shard waiting on it raises at once (its tries in
+        flight end by their own deadline, on threads nobody waits for)."""
+        with _MADE:
+            cached = _DOWNLOADERS.pop(os.getpid(), None)
+        if cached is not None:
+            cached[1].close(wait=False)
+
 
 def _downloader(web: WebConfig) -> Downloader:
     with _MADE:  # (a worker's shards run on threads of their own, and share one)

@@ -157,8 +157,9 @@ class Downloader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Stops taking work; tries in flight end within their deadline."""
+    def close(self, wait: bool = True) -> None:
+        """Stops taking work; tries in flight end within their deadline (waited for unless `wait`
+        is False)."""
         with self._cond:
             self._closed = True
             for window in self._windows:
@@ -166,7 +167,7 @@ class Downloader:
                     self._unwait(slot)
             self._windows.clear()
             self._cond.notify_all()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=wait, cancel_futures=True)
 
     def load(self) -> tuple[int, int]:
         """(requests that need a thread now: running, or due and not started; bytes of bodies
