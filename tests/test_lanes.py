@@ -82,14 +82,14 @@ def _fresh_counts() -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_job_that_waits_leaves_its_lane_to_the_next(workers: int) -> None:
-    slow = [Work(f"slow{n}", wait=1.5) for n in range(workers)]
+    slow = [Work(f"slow{n}", wait=1.0) for n in range(workers)]
     quick = [Work(f"quick{n}") for n in range(6 * workers)]
     started = time.monotonic()
     done = {name: ended for _, (name, _, ended, _) in map_lanes(run, slow + quick, workers, Budget(5))}
     assert set(done) == {job.name for job in slow + quick}
     # every quick job ended while the slow ones still waited (one job a worker would put them after)
     assert max(done[job.name] for job in quick) < min(done[job.name] for job in slow)
-    assert time.monotonic() - started < 1.5 + 6 * 0.02 * 4 + 3  # (the pool's start on a loaded machine)
+    assert time.monotonic() - started < 1.0 + 6 * 0.02 * 4 + 3  # (the pool's start on a loaded machine)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -108,7 +108,7 @@ def test_results_are_numbered_by_job_and_come_once() -> None:
     got = list(map_lanes(run, jobs, 2, Budget(6)))
     assert sorted(number for number, _ in got) == list(range(20))
     assert all(result[0] == jobs[number].name for number, result in got)
-    assert len({pid for _, (_, pid, _, _) in got}) == 2
+    assert all(pid != os.getpid() for _, (_, pid, _, _) in got)  # (which lane takes which is the lanes' race)
 
 
 def test_jobs_are_drawn_as_lanes_take_them() -> None:

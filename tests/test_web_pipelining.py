@@ -102,12 +102,12 @@ def _table(path: Path, urls: list[str]) -> Path:
 def test_a_row_waiting_on_retry_after_holds_back_no_other_shard(
     web: tuple[Web, str], tmp_path: Path, shardkit, workers: str
 ) -> None:
-    """The first row of each of the first shards (one a worker) answers 429 with Retry-After: 3;
+    """The first row of each of the first shards (one a worker) answers 429 with Retry-After: 2;
     the rows of the shards after them are all asked for, and those shards written, while they
     wait (one shard a worker at a time would ask for them only once those shards are done)."""
     state, base = web
     stuck = int(workers)
-    state.retry_after = {5 * shard: 3 for shard in range(stuck)}
+    state.retry_after = {5 * shard: 2 for shard in range(stuck)}
     rows = 40
     table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(rows)])
     out = tmp_path / "out"
@@ -138,6 +138,8 @@ def test_two_rows_of_one_image_with_other_credentials_are_told_apart(
     args = ["--shard-size", "10", "--workers", "1", "--retries", "0", "--timeout", "5"]
     state.refusing = {"bad"}
     assert shardkit("pack", table, out, *args).returncode == 0
+    checked = shardkit("verify", out, "--source", table)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # one URL shown twice: packed once, listed once
     (failed,) = read_errors(out)
     assert failed["key"] == "000000002" and failed["transient"] and failed["path"] == f"http://***@{host}/img/7.jpg"
     assert "bad" not in json.dumps(failed) and "pw" not in json.dumps(failed)
@@ -149,6 +151,7 @@ def test_two_rows_of_one_image_with_other_credentials_are_told_apart(
     dataset = open_shards(out)
     assert [dataset[i].key for i in range(len(dataset))] == ["000000000", "000000001", "000000002"]
     assert read_errors(out) == []
+    assert shardkit("verify", out, "--source", table).returncode == 0
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -183,7 +186,7 @@ def test_the_live_tally_says_how_many_rows_wait_to_retry(web: tuple[Web, str], t
     from shardkit.packing.pack import Tally, pack
 
     state, base = web
-    state.retry_after = {0: 2, 7: 2, 13: 2}
+    state.retry_after = {0: 1, 7: 1, 13: 1}
     table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(20)])
     tally = Tally()
     seen: list[int] = []
@@ -193,6 +196,7 @@ def test_the_live_tally_says_how_many_rows_wait_to_retry(web: tuple[Web, str], t
     assert max(seen) == 3 and seen[-1] == 0 and tally.waiting == 0
 
 
+@pytest.mark.slow  # (a signal, timed)
 def test_a_stop_ends_a_one_worker_pack_whose_rows_wait_a_minute(
     web: tuple[Web, str], tmp_path: Path, python_command
 ) -> None:
