@@ -180,20 +180,20 @@ def test_failed_rows_reach_errors_jsonl_in_row_order_through_their_parts(
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_live_tally_says_how_many_rows_wait_to_retry(web: tuple[Web, str], tmp_path: Path, workers: int) -> None:
-    """While three rows wait out a Retry-After, the progress line's tally counts them; at the end
-    none wait."""
+    """While four rows of the first two shards wait out a Retry-After together, the progress
+    line's tally counts them (across the workers); at the end none wait."""
     from shardkit.core.pack_options import pack_config
     from shardkit.packing.pack import Tally, pack
 
     state, base = web
-    state.retry_after = {0: 1, 7: 1, 13: 1}
+    state.retry_after = {0: 2, 1: 2, 5: 2, 6: 2}  # (asked for at once: shards are taken as the pack starts)
     table = _table(tmp_path / "urls.csv", [f"{base}/img/{i}.jpg" for i in range(20)])
     tally = Tally()
     seen: list[int] = []
     config = pack_config(table, tmp_path / "out", workers=workers, shard_size=5, timeout=10)
     result = pack(config, progress=lambda done, total, errors: seen.append(tally.waiting), tally=tally)
     assert result.records == 20
-    assert max(seen) == 3 and seen[-1] == 0 and tally.waiting == 0
+    assert max(seen) == 4 and seen[-1] == 0 and tally.waiting == 0
 
 
 @pytest.mark.slow  # (a signal, timed)
