@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from multiprocessing.queues import Queue, SimpleQueue
 from typing import Any, Protocol, TypeVar
 
-from ..core.errors import ConfigError, WorkerDiedError
-from .pools import _peek, process_pool, stop_pool, submit
-from .processes import mp_context, script_ran_again, start_resource_tracker
-from .stops import raise_swallowed_stop, stop_if_stopping, stops_deferred
+from .pools import _peek, process_pool, raise_broken, stop_pool, submit
+from .processes import mp_context, start_resource_tracker
+from .stops import raise_swallowed_stop, stops_deferred
 from .timeline import mark
 
 Result = TypeVar("Result")
@@ -352,13 +351,7 @@ def _result(
 def _raise_lane(lane: Future[None], pool: ProcessPoolExecutor) -> None:
     error = lane.exception()
     if isinstance(error, BrokenProcessPool):
-        stop_if_stopping()  # a stop signal to the whole group ends the workers first
-        processes = (getattr(pool, "_processes", None) or {}).values()
-        if (said := script_ran_again(process.exitcode for process in list(processes))) is not None:
-            raise ConfigError(said) from None
-        raise WorkerDiedError(
-            f"a worker process died while running its jobs ({error}); it may have been killed or run out of memory"
-        ) from None
+        raise_broken(pool, error, "its jobs")
     if error is not None:
         raise error
     raise RuntimeError("a lane ended while jobs were still to come")

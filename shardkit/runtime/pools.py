@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..core.errors import ConfigError, WorkerDiedError
 from .processes import script_ran_again, start_worker, started_context
@@ -140,18 +140,23 @@ def map_local(
                 try:
                     yield index, future.result()
                 except BrokenProcessPool as error:
-                    stop_if_stopping()  # a stop signal to the whole group ends the workers first
-                    processes = (getattr(pool, "_processes", None) or {}).values()
-                    if (said := script_ran_again(process.exitcode for process in list(processes))) is not None:
-                        raise ConfigError(said) from None
-                    raise WorkerDiedError(
-                        f"a worker process died while running job {index} ({error}); "
-                        "it may have been killed or run out of memory"
-                    ) from None
+                    raise_broken(pool, error, f"job {index}")
         finished = True
     finally:
         with stops_deferred():  # (a stop in here would leave the workers running until exit)
             stop_pool(pool, abandon=not finished)
+
+
+def raise_broken(pool: ProcessPoolExecutor, error: BrokenProcessPool, running: str) -> NoReturn:
+    """What a pool broken while running `running` ("job 3") means: the stop signal that ended its
+    workers, a script that runs shardkit at its top level, or a worker that died."""
+    stop_if_stopping()  # a stop signal to the whole group ends the workers first
+    processes = (getattr(pool, "_processes", None) or {}).values()
+    if (said := script_ran_again(process.exitcode for process in list(processes))) is not None:
+        raise ConfigError(said) from None
+    raise WorkerDiedError(
+        f"a worker process died while running {running} ({error}); it may have been killed or run out of memory"
+    ) from None
 
 
 def _peek(jobs: Iterable[Any]) -> tuple[Iterator[Any], int]:
