@@ -599,3 +599,31 @@ def test_a_script_calling_shardkit_unguarded_is_told_what_to_change(tmp_path: Pa
         f"ConfigError: each worker process imports {script} again (Python's multiprocessing does), and its "
         'top-level code called shardkit again there: put that call under `if __name__ == "__main__":`\n'
     )
+
+
+def test_a_task_error_nobody_retrieved_prints_no_traceback(tmp_path: Path) -> None:
+    """What fsspec's S3 client leaves when a store dies mid-request: an asyncio task whose exception
+    nobody retrieves. In a command's process and in a worker it prints nothing (the failure is said
+    in one line elsewhere); a program that sets up logging still gets the record."""
+    script = tmp_path / "leftover.py"
+    script.write_text(
+        "import asyncio, gc, logging, sys\n"
+        "from shardkit.runtime.processes import quiet_unretrieved_task_errors\n"
+        "if sys.argv[1] == 'logged':\n"
+        "    logging.basicConfig(level=logging.ERROR, format='logged: %(message)s')\n"
+        "else:\n"
+        "    quiet_unretrieved_task_errors()\n"
+        "async def fail():\n"
+        "    raise ConnectionResetError('Cannot write to closing transport')\n"
+        "async def main():\n"
+        "    asyncio.ensure_future(fail())\n"
+        "    await asyncio.sleep(0.05)\n"
+        "asyncio.run(main())\n"
+        "gc.collect()\n"
+    )
+    import subprocess
+
+    quiet = subprocess.run([sys.executable, str(script), "quiet"], capture_output=True, text=True, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    logged = subprocess.run([sys.executable, str(script), "logged"], capture_output=True, text=True, timeout=60)
+    assert "logged: Task exception was never retrieved" in logged.stderr

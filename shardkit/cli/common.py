@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ConfigError, ShardkitError, StoreUnreachable, describe
+from ..runtime.processes import quiet_unretrieved_task_errors
 from ..runtime.stops import Stopped, arm_stops, exit_on_stop, raise_swallowed_stop, stopped_by
 
 console = Console(highlight=False)
@@ -38,6 +39,7 @@ def user_errors(on_stop: str = "") -> Iterator[None]:
     try:
         try:
             arm_stops()
+            quiet_unretrieved_task_errors()
             yield
             raise_swallowed_stop()  # (a stop whose Stopped a weakref callback swallowed is still a stop)
         finally:

@@ -6,6 +6,7 @@ within a second of its driver.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.resource_tracker
 import multiprocessing.util
@@ -179,6 +180,17 @@ def _start_blocked(start: Callable[[], None]) -> None:
 _HELPER_BLOCKED = {signal.SIGINT, signal.SIGHUP}
 
 
+def quiet_unretrieved_task_errors() -> None:
+    """asyncio reports a task whose exception nobody retrieved through its logger, and with no
+    logging set up Python prints that to stderr with a traceback. fsspec's S3 client leaves such
+    tasks behind when a store goes away mid-request; the failure itself reaches shardkit as an
+    error, said in one line. A NullHandler on asyncio's logger keeps the traceback off the terminal,
+    while a program that sets up logging still gets the record (it propagates to the root)."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+
+
 def start_worker(
     driver: int,
     initializer: Callable[..., None] | None = None,
@@ -196,6 +208,7 @@ def start_worker(
         os.environ.clear()
         os.environ.update(environment)
     mark("worker")
+    quiet_unretrieved_task_errors()  # (a worker's stderr is the user's terminal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELPER_BLOCKED)  # (blocked in the forkserver)
     threading.Thread(target=_exit_when_gone, args=(driver,), daemon=True, name="shardkit-watchdog").start()
