@@ -192,8 +192,10 @@ class DownloadAdmission:
 
     def admits(self, left: int) -> bool:
         cached = _DOWNLOADERS.get(os.getpid())
-        if cached is None or left >= DOWNLOAD_WINDOW:  # (what its shards hold for their turn is bounded too)
-            return cached is None
+        if cached is None:  # (no download yet: nothing holds room)
+            return True
+        if left >= DOWNLOAD_WINDOW:  # what its shards hold for their turn is bounded too
+            return False
         wanted, held = cached[1].load()
         return wanted < self.budget and held < DOWNLOAD_HOLD
 
