@@ -13,6 +13,7 @@ import numpy as np
 from ..core.errors import ImageError
 from .batch import Batch
 from .epoch import EpochRecord
+from .stats import LoaderClock
 from .targets import record_targets
 
 if TYPE_CHECKING:
@@ -34,12 +35,14 @@ class TargetStage:
         max_pixels: int,
         tensor: Callable[[np.ndarray], Any] | None,
         typed: Any,
+        clock: LoaderClock | None = None,
     ) -> None:
         self.mask, self.boxes, self.box_format = options.mask, options.boxes, options.box_format
         self.mask_missing = None if options.mask_missing is None else int(options.mask_missing)
         self.box_labels, self.classes = options.box_labels, classes
         self.size, self.max_pixels = options.out_size, max_pixels
         self.tensor, self.typed = tensor, typed
+        self.clock = clock or LoaderClock(0, enabled=False)
 
     @property
     def asked(self) -> bool:
@@ -58,6 +61,17 @@ class TargetStage:
         when no target is asked for."""
         if not self.asked:
             return None
+        with self.clock.timed("busy:targets"):
+            return self._measure(chunk, sizes, windows, flips, failures)
+
+    def _measure(
+        self,
+        chunk: list[EpochRecord],
+        sizes: np.ndarray,
+        windows: np.ndarray,
+        flips: np.ndarray,
+        failures: dict[int, str],
+    ) -> Targets:
         masks = np.empty((len(chunk), *self.size), np.uint8) if self.mask is not None else None
         found: list[Any] = [None] * len(chunk)
         for i, item in enumerate(chunk):
@@ -80,6 +94,10 @@ class TargetStage:
         for all of them)."""
         if targets is None:
             return
+        with self.clock.timed("busy:targets"):
+            self._attach(batch, targets, keep)
+
+    def _attach(self, batch: Batch, targets: Targets, keep: list[int] | None) -> None:
         masks, found = targets
         if keep is not None:
             masks = masks[keep] if masks is not None else None

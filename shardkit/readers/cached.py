@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from ..core.errors import ShardFormatError
 from ..formats.base import Record, ShardReader
 from ..storage.remote import Remote
+from .stats import storage_wait
 
 T = TypeVar("T")
 
@@ -37,7 +38,8 @@ class CachedShardReader(ShardReader):
     def _reader(self) -> ShardReader:
         inner = self._inner
         if inner is None or self._pid != os.getpid():  # after a fork, open our own
-            self._fd = self._remote.open(*self._shard)
+            with storage_wait():
+                self._fd = self._remote.open(*self._shard)
             self._local = f"/dev/fd/{self._fd}"
             inner = self._inner = self._open_reader(self._local)
             self._pid = os.getpid()

@@ -43,6 +43,7 @@ class CpuDecoder(WholeOnThreads):
             self.refuse(item)
         images = parts.assembly.buffer((len(chunk), *self.size, 3))
         sizes, failures = header_sizes([item.record for item in chunk], limit, parts.kernel)
+        parts.clock.pixels(int(sizes.prod(axis=1).sum()), len(chunk) * self.size[0] * self.size[1])
         boxes, flips = parts.windows.draw(key, number, sizes)
         windows = window_corners(boxes)
         targets = parts.targets.measure(chunk, sizes, windows, flips, failures)  # (first: a failure skips a decode)

@@ -23,6 +23,7 @@ from .batch import Assembly, Batch
 from .batch_targets import TargetStage
 from .epoch import EpochRecord, Epochs
 from .handlers import OnError
+from .stats import LoaderClock
 from .windows import WindowDraw
 
 if TYPE_CHECKING:
@@ -33,8 +34,8 @@ StreamKey = tuple[int, ...]  # (seed, epoch, split, rank, worker): what seeds a 
 
 class Parts(NamedTuple):
     """What the loader hands the decoder it picks: its options, the dataset or mix it reads (its
-    on_error and max_pixels), how windows are drawn, the targets stage, how batches are made, and
-    the compiled crop kernel (None where it was not built)."""
+    on_error and max_pixels), how windows are drawn, the targets stage, how batches are made, the
+    compiled crop kernel (None where it was not built), and the loader's clock (readers/stats)."""
 
     options: LoaderOptions
     dataset: Epochs
@@ -42,6 +43,7 @@ class Parts(NamedTuple):
     targets: TargetStage
     assembly: Assembly
     kernel: Any
+    clock: LoaderClock
 
 
 class Lane(Protocol):

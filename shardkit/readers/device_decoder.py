@@ -78,6 +78,7 @@ class DeviceDecoder:
             self.refuse(item)
         records = [item.record for item in chunk]
         sizes, failures = header_sizes(records, parts.dataset.max_pixels, parts.kernel)
+        parts.clock.pixels(int(sizes.prod(axis=1).sum()), len(chunk) * self.size[0] * self.size[1])
         boxes, flips = parts.windows.draw(key, number, sizes)
         targets = parts.targets.measure(chunk, sizes, window_corners(boxes), flips, failures)
         encoded = encoded_jpegs(self.torch, records)
@@ -91,6 +92,10 @@ class DeviceDecoder:
         """The lane's first step, on its decode thread: the chunk's images decoded on the device
         (readers/device.py) and laid end to end; None when every record failed and on_error skips
         them."""
+        with self.parts.clock.timed("busy:device"):
+            return self._decode_on_device(gathered)
+
+    def _decode_on_device(self, gathered: Gathered) -> OnDevice | None:
         from .device import decode_batch, flatten_images, plan_resample
 
         chunk, boxes, flips, failures, encoded, plan, targets = gathered

@@ -120,6 +120,8 @@ class EpochIteration:
         frames: int | None = None,
         mask_missing: int | None = None,
         box_labels: str | None = None,
+        stats: bool = True,
+        progress: bool = False,
     ) -> BatchLoader:
         """Batches for training: `for images, labels in ds.loader(64, 224, flip=True): ...`.
 
@@ -164,6 +166,11 @@ class EpochIteration:
         all of a clip's frames; `batch.offsets` says each clip's first frame. No device=, mask= or
         boxes= with it. Every keyword is checked when loader() is called (readers/options.py), and
         so is the data: frames= on images, or no frames= on clips, is a ConfigError then.
+
+        `loader.stats()` says where the time went (readers/stats.py): the training loop's own step,
+        its waits (reading, object storage, the decode threads, collating), samples/s and a verdict,
+        `input-bound` or `compute-bound`, with the stage that dominates; stats=False leaves the
+        timing out. progress=True shows a live line on stderr: batches, batches/s and the verdict.
         """
         from .loader import BatchLoader
         from .options import LoaderOptions, given

@@ -35,7 +35,9 @@ from .epoch import EpochRecord, Epochs, check_progress
 from .loader_threads import Pending, decoded_ahead, loader_pool, stop
 from .options import LoaderOptions
 from .order import Progress
+from .progress_line import with_progress
 from .split import rank_and_world
+from .stats import LoaderClock, LoaderStats
 from .targets import tv_tensors
 from .windows import WindowDraw
 
@@ -52,7 +54,8 @@ class BatchLoader:
         self.workers, self.prefetch = options.threads, options.ahead
         self.device, self.frames = options.torch_device, options.frames
         self.mask_missing = None if options.mask_missing is None else int(options.mask_missing)
-        parts = loader_parts(dataset, options)
+        self._clock = LoaderClock(options.threads, enabled=options.stats)
+        parts = loader_parts(dataset, options, self._clock)
         # the keywords as the stages took them, under their names (options holds them as given)
         draw = parts.windows
         self.crop, self.flip, self.scale, self.ratio = draw.crop, draw.flip, draw.scale, draw.ratio
@@ -79,6 +82,16 @@ class BatchLoader:
         upper bound (batches are filled from the stream, so skips end the epoch sooner)."""
         samples = self.dataset.samples_per_rank()
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def stats(self, since_last: bool = False) -> LoaderStats:
+        """Where this loader's time went, since it started (or since the last stats() call with
+        since_last=True): the training loop's own step and its waits for reading, object storage,
+        the decode threads and collating; the threads' busy seconds; samples/s; and a verdict,
+        `input-bound` or `compute-bound`, with the stage that dominates (readers/stats.py).
+        `print(loader.stats())` shows them as a table."""
+        if not self.options.stats:
+            raise ConfigError("this loader was made with stats=False: it keeps no times")
+        return self._clock.stats(since_last)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands in its epoch: a small JSON-able dict (readers/order). Saved after
@@ -116,22 +129,29 @@ class BatchLoader:
         pending: deque[Pending] = deque()
         try:
             read = chunks(items, self.batch_size, position.done // self.batch_size, not self.drop_last or skipping)
-            decoded = decoded_ahead(read, position.stream.key, self._decode, pool, lane, pending, self.prefetch)
-            yield from full_batches(decoded, position, self.batch_size, self.drop_last, self._assembly)
+            decoded = decoded_ahead(
+                read, position.stream.key, self._decode, pool, lane, pending, self.prefetch, self._clock
+            )
+            batches = full_batches(decoded, position, self.batch_size, self.drop_last, self._assembly)
+            if self.options.progress:
+                batches = with_progress(batches, self._clock, len(self))
+            yield from self._clock.batches(batches)
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
             stop(pool, lane, named, pending)
 
     def _decode(self, key: StreamKey, number: int, chunk: list[EpochRecord]) -> Any:
         """A chunk's decode step, on a loader thread: the decoder's."""
-        return self._decoder.decode(key, number, chunk)
+        with self._clock.timed("busy:decode"):
+            return self._decoder.decode(key, number, chunk)
 
     def _on_device(self, *made: Any) -> Batch | None:
         """The last step of the decoder's own lane, on the lane's thread (the device path's: the
         batch made on the device)."""
-        return self._decoder.make(*made)
+        with self._clock.timed("busy:device"):
+            return self._decoder.make(*made)
 
 
-def loader_parts(dataset: Epochs, options: LoaderOptions) -> Parts:
+def loader_parts(dataset: Epochs, options: LoaderOptions, clock: LoaderClock | None = None) -> Parts:
     """The stages a loader's decoder works with, made once for `dataset`: how windows are drawn,
     the targets stage (its box_labels= vocabulary made from the index alone: the same ids on every
     rank, worker and resume), how batches are made (pinned where asked and possible), the kernel."""
@@ -141,10 +161,11 @@ def loader_parts(dataset: Epochs, options: LoaderOptions) -> Parts:
     # imported here, not on a loader thread (an import there would hold the import lock)
     typed = tv_tensors() if torch is not None and (options.mask is not None or options.boxes is not None) else None
     assembly = Assembly(torch, typed, pin_memory)
-    targets = TargetStage(options, classes, dataset.max_pixels, _tensor(torch, options.torch_device), typed)
+    clock = clock or LoaderClock(options.threads, enabled=False)
+    targets = TargetStage(options, classes, dataset.max_pixels, _tensor(torch, options.torch_device), typed, clock)
     scale, ratio = (options.scale[0], options.scale[1]), (options.ratio[0], options.ratio[1])
     windows = WindowDraw(options.crop, scale, ratio, options.out_size, options.resize_to, bool(options.flip))
-    return Parts(options, dataset, windows, targets, assembly, crop_kernel())
+    return Parts(options, dataset, windows, targets, assembly, crop_kernel(), clock)
 
 
 def _pinnable(torch: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from .batch import Decoded
 from .chunks import Chunk
 from .decoding import Lane, StreamKey
+from .stats import LoaderClock
 
 # a chunk on its way: its decode's future (None: no records read), its positions, its items' places
 Pending = tuple[Future[Any] | None, int, list[int]]
@@ -49,23 +50,39 @@ def decoded_ahead(
     lane: Lane,
     pending: deque[Pending],
     prefetch: int,
+    clock: LoaderClock | None = None,
 ) -> Iterator[Decoded]:
     """The chunks decoded in order: `step` (the decoder's, on a loader thread) submitted for up to
     `prefetch` chunks past the one handed on, each result made a batch by `lane`. `pending` holds
-    the chunks on their way, for the caller to cancel when it stops."""
-    for number, positions, items, offsets in chunks:
-        work = lane.submit(pool.submit(step, key, number, items)) if items else None
+    the chunks on their way, for the caller to cancel when it stops. `clock` times the reads and
+    the waits for the threads (with workers=0, their work)."""
+    clock = clock or LoaderClock(0, enabled=False)
+    for number, positions, items, offsets in _read(chunks, clock):
+        with clock.timed("wait:decode"):
+            work = lane.submit(pool.submit(step, key, number, items)) if items else None
         pending.append((work, positions, offsets))
         while len(pending) > prefetch:
-            yield _next(pending, lane)
+            yield _next(pending, lane, clock)
     while pending:
-        yield _next(pending, lane)
+        yield _next(pending, lane, clock)
 
 
-def _next(pending: deque[Pending], lane: Lane) -> Decoded:
+def _read(chunks: Iterable[Chunk], clock: LoaderClock) -> Iterator[Chunk]:
+    """The chunks, each one's reading timed."""
+    pulled = iter(chunks)
+    while True:
+        with clock.timed("wait:read"):
+            chunk = next(pulled, None)
+        if chunk is None:
+            return
+        yield chunk
+
+
+def _next(pending: deque[Pending], lane: Lane, clock: LoaderClock) -> Decoded:
     """The oldest chunk, decoded, with the places of the records it kept (none when all failed)."""
     work, positions, offsets = pending.popleft()
-    batch = None if work is None else lane.handed(work)
+    with clock.timed("wait:decode"):
+        batch = None if work is None else lane.handed(work)
     if batch is None:
         return Decoded(None, positions, [])
     kept = offsets if batch.kept is None else [offsets[i] for i in batch.kept]

@@ -120,6 +120,8 @@ class LoaderOptions:
     frames: int | None = None
     mask_missing: int | None = None
     box_labels: str | None = None
+    stats: bool = True
+    progress: bool = False
     out_size: tuple[int, int] = field(init=False)  # size as (height, width)
     resize_to: int = field(init=False)  # resize, or its default: size / 0.875 (224 -> 256)
     threads: int = field(init=False)  # decode threads; 0: each batch made in the calling thread
@@ -153,6 +155,8 @@ class LoaderOptions:
             _positive("frames", self.frames)
             if self.device is not None or self.mask is not None or self.boxes is not None:
                 raise ConfigError("frames= (clips) takes no device=, mask= or boxes=: clips are decoded on the CPU")
+        if self.progress and not self.stats:
+            raise ConfigError("progress=True shows the loader's stats: leave stats=True")
         made = {"out_size": out_size, "resize_to": resize_to, "threads": threads, "ahead": ahead,
                 "torch_device": torch_device, "normalize": normalize}  # fmt: skip
         for name, value in made.items():
