@@ -78,3 +78,24 @@ def test_the_plot_draws_the_bytes_only_pass_on_its_own_axis(tmp_path: Path) -> N
     path = tmp_path / "bench.png"
     plot_bars([BASELINE, "shards: Pillow", IO_ONLY], [300.0, 600.0, 9000.0], "t", "images/s", path, apart=[IO_ONLY])
     assert path.stat().st_size > 0
+
+
+def test_bench_explain_says_where_the_loaders_time_goes(shardkit, packed_sample, tmp_path: Path) -> None:
+    """--explain: one more epoch of the loader, stage by stage, and advice drawn from its numbers,
+    in the table and in the JSON."""
+    out = packed_sample("webdataset", 64, 16)
+    report = tmp_path / "bench.json"
+    result = shardkit("bench", out, "--repeat", "1", "--train", "32", "--explain", "--json", report)
+    assert result.returncode == 0, result.stderr
+    assert "where the training input's time goes" in result.stdout and "wait: decode" in result.stdout
+    explained = json.loads(report.read_text())["explain"]
+    assert explained["verdict"] == "input-bound"  # (nothing but the loader runs: it is all the time)
+    assert explained["samples"] == 60 and explained["dominant"] in ("read", "decode", "collate")
+    assert explained["advice"][0].startswith("the loader delivers")
+    assert explained["step"] + sum(explained["waits"].values()) == pytest.approx(explained["seconds"], abs=1e-3)
+
+
+def test_bench_explain_needs_a_training_size(shardkit, tmp_path: Path) -> None:
+    result = shardkit("bench", tmp_path / "nothing", "--explain")
+    assert result.returncode != 0 and "--explain explains the training input: give --train SIZE too" in result.stderr
+    assert "Traceback" not in result.stderr

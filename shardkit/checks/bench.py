@@ -74,6 +74,7 @@ def bench(
     cold: bool = False,
     train: int | None = None,
     device: str | None = None,
+    explain: bool = False,
     progress: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -85,8 +86,11 @@ def bench(
     `device` ("cuda", or "cpu" for its torch code on the CPU) the loader's device path too. `output` may
     be a URL (see open_shards): the passes then read through the local cache, which the warm-up
     fills (with `cold`, the cached copies are evicted from the page cache before each run).
-    `progress(done, total)` is called as each timed pass (or warm-up) ends."""
+    With `explain`, one more epoch of the loader says where its time goes and what would help
+    (checks/explain.py). `progress(done, total)` is called as each timed pass (or warm-up) ends."""
     _check_options(workers, repeat, train, device)
+    if explain and train is None:
+        raise ConfigError("--explain explains the training input: give --train SIZE too")
     read = _read(output, storage_options, cache_dir, cache_limit)
     manifest, root = read.dataset.manifest, read.dataset.folder
     report = BenchReport(str(root), None if against is None else display(os.fspath(against)), manifest.format,
@@ -102,6 +106,10 @@ def bench(
         report.baseline, report.unit = VIDEO_BASELINE, "clips"
     passes = _passes(read, files, workers, cold, train, device)
     _measure(read, passes, report, progress)
+    if explain and train is not None:
+        from .explain import explain_training
+
+        report.explained = explain_training(read.where, train, workers, device)
     return report
 
 

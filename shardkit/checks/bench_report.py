@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .explain import Explanation
 
 BASELINE = "folder: PIL (ImageFolder loader)"
 MEMORY = "memory: same bytes, libjpeg-turbo"
@@ -60,6 +63,7 @@ class BenchReport:
     paired_overhead: list[float] = field(default_factory=list)  # one per round: bench_passes.paired_overhead
     baseline: str = BASELINE  # the pass the others are compared with (an output of clips: VIDEO_BASELINE)
     unit: str = "images"  # what a pass counts: images, or clips
+    explained: Explanation | None = None  # with --explain: the loader's stats and advice (checks/explain)
 
     def ratio(self, name: str, baseline: str | None = None) -> float | None:
         """Speed of pass `name` over `baseline` (the report's own by default): the median of the
@@ -90,4 +94,5 @@ class BenchReport:
             "baseline": self.baseline, "unit": self.unit,
             "speedup_vs_folder_pil": {row.name: self.ratio(row.name) for row in self.rows},
             "reader_overhead": self.reader_overhead(), "paired_overhead_per_round": self.paired_overhead,
+            "explain": None if self.explained is None else self.explained.to_json(),
         }  # fmt: skip

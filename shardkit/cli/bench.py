@@ -10,6 +10,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from ..checks.bench_report import BenchReport
+    from ..checks.explain import Explanation
 
 from .common import (
     STORAGE_OPTION_HELP,
@@ -37,6 +38,9 @@ def bench(
         Optional[str],
         typer.Option(help="With --train: also the loader's device path on this device (cuda, cuda:N; cpu to try it)."),
     ] = None,
+    explain: Annotated[
+        bool, typer.Option(help="With --train: where the loader's time goes, stage by stage, and what would help.")
+    ] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of images/s (needs matplotlib).")] = None,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
@@ -57,7 +61,8 @@ def bench(
             task = bar.add_task("measuring", total=None, rate="")
             report = run_bench(
                 output, against=against, workers=workers, repeat=repeat, cold=cold, train=train, device=device,
-                storage_options=storage_options(storage_option), cache_dir=cache_dir, cache_limit=cache_limit,
+                explain=explain, storage_options=storage_options(storage_option), cache_dir=cache_dir,
+                cache_limit=cache_limit,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         render(report)
@@ -112,3 +117,23 @@ def render(report: BenchReport) -> None:
             )
     if report.ratio("shards: libjpeg-turbo") is None and not any(r.name == report.baseline for r in report.rows):
         console.print("[dim]pass --against SRC to compare with the raw folder[/]")
+    if report.explained is not None:
+        render_explained(report.explained)
+
+
+def render_explained(explained: Explanation) -> None:
+    """The loader's epoch, stage by stage, then the advice drawn from it."""
+    stats = explained.stats
+    table = Table(
+        title=f"where the training input's time goes ({explained.train} px crops, {stats.threads} thread(s), "
+        f"{stats.seconds:.2f} s): {stats.verdict}, {stats.dominant} dominates",
+        title_justify="left",
+    )
+    for column in ("stage", "seconds", "share", "what"):
+        table.add_column(column, justify="left" if column in ("stage", "what") else "right")
+    for name, seconds, what in stats.table():
+        share = seconds / stats.seconds if stats.seconds and not name.startswith("threads") else None
+        table.add_row(name, f"{seconds:.3f}", "" if share is None else f"{share:.0%}", what)
+    console.print(table)
+    for line in explained.advice:
+        console.print(f"- {line}")
