@@ -20,6 +20,8 @@ start-up, JIT and page cache are not timed):
   shards: loader (crop-decode)            ds.loader(64, 224, crop="random", flip=True, workers=W)
   raw shards: loader (no decode)          the same loader on the same images packed `--encode raw`
                                           (uint8 .npy records: the crop window read from the record)
+  ... loader, stats off                   the same two with loader(stats=False): what loader.stats()'s
+                                          timing costs (--only "loader" compares them)
   raw shards: memcpy of the records       every raw record copied whole into a buffer on W threads,
                                           nothing else: memory speed for these bytes (best of 5)
   kernel alone, 1 thread (x W) / W threads  the crop-decode kernel on the same windows, no pipeline:
@@ -73,7 +75,9 @@ elif method == "iterable":
     batches = DataLoader(data, batch_size=batch, num_workers=workers, persistent_workers=True)
 else:
     from shardkit.readers import open_shards
-    batches = open_shards(shards, shuffle=True).loader(batch, size, crop="random", flip=True, workers=workers)
+    stats = method != "loader-stats-off"  # (loader.stats()'s timing, on by default: its cost is measured)
+    batches = open_shards(shards, shuffle=True).loader(batch, size, crop="random", flip=True, workers=workers,
+                                                       stats=stats)
 def epoch():
     count, started = 0, time.perf_counter()
     for images, labels in batches:
@@ -290,6 +294,10 @@ def main() -> None:
             "shards: loader (crop-decode)": [sys.executable, "-c", EPOCH, "loader", str(folder), str(shards), *common],
             "raw shards: loader (no decode)": [sys.executable, "-c", EPOCH, "loader", str(folder), str(raw_shards),
                                                *common],
+            "shards: loader, stats off": [sys.executable, "-c", EPOCH, "loader-stats-off", str(folder), str(shards),
+                                          *common],
+            "raw shards: loader, stats off": [sys.executable, "-c", EPOCH, "loader-stats-off", str(folder),
+                                              str(raw_shards), *common],
             f"raw shards: memcpy of the records, {args.workers} thr.": [sys.executable, "-c", MEMCPY, str(raw_shards),
                                                                           str(args.workers)],
             f"kernel alone, 1 thread (x {args.workers})": [sys.executable, "-c", KERNEL, str(shards), str(args.size),
