@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.config import PackConfig
 from shardkit.core.errors import ConfigError
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.readers.stats import INPUT_BOUND, WAITS, LoaderStats
-from shardkit.synthetic import make_sample_dataset, write_image
+from shardkit.synthetic import write_image
 
 from .servers import serving
 from .stage_outputs import targets
@@ -41,13 +41,9 @@ def adds_up(stats: LoaderStats, wall: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    """80 images packed at 64 px, 8 records a shard."""
-    root = tmp_path_factory.mktemp("stats")
-    images = make_sample_dataset(root / "images", 80, classes=4, seed=3)
-    out = root / "out"
-    pack(replace(PackConfig(str(images), str(out), resize=ResizeConfig(64)), shard_size=8))
-    return out
+def small(packed_sample) -> Path:
+    """The session's sample: 60 images packed at 64 px, 7 records a shard (read only)."""
+    return packed_sample("webdataset", 64, 7)
 
 
 def test_a_training_step_slower_than_the_loader_is_compute_bound(small: Path) -> None:
@@ -60,9 +56,9 @@ def test_a_training_step_slower_than_the_loader_is_compute_bound(small: Path) ->
         time.sleep(0.1)
     wall = time.perf_counter() - start
     stats = loader.stats(since_last=True)
-    assert stats.batches == 9 and stats.samples == 72
+    assert stats.batches == 7 and stats.samples == 52
     assert stats.verdict == "compute-bound", stats
-    assert stats.input_share < INPUT_BOUND and stats.step >= 0.9
+    assert stats.input_share < INPUT_BOUND and stats.step >= 0.7
     adds_up(stats, wall)
 
 
@@ -73,7 +69,7 @@ def test_a_trickling_object_store_is_input_bound_on_storage(small: Path, tmp_pat
 
         def do_GET(self) -> None:
             if self.path.endswith(".tar"):
-                time.sleep(0.25)  # each shard's answer starts late: storage is what the loader waits on
+                time.sleep(0.2)  # each shard's answer starts late: storage is what the loader waits on
             super().do_GET()
 
     with serving(functools.partial(Trickling, directory=str(small))) as url:
@@ -86,19 +82,19 @@ def test_a_trickling_object_store_is_input_bound_on_storage(small: Path, tmp_pat
 
 
 def test_large_stored_images_make_decode_dominant(tmp_path: Path) -> None:
-    """Stored at 1,600 x 1,200 for 32 px crops: the one decode thread is the bottleneck, and the
+    """Stored at 960 x 720 for 16 px crops: the one decode thread is the bottleneck, and the
     stored pixels per output pixel say why."""
     images = tmp_path / "images" / "a"
     images.mkdir(parents=True)
-    for i in range(24):
-        write_image(images / f"{i}.jpg", 1600, 1200, seed=i)
-    pack(replace(PackConfig(str(images.parent), str(tmp_path / "out")), shard_size=8))
-    loader = open_shards(tmp_path / "out").loader(8, 32, crop="center", workers=1, output="numpy")
+    for i in range(8):
+        write_image(images / f"{i}.jpg", 960, 720, seed=i)
+    pack(replace(PackConfig(str(images.parent), str(tmp_path / "out")), shard_size=4))
+    loader = open_shards(tmp_path / "out").loader(4, 16, crop="center", workers=1, output="numpy")
     wall = timed_epoch(loader)
     stats = loader.stats()
     assert stats.verdict == "input-bound" and stats.dominant == "decode", stats
     assert stats.busy["decode"] > stats.waits["read"] + stats.waits["collate"]
-    assert stats.pixels_per_output_pixel == pytest.approx(1600 * 1200 / 32**2)
+    assert stats.pixels_per_output_pixel == pytest.approx(960 * 720 / 16**2)
     adds_up(stats, wall)
 
 
@@ -117,7 +113,7 @@ def test_stats_add_over_epochs_and_restart_since_the_last_call(small: Path) -> N
     timed_epoch(loader)
     second = loader.stats(since_last=True)
     whole = loader.stats()
-    assert first.batches == second.batches == 5 and whole.batches == 10 and whole.samples == 160
+    assert first.batches == second.batches == 3 and whole.batches == 6 and whole.samples == 96
     assert whole.seconds == pytest.approx(first.seconds + second.seconds, abs=1e-6)
     assert set(whole.waits) == set(WAITS)
     assert loader.stats(since_last=True).batches == 0  # nothing since the last call
@@ -157,7 +153,7 @@ def test_targets_time_is_their_own(tmp_path_factory) -> None:
 def test_stats_off_keeps_no_times_and_progress_needs_them(small: Path) -> None:
     dataset = open_shards(small)
     loader = dataset.loader(8, 32, workers=1, output="numpy", stats=False)
-    assert sum(len(batch.keys) for batch in loader) == 80
+    assert sum(len(batch.keys) for batch in loader) == 60
     with pytest.raises(ConfigError, match="stats=False"):
         loader.stats()
     with pytest.raises(ConfigError, match="progress=True"):
@@ -167,9 +163,9 @@ def test_stats_off_keeps_no_times_and_progress_needs_them(small: Path) -> None:
 def test_the_progress_line_says_the_rate_and_the_verdict(small: Path, capfd) -> None:
     loader = open_shards(small).loader(8, 32, workers=1, output="numpy", progress=True)
     for _ in loader:
-        time.sleep(0.06)  # past the line's refresh, so it says a rate and a verdict
+        time.sleep(0.1)  # past the line's refresh (0.5 s), so it says a rate and a verdict
     err = capfd.readouterr().err
-    assert "10/10" in err and "batches/s" in err and ("input-bound" in err or "compute-bound" in err)
+    assert "8/8" in err and "batches/s" in err and ("input-bound" in err or "compute-bound" in err)
 
 
 def test_the_table_names_every_stage(small: Path) -> None:
