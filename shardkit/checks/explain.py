@@ -41,22 +41,23 @@ def explain_training(where: Where, train: int, threads: int, device: str | None)
     how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
     if dataset.manifest.totals.get("videos") is not None:
         how["frames"] = CLIP_FRAMES
+    cuda = device is not None and device.startswith("cuda")
     try:
         loader = dataset.loader(64, train, flip=True, workers=threads, **how)
         for _ in loader:
-            pass
-        if device is not None and device.startswith("cuda"):
-            import torch
+            if cuda:  # the step waits for the batch's kernels, as a training step's use of it would
+                import torch
 
-            torch.cuda.synchronize(device)
+                torch.cuda.synchronize(device)
     finally:
         dataset.close()
     stats = loader.stats()
-    return Explanation(stats, train, advice(stats, train))
+    return Explanation(stats, train, advice(stats, train, device))
 
 
-def advice(stats: LoaderStats, train: int) -> list[str]:
-    """What would make this loader faster, from its own numbers; the first line says what it delivers."""
+def advice(stats: LoaderStats, train: int, device: str | None = None) -> list[str]:
+    """What would make this loader faster, from its own numbers (`device`: the device path it ran
+    on, if any); the first line says what it delivers."""
     said = [
         f"the loader delivers {stats.samples_per_second:,.0f} samples/s ({stats.batches_per_second:,.1f} batches/s): "
         f"a training step slower than {_per_batch(stats)} a batch leaves it waiting on the model, not on the input"
@@ -72,18 +73,18 @@ def advice(stats: LoaderStats, train: int) -> list[str]:
         what = "decoding and cropping" if dominant == "decode" else "masks and boxes"
         if stats.cpu_share < BUSY_CORES and stats.threads < stats.cores:
             said.append(
-                f"{what} dominates ({share:.0%} of the time) while {1 - stats.cpu_share:.0%} of the "
-                f"{stats.cores} cores sit idle: more threads (workers={stats.cores}) use them"
+                f"{what} dominates ({share:.0%} of the time) while this process used {stats.cpu_share:.0%} of "
+                f"the {stats.cores} cores: more threads (workers={stats.cores}) can use the rest"
             )
-        elif stats.cpu_share >= BUSY_CORES:
+        elif stats.cpu_share >= BUSY_CORES and device is None:
             said.append(
-                f"{what} dominates ({share:.0%} of the time) and the cores are {stats.cpu_share:.0%} busy: "
+                f"{what} dominates ({share:.0%} of the time) with the cores {stats.cpu_share:.0%} busy: "
                 "a GPU's decoder (loader(device='cuda')) or more cores would take it on"
             )
     if dominant == "decode" and stats.pixels_per_output_pixel >= LARGE_STORED:
         said.append(
-            f"each output pixel decodes {stats.pixels_per_output_pixel:.1f} stored pixels: packing with "
-            f"--resize {round(train / 0.875)} (the short side a {train} px crop needs) decodes less"
+            f"each output pixel comes from {stats.pixels_per_output_pixel:.1f} stored pixels: packing with "
+            f"--resize {round(train / 0.875)} (the short side a {train} px crop needs) leaves less to decode"
         )
     if dominant == "storage":
         said.append(

@@ -84,11 +84,12 @@ class BatchLoader:
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def stats(self, since_last: bool = False) -> LoaderStats:
-        """Where this loader's time went, since it started (or since the last stats() call with
-        since_last=True): the training loop's own step and its waits for reading, object storage,
-        the decode threads and collating; the threads' busy seconds; samples/s; and a verdict,
-        `input-bound` or `compute-bound`, with the stage that dominates (readers/stats.py).
-        `print(loader.stats())` shows them as a table."""
+        """Where this loader's time went, since it started, or with since_last=True since the last
+        call that gave since_last=True (a plain call only reads): the training loop's own step and
+        its waits for reading, object storage, the decode threads and collating; the threads' busy
+        seconds; samples/s; and a verdict, `input-bound` or `compute-bound`, with the stage that
+        dominates (readers/stats.py). Safe to call from another thread while the loop runs: a wait
+        or a step in progress counts up to the call. `print(loader.stats())` shows a table."""
         if not self.options.stats:
             raise ConfigError("this loader was made with stats=False: it keeps no times")
         return self._clock.stats(since_last)

@@ -30,9 +30,11 @@ class InCallingThread(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         done: Future[Any] = Future()
         try:
-            done.set_result(fn(*args, **kwargs))
+            result = fn(*args, **kwargs)
         except BaseException as error:  # (Ctrl-C too: raised where the result is taken, as with threads)
             done.set_exception(error)
+        else:  # (a Ctrl-C in set_result raises here, not into a second set_ on a finished future)
+            done.set_result(result)
         return done
 
 

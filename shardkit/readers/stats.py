@@ -136,7 +136,7 @@ _WAIT_WHAT = {
 _BUSY_WHAT = {
     "decode": "crop, resize and flip (busy seconds, all threads)",
     "targets": "masks, boxes and labels (busy seconds, all threads)",
-    "device": "the device's crop and resize (busy seconds)",
+    "device": "the device lane's decode and make (host busy seconds)",
 }
 
 
@@ -152,18 +152,27 @@ class Totals:
     output_pixels: int = 0
 
 
+@dataclass
+class _Epoch:
+    """An epoch being iterated: its start, the process's CPU time then, the training thread's open
+    stages (the wait in progress, innermost last) and the start of the step in progress."""
+
+    start: float
+    cpu: float
+    stages: list[_Open]
+    step_since: float | None = None
+
+
 class LoaderClock:
     """A loader's running totals: timed by its stages on the training thread and the loader
-    threads, read by stats() from any thread."""
+    threads, read by stats() from any thread (a wait or a step in progress counted up to the call)."""
 
     def __init__(self, threads: int, enabled: bool = True) -> None:
         self.threads, self.enabled = threads, enabled
         self._guard = threading.Lock()
         self._totals = Totals()
-        self._running_since: float | None = None  # an epoch's start, while one is iterated
-        self._cpu_since = 0.0
-        self._step_since: float | None = None  # a batch's hand-out, while the loop holds it
-        self._last = Totals()  # the totals at the last stats() call
+        self._epochs: list[_Epoch] = []  # being iterated (two when an abandoned one is not closed yet)
+        self._last = Totals()  # the totals at the last stats(since_last=True)
 
     def timed(self, stage: str) -> AbstractContextManager[None]:
         """Times `stage` ("wait:read", "busy:decode", ...) on this thread, less the stages timed inside it."""
@@ -171,8 +180,7 @@ class LoaderClock:
 
     def add(self, stage: str, seconds: float) -> None:
         with self._guard:
-            stages = self._totals.stages
-            stages[stage] = stages.get(stage, 0.0) + seconds
+            _add(self._totals.stages, stage, seconds)
 
     def pixels(self, stored: int, output: int) -> None:
         if self.enabled:
@@ -190,45 +198,49 @@ class LoaderClock:
         open_stages: list[_Open] | None = getattr(_HERE, "stages", None)
         if open_stages is None:
             open_stages = _HERE.stages = []
-        wait = _Open(self, time.perf_counter())
+        wait = _Open(self, "wait:collate", time.perf_counter())
+        epoch = _Epoch(wait.start, _cpu(), open_stages)
         with self._guard:
-            self._running_since, self._cpu_since = wait.start, _cpu()
+            self._epochs.append(epoch)
         try:
             while True:
                 open_stages.append(wait)
                 try:
                     batch = next(batches, None)
                 finally:
-                    open_stages.pop()
                     handed = time.perf_counter()
-                    self.add("wait:collate", handed - wait.start - wait.inner)
+                    with self._guard:  # (stats() from another thread sees it open, or added, never both)
+                        open_stages.pop()
+                        _add(self._totals.stages, "wait:collate", handed - wait.start - wait.inner)
                 if batch is None:
                     return
                 with self._guard:
                     self._totals.batches += 1
                     self._totals.samples += len(batch.keys)
-                    self._step_since = handed
+                    epoch.step_since = handed
                 yield batch
-                wait = _Open(self, time.perf_counter())
+                wait = _Open(self, "wait:collate", time.perf_counter())
                 with self._guard:
-                    self._totals.step += wait.start - handed
-                    self._step_since = None
+                    since, epoch.step_since = epoch.step_since, None  # (cleared first: a Ctrl-C never counts it twice)
+                    self._totals.step += wait.start - (wait.start if since is None else since)
         finally:
             with self._guard:
                 now = time.perf_counter()
-                if self._step_since is not None:  # a loop that stopped early: its last step ends here
-                    self._totals.step += now - self._step_since
-                    self._step_since = None
-                if self._running_since is not None:
-                    self._totals.seconds += now - self._running_since
-                    self._totals.cpu_seconds += _cpu() - self._cpu_since
-                    self._running_since = None
+                stepping, epoch.step_since = epoch.step_since, None
+                if stepping is not None:  # a loop that stopped early: its last step ends here
+                    self._totals.step += now - stepping
+                self._epochs.remove(epoch)
+                self._totals.seconds += now - epoch.start
+                self._totals.cpu_seconds += _cpu() - epoch.cpu
 
     def stats(self, since_last: bool = False) -> LoaderStats:
-        """The totals since the loader started, or since the last stats() call."""
+        """The totals since the loader started, or since the last call with since_last=True (a call
+        without it only reads, so it leaves that span alone)."""
         with self._guard:
             now = self._current()
-            base, self._last = self._last if since_last else Totals(), now
+            base = self._last if since_last else Totals()
+            if since_last:
+                self._last = now
         return self.between(base, now)
 
     def mark(self) -> Totals:
@@ -238,17 +250,13 @@ class LoaderClock:
 
     def between(self, base: Totals, now: Totals) -> LoaderStats:
         stages = {name: now.stages.get(name, 0.0) - base.stages.get(name, 0.0) for name in now.stages}
-        busy = {name: max(0.0, stages.get(f"busy:{name}", 0.0)) for name in BUSY}
-        waits = {name: max(0.0, stages.get(f"wait:{name}", 0.0)) for name in WAITS}
-        if self.threads == 0:  # the threads' work was done on the training thread, while it waited
-            waits["decode"] += busy["decode"] + busy["targets"]
         return LoaderStats(
             seconds=now.seconds - base.seconds,
             batches=now.batches - base.batches,
             samples=now.samples - base.samples,
             step=now.step - base.step,
-            waits=waits,
-            busy=busy,
+            waits={name: max(0.0, stages.get(f"wait:{name}", 0.0)) for name in WAITS},
+            busy={name: max(0.0, stages.get(f"busy:{name}", 0.0)) for name in BUSY},
             threads=self.threads,
             cpu_seconds=now.cpu_seconds - base.cpu_seconds,
             cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
@@ -257,42 +265,66 @@ class LoaderClock:
         )
 
     def _current(self) -> Totals:
-        """The totals as of now (under the guard): a running epoch and a step in progress counted to now."""
+        """The totals as of now (under the guard): each running epoch to now, its step in progress,
+        and the wait in progress split among its open stages (each its time less its inner ones')."""
         now = dataclasses.replace(self._totals, stages=dict(self._totals.stages))
         clock = time.perf_counter()
-        if self._running_since is not None:
-            now.seconds += clock - self._running_since
-            now.cpu_seconds += _cpu() - self._cpu_since
-        if self._step_since is not None:
-            now.step += clock - self._step_since
+        for epoch in self._epochs:
+            now.seconds += clock - epoch.start
+            now.cpu_seconds += _cpu() - epoch.cpu
+            if epoch.step_since is not None:
+                now.step += clock - epoch.step_since
+            frames = [frame for frame in epoch.stages if frame.clock is self]
+            for at, frame in enumerate(frames):
+                inner = frames[at + 1] if at + 1 < len(frames) else None
+                taken = 0.0 if inner is None or not _counts_in(inner.stage, frame.stage) else clock - inner.start
+                _add(now.stages, frame.stage, clock - frame.start - frame.inner - taken)
         return now
 
 
 @dataclass(slots=True)
 class _Open:
-    """A stage being timed on this thread: its clock, its start, and the seconds of stages inside it."""
+    """A stage being timed on a thread: its clock, its name, its start, and the seconds of the
+    stages inside it that ended."""
 
     clock: LoaderClock
+    stage: str
     start: float
     inner: float = 0.0
 
 
 @contextmanager
 def _timed(clock: LoaderClock, stage: str) -> Iterator[None]:
-    """`stage`'s exclusive seconds on this thread: its own, less those of stages timed inside it."""
+    """`stage`'s exclusive seconds on this thread: its own, less those of stages timed inside it.
+    A threads' stage run inside a wait of the training thread (workers=0: the decode done where it
+    is waited for) stays in the wait as well: the training thread's waits add up to its wall time,
+    and the threads' busy time is told apart."""
     open_stages: list[_Open] | None = getattr(_HERE, "stages", None)
     if open_stages is None:
         open_stages = _HERE.stages = []
-    frame = _Open(clock, time.perf_counter())
-    open_stages.append(frame)
+    frame = _Open(clock, stage, time.perf_counter())
+    with clock._guard:
+        open_stages.append(frame)
     try:
         yield
     finally:
         elapsed = time.perf_counter() - frame.start
-        open_stages.pop()
-        if open_stages:
-            open_stages[-1].inner += elapsed
-        clock.add(stage, elapsed - frame.inner)
+        with clock._guard:  # (stats() from another thread sees it open, or added, never both)
+            open_stages.pop()
+            outer = open_stages[-1] if open_stages else None
+            if outer is not None and _counts_in(stage, outer.stage):
+                outer.inner += elapsed
+            _add(clock._totals.stages, stage, elapsed - frame.inner)
+
+
+def _counts_in(inner: str, outer: str) -> bool:
+    """Whether a stage's time is taken out of the stage it runs inside: always, but a threads' stage
+    inside a training thread's wait (see _timed)."""
+    return not (inner.startswith("busy:") and outer.startswith("wait:"))
+
+
+def _add(stages: dict[str, float], stage: str, seconds: float) -> None:
+    stages[stage] = stages.get(stage, 0.0) + seconds
 
 
 def storage_wait() -> AbstractContextManager[None]:
