@@ -62,32 +62,22 @@ class TargetStage:
         if not self.asked:
             return None
         with self.clock.timed("busy:targets"):
-            return self._measure(chunk, sizes, windows, flips, failures)
-
-    def _measure(
-        self,
-        chunk: list[EpochRecord],
-        sizes: np.ndarray,
-        windows: np.ndarray,
-        flips: np.ndarray,
-        failures: dict[int, str],
-    ) -> Targets:
-        masks = np.empty((len(chunk), *self.size), np.uint8) if self.mask is not None else None
-        found: list[Any] = [None] * len(chunk)
-        for i, item in enumerate(chunk):
-            if i in failures:
-                continue
-            try:
-                _, found[i] = record_targets(
-                    item.record, (int(sizes[i][0]), int(sizes[i][1])), windows[i], bool(flips[i]), self.size,
-                    mask=self.mask, boxes=self.boxes, box_format=self.box_format,
-                    center_crop=item.dataset.manifest.packed_resize.center_crop, max_pixels=self.max_pixels,
-                    out=None if masks is None else masks[i], mask_missing=self.mask_missing,
-                    box_labels=self.classes,
-                )  # fmt: skip
-            except ImageError as error:
-                failures[i] = str(error)
-        return masks, found
+            masks = np.empty((len(chunk), *self.size), np.uint8) if self.mask is not None else None
+            found: list[Any] = [None] * len(chunk)
+            for i, item in enumerate(chunk):
+                if i in failures:
+                    continue
+                try:
+                    _, found[i] = record_targets(
+                        item.record, (int(sizes[i][0]), int(sizes[i][1])), windows[i], bool(flips[i]), self.size,
+                        mask=self.mask, boxes=self.boxes, box_format=self.box_format,
+                        center_crop=item.dataset.manifest.packed_resize.center_crop, max_pixels=self.max_pixels,
+                        out=None if masks is None else masks[i], mask_missing=self.mask_missing,
+                        box_labels=self.classes,
+                    )  # fmt: skip
+                except ImageError as error:
+                    failures[i] = str(error)
+            return masks, found
 
     def attach(self, batch: Batch, targets: Targets | None, keep: list[int] | None) -> None:
         """The kept records' masks and boxes on their batch (`keep`: the chunk's rows it holds, None
@@ -95,28 +85,25 @@ class TargetStage:
         if targets is None:
             return
         with self.clock.timed("busy:targets"):
-            self._attach(batch, targets, keep)
-
-    def _attach(self, batch: Batch, targets: Targets, keep: list[int] | None) -> None:
-        masks, found = targets
-        if keep is not None:
-            masks = masks[keep] if masks is not None else None
-            found = [found[i] for i in keep]
-        tensor, typed = self.tensor, self.typed
-        if masks is not None:
-            batch.masks = masks if tensor is None else tensor(masks)
-            if typed is not None:
-                batch.masks = typed.Mask(batch.masks)
-        if self.boxes is None:
-            return
-        boxes: list[Any] = [b for b, _, _ in found]
-        index: list[Any] = [k for _, k, _ in found]
-        labels: list[Any] = [c for _, _, c in found]
-        if tensor is not None:
-            boxes, index = [tensor(b) for b in boxes], [tensor(k) for k in index]
-            labels = [c if c is None else tensor(c) for c in labels]
-            if typed is not None:
-                boxes = [typed.BoundingBoxes(b, format="XYXY", canvas_size=self.size) for b in boxes]
-        batch.boxes, batch.box_index = boxes, index
-        if self.box_labels is not None:
-            batch.box_labels = labels
+            masks, found = targets
+            if keep is not None:
+                masks = masks[keep] if masks is not None else None
+                found = [found[i] for i in keep]
+            tensor, typed = self.tensor, self.typed
+            if masks is not None:
+                batch.masks = masks if tensor is None else tensor(masks)
+                if typed is not None:
+                    batch.masks = typed.Mask(batch.masks)
+            if self.boxes is None:
+                return
+            boxes: list[Any] = [b for b, _, _ in found]
+            index: list[Any] = [k for _, k, _ in found]
+            labels: list[Any] = [c for _, _, c in found]
+            if tensor is not None:
+                boxes, index = [tensor(b) for b in boxes], [tensor(k) for k in index]
+                labels = [c if c is None else tensor(c) for c in labels]
+                if typed is not None:
+                    boxes = [typed.BoundingBoxes(b, format="XYXY", canvas_size=self.size) for b in boxes]
+            batch.boxes, batch.box_index = boxes, index
+            if self.box_labels is not None:
+                batch.box_labels = labels
