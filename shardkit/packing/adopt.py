@@ -19,12 +19,10 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +39,6 @@ from ..core.errors import (
     describe,
 )
 from ..core.manifest import (
-    ERRORS_NAME,
     MANIFEST_NAME,
     STATE_DIR,
     WIDS_NAME,
@@ -49,11 +46,8 @@ from ..core.manifest import (
     ShardInfo,
     idx_name,
     info_of,
-    read_manifest,
     sha256_file,
     wids_index,
-    write_json_atomic,
-    write_text_atomic,
 )
 from ..core.safeio import check_regular, open_regular
 from ..core.version import __version__
@@ -62,8 +56,8 @@ from ..formats.tar_companions import dali_index_of, dali_samples
 from ..formats.tar_headers import READ_AHEAD, FileBytes
 from ..formats.webdataset import OTHER_PARTS, TarShardReader
 from ..runtime.pools import default_workers, map_local_surviving_crashes
-from ..storage.location import locate
-from ..storage.store import Store, read_remote_manifest
+from ..storage.store import Store
+from .adopt_place import TarPlace, tar_place
 from .sources.item import display, label_problem
 from .sources.rows import is_utf8
 
@@ -211,33 +205,19 @@ def adopt_tars(
     (unless `overwrite`, which replaces only what index writes), a folder that cannot be written."""
     check_workers(workers)
     started = time.perf_counter()
-    root = locate(folder, storage_options, manifest=False)
-    if isinstance(root, Path):
-        if not root.is_dir():
-            raise ConfigError(f"{root}: not a folder")
-        names_here = {entry.name for entry in os.scandir(root)}
-        names = sorted(name for name in names_here if name.endswith(".tar") and (root / name).is_file())
-        exists = (root / MANIFEST_NAME).exists()
-        if not os.access(root, os.W_OK):
-            raise OutputError(f"{root}: cannot write here (permission denied); index a copy you can write to")
-    else:
-        listing = root.listing()
-        names_here = set(listing)  # (files only: a bucket has no .shardkit/ folder to see)
-        names = sorted(name for name in listing if name.endswith(".tar"))
-        exists = MANIFEST_NAME in listing
-    where = str(root) if isinstance(root, Path) else root.url
+    place = tar_place(folder, storage_options)
+    names_here, names, exists = place.names()
+    where = place.where
     if not names:
         raise ConfigError(f"{where}: no .tar files at the top of this folder")
-    _refuse_a_pack_s_output(root, where, names_here, exists, overwrite)
+    _refuse_a_pack_s_output(place, names_here, exists, overwrite)
     if exists and not overwrite:
         raise OutputError(f"{where}: already has a {MANIFEST_NAME}; use --overwrite to index the tars again")
-    with _work_folder(root) as work:
-        if isinstance(root, Store):
-            root.write(f"{ERRORS_NAME}.probe", b"")  # refuse an unwritable bucket before the scan
-            root.delete(f"{ERRORS_NAME}.probe")
+    with place.work_folder() as work:
+        place.refuse_unwritable()  # (before the scan)
         # a name that is not UTF-8 cannot be written in JSON (the manifest names each tar as it is)
         unnamed = [TarScan(name, unreadable=_NOT_UTF8) for name in names if not is_utf8(name)]
-        jobs = [_Job(work, name, root if isinstance(root, Store) else None) for name in names if is_utf8(name)]
+        jobs = [_Job(work, name, place.store) for name in names if is_utf8(name)]
         scans: list[TarScan | None] = [None] * len(jobs)
 
         def crashed(index: int, how: str) -> TarScan:
@@ -250,16 +230,17 @@ def adopt_tars(
             if progress is not None:
                 progress(done, len(jobs))
     found = sorted([scan for scan in scans if scan is not None] + unnamed, key=lambda scan: scan.name)
-    return _write(root, where, found, started, folder_labels)
+    return _write(place, found, started, folder_labels)
 
 
 _NOT_UTF8 = "its file name is not UTF-8, which JSON (the manifest, errors.jsonl) cannot hold: rename it to adopt it"
 
 
-def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exists: bool, overwrite: bool) -> None:
+def _refuse_a_pack_s_output(place: TarPlace, names: set[str], exists: bool, overwrite: bool) -> None:
     """index writes only beside tars it adopts: never over what `shardkit pack` wrote (its manifest
     holds class names, totals and index.parquet that errors.jsonl and the index account for), nor
     beside a pack still running or stopped (its working folder, .shardkit/, is there)."""
+    where = place.where
     if STATE_DIR in names:
         raise OutputError(
             f"{where}: holds {STATE_DIR}/, the working folder of `shardkit pack` (running, or stopped: "
@@ -268,7 +249,7 @@ def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exi
     if not (exists and overwrite):
         return
     try:
-        manifest = read_manifest(root) if isinstance(root, Path) else read_remote_manifest(root)
+        manifest = place.manifest()
     except (ManifestError, StorageError) as error:
         raise OutputError(
             f"{where}: its {MANIFEST_NAME} cannot be read, so who wrote it cannot be told ({error}); "
@@ -282,22 +263,14 @@ def _refuse_a_pack_s_output(root: Path | Store, where: str, names: set[str], exi
         )
 
 
-@contextlib.contextmanager
-def _work_folder(root: Path | Store) -> Iterator[str]:
-    if isinstance(root, Path):
-        yield str(root)
-        return
-    with tempfile.TemporaryDirectory(prefix="shardkit-index-") as temp:
-        yield temp
-
-
-def _write(root: Path | Store, where: str, scans: list[TarScan], started: float, folder_labels: bool) -> IndexResult:
+def _write(place: TarPlace, scans: list[TarScan], started: float, folder_labels: bool) -> IndexResult:
+    where = place.where
     adopted = [scan for scan in scans if scan.unreadable is None]
     folders = _class_folders(where, adopted) if folder_labels else None
     rows = [Failure(scan.name, "read", f"left out: {scan.unreadable}") for scan in scans if scan.unreadable]
     for scan in adopted:
         rows += scan.problems
-    rows += _duplicates(root, adopted)
+    rows += _duplicates(place, adopted)
     # JSON must be UTF-8: a path or reason that holds undecodable bytes (a folder's name) is shown
     rows = [replace(row, path=display(row.path), reason=display(row.reason)) for row in rows]
     shards = [ShardInfo(scan.name, scan.count, scan.size, scan.sha256) for scan in adopted]
@@ -337,7 +310,7 @@ def _write(root: Path | Store, where: str, scans: list[TarScan], started: float,
         companions=companions,
     ).sealed()
     errors = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
-    _put(root, files, errors, manifest)
+    place.put(files, errors, manifest)
     return IndexResult(
         where, manifest, len(scans), len(adopted), records, len(rows), sum(s.bytes for s in shards),
         time.perf_counter() - started, counted, others, labels - 1 if labels > MAX_CLASS_NAMES else None,
@@ -369,7 +342,7 @@ def _counted_extensions(extensions: Counter[str]) -> tuple[dict[str, int], dict[
     return kept, ({"kinds": len(rest), "members": sum(rest)} if rest else {})
 
 
-def _duplicates(root: Path | Store, adopted: list[TarScan]) -> list[Failure]:
+def _duplicates(place: TarPlace, adopted: list[TarScan]) -> list[Failure]:
     """A row per record whose key an earlier tar holds too (found by hash, then named by a second
     read of only the tars involved)."""
     if not adopted:
@@ -384,7 +357,7 @@ def _duplicates(root: Path | Store, adopted: list[TarScan]) -> list[Failure]:
     rows = []
     for tar in sorted(set(owners[np.isin(hashes, list(repeated))].tolist())):
         scan = adopted[tar]
-        with _local_copy(root, scan.name) as path:
+        with place.local_copy(scan.name) as path:
             reader = TarShardReader(path)
             try:
                 for record in reader:
@@ -395,34 +368,3 @@ def _duplicates(root: Path | Store, adopted: list[TarScan]) -> list[Failure]:
             finally:
                 reader.close()
     return rows
-
-
-@contextlib.contextmanager
-def _local_copy(root: Path | Store, name: str) -> Iterator[str]:
-    if isinstance(root, Path):
-        yield str(root / name)
-        return
-    with tempfile.TemporaryDirectory(prefix="shardkit-index-") as temp:
-        yield root.get(name, os.path.join(temp, name))
-
-
-def _put(root: Path | Store, files: dict[str, bytes], errors: str, manifest: Manifest) -> None:
-    """The files beside the tars, the manifest last (an index run stopped half way leaves no manifest)."""
-    try:
-        if isinstance(root, Path):
-            with contextlib.suppress(FileNotFoundError):
-                (root / MANIFEST_NAME).unlink()  # --overwrite: no stale manifest while the rest changes
-            for name, data in files.items():
-                write_text_atomic(root / name, data.decode("utf-8"))  # (names are UTF-8: the walk checked)
-            write_text_atomic(root / ERRORS_NAME, errors)
-            write_json_atomic(root / MANIFEST_NAME, manifest.to_json())
-            return
-        root.delete(MANIFEST_NAME)
-        for name, data in files.items():
-            root.write(name, data)
-        root.write(ERRORS_NAME, errors.encode())
-        root.write(MANIFEST_NAME, (json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n").encode())
-    except OSError as error:
-        raise OutputError(f"{root}: cannot write the index files ({describe(error)})") from None
-    except StorageError as error:
-        raise OutputError(f"cannot write the index files ({error})") from None
