@@ -167,20 +167,13 @@ class EpochIteration:
         boxes= with it. Every keyword is checked when loader() is called (readers/options.py), and
         so is the data: frames= on images, or no frames= on clips, is a ConfigError then.
 
-        `loader.stats()` says where the time went (readers/stats.py): the training loop's own step,
-        its waits (reading, object storage, the decode threads, collating), samples/s and a verdict,
-        `input-bound` or `compute-bound`, with the stage that dominates; stats=False leaves the
-        timing out. progress=True shows a live line on stderr: batches, batches/s and the verdict.
+        `loader.stats()`: where the time went, and a verdict (readers/stats.py); stats=False leaves
+        the timing out; progress=True shows a live line on stderr.
         """
         from .loader import BatchLoader
         from .options import LoaderOptions, given
 
-        if getattr(self, "transform", None) is not None or any(
-            getattr(source, "transform", None) is not None for source in getattr(self, "sources", ())
-        ):
-            warnings.warn(
-                "transform= applies to ds[i] and iteration, not to the batch loader", UserWarning, stacklevel=2
-            )
+        _warn_of_transform(self)
         return BatchLoader(self, given(LoaderOptions, locals()))
 
     def iterable(self) -> ShardIterableDataset:
@@ -190,3 +183,11 @@ class EpochIteration:
         from .torch_data import ShardIterableDataset
 
         return ShardIterableDataset(self)
+
+
+def _warn_of_transform(dataset: Any) -> None:
+    """A dataset's (or a mix's sources') transform= does not reach the batch loader: said once."""
+    if getattr(dataset, "transform", None) is not None or any(
+        getattr(source, "transform", None) is not None for source in getattr(dataset, "sources", ())
+    ):
+        warnings.warn("transform= applies to ds[i] and iteration, not to the batch loader", UserWarning, stacklevel=3)
