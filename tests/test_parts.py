@@ -39,13 +39,13 @@ def test_only_the_last_shards_are_split_each_into_near_equal_parts() -> None:
     jobs = [_job(index, count) for index, count in enumerate(sizes)]
     handed = list(split_last(iter(jobs), workers=2))
     whole = [job for job in handed if job.part is None]
-    assert [job.spec.index for job in whole] == [0, 1, 2, 4]  # (the last is too small to split)
+    assert [job.spec.number for job in whole] == [0, 1, 2, 4]  # (the last is too small to split)
     parts = [job for job in handed if job.part is not None]
-    assert [(job.spec.index, job.part, job.parts) for job in parts] == [(3, number, 4) for number in range(4)]
+    assert [(job.spec.number, job.part, job.parts) for job in parts] == [(3, number, 4) for number in range(4)]
     assert [item for job in parts for item in job.spec.items] == list(jobs[3].spec.items)
     assert {len(job.spec.items) for job in parts} <= {MIN_PART, MIN_PART + 1}
     assert parts[0].copies == jobs[3].copies and all(not job.copies for job in parts[1:])
-    assert [job.spec.index for job in handed] == [0, 1, 2, 3, 3, 3, 3, 4]  # the plan's order kept
+    assert [job.spec.number for job in handed] == [0, 1, 2, 3, 3, 3, 3, 4]  # the plan's order kept
     # a plan of one shard, as a small folder's is: its parts shrink as it ends (the plan's last)
     one = list(split_last(iter([_job(0, 700)]), workers=2))
     assert [len(job.spec.items) for job in one] == [175, 175, 87, 87, 44, 44, 22, 22, 22, 22]

@@ -83,7 +83,7 @@ class TarScan:
     extensions: dict[str, int] = field(default_factory=dict)  # members by extension
     key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     problems: list[Failure] = field(default_factory=list)  # listed, not fatal
-    index: bytes | None = None  # its DALI index
+    dali_index: bytes | None = None  # its DALI index (the .idx companion)
     folders: set[str] = field(default_factory=set)  # its keys' first folders (MAX_CLASS_NAMES + 1 at most)
     unfoldered: int = 0  # records whose key is in no folder
     unreadable: str | None = None  # why the tar is left out
@@ -177,7 +177,7 @@ def _scanned(path: str, name: str) -> TarScan:
         finally:
             reader.close()
         scan.count, scan.key_hashes = len(hashes), np.array(hashes, np.uint64)
-        scan.index = dali_index_of(samples)  # from the same walk
+        scan.dali_index = dali_index_of(samples)  # from the same walk
         for key, exts in imageless.items():
             reason = f"no image member ({', '.join(exts)}): not a record"
             if key in apart:  # `tar cf` stores a folder's files in the order the disk lists them
@@ -275,7 +275,7 @@ def _write(place: TarPlace, scans: list[TarScan], started: float, folder_labels:
     rows = [replace(row, path=display(row.path), reason=display(row.reason)) for row in rows]
     shards = [ShardInfo(scan.name, scan.count, scan.size, scan.sha256) for scan in adopted]
     described: list[tuple[str, int, bytes]] = [
-        (idx_name(scan.name), scan.count, scan.index) for scan in adopted if scan.index is not None
+        (idx_name(scan.name), scan.count, scan.dali_index) for scan in adopted if scan.dali_index is not None
     ]
     described.append((WIDS_NAME, sum(shard.count for shard in shards), wids_index(shards)))
     files = {name: data for name, _, data in described}

@@ -316,7 +316,7 @@ def _jobs(
         if previous is not None:
             planned.reused_images += len(spec.items)
             planned.reused_errors += len(previous.errors)
-            results[spec.index] = failed.add(previous)
+            results[spec.number] = failed.add(previous)
             continue
         # (only a shard that is a file here keeps its records: one in a bucket is written again whole)
         keeps = config.resume and found.source.downloads and output.shards_here
@@ -349,7 +349,7 @@ def _run_all(
 
     def numbered(upcoming: Iterator[ShardJob]) -> Iterator[ShardJob]:
         for job in upcoming:
-            job_specs.append(job.spec.index)
+            job_specs.append(job.spec.number)
             if job.part is not None:
                 parts[len(job_specs) - 1] = job
             if len(job_specs) == 1:

@@ -18,7 +18,7 @@ from .working_folder import shard_name
 
 @dataclass(frozen=True)
 class ShardSpec:
-    index: int
+    number: int  # the shard's place in the plan (its name's number)
     name: str
     items: tuple[Item, ...]
 

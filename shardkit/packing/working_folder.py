@@ -28,8 +28,8 @@ _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
 OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
 
 
-def shard_name(index: int, suffix: str) -> str:
-    return f"{SHARD_PREFIX}{index:06d}{suffix}"
+def shard_name(number: int, suffix: str) -> str:
+    return f"{SHARD_PREFIX}{number:06d}{suffix}"
 
 
 def own_files() -> tuple[str, ...]:
