@@ -216,30 +216,6 @@ def test_bad_heads_never_open_the_breaker_on_their_hosts_good_rows() -> None:
     assert sorted(path for _, path in server.requests) == sorted([*bad, *(f"/good/{i}" for i in range(4))])
 
 
-GARBLED = Answer(b"HTTP/1.1 2OO OK\r\nContent-Length: 0\r\n\r\n", close=True)  # (letters O, not zeros)
-
-
-def test_a_garbled_status_line_is_tried_again_and_no_outage() -> None:
-    with RawServer({"/garbled": GARBLED}) as server:
-        error = failure(server.url("/garbled"))
-    said = (error.reason, error.cause, error.transient, error.unreachable)
-    assert said == (f"garbled status line (tried {1 + WEB.retries} times)", "headers", True, False)
-    assert len(server.requests) == 1 + WEB.retries
-
-
-def test_garbled_status_lines_never_open_the_breaker_on_their_hosts_good_rows() -> None:
-    """Three failures in a row that count as the host's outage open its breaker (BREAKER_FAILURES):
-    six garbled answers before four good rows would fail those as "host unreachable"."""
-    web = replace(WEB, retries=1, threads=1, per_host=1)
-    garbled = {f"/garbled/{i}": GARBLED for i in range(6)}
-    good = {f"/good/{i}": ok(IMAGE) for i in range(4)}
-    with RawServer({**garbled, **good}) as server, Downloader(web) as downloader:
-        results = list(downloader.fetch((server.url(path), None) for path in [*garbled, *good]))
-    reasons = [result.reason for result in results[:6] if isinstance(result, DownloadError)]
-    assert reasons == ["garbled status line (tried 2 times)"] * 6
-    assert results[6:] == [IMAGE] * 4
-
-
 # --- a compressed body ---------------------------------------------------------------------------
 
 COMPRESSED = {"gzip": gzip.compress(IMAGE), "deflate": zlib.compress(IMAGE)}

@@ -393,17 +393,14 @@ def _no_answer(error: BaseException, watch: Watch, web: WebConfig) -> DownloadEr
 
 def _refused_headers(error: BaseException) -> DownloadError | None:
     """The answer's head that http.client refuses to read (a line over 64 KiB, more than 100
-    headers: the same URL answers the same again, final; a status line that does not parse:
-    tried again), or None for another failure. The host answered, so this is no outage of it:
-    its breaker stays shut (a connection closed with no answer at all is one)."""
+    headers), or None for another failure. The host answered, so this is no outage of it (its
+    breaker stays shut), and the same URL answers the same again: final."""
     inner = error.args[1] if len(error.args) > 1 else error.__context__
     if isinstance(inner, http.client.LineTooLong):
         status_line = str(inner).endswith("status line")  # ("got more than 65536 bytes when reading status line")
         return DownloadError("status line too long" if status_line else "headers too long", "headers")
     if isinstance(inner, http.client.HTTPException) and re.fullmatch(r"got more than \d+ headers", str(inner)):
         return DownloadError("too many headers", "headers")
-    if isinstance(inner, http.client.BadStatusLine) and not isinstance(inner, http.client.RemoteDisconnected):
-        return DownloadError("garbled status line", "headers", True)  # (a glitch may pass: tried again)
     return None
 
 
