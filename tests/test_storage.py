@@ -68,6 +68,14 @@ def test_urls_are_told_from_paths() -> None:
     assert not is_remote("file:///tmp/x") and not is_remote("/tmp/s3://x") and not is_remote("relative/path")
 
 
+def test_a_store_never_shows_its_credentials() -> None:
+    """A Store formatted into a message or a log line (f"{store}", repr) names its URL, never the
+    options that hold its key and secret."""
+    store = Store("s3://data/out/", {"key": "AKIA-EXAMPLE", "secret": "s3cr3t-EXAMPLE", "client_kwargs": {}})
+    for shown in (str(store), repr(store), f"{store!r}: cannot write"):
+        assert "s3://data/out" in shown and "EXAMPLE" not in shown
+
+
 def test_storage_options_parse_as_json_or_text_and_nest() -> None:
     options = parse_storage_options(["anon=true", "client_kwargs.region_name=eu-west-1", "block_size=1024", "key=k=v"])
     assert options == {"anon": True, "client_kwargs": {"region_name": "eu-west-1"}, "block_size": 1024, "key": "k=v"}

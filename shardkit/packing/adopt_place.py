@@ -154,5 +154,5 @@ class BucketTars:
             self.store.write(MANIFEST_NAME, (json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n").encode())
         except StorageError as error:
             raise OutputError(f"cannot write the index files ({error})") from None
-        except OSError as error:  # (what a local temporary file may raise)
-            raise OutputError(f"{self.store}: cannot write the index files ({describe(error)})") from None
+        except OSError as error:  # (what the store's retries let through: a path that is not a file)
+            raise OutputError(f"{self.where}: cannot write the index files ({describe(error)})") from None

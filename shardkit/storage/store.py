@@ -124,7 +124,9 @@ class Store:
     the filesystem object is made again in each process."""
 
     url: str
-    options: dict[str, Any] = field(default_factory=dict)
+    # never in its repr: the options hold credentials (key, secret, token), and a Store formatted
+    # into a message or a log line would show them
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
