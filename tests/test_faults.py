@@ -98,6 +98,25 @@ def test_a_full_disk_is_one_line_and_resume_finishes_the_pack(
     assert (out / "errors.jsonl").read_bytes() == (clean / "errors.jsonl").read_bytes()
 
 
+def test_an_lmdb_shard_opened_on_a_full_disk_is_no_space_left(small_disk: Path) -> None:
+    """A disk that fills up between two shards: the next shard's writer fails as it makes its first
+    pages, and says so as the OSError every writer raises (CI once showed lmdb's own error, with
+    a worker's traceback, instead of the pack's one line)."""
+    import errno
+    import os
+
+    from shardkit.formats import get_format
+
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError):  # the disk filled to its last byte
+        while True:
+            os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    with pytest.raises(OSError) as raised:
+        get_format("lmdb").writer(str(small_disk / "shard-000001.lmdb.tmp"))
+    assert raised.value.errno == errno.ENOSPC, raised.value
+
+
 def test_a_read_only_output_is_refused_before_any_work(python_command, big_images: Path, tmp_path: Path) -> None:
     disk = tmp_path / "ro"
     mount_tmpfs(disk, "4m")

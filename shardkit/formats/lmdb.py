@@ -91,7 +91,10 @@ class LmdbShardWriter(ShardWriter):
         self._lmdb = lmdb
         self._map_size = _INITIAL_MAP
         # lock=False: one writer per shard by design, and no '-lock' file next to the shard.
-        self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False, sync=False, metasync=False)
+        try:
+            self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False, sync=False, metasync=False)
+        except lmdb.Error as error:  # (a disk that filled up between two shards: its first pages)
+            raise _write_error(path, error, 0) from None
         self._path = path
         self._pending: list[Record] = []
         self._count = 0
