@@ -178,10 +178,6 @@ class LoaderClock:
         """Times `stage` ("wait:read", "busy:decode", ...) on this thread, less the stages timed inside it."""
         return _timed(self, stage) if self.enabled else _NO_TIMING
 
-    def add(self, stage: str, seconds: float) -> None:
-        with self._guard:
-            _add(self._totals.stages, stage, seconds)
-
     def pixels(self, stored: int, output: int) -> None:
         if self.enabled:
             with self._guard:
@@ -195,9 +191,7 @@ class LoaderClock:
         if not self.enabled:
             yield from batches
             return
-        open_stages: list[_Open] | None = getattr(_HERE, "stages", None)
-        if open_stages is None:
-            open_stages = _HERE.stages = []
+        open_stages = _thread_stages()
         wait = _Open(self, "wait:collate", time.perf_counter())
         epoch = _Epoch(wait.start, _cpu(), open_stages)
         with self._guard:
@@ -299,9 +293,7 @@ def _timed(clock: LoaderClock, stage: str) -> Iterator[None]:
     A threads' stage run inside a wait of the training thread (workers=0: the decode done where it
     is waited for) stays in the wait as well: the training thread's waits add up to its wall time,
     and the threads' busy time is told apart."""
-    open_stages: list[_Open] | None = getattr(_HERE, "stages", None)
-    if open_stages is None:
-        open_stages = _HERE.stages = []
+    open_stages = _thread_stages()
     frame = _Open(clock, stage, time.perf_counter())
     with clock._guard:
         open_stages.append(frame)
@@ -317,6 +309,14 @@ def _timed(clock: LoaderClock, stage: str) -> Iterator[None]:
             _add(clock._totals.stages, stage, elapsed - frame.inner)
 
 
+def _thread_stages() -> list[_Open]:
+    """This thread's stages being timed, innermost last (made empty on the thread's first use)."""
+    open_stages: list[_Open] | None = getattr(_HERE, "stages", None)
+    if open_stages is None:
+        open_stages = _HERE.stages = []
+    return open_stages
+
+
 def _counts_in(inner: str, outer: str) -> bool:
     """Whether a stage's time is taken out of the stage it runs inside: always, but a threads' stage
     inside a training thread's wait (see _timed)."""
@@ -330,7 +330,7 @@ def _add(stages: dict[str, float], stage: str, seconds: float) -> None:
 def storage_wait() -> AbstractContextManager[None]:
     """Times a wait for a remote shard as `storage` where a loader is timing this thread (its read
     stage); elsewhere (iteration, a DataLoader's workers) it times nothing."""
-    open_stages = getattr(_HERE, "stages", None)
+    open_stages = _thread_stages()
     if not open_stages:
         return _NO_TIMING
     return _timed(open_stages[-1].clock, "wait:storage")
