@@ -7,6 +7,7 @@ and presets use, and the presets themselves, are `pack_options`.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,14 @@ DEDUP_MODES = ("none", "exact", "near")
 # grey and brighter copies and small crops fall within it, distinct photos well outside it
 # (tests/test_duplicates.py plants such copies).
 DEFAULT_DEDUP_THRESHOLD = 10
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def check_workers(workers: int | None, most: int | None = None) -> None:

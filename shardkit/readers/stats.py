@@ -33,6 +33,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.config import usable_cores
+
 INPUT_BOUND = 0.1  # the share of its time a training loop may wait before the input is what bounds it
 WAITS = ("read", "storage", "decode", "collate")  # the training thread's waits, in the order a batch meets them
 BUSY = ("decode", "targets", "device")  # the loader threads' stages
@@ -253,7 +255,7 @@ class LoaderClock:
             busy={name: max(0.0, stages.get(f"busy:{name}", 0.0)) for name in BUSY},
             threads=self.threads,
             cpu_seconds=now.cpu_seconds - base.cpu_seconds,
-            cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            cores=usable_cores(),
             stored_pixels=now.stored_pixels - base.stored_pixels,
             output_pixels=now.output_pixels - base.output_pixels,
         )

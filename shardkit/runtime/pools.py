@@ -16,6 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NoReturn, TypeVar, cast
 
+from ..core.config import usable_cores
 from ..core.errors import ConfigError, WorkerDiedError
 from .processes import script_ran_again, start_worker, started_context
 from .stops import stop_if_stopping, stops_deferred, wait_any
@@ -25,10 +26,7 @@ Result = TypeVar("Result")
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def process_pool(
