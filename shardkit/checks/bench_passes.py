@@ -155,16 +155,23 @@ def train_loader(job: tuple[Where, int, int, str | None]) -> tuple[int, int]:
     a device, the device path's (readers/device.py), its last batch waited for."""
     where, size, workers, device = job
     dataset = where.open()
-    how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
-    if dataset.manifest.totals.get("videos") is not None:  # clips: CLIP_FRAMES frames of each
-        how["frames"] = CLIP_FRAMES
-    count = sum(len(batch.labels) for batch in dataset.loader(64, size, flip=True, workers=workers, **how))
+    count = sum(len(batch.labels) for batch in training_loader(dataset, size, workers, device))
     if device is not None and device.startswith("cuda"):
         import torch
 
         torch.cuda.synchronize(device)
     dataset.close()
     return count, sum(shard.bytes for shard in dataset.manifest.shards)
+
+
+def training_loader(dataset: Any, size: int, workers: int, device: str | None) -> Any:
+    """The loader as bench's training pass reads it: batches of 64, random crops and flips at
+    `size`, `workers` threads, numpy out (or `device`'s path); an output of clips CLIP_FRAMES
+    frames of each."""
+    how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
+    if dataset.manifest.totals.get("videos") is not None:
+        how["frames"] = CLIP_FRAMES
+    return dataset.loader(64, size, flip=True, workers=workers, **how)
 
 
 def video_spans(spans: list[tuple[str, float, float, float]]) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..readers.stats import LoaderStats
-from .bench_passes import CLIP_FRAMES, Where
+from .bench_passes import Where, training_loader
 
 BUSY_CORES = 0.75  # the process's share of all cores above which there are no idle cores to give threads
 LARGE_STORED = 4.0  # stored pixels per output pixel above which a smaller pack --resize decodes less
@@ -38,12 +38,9 @@ def explain_training(where: Where, train: int, threads: int, device: str | None)
     """One epoch of the loader as bench's training pass reads it (batches of 64, random crops and
     flips at `train`, `threads` decode threads; `device`'s path where given), its stats and advice."""
     dataset = where.open()
-    how: dict[str, Any] = {"output": "numpy"} if device is None else {"device": device}
-    if dataset.manifest.totals.get("videos") is not None:
-        how["frames"] = CLIP_FRAMES
     cuda = device is not None and device.startswith("cuda")
     try:
-        loader = dataset.loader(64, train, flip=True, workers=threads, **how)
+        loader = training_loader(dataset, train, threads, device)
         for _ in loader:
             if cuda:  # the step waits for the batch's kernels, as a training step's use of it would
                 import torch
