@@ -41,10 +41,11 @@ def check_manifest(
         report.problems.append(Problem("manifest", "a shard is listed twice"))
     totals = manifest.totals
     adopted = isinstance(manifest.settings.get("adopted"), dict)  # tars `shardkit index` adopted
-    errors, duplicates, left_out = 0, 0, set()
+    errors, duplicates, removed, left_out = 0, 0, 0, set()
     for row in error_rows(log, report):
         errors += 1
         duplicates += row.get("stage") == "duplicate"
+        removed += row.get("stage") == "removed"
         if adopted and row.get("stage") == "read":
             left_out.add(row.get("path"))  # a tar the readers cannot read, listed with its reason
     if totals.get("records") != manifest.records:
@@ -59,10 +60,15 @@ def check_manifest(
         report.problems.append(
             Problem("manifest", f"totals say {totals['duplicates']} duplicates, {ERRORS_NAME} lists {duplicates}")
         )
+    if totals.get("removed", 0) != removed:  # (records `shardkit remove` took out: errors of their own)
+        report.problems.append(
+            Problem("manifest", f"totals say {totals.get('removed', 0)} removed, {ERRORS_NAME} lists {removed}")
+        )
     if "videos" in totals:  # clips of videos: a record is a clip, an input a video packed or listed
-        if totals.get("inputs") != totals["videos"] + totals.get("errors", 0):
+        # (a removed record is a clip of a video packed: listed, but not an input of its own)
+        if totals.get("inputs") != totals["videos"] + totals.get("errors", 0) - totals.get("removed", 0):
             report.problems.append(Problem("manifest", "inputs are not videos + errors"))
-        if totals["videos"] > totals.get("records", 0):
+        if totals["videos"] > totals.get("records", 0) + totals.get("removed", 0):
             report.problems.append(Problem("manifest", "more videos packed than clips"))
     elif totals.get("inputs") != totals.get("records", 0) + totals.get("errors", 0):
         report.problems.append(Problem("manifest", "inputs are not records + errors"))

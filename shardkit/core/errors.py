@@ -7,14 +7,17 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-FAILURE_STAGES = ("discover", "download", "header", "read", "decode", "resize", "encode", "duplicate", "internal")
+FAILURE_STAGES = (
+    "discover", "download", "header", "read", "decode", "resize", "encode", "duplicate", "internal", "removed",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     """An input that was not taken, and why: what discover skips, what pack cannot pack, a row of
     errors.jsonl. `path` is relative to the source and printable; `stage` is one of FAILURE_STAGES
-    ("internal": a shardkit bug, not a bad image; "duplicate": left out by pack --dedup, a copy of
+    ("internal": a shardkit bug, not a bad image; "removed": taken out by `shardkit remove`, with
+    the reason given; "duplicate": left out by pack --dedup, a copy of
     the record keyed `duplicate_of`; "download": a URL that could not be fetched, `transient` when
     the cause may pass (a timeout, a 5xx, a 429), so `pack --resume` tries that row again)."""
 

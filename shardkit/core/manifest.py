@@ -60,6 +60,10 @@ class Manifest:
     # files for other readers beside the shards (formats/tar_companions: a tar's DALI index, wids'
     # shardindex.json), count: the records each describes; absent when there are none
     companions: list[ShardInfo] = field(default_factory=list)
+    # 1 for what a pack wrote; each change of a finished output (`shardkit remove`) makes the next,
+    # and `history` says what each version after the first changed (absent while there is none)
+    version: int = 1
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -81,6 +85,8 @@ class Manifest:
             del data["index"]
         if not self.companions:
             del data["companions"]
+        if self.version == 1 and not self.history:  # a packed output's manifest is as it always was
+            del data["version"], data["history"]
         return data
 
     def computed_checksum(self) -> str:
@@ -112,6 +118,8 @@ class Manifest:
                 checksum=_typed(data, "checksum", str, ""),
                 index=None if data.get("index") is None else _shard(data["index"], where),
                 companions=[_shard(row, where) for row in _typed(data, "companions", list, [])],
+                version=_typed(data, "version", int, 1),
+                history=_typed(data, "history", list, []),
             )
         except ValueError as error:
             raise ManifestError(f"{where}: not a valid shardkit manifest ({error})") from None
@@ -120,6 +128,10 @@ class Manifest:
         for key, value in manifest.totals.items():
             if not _is_int(value) or value < 0:
                 raise ManifestError(f"{where}: total {key} is not a count ({str(value)[:20]})")
+        if not _is_int(manifest.version) or not 1 <= manifest.version <= MAX_VERSION:
+            raise ManifestError(f"{where}: version {str(manifest.version)[:20]} is not a version number")
+        if len(manifest.history) != manifest.version - 1 or not all(isinstance(row, dict) for row in manifest.history):
+            raise ManifestError(f"{where}: history must be an object per version after the first")
         if manifest.index is not None and manifest.index.name != INDEX_NAME:
             raise ManifestError(f"{where}: the index must be {INDEX_NAME}")
         allowed = companion_names(manifest.shards)
@@ -183,6 +195,7 @@ def _shard(row: Any, where: str) -> ShardInfo:
     return ShardInfo(name, count, size, digest)
 
 
+MAX_VERSION = 2**31  # bounds what a hostile manifest can claim (versions name files: shard-000001-v2.tar)
 MAX_SHARD_RECORDS = 2**40  # far above any real shard; bounds what a hostile manifest can claim
 MAX_SHARD_BYTES = 2**50
 # ~100,000 shards (100 M images at 1,000 a shard); a bigger manifest.json is refused unread. Parsed

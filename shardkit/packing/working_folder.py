@@ -21,6 +21,8 @@ LOCK_NAME = "lock"
 STATE_NAME = "state.json"
 HASHES_NAME = "hashes.jsonl"  # pack --dedup's hashes as they are taken, for a resume
 CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
+CHANGE_NAME = "change.json"  # the journal of a change of a finished output in progress (packing/change.py)
+NEXT_DIR = "next"  # what a change writes, until its commit renames it into the output
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes that shardkit before 0.2 leaves beside their targets.
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
@@ -38,18 +40,33 @@ def own_files() -> tuple[str, ...]:
     return (*OWN_FILES, *sorted(output_file_names()))
 
 
+# shard-NNNNNN as pack names it, then -vN where a change of the output (remove) rewrote it
+_SHARD_STEM = r"(shard-\d{6,})(?:-v[1-9]\d{0,9})?"
+
+
 def is_shard_name(name: str) -> bool:
-    """A name shardkit gives shards (shard-NNNNNN and a format's suffix): the only names a record
-    of the output may make --overwrite delete, besides manifest.json and errors.jsonl."""
+    """A name shardkit gives shards (shard-NNNNNN, a version where a change rewrote it, and a
+    format's suffix): the only names a record of the output may make --overwrite delete, besides
+    manifest.json and errors.jsonl."""
     from ..formats import FORMATS  # (the registry's modules, imported on first use)
 
-    match = re.fullmatch(r"shard-\d{6,}(\.[a-z0-9]+)", name)
-    return match is not None and any(match.group(1) == backend.suffix for backend in FORMATS.values())
+    match = re.fullmatch(rf"{_SHARD_STEM}(\.[a-z0-9]+)", name)
+    return match is not None and any(match.group(2) == backend.suffix for backend in FORMATS.values())
 
 
 def is_idx_name(name: str) -> bool:
     """A name shardkit gives a shard's .idx file for other readers (a tar's, for DALI)."""
-    return re.fullmatch(r"shard-\d{6,}\.idx", name) is not None
+    return re.fullmatch(rf"{_SHARD_STEM}\.idx", name) is not None
+
+
+def versioned_name(name: str, version: int) -> str:
+    """The name of shard `name` rewritten for `version` of its output: shard-000003.tar becomes
+    shard-000003-v2.tar (and shard-000003-v2.tar shard-000003-v5.tar): a new file, never the old
+    one overwritten, so the version before stays whole until the new manifest is in place."""
+    match = re.fullmatch(rf"{_SHARD_STEM}(\.[a-z0-9]+)", name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a name shardkit gives shards")
+    return f"{match.group(1)}-v{version}{match.group(2)}"
 
 
 def state_dir(output: str | os.PathLike[str]) -> Path:

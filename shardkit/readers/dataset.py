@@ -220,6 +220,8 @@ class ShardDataset(EpochIteration):
             self.epoch, self.seed, self.shuffle, self.shuffle_buffer, [len(self)], len(self), lanes=lanes
         )
         progress.selection = self.selection  # a state resumes only the subset it was saved on
+        if self.manifest.version > 1:  # a state resumes only the version it was saved on
+            progress.versions = [self.manifest.version]
         return progress
 
     def space(self, progress: Progress) -> ShardSpace:

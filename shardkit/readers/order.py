@@ -116,6 +116,8 @@ class Progress:
     lanes: int = LANES  # of a shuffled stream (lanes_for)
     weights: list[float] | None = None  # a mix's share of each source (None for one output): a fingerprint
     selection: str | None = None  # the subset read (readers/subset's hash; None for whole outputs): a fingerprint
+    # each source's version (manifest.version; None while every source is at its first): a fingerprint
+    versions: list[int] | None = None
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
         """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
@@ -145,6 +147,8 @@ class Progress:
         }  # fmt: skip
         if self.selection is not None:
             state["selection"] = self.selection
+        if self.versions is not None:
+            state["versions"] = list(self.versions)
         return state if self.weights is None else {**state, "weights": list(self.weights)}
 
     @classmethod
@@ -160,7 +164,7 @@ class Progress:
                 check_epoch(state["epoch"]), check_seed(state["seed"]), _flag(state, "shuffle"),
                 whole(state["buffer"], "buffer", 1, INT64), sizes, whole(state["total"], "total", 0, INT64),
                 splits, whole(state["lanes"], "lanes", 1, MAX_LANES), _weights(state.get("weights")),
-                _selection(state.get("selection")),
+                _selection(state.get("selection")), _versions(state.get("versions")),
             )  # fmt: skip
         except KeyError as error:
             raise ConfigError(f"a damaged shardkit iteration state: no {shown(error.args[0])}") from None
@@ -173,7 +177,13 @@ class Progress:
         `fresh` and whose epoch (this progress's seed and epoch) has `total` positions, with shards
         starting at `cuts`: the same records and mix, a split's streams bounded by the epoch, each
         stream's count within its stream. Bounded work: about what resuming does anyway."""
-        # the subset first: a state of another subset most often has other sizes too
+        # the version first: a state of a version that took records out has other sizes too
+        if self.versions != fresh.versions:
+            raise ConfigError(
+                f"this state was saved on {_versioned(self.versions)}, this dataset is {_versioned(fresh.versions)}: "
+                "a state resumes the version it was saved on (open_shards(..., version=) is not supported yet)"
+            )
+        # the subset next: a state of another subset most often has other sizes too
         if self.selection != fresh.selection:
             said = "the whole output" if self.selection is None else f"selection {self.selection}"
             this = "the whole output" if fresh.selection is None else f"selection {fresh.selection}"
@@ -369,6 +379,21 @@ def _selection(value: Any) -> str | None:
     if not isinstance(value, str) or not 0 < len(value) <= 64 or not value.isalnum():
         raise ConfigError(f"selection must be a subset's hash, not {shown(value)}")
     return value
+
+
+def _versions(value: Any) -> list[int] | None:
+    """Each source's version (None where all are at their first)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(type(v) is int and 1 <= v <= INT64 for v in value):
+        raise ConfigError(f"versions must be a list of version numbers, not {shown(value)}")
+    return value
+
+
+def _versioned(versions: list[int] | None) -> str:
+    if versions is None:
+        return "version 1"
+    return "version " + " + ".join(str(v) for v in versions) if len(versions) > 1 else f"version {versions[0]}"
 
 
 def _records(sizes: list[int]) -> str:
