@@ -20,6 +20,8 @@ _EXPORTS = {
     "ProbeReport": "packing.probe",
     "recommend": "packing.probe",
     "verify": "checks.verify",
+    "remove": "changes.remove",
+    "RemoveResult": "changes.remove",
     "VerifyReport": "checks.verify_report",
     "PackConfig": "core.config",
     "ResizeConfig": "core.config",
@@ -49,6 +51,7 @@ __all__ = [
     "PackConfig",
     "PackResult",
     "ProbeReport",
+    "RemoveResult",
     "ResizeConfig",
     "ShardDataset",
     "ShardFormatError",
@@ -66,6 +69,7 @@ __all__ = [
     "pack_config",
     "probe",
     "recommend",
+    "remove",
     "verify",
 ]
 

@@ -216,7 +216,9 @@ def test_a_second_pack_on_the_same_output_is_refused(python_command, sample_data
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert second.returncode == 1
-        assert "another shardkit pack is writing here" in second.stderr and f"pid {holder.pid}" in second.stderr
+        assert (
+            "another shardkit pack or remove is writing here" in second.stderr and f"pid {holder.pid}" in second.stderr
+        )
         assert len(second.stderr.strip().splitlines()) == 1
     finally:
         holder.kill()

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..changes.journal import pending_change
 from ..core.config import DEFAULT_MAX_PIXELS, check_workers
 from ..core.errors import ConfigError, ManifestError, ShardkitError
 from ..core.manifest import INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
@@ -102,6 +103,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
             output.manifest = ManifestError(str(error))
         if root.is_dir():
             output.listed = {entry.name: None for entry in os.scandir(root)}  # names only: shards are stat'ed
+            output.troubles.extend(_interrupted_change(root))
         yield output
         return
     store = root
@@ -120,6 +122,19 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         yield output
 
 
+def _interrupted_change(root: Path) -> list[Problem]:
+    """A change (remove) killed in its commit leaves the output between two versions: said as that,
+    with what finishes it, before what it left looks like (new shards beside the manifest's)."""
+    try:
+        journal = pending_change(root)
+    except ShardkitError as error:
+        return [Problem("interrupted", str(error))]
+    if journal is None or not journal.committing:  # (before its commit the output is the version it was)
+        return []
+    said = f"a {journal.action} to version {journal.version} was interrupted while it committed"
+    return [Problem("interrupted", f"{said}; `shardkit {journal.action} {root} --resume` finishes it")]
+
+
 def _verify(
     output: _Output,
     deep: bool,
@@ -134,6 +149,8 @@ def _verify(
     if not isinstance(manifest, Manifest):
         report.problems.append(Problem("manifest", str(manifest)))
         return report
+    if any(problem.kind == "interrupted" for problem in output.troubles):
+        return report  # between two versions: what its files say of either is beside the point
     root = output.meta
     try:
         get_format(manifest.format)

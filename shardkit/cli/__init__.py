@@ -14,11 +14,12 @@ from .duplicates import duplicates
 from .index import index
 from .pack import pack
 from .probe import probe
+from .remove import remove
 from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
-    help="Pack image folders into fast training shards: probe, pack, verify, index, bench, duplicates.",
+    help="Pack image folders into fast training shards: probe, pack, verify, index, bench, duplicates, remove.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -46,4 +47,5 @@ app.command()(verify)
 app.command()(index)
 app.command()(bench)
 app.command()(duplicates)
+app.command()(remove)
 app.command()(doctor)

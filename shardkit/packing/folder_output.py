@@ -32,6 +32,7 @@ from ..formats import idx_files
 from .index import part_path, write_part
 from .shard_writing import Workspace
 from .working_folder import (
+    CHANGE_NAME,
     CLEARING_NAME,
     LOCK_NAME,
     done_path,
@@ -137,11 +138,15 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
             raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
     try:
         (state / "done").mkdir(parents=True, exist_ok=True)
-        lock_fd = _lock(state / LOCK_NAME, path)
+        lock_fd = lock_folder(state, path)
     except OSError as error:
         raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
     claimed = Claim(path, lock_fd, created=created, created_state=not state_existed)
     try:
+        if (state / CHANGE_NAME).exists():  # (its commit may be half done: nothing else may touch the output)
+            raise OutputError(
+                f"{path}: an interrupted remove is here; finish it with `shardkit remove {path} --resume`"
+            )
         names = {entry.name for entry in os.scandir(path)}
         if not state_existed:
             names.discard(STATE_DIR)
@@ -160,8 +165,10 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
     return claimed
 
 
-def _lock(path: Path, output: Path) -> int:
-    """An exclusive lock on `path` (fcntl, so it works on NFS too), or OutputError naming the holder."""
+def lock_folder(state: Path, output: Path) -> int:
+    """An exclusive lock on the working folder `state` of `output` (fcntl on its lock file, so it
+    works on NFS too), or OutputError naming the holder."""
+    path = state / LOCK_NAME
     for _ in range(10):
         try:  # a planted link must not make us write into someone's file
             fd = open_regular(path, os.O_RDWR | os.O_CREAT, own=True)
@@ -178,7 +185,9 @@ def _lock(path: Path, output: Path) -> int:
             if error.errno not in (errno.EACCES, errno.EAGAIN):
                 raise
             holder = _holder(path)
-            raise OutputError(f"{output}: another shardkit pack is writing here ({holder}); wait for it") from None
+            raise OutputError(
+                f"{output}: another shardkit pack or remove is writing here ({holder}); wait for it"
+            ) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

@@ -1,0 +1,199 @@
+"""A change of a finished local output (`shardkit remove`): one writer at a time, and safe to kill
+at any moment.
+
+The output's files are never edited in place. A change writes everything new under new names in
+the working folder's `next/` (rewritten shards as `shard-NNNNNN-vK`, the index, errors.jsonl, the
+files for other readers, the manifest), recorded by a journal, `.shardkit/change.json`, written
+before anything else and again, as `committing`, once `next/` is whole. Committing renames the new
+shards into the output, then the files beside them, the manifest last, then deletes the shards the
+new version no longer lists. So a kill leaves the earlier version (before the commit) or the new
+one with some superseded files left (after the manifest), and in between only the renames of one
+commit; `--resume` (or the same command again) finishes from the journal, byte for byte as an
+uninterrupted run, and every other writer (a pack, another change) is refused until it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ManifestError, OutputError, describe
+from ..core.manifest import MANIFEST_NAME, Manifest, read_manifest, write_json_atomic
+from ..core.safeio import load_json_file
+from ..packing.folder_output import lock_folder, precheck
+from ..packing.working_folder import (
+    CHANGE_NAME,
+    NEXT_DIR,
+    STATE_NAME,
+    is_idx_name,
+    is_shard_name,
+    own_files,
+    remove_state,
+    state_dir,
+    writing,
+)
+
+
+@dataclass
+class Journal:
+    """A change in progress, as `.shardkit/change.json` holds it: what was asked (`request`, to tell
+    the same command run again from another change), the version it starts from (by its manifest's
+    checksum) and makes, the plan (the action's own, JSON), the files the commit moves into the
+    output (in that order: manifest.json last) and deletes, and whether `next/` is whole."""
+
+    action: str
+    request: str
+    base: str  # the checksum of the manifest the change starts from
+    version: int  # the version it makes
+    plan: dict[str, Any]
+    moves: list[str] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    committing: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action, "request": self.request, "base": self.base, "version": self.version,
+            "plan": self.plan, "moves": self.moves, "deletes": self.deletes, "committing": self.committing,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> Journal:
+        try:
+            journal = cls(
+                data["action"], data["request"], data["base"], data["version"], data["plan"],
+                list(data["moves"]), list(data["deletes"]), data["committing"],
+            )  # fmt: skip
+        except (KeyError, TypeError) as error:
+            raise OutputError(f"{where}: a damaged journal of a change ({describe(error)}); move it away") from None
+        own = set(own_files())
+        names = [*journal.moves, *journal.deletes]
+        # a journal is ours, but a crafted one must not make the commit move or delete anything else
+        if not all(
+            isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name)) for name in names
+        ):
+            raise OutputError(f"{where}: a journal naming files shardkit does not write; move it away")
+        if MANIFEST_NAME in journal.deletes or (journal.moves and journal.moves[-1] != MANIFEST_NAME):
+            raise OutputError(f"{where}: a journal whose commit does not end with the manifest; move it away")
+        return journal
+
+
+@dataclass
+class Changing:
+    """An output locked for a change: its folder, the manifest it holds now, and the journal of a
+    change an earlier run left unfinished (None where there is none)."""
+
+    output: Path
+    manifest: Manifest
+    pending: Journal | None
+
+    @property
+    def next(self) -> Path:
+        return state_dir(self.output) / NEXT_DIR
+
+    @property
+    def journal_path(self) -> Path:
+        return state_dir(self.output) / CHANGE_NAME
+
+    def begin(self, journal: Journal) -> None:
+        """Record the change before anything is written."""
+        self.restart()
+        with writing(self.output, CHANGE_NAME):
+            write_json_atomic(self.journal_path, journal.to_json())
+        self.pending = journal
+
+    def restart(self) -> None:
+        """An empty `next/`: what an interrupted run wrote there goes, since it is written again
+        whole from the journal (a kill while writing it leaves nothing to trust)."""
+        with writing(self.output, "the working folder"):
+            shutil.rmtree(self.next, ignore_errors=True)
+            self.next.mkdir(parents=True)
+
+    def ready(self, journal: Journal) -> None:
+        """`next/` is whole: from here the change is committed, whoever finishes it."""
+        journal.committing = True
+        with writing(self.output, CHANGE_NAME):
+            for name in journal.moves:  # what the commit will rename is on disk, not in a cache
+                _fsync(self.next / name)
+            write_json_atomic(self.journal_path, journal.to_json())
+
+    def commit(self, journal: Journal) -> None:
+        """Rename what `next/` holds into the output (the new shards, then the files beside them, the
+        manifest last), then delete what the new version no longer lists, then the journal. Every
+        step may be done again: a name already moved or deleted is skipped."""
+        with writing(self.output, "the new version"):
+            for name in journal.moves:
+                source = self.next / name
+                if os.path.lexists(source):
+                    os.replace(source, self.output / name)
+            for name in journal.deletes:
+                (self.output / name).unlink(missing_ok=True)
+            shutil.rmtree(self.next, ignore_errors=True)
+            self.journal_path.unlink(missing_ok=True)
+            remove_state(self.output)
+        self.pending = None
+
+
+@contextlib.contextmanager
+def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
+    """`output` locked for a change (one writer at a time: a pack or another change is refused),
+    with its manifest and any unfinished change's journal. Refused, before anything is written,
+    where there is no finished output or an interrupted pack is there."""
+    path = Path(output)
+    if not path.is_dir():
+        raise OutputError(f"{path}: no such folder" if not os.path.lexists(path) else f"{path}: not a folder")
+    precheck(path)
+    state = state_dir(path)
+    if os.path.lexists(state) and not stat.S_ISDIR(os.lstat(state).st_mode):
+        raise OutputError(f"{state}: is not shardkit's working folder (not a folder); move it away")
+    try:
+        state.mkdir(exist_ok=True)
+        lock_fd = lock_folder(state, path)
+    except OSError as error:
+        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
+    try:
+        if (state / STATE_NAME).exists():
+            raise OutputError(f"{path}: an interrupted pack is here; finish it with pack --resume first")
+        pending = _journal(state / CHANGE_NAME)
+        try:
+            manifest = read_manifest(path)
+        except ManifestError as error:
+            raise OutputError(str(error)) from None
+        if pending is None and manifest.checksum != manifest.computed_checksum():
+            raise OutputError(f"{path}/{MANIFEST_NAME}: checksum does not match its content (edited by hand?)")
+        yield Changing(path, manifest, pending)
+    finally:
+        # the working folder goes unless it holds an unfinished change's or pack's state: an earlier
+        # remove killed in its last step, or a pack's cleanup, leaves its lock and markers behind
+        if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
+            remove_state(path)
+        os.close(lock_fd)
+
+
+def pending_change(output: Path) -> Journal | None:
+    """The journal of a change of `output` in progress or interrupted, read without the lock (what
+    verify says of an output in the middle of a commit); None where there is none."""
+    return _journal(state_dir(output) / CHANGE_NAME)
+
+
+def _journal(path: Path) -> Journal | None:
+    try:
+        data = load_json_file(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise OutputError(f"{path}: an unreadable journal of a change ({describe(error)}); move it away") from None
+    return Journal.from_json(data, path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,88 @@
+"""`shardkit remove`: take records out of a finished output (a takedown) without packing it again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ..core.errors import ConfigError, describe
+from .common import check_json_path, console, progress_bar, user_errors, write_json_report
+
+MAX_KEYS_FILE = 1 << 30  # a list of keys larger than this is not a takedown list
+
+
+def remove(
+    output: Annotated[str, typer.Argument(help="A shardkit output folder.")],
+    keys: Annotated[
+        Optional[Path],
+        typer.Option(help="A file of the keys to take out, one a line (index.parquet's `key`); - reads stdin."),
+    ] = None,
+    reason: Annotated[
+        str, typer.Option(help="Why (a takedown request, its ticket): kept in the manifest and errors.jsonl.")
+    ] = "",
+    missing_ok: Annotated[
+        bool, typer.Option("--missing-ok", help="Go on when some keys are not in the output (counted, not removed).")
+    ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish a remove that was interrupted.")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
+) -> None:
+    """Take records out of OUT: the shards holding them are written again without them and the old
+    ones deleted (their bytes are in no file afterwards); every other shard stays byte for byte. The
+    manifest's history and errors.jsonl say what was removed and why. Safe to kill at any point:
+    the output is at the version before or after, and --resume finishes."""
+    from ..changes.remove import remove as remove_records  # here: `shardkit --help` need not import it
+
+    with user_errors(on_stop=f"run `shardkit remove {output} --resume` to finish"):
+        check_json_path(json_path, output)
+        wanted = None if keys is None else _read_keys(keys)
+        with progress_bar(unit="shards") as bar:
+            task = bar.add_task("rewriting", total=None, rate="")
+            result = remove_records(
+                output, wanted, reason=reason, missing_ok=missing_ok, resume=resume,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )  # fmt: skip
+        if resume and not result.removed:
+            console.print(f"no interrupted remove in {escape(result.output)}: nothing to finish", highlight=False)
+        elif not result.removed:
+            console.print(f"nothing removed from {escape(result.output)}: none of the keys is in it", highlight=False)
+        else:
+            megabytes = result.bytes_written / 1e6
+            console.print(
+                f"[bold green]removed[/] {_count(result.removed, 'record')} from {escape(result.output)}, now version "
+                f"{result.version}: {_count(result.rewritten, 'shard')} written again ({megabytes:,.1f} MB of "
+                f"{result.output_bytes / 1e6:,.1f} MB), {result.dropped:,} deleted, in {result.seconds:.1f}s",
+                highlight=False,
+            )
+        if result.missing:
+            console.print(f"[yellow]{_count(result.missing, 'key')} not in the output[/] (nothing to remove for them)")
+        if json_path is not None:
+            write_json_report(json_path, result.to_json())
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number:,} {thing}{'' if number == 1 else 's'}"
+
+
+def _read_keys(path: Path) -> list[str]:
+    """The keys of a file (or stdin for -), one a line; blank lines are skipped."""
+    import sys
+
+    try:
+        if str(path) == "-":
+            text = sys.stdin.read(MAX_KEYS_FILE + 1)
+        else:
+            with open(path, encoding="utf-8") as lines:
+                text = lines.read(MAX_KEYS_FILE + 1)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the keys ({describe(error)})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: the keys are not UTF-8 text") from None
+    if len(text) > MAX_KEYS_FILE:
+        raise ConfigError(f"{path}: over {MAX_KEYS_FILE >> 20:,} MiB of keys")
+    keys = [line.rstrip("\r") for line in text.split("\n") if line.strip()]  # (a key may hold spaces)
+    if not keys:
+        raise ConfigError(f"{path}: holds no keys")
+    return keys

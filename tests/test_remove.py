@@ -1,0 +1,296 @@
+"""`shardkit remove`: records taken out of a finished output in every format. The shards that held
+them are written again without them and the old files deleted (no byte of a removed image is in
+any file afterwards), every other shard stays byte for byte, errors.jsonl lists each removed
+record with the reason, the manifest says what each version removed, verify passes on the new
+version, the reader reads it and refuses a state saved on the old one. A kill at any step of a
+remove, then --resume, gives the same bytes as a remove never killed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shardkit.changes.remove import remove
+from shardkit.checks.verify import verify
+from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.manifest import read_manifest, sha256_file
+from shardkit.formats import available_formats, get_format
+from shardkit.readers import open_shards
+from tests.step_kills import hooked_env
+from tests.test_pack_kills import differences, snapshot
+
+REASON = "takedown request 4711"
+
+
+def _copy(packed_sample, format: str, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample(format, 64, 7), out)
+    return out
+
+
+def _records(out: Path) -> list[tuple[str, str, bytes]]:
+    """(shard, key, image bytes) of every record, in stored order."""
+    manifest = read_manifest(out)
+    backend = get_format(manifest.format)
+    found = []
+    for shard in manifest.shards:
+        reader = backend.reader(str(out / shard.name))
+        try:
+            found += [(shard.name, record.key, record.data) for record in reader]
+        finally:
+            reader.close()
+    return found
+
+
+def _all_bytes(out: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file())
+
+
+@pytest.mark.parametrize("format", available_formats())
+def test_removed_records_are_gone_from_every_file_and_the_rest_is_untouched(
+    packed_sample, sample_dataset: Path, format: str, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, format, tmp_path)
+    before, records = read_manifest(out), _records(out)
+    by_shard: dict[str, list[str]] = {}
+    for shard, key, _ in records:
+        by_shard.setdefault(shard, []).append(key)
+    shards = list(by_shard)
+    # two records of the first shard, and every record of the third (that shard goes)
+    taken = [by_shard[shards[0]][1], by_shard[shards[0]][3], *by_shard[shards[2]]]
+    gone = [data for _, key, data in records if key in taken]
+    everything = _all_bytes(out)
+    assert all(data in everything for data in gone)  # (so that their absence below means something)
+
+    result = remove(out, taken, reason=REASON)
+
+    assert (result.removed, result.rewritten, result.dropped, result.version) == (len(taken), 1, 1, 2)
+    after = read_manifest(out)
+    kept = [(key, data) for _, key, data in records if key not in taken]
+    assert [(key, data) for _, key, data in _records(out)] == kept
+    everything = _all_bytes(out)
+    assert not any(data in everything for data in gone)
+    untouched = [s for s in before.shards if s.name not in (shards[0], shards[2])]
+    assert [s for s in after.shards if s in untouched] == untouched  # same names, bytes and sha256
+    assert all(sha256_file(out / s.name) == s.sha256 for s in untouched)
+    assert not (out / shards[0]).exists() and not (out / shards[2]).exists()
+    assert after.shards[0].name == re.sub(r"(\.\w+)$", r"-v2\1", shards[0])
+    assert not (out / ".shardkit").exists()
+
+    assert after.version == 2 and len(after.history) == 1
+    entry = after.history[0]
+    assert (entry["change"], entry["reason"], entry["removed"], entry["after"]) == (
+        "remove", REASON, len(taken), before.checksum
+    )  # fmt: skip
+    assert after.totals["records"] == before.records - len(taken) == after.records
+    assert after.totals["removed"] == len(taken)
+    assert after.totals["inputs"] == before.totals["inputs"]
+    rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    listed = [row for row in rows if row["stage"] == "removed"]
+    assert sorted(row["key"] for row in listed) == sorted(taken)
+    assert {row["reason"] for row in listed} == {REASON}
+    index = pq.read_table(out / "index.parquet").to_pylist()
+    assert [row["key"] for row in index] == [key for key, _ in kept]
+    assert all(row["shard"] in {s.name for s in after.shards} for row in index)
+
+    report = verify(out, deep=True, source=sample_dataset)
+    assert report.ok, report.problems
+    dataset = open_shards(out)
+    assert [dataset[i].key for i in range(len(dataset))] == [key for key, _ in kept]
+
+
+def test_a_second_remove_makes_version_three_and_rewrites_a_rewritten_shard(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    keys = [key for _, key, _ in _records(out)]
+    remove(out, [keys[0]], reason="first")
+    remove(out, [keys[1]], reason="second")
+    manifest = read_manifest(out)
+    assert manifest.version == 3 and [h["reason"] for h in manifest.history] == ["first", "second"]
+    assert manifest.shards[0].name == "shard-000000-v3.tar" and not (out / "shard-000000-v2.tar").exists()
+    assert manifest.totals["removed"] == 2
+    assert verify(out, deep=True).ok
+
+
+def test_keys_the_output_lacks_are_refused_unless_missing_ok(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "lmdb", tmp_path)
+    before = snapshot(out)
+    keys = [key for _, key, _ in _records(out)]
+    with pytest.raises(ConfigError, match=r"2 keys not in the output: 'nope', 'zzz'"):
+        remove(out, [keys[0], "nope", "zzz"], reason=REASON)
+    assert snapshot(out) == before  # nothing changed, no working folder left
+    result = remove(out, [keys[0], "nope", "zzz"], reason=REASON, missing_ok=True)
+    assert (result.removed, result.missing) == (1, 2)
+    nothing = remove(out, ["nope"], reason=REASON, missing_ok=True)
+    assert (nothing.removed, nothing.version) == (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"keys": ["x"]}, "needs a reason"),
+        ({"reason": REASON}, "needs the records to take out"),
+        ({"keys": ["x"], "where": "y", "reason": REASON}, "not both"),
+        ({"keys": "abc", "reason": REASON}, "not one string"),
+        ({"keys": ["x"], "resume": True}, "give no keys"),
+    ],
+)
+def test_bad_requests_are_refused_before_the_output_is_touched(
+    packed_sample, tmp_path: Path, arguments: dict, said: str
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    before = snapshot(out)
+    with pytest.raises(ConfigError, match=said):
+        remove(out, **arguments)
+    assert snapshot(out) == before
+
+
+def test_removing_every_record_is_refused(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "hdf5", tmp_path)
+    before = snapshot(out)
+    with pytest.raises(ConfigError, match="every record"):
+        remove(out, [key for _, key, _ in _records(out)], reason=REASON)
+    assert snapshot(out) == before
+
+
+def test_a_condition_over_the_index_selects_what_goes(packed_sample, tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    labels = pq.read_table(out / "index.parquet", columns=["label"]).column("label").to_pylist()
+    result = remove(out, where=pc.field("label") == 1, reason="class 1 withdrawn")
+    assert result.removed == labels.count(1)
+    assert set(pq.read_table(out / "index.parquet", columns=["label"]).column("label").to_pylist()) == set(labels) - {1}
+    assert verify(out).ok
+
+
+def test_a_state_saved_on_the_old_version_is_refused_on_the_new(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    iterator = open_shards(out, shuffle=True, seed=1).iterable()
+    it = iter(iterator)
+    next(it)
+    state = iterator.state_dict()
+    remove(out, [key for _, key, _ in _records(out)][-1:], reason=REASON)
+    fresh = open_shards(out, shuffle=True, seed=1).iterable()
+    with pytest.raises(ConfigError, match="saved on version 1, this dataset is version 2"):
+        fresh.load_state_dict(state)
+
+
+def test_a_damaged_or_tampered_output_is_refused(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    key = _records(out)[0][1]
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["totals"]["records"] += 1  # a hand edit: the checksum no longer holds
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(OutputError, match="checksum does not match"):
+        remove(out, [key], reason=REASON)
+    other = tmp_path / "other"
+    shutil.copytree(packed_sample("webdataset", 64, 7), other)
+    (other / "index.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(Exception, match=r"index\.parquet: differs from the manifest"):
+        remove(other, [key], reason=REASON)
+    assert not (other / ".shardkit").exists()
+
+
+def test_the_cli_reads_keys_from_a_file_and_says_what_it_did(shardkit, packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "lmdb", tmp_path)
+    keys = [key for _, key, _ in _records(out)]
+    listing = tmp_path / "keys.txt"
+    listing.write_text(f"{keys[2]}\n\n{keys[5]}\nnot-there\n")
+    refused = shardkit("remove", out, "--keys", listing, "--reason", REASON)
+    assert refused.returncode == 1 and "1 key not in the output: 'not-there'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    done = shardkit("remove", out, "--keys", listing, "--reason", REASON, "--missing-ok", "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())  # (rich wraps at the terminal's width)
+    assert "removed 2 records" in said and "now version 2" in said and "1 key not in the output" in said
+    assert json.loads((tmp_path / "r.json").read_text())["removed"] == 2
+    nothing = shardkit("remove", out, "--resume")
+    assert nothing.returncode == 0 and "no interrupted remove" in nothing.stdout, nothing.stderr
+
+
+def test_a_pack_is_refused_while_a_remove_is_unfinished(shardkit, packed_sample, sample_dataset, tmp_path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    (out / ".shardkit").mkdir()
+    journal = {"action": "remove", "request": "r", "base": "b", "version": 2, "plan": {}, "moves": ["manifest.json"],
+               "deletes": [], "committing": False}  # fmt: skip
+    (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
+    packed = shardkit("pack", sample_dataset, out, "--resize", "64", "--shard-size", "7", "--resume")
+    assert packed.returncode == 1 and "an interrupted remove is here" in packed.stderr
+    (tmp_path / "keys.txt").write_text("k\n")
+    other = shardkit("remove", out, "--keys", tmp_path / "keys.txt", "--reason", "x")
+    assert other.returncode == 1 and "an interrupted remove to version 2" in other.stderr
+
+
+KILL_FLAGS = ("--reason", REASON)
+
+
+@pytest.mark.slow  # kills a remove at each of its steps
+def test_a_remove_killed_at_any_step_resumes_to_the_clean_remove(shardkit, packed_sample, tmp_path: Path) -> None:
+    source = packed_sample("webdataset", 64, 7)
+    keys = [key for _, key, _ in _records(source)]
+    listing = tmp_path / "keys.txt"
+    listing.write_text("\n".join([keys[1], keys[3], *keys[14:21]]) + "\n")  # a shard rewritten, one dropped
+    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    shutil.copytree(source, clean)
+    assert shardkit("remove", clean, "--keys", listing, *KILL_FLAGS).returncode == 0
+    expected = snapshot(clean)
+
+    def run(**variables: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "shardkit", "remove", str(out), "--keys", str(listing), *KILL_FLAGS]
+        env = hooked_env(hook, [out], **variables)
+        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+
+    shutil.copytree(source, out)
+    logged = run(log=str(log))
+    assert logged.returncode == 0, logged.stderr
+    assert snapshot(out) == expected  # (the hook itself changes nothing)
+    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    assert any(step.startswith("replace out/manifest.json") for step in steps), steps
+    failed = []
+    for step in steps:
+        shutil.rmtree(out)
+        shutil.copytree(source, out)
+        killed = run(at=step)
+        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+        report = verify(out)
+        if not report.ok and [p.kind for p in report.problems] != ["interrupted"]:
+            failed.append(f"{step}: verify of the killed output: {report.problems}")
+        resumed = shardkit("remove", out, "--resume")
+        if resumed.returncode == 0 and read_manifest(out).version == 1:  # (killed before its journal)
+            resumed = shardkit("remove", out, "--keys", listing, *KILL_FLAGS)
+        if resumed.returncode != 0:
+            failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")
+        elif snapshot(out) != expected:
+            failed.append(f"{step}: differs from the clean remove in {differences(snapshot(out), expected)}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize(
+    ("version", "history", "said"),
+    [
+        (0, [], "is not a version number"),
+        (True, [], "is not a version number"),
+        (2**40, [], "is not a version number"),
+        (2, [], "an object per version after the first"),
+        (2, ["x"], "an object per version after the first"),
+        (1, [{}], "an object per version after the first"),
+    ],
+)
+def test_a_manifests_version_and_history_are_checked(
+    packed_sample, tmp_path: Path, version: object, history: list, said: str
+) -> None:
+    from shardkit.core.errors import ManifestError
+    from shardkit.core.manifest import Manifest
+
+    data = json.loads((packed_sample("webdataset", 64, 7) / "manifest.json").read_text())
+    assert "version" not in data and "history" not in data  # a pack's manifest is as it was before versions
+    with pytest.raises(ManifestError, match=said):
+        Manifest.from_json({**data, "version": version, "history": history})
