@@ -93,7 +93,12 @@ def load_soon() -> None:
             import pyarrow.json
             import pyarrow.parquet  # noqa: F401
 
-    threading.Thread(target=load, name="shardkit-load-index", daemon=True).start()
+    # Not a daemon: an import allocates, so the cyclic garbage collector may run on this thread and
+    # finalize what the pack left behind (a failed run's traceback holds the workers' shared
+    # counters, whose semaphores are unlinked, then unregistered from multiprocessing's resource
+    # tracker). The process must not exit between the two (the tracker then warns on stderr of a
+    # leaked semaphore), so it waits for this thread as for any other that is not a daemon.
+    threading.Thread(target=load, name="shardkit-load-index").start()
 
 
 def join(parts: Iterable[Path], output: Path, temp_dir: Path) -> ShardInfo:
