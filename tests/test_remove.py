@@ -219,8 +219,8 @@ def test_the_cli_reads_keys_from_a_file_and_says_what_it_did(shardkit, packed_sa
 def test_a_pack_is_refused_while_a_remove_is_unfinished(shardkit, packed_sample, sample_dataset, tmp_path) -> None:
     out = _copy(packed_sample, "webdataset", tmp_path)
     (out / ".shardkit").mkdir()
-    journal = {"action": "remove", "request": "r", "base": "b", "version": 2, "plan": {}, "moves": ["manifest.json"],
-               "deletes": [], "committing": False}  # fmt: skip
+    journal = {"action": "remove", "request": "r", "base": "b", "version": 2, "plan": {}, "moves": [],
+               "deletes": [], "result": ""}  # fmt: skip
     (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
     packed = shardkit("pack", sample_dataset, out, "--resize", "64", "--shard-size", "7", "--resume")
     assert packed.returncode == 1 and "an interrupted remove is here" in packed.stderr
@@ -294,3 +294,113 @@ def test_a_manifests_version_and_history_are_checked(
     assert "version" not in data and "history" not in data  # a pack's manifest is as it was before versions
     with pytest.raises(ManifestError, match=said):
         Manifest.from_json({**data, "version": version, "history": history})
+
+
+class Interrupted(Exception):
+    """Raised from a remove's progress callback: a run stopped once its journal and part of next/
+    are written, as a kill there leaves it."""
+
+
+def _interrupted(out: Path, keys: list[str]) -> dict:
+    def stop(done: int, total: int) -> None:
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        remove(out, keys, reason=REASON, progress=stop)
+    return json.loads((out / ".shardkit" / "change.json").read_text())
+
+
+def _damaged(journal: dict, case: str, victim: Path) -> dict:
+    plan = journal["plan"]
+    old = plan["rewritten"][0][0]
+    if case == "a new name outside":
+        plan["rewritten"][0][1] = f"../../{victim.parent.name}/{victim.name}"
+    elif case == "a shard not the output's":
+        plan["rewritten"][0][0] = plan["drops"][old] and "shard-999999.tar"
+    elif case == "positions past the shard":
+        plan["drops"][old] = [10_000]
+    elif case == "deletes every shard":
+        journal["deletes"] = [f"shard-{n:06d}.tar" for n in range(9)]
+    elif case == "no plan":
+        journal["plan"] = {}
+    elif case == "a version as text":
+        journal["version"] = "2"
+    elif case == "committing to a next that is not there":
+        journal["result"] = "0" * 64
+        journal["moves"] = ["manifest.json"]
+    return journal
+
+
+TAMPERINGS = [
+    "a new name outside", "a shard not the output's", "positions past the shard", "deletes every shard",
+    "no plan", "a version as text", "committing to a next that is not there",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TAMPERINGS)
+def test_a_tampered_journal_is_refused_and_nothing_is_touched(packed_sample, tmp_path: Path, case: str) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    victim = tmp_path / "victim" / "precious.tar"
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious")
+    keys = [key for _, key, _ in _records(out)]
+    journal = _damaged(_interrupted(out, [keys[0], keys[8]]), case, victim)
+    (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
+    shutil.rmtree(out / ".shardkit" / "next")
+    before = snapshot(out)
+    with pytest.raises(OutputError, match=r"move it away|move .* away to abandon"):
+        remove(out, resume=True)
+    assert snapshot(out) == before and victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["precious.tar"]
+
+
+def test_a_link_planted_as_next_is_refused(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "lmdb", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(packed_sample("hdf5", 64, 7), elsewhere)
+    keys = [key for _, key, _ in _records(out)]
+    _interrupted(out, [keys[0], keys[8]])
+    shutil.rmtree(out / ".shardkit" / "next")
+    (out / ".shardkit" / "next").symlink_to(elsewhere)
+    theirs = snapshot(elsewhere)
+    with pytest.raises(OutputError, match="not a folder"):
+        remove(out, resume=True)
+    assert snapshot(elsewhere) == theirs
+
+
+def test_an_output_changed_since_an_interrupted_remove_is_refused(packed_sample, tmp_path: Path) -> None:
+    """Killed with its journal written; then another output of the same images is put in its place
+    (a backup restored): the journal's positions are not that output's records."""
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    keys = [key for _, key, _ in _records(out)]
+    _interrupted(out, [keys[0], keys[8]])
+    other = packed_sample("webdataset", 64, 5)
+    for path in out.iterdir():
+        if path.is_file():
+            path.unlink()
+    for path in other.iterdir():
+        shutil.copy(path, out)
+    with pytest.raises(OutputError, match="the output changed since the interrupted remove began"):
+        remove(out, resume=True)
+    assert [key for _, key, _ in _records(out)] == [key for _, key, _ in _records(other)]
+
+
+def test_an_interrupted_remove_resumes_to_the_same_bytes(packed_sample, tmp_path: Path) -> None:
+    clean, out = tmp_path / "clean", _copy(packed_sample, "hdf5", tmp_path)
+    shutil.copytree(out, clean)
+    keys = [key for _, key, _ in _records(out)]
+    remove(clean, [keys[0], keys[8]], reason=REASON)
+    _interrupted(out, [keys[0], keys[8]])
+    result = remove(out, resume=True)
+    assert result.resumed and result.removed == 2
+    assert snapshot(out) == snapshot(clean)
+
+
+def test_an_errors_log_without_a_last_newline_keeps_its_rows(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    log = out / "errors.jsonl"
+    earlier = log.read_bytes()
+    log.write_bytes(earlier.rstrip(b"\n"))  # (verify takes such a log)
+    assert verify(out).ok
+    remove(out, [_records(out)[0][1]], reason=REASON)
+    assert log.read_bytes().startswith(earlier) and verify(out).ok

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ManifestError, OutputError, describe
-from ..core.manifest import MANIFEST_NAME, Manifest, read_manifest, write_json_atomic
+from ..core.manifest import MANIFEST_NAME, MAX_VERSION, Manifest, read_manifest, write_json_atomic
 from ..core.safeio import load_json_file
 from ..packing.folder_output import lock_folder, precheck
 from ..packing.working_folder import (
@@ -45,7 +45,8 @@ class Journal:
     """A change in progress, as `.shardkit/change.json` holds it: what was asked (`request`, to tell
     the same command run again from another change), the version it starts from (by its manifest's
     checksum) and makes, the plan (the action's own, JSON), the files the commit moves into the
-    output (in that order: manifest.json last) and deletes, and whether `next/` is whole."""
+    output (in that order: manifest.json last) and deletes, and, once `next/` is whole, the
+    checksum of the manifest it holds (`result`; empty before)."""
 
     action: str
     request: str
@@ -54,32 +55,42 @@ class Journal:
     plan: dict[str, Any]
     moves: list[str] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
-    committing: bool = False
+    result: str = ""
+
+    @property
+    def committing(self) -> bool:
+        return bool(self.result)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "action": self.action, "request": self.request, "base": self.base, "version": self.version,
-            "plan": self.plan, "moves": self.moves, "deletes": self.deletes, "committing": self.committing,
+            "plan": self.plan, "moves": self.moves, "deletes": self.deletes, "result": self.result,
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Any, where: Path) -> Journal:
-        try:
-            journal = cls(
-                data["action"], data["request"], data["base"], data["version"], data["plan"],
-                list(data["moves"]), list(data["deletes"]), data["committing"],
-            )  # fmt: skip
-        except (KeyError, TypeError) as error:
-            raise OutputError(f"{where}: a damaged journal of a change ({describe(error)}); move it away") from None
+        """A journal read back, every field type-checked and every name it would have the commit
+        move or delete one that shardkit gives (it is ours, but a tampered one must not reach
+        anything else); what it plans is checked against the output by its action."""
+        damaged = f"{where}: a damaged journal of a change"
+        if not isinstance(data, dict):
+            raise OutputError(f"{damaged} (not an object); move it away")
+        kinds = {"action": str, "request": str, "base": str, "version": int, "plan": dict, "moves": list,
+                 "deletes": list, "result": str}  # fmt: skip
+        for name, kind in kinds.items():
+            if type(data.get(name)) is not kind:
+                raise OutputError(f"{damaged} ({name} is not of type {kind.__name__}); move it away")
+        journal = cls(**{name: data[name] for name in kinds})
+        if not 2 <= journal.version <= MAX_VERSION:
+            raise OutputError(f"{damaged} (version {journal.version}); move it away")
         own = set(own_files())
-        names = [*journal.moves, *journal.deletes]
-        # a journal is ours, but a crafted one must not make the commit move or delete anything else
-        if not all(
-            isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name)) for name in names
-        ):
+        if not all(isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name))
+                   for name in [*journal.moves, *journal.deletes]):  # fmt: skip
             raise OutputError(f"{where}: a journal naming files shardkit does not write; move it away")
-        if MANIFEST_NAME in journal.deletes or (journal.moves and journal.moves[-1] != MANIFEST_NAME):
+        if MANIFEST_NAME in journal.deletes or (journal.committing and journal.moves[-1:] != [MANIFEST_NAME]):
             raise OutputError(f"{where}: a journal whose commit does not end with the manifest; move it away")
+        if set(journal.moves) & set(journal.deletes):
+            raise OutputError(f"{where}: a journal that would delete what it puts in place; move it away")
         return journal
 
 
@@ -110,13 +121,24 @@ class Changing:
     def restart(self) -> None:
         """An empty `next/`: what an interrupted run wrote there goes, since it is written again
         whole from the journal (a kill while writing it leaves nothing to trust)."""
+        self._refuse_planted_next()
         with writing(self.output, "the working folder"):
             shutil.rmtree(self.next, ignore_errors=True)
             self.next.mkdir(parents=True)
 
-    def ready(self, journal: Journal) -> None:
-        """`next/` is whole: from here the change is committed, whoever finishes it."""
-        journal.committing = True
+    def next_manifest(self) -> Manifest | None:
+        """The manifest `next/` holds, where it still holds one (None once the commit moved it)."""
+        self._refuse_planted_next()
+        if not os.path.lexists(self.next / MANIFEST_NAME):
+            return None
+        try:
+            return read_manifest(self.next / MANIFEST_NAME)
+        except ManifestError as error:
+            raise OutputError(f"{error}; move {state_dir(self.output)} away") from None
+
+    def ready(self, journal: Journal, result: Manifest) -> None:
+        """`next/` is whole, holding `result`: from here the change is committed, whoever finishes it."""
+        journal.result = result.checksum
         with writing(self.output, CHANGE_NAME):
             for name in journal.moves:  # what the commit will rename is on disk, not in a cache
                 _fsync(self.next / name)
@@ -125,18 +147,27 @@ class Changing:
     def commit(self, journal: Journal) -> None:
         """Rename what `next/` holds into the output (the new shards, then the files beside them, the
         manifest last), then delete what the new version no longer lists, then the journal. Every
-        step may be done again: a name already moved or deleted is skipped."""
+        step may be done again: a name already moved or deleted is skipped. Only regular files are
+        moved, from a `next/` that is a folder of its own."""
+        self._refuse_planted_next()
         with writing(self.output, "the new version"):
             for name in journal.moves:
                 source = self.next / name
-                if os.path.lexists(source):
-                    os.replace(source, self.output / name)
+                if not os.path.lexists(source):
+                    continue  # (moved by the run that was interrupted)
+                if not stat.S_ISREG(os.lstat(source).st_mode):
+                    raise OutputError(f"{source}: not a file shardkit wrote; move {state_dir(self.output)} away")
+                os.replace(source, self.output / name)
             for name in journal.deletes:
                 (self.output / name).unlink(missing_ok=True)
             shutil.rmtree(self.next, ignore_errors=True)
             self.journal_path.unlink(missing_ok=True)
-            remove_state(self.output)
         self.pending = None
+
+    def _refuse_planted_next(self) -> None:
+        """A link or file planted as `next/` must not make a change read, write or move elsewhere."""
+        if os.path.lexists(self.next) and not stat.S_ISDIR(os.lstat(self.next).st_mode):
+            raise OutputError(f"{self.next}: is not shardkit's working folder (not a folder); move it away")
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import numpy as np
 from ..core.errors import ConfigError, Failure, OutputError
 from ..core.manifest import (
     ERRORS_NAME,
+    IDX_SUFFIX,
     INDEX_NAME,
     MANIFEST_NAME,
     Manifest,
@@ -119,11 +120,13 @@ def remove(
             change.begin(journal)
         else:
             journal = pending
+            _check_pending(change, journal)
         if not journal.committing:
             if pending is not None:
                 change.restart()
-            _write_next(change, journal, progress)
-            change.ready(journal)
+            result = _write_next(change, journal, progress)
+            journal.moves = _moves(result, journal.plan["rewritten"])
+            change.ready(journal, result)
         change.commit(journal)
     plan = journal.plan
     return RemoveResult(
@@ -200,28 +203,113 @@ def _plan(
             dropped.append(shard.name)
         else:
             rewritten.append([shard.name, versioned_name(shard.name, version)])
+    listed = {s.name for s in manifest.shards}
+    taken_name = next((new for _, new in rewritten if new in listed or os.path.lexists(output / new)), None)
+    if taken_name is not None:  # (a stranger's manifest may list a name this version would take)
+        raise OutputError(f"{output}: {taken_name} is there already, where remove would write the next version")
     backend = get_format(manifest.format)
-    companions = {c.name for c in manifest.companions}
-    moves = [new for _, new in rewritten]
-    moves = [idx_name(new) for new in moves if idx_name(_old(rewritten, new)) in companions] + moves
-    moves += [c.name for c in manifest.companions if not c.name.endswith(".idx")]  # shardindex.json
-    moves += [INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]
-    deletes = [old for old, _ in rewritten] + dropped
-    deletes += [idx_name(old) for old in deletes if idx_name(old) in companions]
     removed_keys = sorted(taken.keys.to_pylist())
     plan = {
         "reason": reason, "removed": len(taken), "missing": missing, "drops": drops, "rewritten": rewritten,
         "dropped": dropped, "keys_sha256": hashlib.sha256("\n".join(removed_keys).encode()).hexdigest(),
         "suffix": backend.suffix, "bytes_written": 0, "output_bytes": 0,
     }  # fmt: skip
-    return Journal("remove", request, manifest.checksum, version, plan, moves, deletes)
+    return Journal("remove", request, manifest.checksum, version, plan, [], _deletes(manifest, rewritten, dropped))
 
 
-def _old(rewritten: list[list[str]], new: str) -> str:
-    return next(old for old, name in rewritten if name == new)
+def _deletes(manifest: Manifest, rewritten: list[list[str]], dropped: list[str]) -> list[str]:
+    """What the commit deletes: the shards written again and those left empty, and their .idx files."""
+    companions = {c.name for c in manifest.companions}
+    gone = [old for old, _ in rewritten] + dropped
+    return gone + [idx_name(old) for old in gone if idx_name(old) in companions]
 
 
-def _write_next(change: Changing, journal: Journal, progress: Callable[[int, int], None] | None) -> None:
+def _moves(result: Manifest, rewritten: list[list[str]]) -> list[str]:
+    """What the commit renames into the output, in order: the shards written again (each after its
+    .idx file), the files for other readers, the index, errors.jsonl, the manifest last."""
+    companions = [c.name for c in result.companions]
+    new = [name for _, name in rewritten]
+    moves = [name for shard in new for name in (idx_name(shard), shard) if name in companions or name == shard]
+    moves += [name for name in companions if not name.endswith(IDX_SUFFIX)]  # (wids' shardindex.json)
+    return [*moves, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]
+
+
+def _check_pending(change: Changing, journal: Journal) -> None:
+    """An interrupted remove's journal against the output as it is now: the output must still be
+    the version it started from (or, once committing, that or the version it makes, which `next/`
+    or the output holds), and what it plans to write, move and delete must follow from that version
+    and its own plan. A tampered journal, or an output changed meanwhile, is refused in one line."""
+    output, manifest = change.output, change.manifest
+    away = f"move {output}/.shardkit away to abandon that remove"
+    if journal.action != "remove":
+        raise OutputError(f"{output}: an interrupted {journal.action[:40]!r}, which remove does not finish; {away}")
+    _check_shape(journal, away)
+    sealed = manifest.checksum == manifest.computed_checksum()
+    if not journal.committing:
+        if not sealed or manifest.checksum != journal.base:
+            raise OutputError(f"{output}: the output changed since the interrupted remove began; {away}")
+        _check_plan(journal, manifest, away)
+        if journal.deletes != _deletes(manifest, journal.plan["rewritten"], journal.plan["dropped"]):
+            raise OutputError(f"{output}: the interrupted remove's journal does not follow from its plan; {away}")
+        return
+    result = change.next_manifest() or manifest
+    if not sealed or manifest.checksum not in (journal.base, journal.result) or result.checksum != journal.result:
+        raise OutputError(f"{output}: the output changed since the interrupted remove began; {away}")
+    if result.computed_checksum() != result.checksum or result.version != journal.version or not result.history:
+        raise OutputError(f"{output}: the next version the interrupted remove wrote is damaged; {away}")
+    entry = result.history[-1]
+    plan = journal.plan
+    if entry.get("rewritten") != plan.get("rewritten") or entry.get("dropped") != plan.get("dropped"):
+        raise OutputError(f"{output}: the interrupted remove's journal does not follow from its plan; {away}")
+    kept = {s.name for s in result.shards} | {c.name for c in result.companions}
+    replaced = [old for old, _ in plan["rewritten"]] + plan["dropped"]
+    allowed = set(replaced) | {idx_name(old) for old in replaced}
+    if journal.moves != _moves(result, plan["rewritten"]) or not set(journal.deletes) <= allowed - kept:
+        raise OutputError(f"{output}: the interrupted remove's journal does not follow from its plan; {away}")
+
+
+def _check_plan(journal: Journal, manifest: Manifest, away: str) -> None:
+    """A journal's plan, read back, against the manifest it starts from: every shard it names is the
+    manifest's, each new name the next version's, the positions taken out each shard's own."""
+    plan, where = journal.plan, "the interrupted remove's plan"
+    counts = {s.name: s.count for s in manifest.shards}
+    try:
+        if journal.version != manifest.version + 1:
+            raise ValueError(f"version {journal.version} after {manifest.version}")
+        olds = [pair[0] for pair in plan["rewritten"]] + plan["dropped"]
+        if len(set(olds)) != len(olds) or set(olds) != set(plan["drops"]) or not set(olds) <= set(counts):
+            raise ValueError("shards that are not the output's")
+        if any(new != versioned_name(old, journal.version) for old, new in plan["rewritten"]):
+            raise ValueError("a name that is not the next version's")
+        for name, positions in plan["drops"].items():
+            full = name in plan["dropped"]
+            if not (isinstance(positions, list) and all(type(p) is int for p in positions)
+                    and positions == sorted(set(positions)) and (not positions or positions[0] >= 0)
+                    and (not positions or positions[-1] < counts[name])
+                    and (len(positions) == counts[name]) == full and positions):  # fmt: skip
+                raise ValueError(f"positions that are not {name}'s")
+        if plan["removed"] != sum(len(positions) for positions in plan["drops"].values()):
+            raise ValueError("a count that is not its positions'")
+    except (ValueError, TypeError) as error:
+        raise OutputError(f"{where} does not fit the output ({error}); {away}") from None
+
+
+_PLAN = {"reason": str, "removed": int, "missing": int, "drops": dict, "rewritten": list, "dropped": list,
+         "keys_sha256": str, "bytes_written": int, "output_bytes": int}  # fmt: skip
+
+
+def _check_shape(journal: Journal, away: str) -> None:
+    """A plan read back has the fields and types a remove writes: shard names are plain names."""
+    plan = journal.plan
+    shaped = all(type(plan.get(name)) is kind for name, kind in _PLAN.items()) and all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) and is_shard_name(n) for n in pair)
+        for pair in plan["rewritten"]
+    ) and all(isinstance(name, str) and is_shard_name(name) for name in plan["dropped"])  # fmt: skip
+    if not shaped:
+        raise OutputError(f"the interrupted remove's plan is damaged; {away}")
+
+
+def _write_next(change: Changing, journal: Journal, progress: Callable[[int, int], None] | None) -> Manifest:
     """Everything the new version has that the old one lacks, in `next/`: the shards written again,
     their .idx files, the files for other readers, index.parquet, errors.jsonl, then the manifest."""
     manifest, output, folder, plan = change.manifest, change.output, change.next, journal.plan
@@ -270,6 +358,7 @@ def _write_next(change: Changing, journal: Journal, progress: Callable[[int, int
     ).sealed()  # fmt: skip
     with writing(output, MANIFEST_NAME):
         write_json_atomic(folder / MANIFEST_NAME, new.to_json())
+    return new
 
 
 def _rewrite(backend: Any, shard: Path, folder: Path, name: str, drops: set[int]) -> tuple[ShardInfo, ShardInfo | None]:
@@ -345,8 +434,12 @@ def _write_errors(output: Path, manifest: Manifest, index: IndexFile, plan: dict
         raise OutputError(f"{output / ERRORS_NAME}: does not hold the {earlier:,} rows its manifest counts")
 
     def lines() -> Iterator[str]:
-        with contextlib.suppress(FileNotFoundError), open(output / ERRORS_NAME, encoding="utf-8") as rows:
-            yield from rows
+        last = "\n"
+        with contextlib.suppress(FileNotFoundError), open(output / ERRORS_NAME, encoding="utf-8", newline="") as rows:
+            for last in rows:  # (newline="": each row as it is, its line ending included)
+                yield last
+        if not last.endswith("\n"):  # a last row without its newline (verify takes it): the next starts a line
+            yield "\n"
         for _, _, key, source in removed:
             yield error_line(Failure(source, REMOVED, plan["reason"], key=key))
 

@@ -56,8 +56,12 @@ def check_source(
     takeable = joined(walked)  # what pack may pack
     refused = hashes([skip.path for skip in found.skipped])  # what the walk itself lists, never packed
     if how.get("videos"):  # a video's clips all name it: packed once, however many clips it gave
-        packed = np.unique(packed)
-    logged = hashes([row["path"] for row in error_rows(log, None)])
+        # (a clip `shardkit remove` took out is a clip of a video packed, not an input listed)
+        removed = hashes([row["path"] for row in error_rows(log, None) if row.get("stage") == "removed"])
+        packed = np.unique(np.concatenate([packed, removed]))
+        logged = hashes([row["path"] for row in error_rows(log, None) if row.get("stage") != "removed"])
+    else:
+        logged = hashes([row["path"] for row in error_rows(log, None)])
     if found.source.shares_files:  # rows of one video: it may be packed by some and listed by others
         takeable, refused = np.unique(np.concatenate([takeable, refused])), refused[:0]
         packed, logged = np.unique(packed), np.setdiff1d(logged, packed)

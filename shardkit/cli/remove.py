@@ -82,6 +82,7 @@ def _read_keys(path: Path) -> list[str]:
         raise ConfigError(f"{path}: the keys are not UTF-8 text") from None
     if len(text) > MAX_KEYS_FILE:
         raise ConfigError(f"{path}: over {MAX_KEYS_FILE >> 20:,} MiB of keys")
+    text = text.removeprefix("\ufeff")  # (a byte order mark, as some editors save UTF-8)
     keys = [line.rstrip("\r") for line in text.split("\n") if line.strip()]  # (a key may hold spaces)
     if not keys:
         raise ConfigError(f"{path}: holds no keys")
