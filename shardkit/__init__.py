@@ -21,6 +21,8 @@ _EXPORTS = {
     "recommend": "packing.probe",
     "verify": "checks.verify",
     "remove": "changes.remove",
+    "compact": "changes.compact",
+    "CompactResult": "changes.compact",
     "RemoveResult": "changes.remove",
     "VerifyReport": "checks.verify_report",
     "PackConfig": "core.config",
@@ -42,6 +44,7 @@ _EXPORTS = {
     "MissingDependencyError": "core.errors",
 }
 __all__ = [
+    "CompactResult",
     "ConfigError",
     "EncodeConfig",
     "ImageError",
@@ -63,6 +66,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "available_formats",
+    "compact",
     "load_preset",
     "open_shards",
     "pack",

@@ -9,6 +9,7 @@ import typer
 from ..core.version import __version__
 from .bench import bench
 from .common import console
+from .compact import compact
 from .doctor import doctor
 from .duplicates import duplicates
 from .index import index
@@ -19,7 +20,7 @@ from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
-    help="Pack image folders into fast training shards: probe, pack, verify, index, bench, duplicates, remove.",
+    help="Pack images into fast training shards: probe, pack, verify, bench, index, duplicates, remove, compact.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -48,4 +49,5 @@ app.command()(index)
 app.command()(bench)
 app.command()(duplicates)
 app.command()(remove)
+app.command()(compact)
 app.command()(doctor)

@@ -1,0 +1,145 @@
+"""`shardkit compact`: small shards (left by removes, or by a pack with small shards) joined into
+full ones, without decoding or encoding a record.
+
+Consecutive shards are taken in the output's order while they fit the target (records, or bytes
+as written); each run of two or more becomes one shard under the next version's name of its first
+(`shard-NNNNNN-vK`), its records in the same order. A shard alone in its run, or already over the
+target, stays as it is, byte for byte. The records, their order and every byte of them are the
+same before and after: a reader sees the same samples, from fewer shards. A kill at any point
+leaves the earlier version or the new one (changes/journal.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import ConfigError, OutputError
+from ..core.manifest import Manifest, ShardInfo
+from ..core.pack_options import parse_bytes
+from ..packing.working_folder import versioned_name
+from ..storage.urls import is_remote
+from .journal import Changing, Journal
+from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What a compact did: the version it made (the one there was, where nothing was joined), the
+    shards before and after, and the bytes written."""
+
+    output: str
+    version: int
+    shards_before: int
+    shards_after: int
+    joined: int  # shards written from two or more
+    bytes_written: int
+    output_bytes: int
+    seconds: float
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output": self.output, "version": self.version, "shards_before": self.shards_before,
+            "shards_after": self.shards_after, "joined": self.joined, "bytes_written": self.bytes_written,
+            "output_bytes": self.output_bytes, "seconds": self.seconds, "resumed": self.resumed,
+        }  # fmt: skip
+
+
+def compact(
+    output: str | os.PathLike[str],
+    *,
+    shard_size: int | None = None,
+    shard_bytes: int | str | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CompactResult:
+    """Join consecutive small shards of the local output `output` into shards of at most
+    `shard_size` records (or `shard_bytes` bytes: an int or a text such as "256MB"). `resume`
+    finishes a compact that was interrupted (so does the same compact run again).
+    `progress(done, total)` counts shards written."""
+    if is_remote(output):
+        raise ConfigError(f"{output}: compact works on a local output folder (a bucket's is not supported yet)")
+    target = _target(shard_size, shard_bytes, resume)
+    request = hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest()
+    before = [0]
+
+    def plan(changed: Changing) -> Journal | None:
+        before[0] = len(changed.manifest.shards)
+        return _plan(changed, target, request)
+
+    done = run(output, Change("compact", request, plan, _totals, _history, check=_check), resume, progress)
+    after = len(done.manifest.shards)
+    size = sum(s.bytes for s in done.manifest.shards)
+    if done.journal is None:
+        return CompactResult(str(output), done.manifest.version, after, after, 0, 0, size, done.seconds)
+    spent = done.journal.plan
+    joined = len(spent["writes"])
+    shards_before = before[0] or after + len(spent["gone"]) - joined
+    return CompactResult(
+        str(output), done.journal.version, shards_before, after, joined, spent["bytes_written"], size, done.seconds,
+        resumed=done.resumed,
+    )  # fmt: skip
+
+
+def _target(shard_size: int | None, shard_bytes: int | str | None, resume: bool) -> dict[str, int]:
+    if resume and shard_size is None and shard_bytes is None:
+        return {}
+    if (shard_size is None) == (shard_bytes is None):
+        raise ConfigError("compact needs a target: --shard-size (records a shard) or --shard-bytes (not both)")
+    if shard_size is not None:
+        if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 2:
+            raise ConfigError(f"shard size must be a whole number of records, 2 or more, not {shard_size!r}")
+        return {"shard_size": shard_size}
+    size = parse_bytes(shard_bytes) if shard_bytes is not None else 0
+    if size < 1000:
+        raise ConfigError(f"shard bytes must be at least 1KB (1000 bytes), not {size:,} bytes")
+    return {"shard_bytes": size}
+
+
+def _plan(changed: Changing, target: dict[str, int], request: str) -> Journal | None:
+    """Runs of consecutive shards that fit the target, each of two or more joined into one; None
+    where no two fit together."""
+    refuse_foreign_shards(changed, "compact")
+    manifest = changed.manifest
+    most_records, most_bytes = target.get("shard_size"), target.get("shard_bytes")
+    runs: list[list[ShardInfo]] = [[]]
+    for shard in manifest.shards:
+        records = sum(s.count for s in runs[-1]) + shard.count
+        size = sum(s.bytes for s in runs[-1]) + shard.bytes
+        if runs[-1] and ((most_records and records > most_records) or (most_bytes and size > most_bytes)):
+            runs.append([])
+        runs[-1].append(shard)
+    version = manifest.version + 1
+    writes = [[versioned_name(run[0].name, version), [[s.name, []] for s in run]] for run in runs if len(run) > 1]
+    if not writes:
+        return None
+    refuse_taken_names(changed, writes)
+    gone = [s.name for run in runs if len(run) > 1 for s in run]
+    return new_journal("compact", request, manifest, {"writes": writes, "gone": gone, "target": target})
+
+
+def _totals(manifest: Manifest, plan: dict[str, Any], shards: list[ShardInfo], errors: int) -> dict[str, int]:
+    return dict(manifest.totals)  # (the same records and errors)
+
+
+def _history(plan: dict[str, Any]) -> dict[str, Any]:
+    return {**plan["target"], "joined": [[new, [old for old, _ in parts]] for new, parts in plan["writes"]]}
+
+
+def _check(journal: Journal, manifest: Manifest, away: str) -> None:
+    """A compact's plan read back: each new shard is two or more whole old shards, and its target
+    one of the two a compact takes."""
+    plan = journal.plan
+    target = plan.get("target")
+    whole = all(len(parts) > 1 and all(not left_out for _, left_out in parts) for _, parts in plan["writes"])
+    named = (
+        isinstance(target, dict) and len(target) == 1 and set(target) <= {"shard_size", "shard_bytes"}
+        and all(type(value) is int for value in target.values())
+    )  # fmt: skip
+    if not (whole and named):
+        raise OutputError(f"the interrupted compact's plan does not fit the output; {away}")
