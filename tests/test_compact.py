@@ -74,6 +74,8 @@ def test_compact_after_a_remove_joins_what_the_remove_left_small(packed_sample, 
         ({"shard_size": 1}, "2 or more"),
         ({"shard_bytes": "12"}, "at least 1KB"),
         ({"shard_bytes": "lots"}, "lots"),
+        ({"shard_bytes": 1.5e6}, "a whole number of bytes"),
+        ({"shard_bytes": True}, "a whole number of bytes"),
     ],
 )
 def test_a_bad_target_is_refused_before_the_output_is_touched(
@@ -99,3 +101,71 @@ def test_the_cli_says_what_it_joined(shardkit, packed_sample, tmp_path: Path) ->
     shutil.copytree(out, other)
     refused = shardkit("remove", other, "--resume")
     assert refused.returncode == 0 and "nothing to finish" in " ".join(refused.stdout.split())
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _interrupted_compact(out: Path, size: int) -> dict:
+    def stop(done: int, total: int) -> None:
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        compact(out, shard_size=size, progress=stop)
+    return json.loads((out / ".shardkit" / "change.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["a shard gone that no new shard holds", "parts out of order", "a target of -3"])
+def test_a_compact_journal_that_is_not_its_targets_plan_is_refused(packed_sample, tmp_path: Path, case: str) -> None:
+    from shardkit.changes.rewrite import deletes
+    from shardkit.core.errors import OutputError
+
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    journal = _interrupted_compact(out, 21)
+    plan = journal["plan"]
+    if case == "a shard gone that no new shard holds":
+        plan["gone"].append(read_manifest(out).shards[-1].name)
+        journal["deletes"] = deletes(read_manifest(out), plan["gone"])
+    elif case == "parts out of order":
+        parts = plan["writes"][0][1]
+        parts[0], parts[1] = parts[1], parts[0]
+    else:
+        plan["target"] = {"shard_size": -3}
+    (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
+    shutil.rmtree(out / ".shardkit" / "next")
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="the interrupted compact's plan"):
+        compact(out, resume=True)
+    assert snapshot(out) == before
+
+
+def test_the_other_changes_resume_is_pointed_at_and_a_target_with_resume_refused(
+    shardkit, packed_sample, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, "lmdb", tmp_path)
+    _interrupted_compact(out, 21)
+    wrong = shardkit("remove", out, "--resume")
+    assert wrong.returncode == 1 and f"finish it with `shardkit compact {out} --resume`" in wrong.stderr
+    with pytest.raises(ConfigError, match="give no target"):
+        compact(out, resume=True, shard_size=50)
+    finished = compact(out, resume=True)
+    assert finished.resumed and finished.joined and verify(out, deep=True).ok
+
+
+@pytest.mark.parametrize("change", ["compact", "remove"])
+def test_a_damaged_shard_is_refused_not_written_again_as_whole(packed_sample, tmp_path: Path, change: str) -> None:
+    from shardkit.core.errors import OutputError
+
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    first = read_manifest(out).shards[0]
+    data = bytearray((out / first.name).read_bytes())
+    data[700] ^= 0xFF  # inside the first record's image
+    (out / first.name).write_bytes(bytes(data))
+    before = snapshot(out)
+    with pytest.raises(OutputError, match=f"{first.name}: differs from the manifest"):
+        if change == "compact":
+            compact(out, shard_size=21)
+        else:
+            remove(out, [_records(out)[1][1]], reason="x")
+    assert snapshot(out) == before

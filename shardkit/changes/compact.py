@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError, OutputError
+from ..core.errors import ConfigError
 from ..core.manifest import Manifest, ShardInfo
 from ..core.pack_options import parse_bytes
 from ..packing.working_folder import versioned_name
@@ -86,26 +86,44 @@ def compact(
     )  # fmt: skip
 
 
-def _target(shard_size: int | None, shard_bytes: int | str | None, resume: bool) -> dict[str, int]:
-    if resume and shard_size is None and shard_bytes is None:
+def _target(shard_size: Any, shard_bytes: Any, resume: bool) -> dict[str, int]:
+    """The target asked for, checked; none with `resume` (the interrupted compact's own is finished)."""
+    if resume:
+        if shard_size is not None or shard_bytes is not None:
+            raise ConfigError("--resume finishes the interrupted compact as it was asked: give no target with it")
         return {}
     if (shard_size is None) == (shard_bytes is None):
         raise ConfigError("compact needs a target: --shard-size (records a shard) or --shard-bytes (not both)")
     if shard_size is not None:
-        if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 2:
-            raise ConfigError(f"shard size must be a whole number of records, 2 or more, not {shard_size!r}")
-        return {"shard_size": shard_size}
-    size = parse_bytes(shard_bytes) if shard_bytes is not None else 0
-    if size < 1000:
-        raise ConfigError(f"shard bytes must be at least 1KB (1000 bytes), not {size:,} bytes")
-    return {"shard_bytes": size}
+        return {"shard_size": _checked(shard_size, "shard_size")}
+    if not isinstance(shard_bytes, (str, int)) or isinstance(shard_bytes, bool):
+        raise ConfigError(f"shard bytes must be a whole number of bytes or a size such as 256MB, not {shard_bytes!r}")
+    return {"shard_bytes": _checked(parse_bytes(shard_bytes), "shard_bytes")}
+
+
+def _checked(value: Any, name: str) -> int:
+    """A target's value: records (2 or more) or bytes (1KB or more), a whole number."""
+    least = 2 if name == "shard_size" else 1000
+    if type(value) is not int or value < least:
+        said = "2 or more records" if name == "shard_size" else "at least 1KB (1000 bytes)"
+        raise ConfigError(f"{name.replace('_', ' ')} must be {said}, not {value!r}")
+    return value
 
 
 def _plan(changed: Changing, target: dict[str, int], request: str) -> Journal | None:
     """Runs of consecutive shards that fit the target, each of two or more joined into one; None
     where no two fit together."""
     refuse_foreign_shards(changed, "compact")
-    manifest = changed.manifest
+    writes, gone = _joined(changed.manifest, target)
+    if not writes:
+        return None
+    refuse_taken_names(changed, writes)
+    return new_journal("compact", request, changed.manifest, {"writes": writes, "gone": gone, "target": target})
+
+
+def _joined(manifest: Manifest, target: dict[str, int]) -> tuple[list[list[Any]], list[str]]:
+    """The plan's `writes` and `gone` for `target`: a function of the manifest and the target alone,
+    so that an interrupted compact's plan can be made again and compared."""
     most_records, most_bytes = target.get("shard_size"), target.get("shard_bytes")
     runs: list[list[ShardInfo]] = [[]]
     for shard in manifest.shards:
@@ -115,12 +133,9 @@ def _plan(changed: Changing, target: dict[str, int], request: str) -> Journal | 
             runs.append([])
         runs[-1].append(shard)
     version = manifest.version + 1
-    writes = [[versioned_name(run[0].name, version), [[s.name, []] for s in run]] for run in runs if len(run) > 1]
-    if not writes:
-        return None
-    refuse_taken_names(changed, writes)
-    gone = [s.name for run in runs if len(run) > 1 for s in run]
-    return new_journal("compact", request, manifest, {"writes": writes, "gone": gone, "target": target})
+    joined = [run for run in runs if len(run) > 1]
+    writes = [[versioned_name(run[0].name, version), [[s.name, []] for s in run]] for run in joined]
+    return writes, [s.name for run in joined for s in run]
 
 
 def _totals(manifest: Manifest, plan: dict[str, Any], shards: list[ShardInfo], errors: int) -> dict[str, int]:
@@ -131,15 +146,16 @@ def _history(plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan["target"], "joined": [[new, [old for old, _ in parts]] for new, parts in plan["writes"]]}
 
 
-def _check(journal: Journal, manifest: Manifest, away: str) -> None:
-    """A compact's plan read back: each new shard is two or more whole old shards, and its target
-    one of the two a compact takes."""
-    plan = journal.plan
-    target = plan.get("target")
-    whole = all(len(parts) > 1 and all(not left_out for _, left_out in parts) for _, parts in plan["writes"])
-    named = (
-        isinstance(target, dict) and len(target) == 1 and set(target) <= {"shard_size", "shard_bytes"}
-        and all(type(value) is int for value in target.values())
-    )  # fmt: skip
-    if not (whole and named):
-        raise OutputError(f"the interrupted compact's plan does not fit the output; {away}")
+def _check(journal: Journal, manifest: Manifest) -> None:
+    """A compact's plan read back must be the one its target makes of the output now."""
+    target = journal.plan.get("target")
+    try:
+        if not isinstance(target, dict) or len(target) != 1 or not set(target) <= {"shard_size", "shard_bytes"}:
+            raise ConfigError("no target")
+        name, value = next(iter(target.items()))
+        _checked(value, name)
+    except ConfigError:
+        raise ValueError("has no target a compact takes") from None
+    writes, gone = _joined(manifest, target)
+    if journal.plan["writes"] != writes or journal.plan["gone"] != gone:
+        raise ValueError("is not what its target makes of the output")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError, Failure, OutputError
+from ..core.errors import ConfigError, Failure
 from ..core.manifest import Manifest, ShardInfo
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import versioned_name
@@ -213,11 +213,11 @@ def _history(plan: dict[str, Any]) -> dict[str, Any]:
 _PLAN = {"reason": str, "removed": int, "missing": int, "keys_sha256": str}
 
 
-def _check(journal: Journal, manifest: Manifest, away: str) -> None:
+def _check(journal: Journal, manifest: Manifest) -> None:
     """A remove's own fields of its plan, read back: each new shard is one old shard less some of
     its records, and the count removed is what the plan leaves out."""
     plan = journal.plan
     single = all(len(parts) == 1 and parts[0][1] for _, parts in plan["writes"])
     typed = all(type(plan.get(name)) is kind for name, kind in _PLAN.items())
     if not (single and typed) or plan["removed"] != sum(len(at) for at in _left_out(manifest, plan).values()):
-        raise OutputError(f"the interrupted remove's plan does not fit the output; {away}")
+        raise ValueError("does not fit the output")

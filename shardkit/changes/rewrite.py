@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import Failure, OutputError
+from ..core.errors import Failure, OutputError, describe
 from ..core.manifest import (
     ERRORS_NAME,
     IDX_SUFFIX,
@@ -45,6 +45,7 @@ from ..readers.subset import IndexFile, read_index
 from .journal import Changing, Journal, changing
 
 Progress = Callable[[int, int], None]
+ACTIONS = ("remove", "compact")  # the changes a journal may name
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class Change:
     totals: Callable[[Manifest, dict[str, Any], list[ShardInfo], int], dict[str, int]]
     history: Callable[[dict[str, Any]], dict[str, Any]]
     failures: Callable[[Changing, IndexFile, dict[str, Any]], list[Failure]] = lambda change, index, plan: []
-    check: Callable[[Journal, Manifest, str], None] = lambda journal, manifest, away: None
+    # the action's own checks of an interrupted plan: ValueError saying what does not fit
+    check: Callable[[Journal, Manifest], None] = lambda journal, manifest: None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: 
             journal = change.plan(changed)
             if journal is None:
                 return Done(None, changed.manifest, False, time.perf_counter() - started)
+            refuse_damaged(changed, journal.plan)
             changed.begin(journal)
         else:
             journal = pending
@@ -227,6 +230,22 @@ def _write_shard(
     return info, idx
 
 
+def refuse_damaged(changed: Changing, plan: dict[str, Any]) -> None:
+    """Every shard a plan writes again must be the manifest's, byte for byte: its records would
+    otherwise go into a new shard with a new sha256, and a damaged record come out looking whole.
+    Checked before the change begins (and again before an interrupted one goes on)."""
+    listed = {s.name: s for s in changed.manifest.shards}
+    for _, parts in plan["writes"]:
+        for old, _ in parts:
+            path = changed.output / old
+            try:
+                same = path.stat().st_size == listed[old].bytes and sha256_file(path) == listed[old].sha256
+            except OSError as error:
+                raise OutputError(f"{path}: cannot read it ({describe(error)}); `shardkit verify` says more") from None
+            if not same:
+                raise OutputError(f"{path}: differs from the manifest (bytes changed); `shardkit verify` says more")
+
+
 def _write_index(index: IndexFile, plan: dict[str, Any], path: Path) -> ShardInfo:
     """index.parquet of the new version: each shard kept as it was, each new shard's rows those of
     its parts less the left-out ones, renamed and numbered again; a row group a shard, as pack
@@ -295,19 +314,28 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
     or the output holds), and what it plans to write, move and delete must follow from that version
     and its own plan. A tampered journal, or an output changed meanwhile, is refused in one line."""
     output, manifest = changed.output, changed.manifest
-    away = f"move {output}/.shardkit away to abandon that {journal.action[:40]}"
+    if journal.committing:  # (half its files may be in place: moving its journal away would strand them)
+        away = "the output is between two versions: restore it from a copy"
+    else:
+        away = f"move {output}/.shardkit away to abandon that {journal.action[:40]}"
     unfollowed = f"{output}: the interrupted {change.action}'s journal does not follow from its plan; {away}"
-    if journal.action != change.action:
-        raise OutputError(f"{output}: an interrupted {journal.action[:40]!r}, not a {change.action}; {away}")
-    _check_shape(journal, away)
+    if journal.action != change.action:  # (shardkit's actions; a stranger's word is shown, never run)
+        ours = journal.action in ACTIONS
+        finish = f"finish it with `shardkit {journal.action} {output} --resume`" if ours else away
+        raise OutputError(f"{output}: an interrupted {journal.action[:40]!r} is here, not a {change.action}; {finish}")
+    _check_shape(journal, f"{output}: ", away)
     sealed = manifest.checksum == manifest.computed_checksum()
     if not journal.committing:
         if not sealed or manifest.checksum != journal.base:
             raise OutputError(f"{output}: the output changed since the interrupted {change.action} began; {away}")
-        _check_plan(journal, manifest, away)
-        change.check(journal, manifest, away)
+        _check_plan(journal, manifest, f"{output}: ", away)
+        try:
+            change.check(journal, manifest)
+        except ValueError as error:
+            raise OutputError(f"{output}: the interrupted {change.action}'s plan {error}; {away}") from None
         if journal.deletes != deletes(manifest, journal.plan["gone"]):
             raise OutputError(unfollowed)
+        refuse_damaged(changed, journal.plan)
         return
     result = changed.next_manifest() or manifest
     if not sealed or manifest.checksum not in (journal.base, journal.result) or result.checksum != journal.result:
@@ -321,7 +349,7 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
         raise OutputError(unfollowed)
 
 
-def _check_shape(journal: Journal, away: str) -> None:
+def _check_shape(journal: Journal, prefix: str, away: str) -> None:
     """A plan read back has `writes` and `gone` as changes write them: shard names are plain names."""
     plan = journal.plan
 
@@ -339,10 +367,10 @@ def _check_shape(journal: Journal, away: str) -> None:
         and type(plan.get("bytes_written")) is int and type(plan.get("output_bytes")) is int
     )  # fmt: skip
     if not shaped:
-        raise OutputError(f"the interrupted {journal.action}'s plan is damaged; {away}")
+        raise OutputError(f"{prefix}the interrupted {journal.action[:40]}'s plan is damaged; {away}")
 
 
-def _check_plan(journal: Journal, manifest: Manifest, away: str) -> None:
+def _check_plan(journal: Journal, manifest: Manifest, prefix: str, away: str) -> None:
     """A plan against the manifest it starts from: every old shard it names is the manifest's and
     named once, each new name the next version's for its first part, the positions left out each
     shard's own, and each new shard holds a record."""
@@ -366,5 +394,5 @@ def _check_plan(journal: Journal, manifest: Manifest, away: str) -> None:
             if sum(counts[old] - len(left_out) for old, left_out in parts) < 1:
                 raise ValueError(f"{new} with no record")
     except (ValueError, TypeError, KeyError) as error:
-        said = f"the interrupted {journal.action}'s plan does not fit the output"
+        said = f"{prefix}the interrupted {journal.action}'s plan does not fit the output"
         raise OutputError(f"{said} ({error}); {away}") from None
