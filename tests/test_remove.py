@@ -183,6 +183,24 @@ def test_a_state_saved_on_the_old_version_is_refused_on_the_new(packed_sample, t
         fresh.load_state_dict(state)
 
 
+def test_a_state_of_one_version_2_is_refused_on_another(packed_sample, tmp_path: Path) -> None:
+    """Two copies of an output, each with another record removed: both are version 2 and hold as
+    many records, and still not the same data."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(packed_sample("webdataset", 64, 7), first)
+    shutil.copytree(first, second)
+    keys = [key for _, key, _ in _records(first)]
+    remove(first, [keys[0]], reason=REASON)
+    remove(second, [keys[1]], reason=REASON)
+    iterator = open_shards(first, shuffle=True, seed=1).iterable()
+    next(iter(iterator))
+    state = iterator.state_dict()
+    said = r"saved on version 2 \(manifest [0-9a-f]{16}\.\.\.\), this dataset is version 2"
+    with pytest.raises(ConfigError, match=said):
+        open_shards(second, shuffle=True, seed=1).iterable().load_state_dict(state)
+    open_shards(first, shuffle=True, seed=1).iterable().load_state_dict(state)  # (its own version takes it)
+
+
 def test_a_damaged_or_tampered_output_is_refused(packed_sample, tmp_path: Path) -> None:
     out = _copy(packed_sample, "webdataset", tmp_path)
     key = _records(out)[0][1]

@@ -30,7 +30,7 @@ from ..formats.base import Record
 from .epoch import EpochRecord, ShardSpace
 from .iteration import EpochIteration
 from .options import Location, OpenOptions, ReadOptions, given
-from .order import Progress, check_buffer
+from .order import Progress, check_buffer, version_mark
 from .samples import Sample, sample_of
 from .shards import Shards, check_sizes
 from .stream import lanes_for
@@ -221,7 +221,7 @@ class ShardDataset(EpochIteration):
         )
         progress.selection = self.selection  # a state resumes only the subset it was saved on
         if self.manifest.version > 1:  # a state resumes only the version it was saved on
-            progress.versions = [self.manifest.version]
+            progress.versions = [version_mark(self.manifest.version, self.manifest.checksum)]
         return progress
 
     def space(self, progress: Progress) -> ShardSpace:

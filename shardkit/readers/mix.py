@@ -24,7 +24,7 @@ from ..core.errors import ConfigError
 from .epoch import EpochRecord, ShardSource, ShardSpace
 from .iteration import EpochIteration
 from .options import OpenOptions, ReadOptions
-from .order import Progress, check_buffer, shown
+from .order import Progress, check_buffer, shown, version_mark
 from .stream import lanes_for
 
 if TYPE_CHECKING:
@@ -245,9 +245,8 @@ class MixedDataset(EpochIteration):
         lanes = lanes_for(self.shuffle_buffer, per_shard)
         progress = Progress(self.epoch, self.seed, self.shuffle, self.shuffle_buffer, sizes, len(self), lanes=lanes)
         progress.weights = self.share.tolist()  # a state resumes only a mix of the same weights
-        versions = [source.manifest.version for source in self.sources]
-        if any(version > 1 for version in versions):  # a state resumes only the versions it read
-            progress.versions = versions
+        if any(source.manifest.version > 1 for source in self.sources):  # a state resumes only the versions it read
+            progress.versions = [version_mark(s.manifest.version, s.manifest.checksum) for s in self.sources]
         selections = [source.selection for source in self.sources]
         if any(selection is not None for selection in selections):  # a state resumes only the subsets it read
             progress.selection = hashlib.sha256(repr(selections).encode()).hexdigest()[:16]

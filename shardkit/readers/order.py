@@ -23,6 +23,7 @@ or read, each refusal a ConfigError naming the field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,8 +117,10 @@ class Progress:
     lanes: int = LANES  # of a shuffled stream (lanes_for)
     weights: list[float] | None = None  # a mix's share of each source (None for one output): a fingerprint
     selection: str | None = None  # the subset read (readers/subset's hash; None for whole outputs): a fingerprint
-    # each source's version (manifest.version; None while every source is at its first): a fingerprint
-    versions: list[int] | None = None
+    # each source's version and the start of its manifest's checksum ("2:<16 hex>", "1" for a first
+    # version; None while every source is at its first): a fingerprint. Two changes of one output
+    # may make two different version 2s: the checksum tells them apart.
+    versions: list[str] | None = None
 
     def to_state(self, worker: int | None = None) -> dict[str, Any]:
         """The state; with `worker` (a DataLoader worker's id), only its stream's count of the last
@@ -381,19 +384,29 @@ def _selection(value: Any) -> str | None:
     return value
 
 
-def _versions(value: Any) -> list[int] | None:
-    """Each source's version (None where all are at their first)."""
+def _versions(value: Any) -> list[str] | None:
+    """Each source's version and manifest (None where all are at their first)."""
     if value is None:
         return None
-    if not isinstance(value, list) or not value or not all(type(v) is int and 1 <= v <= INT64 for v in value):
-        raise ConfigError(f"versions must be a list of version numbers, not {shown(value)}")
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, str) and re.fullmatch(r"[1-9]\d{0,9}(:[0-9a-f]{16})?", v) for v in value)
+    ):
+        raise ConfigError(f"versions must be a list of versions of outputs, not {shown(value)}")
     return value
 
 
-def _versioned(versions: list[int] | None) -> str:
+def version_mark(version: int, checksum: str) -> str:
+    """A source's entry of `Progress.versions`."""
+    return str(version) if version == 1 else f"{version}:{checksum[:16]}"
+
+
+def _versioned(versions: list[str] | None) -> str:
     if versions is None:
         return "version 1"
-    return "version " + " + ".join(str(v) for v in versions) if len(versions) > 1 else f"version {versions[0]}"
+    shown_ = [v.replace(":", " (manifest ") + ("...)" if ":" in v else "") for v in versions]
+    return ("versions " if len(versions) > 1 else "version ") + " + ".join(shown_)
 
 
 def _records(sizes: list[int]) -> str:
