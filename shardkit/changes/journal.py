@@ -38,6 +38,7 @@ from ..packing.working_folder import (
     state_dir,
     writing,
 )
+from ..readers.subset import IndexFile, read_index
 
 
 @dataclass
@@ -102,6 +103,14 @@ class Changing:
     output: Path
     manifest: Manifest
     pending: Journal | None
+    _index: IndexFile | None = None
+
+    def index(self) -> IndexFile:
+        """The output's index.parquet, checked against its manifest: read once for a plan and the
+        new version's index alike (hashing and reading it is a pass over every row)."""
+        if self._index is None:
+            self._index = read_index(self.output, self.manifest)
+        return self._index
 
     @property
     def next(self) -> Path:

@@ -23,7 +23,7 @@ from ..core.errors import ConfigError, Failure
 from ..core.manifest import Manifest, ShardInfo
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import versioned_name
-from ..readers.subset import IndexFile, Selection, read_index, select
+from ..readers.subset import IndexFile, Selection, select
 from ..storage.urls import is_remote
 from .journal import Changing, Journal
 from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
@@ -127,7 +127,7 @@ def _plan(
 
     manifest, output = changed.manifest, changed.output
     refuse_foreign_shards(changed, "remove")
-    index = read_index(output, manifest)
+    index = changed.index()
     missing = 0
     selection: Selection
     if keys is not None:

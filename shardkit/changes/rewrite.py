@@ -41,7 +41,7 @@ from ..packing.failed_rows import error_line
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
 from ..packing.working_folder import is_shard_name, versioned_name, writing
-from ..readers.subset import IndexFile, read_index
+from ..readers.subset import IndexFile
 from .journal import Changing, Journal, changing
 
 Progress = Callable[[int, int], None]
@@ -175,7 +175,7 @@ def write_next(changed: Changing, journal: Journal, change: Change, progress: Pr
         shards.append(info)
         if idx is not None:
             idx_companions.append(idx)
-    index = read_index(output, manifest)
+    index = changed.index()
     with writing(output, INDEX_NAME):
         index_info = _write_index(index, plan, folder / INDEX_NAME)
     output_companions = []
