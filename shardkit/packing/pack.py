@@ -50,6 +50,17 @@ __all__ = ["HashProgress", "PackResult", "ProgressCallback", "Tally", "pack", "r
 HashProgress = Callable[[int, int], None]  # files hashed, of how many (pack --dedup's first pass)
 
 
+@dataclass(frozen=True)
+class Extension:
+    """A pack that continues an output (`shardkit pack --append`, changes/append.py): its shards
+    numbered from `first_shard`, and its walk as `walk` gives it (read whole: the inputs the output
+    holds already left out, keys and labels as the output has them). The same walk every run, so
+    that a resume plans the same shards."""
+
+    first_shard: int
+    walk: Callable[[SourceWalk], SourceWalk]
+
+
 def pack(
     config: PackConfig,
     *,
@@ -74,16 +85,17 @@ def pack(
         done = _found_finished(config, output, finished, dedup_progress, started)
         if done is not None:
             return done
-    result = _pack_into(output.local_config(config), output, progress, dedup_progress, tally)
+    result = pack_into(output.local_config(config), output, progress, dedup_progress, tally)
     return replace(output.report(result), seconds=time.perf_counter() - started)
 
 
-def _pack_into(
+def pack_into(
     config: PackConfig,
     output: Output,
     progress: ProgressCallback | None,
     dedup_progress: HashProgress | None,
     tally: Tally | None,
+    extension: Extension | None = None,
 ) -> PackResult:
     """The one pack path, into the output's local folder `config.output` (the output folder, or a
     bucket's staging folder): claimed, prepared, resumed or cleared, the shards written, then the
@@ -96,9 +108,10 @@ def _pack_into(
         claimed = claim(config.output, resume=config.resume, overwrite=config.overwrite)
         folder = claimed.output
         try:
-            prepared = prepare(config, dedup_progress, output=folder)
+            prepared = prepare(config, dedup_progress, output=folder, extension=extension)
             config, found, settings = prepared.config, prepared.found, prepared.settings
-            finished = resumable(folder, settings, lambda: _dry_plan(config, found)) if config.resume else None
+            first = 0 if extension is None else extension.first_shard
+            finished = resumable(folder, settings, lambda: _dry_plan(config, found, first)) if config.resume else None
             if config.overwrite:
                 clear(claimed)
             if finished is None:
@@ -120,7 +133,7 @@ def _pack_into(
             remove_temp_shards(folder)  # half shards of workers killed in an earlier run
             remove_old_temp_files(folder)
             output.begin()
-            specs = _plan(config, found.items)
+            specs = _plan(config, found.items, first)
             result = _write_all(config, found, specs, settings, output, progress, prepared.fallbacks, tally)
             output.publish(result.manifest)
         except BaseException:
@@ -147,16 +160,21 @@ def _walk(config: PackConfig) -> SourceWalk:
     return pack_source(config).walk()
 
 
-def prepare(config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None) -> Prepared:
+def prepare(
+    config: PackConfig, dedup_progress: HashProgress | None, output: Path | None = None,
+    extension: Extension | None = None,
+) -> Prepared:  # fmt: skip
     """The one preparation of a local and a remote pack: the flags the source cannot take refused
-    before any work, the source walked (a list naming files in the local `output` is refused),
-    --resize auto resolved, and with --dedup every file hashed (kept in the output's state folder
-    for a resume) and the copies left out."""
+    before any work, the source walked (a list naming files in the local `output` is refused; an
+    append's walk as its `extension` gives it), --resize auto resolved, and with --dedup every file
+    hashed (kept in the output's state folder for a resume) and the copies left out."""
     source = pack_source(config)
     source.refuse(config)
     found = source.walk()
     if found.listed is not None and output is not None:
         refuse_sources_inside([item.path for item in found.listed.items], config.output)
+    if extension is not None:
+        found = extension.walk(found)
     config = resolve_resize(config)
     fallbacks: dict[str, Fallbacks] = {}
     if config.dedup != "none":
@@ -199,7 +217,7 @@ def _found_finished(
     return already_complete(manifest, resolved, time.perf_counter() - started, labels)
 
 
-def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
+def _plan(config: PackConfig, items: Iterable[Item], first: int = 0) -> Iterator[ShardSpec]:
     """The shards to write. --shard-bytes weighs each item by its estimated output, calibrated on
     a sample spread over the whole walk: the walk is read whole first, as for --shuffle."""
     weigh, per_shard = None, 0
@@ -216,6 +234,7 @@ def _plan(config: PackConfig, items: Iterable[Item]) -> Iterator[ShardSpec]:
         seed=config.seed,
         weigh=weigh,
         per_shard=per_shard,
+        first=first,
     )
 
 
@@ -243,11 +262,11 @@ def _deduplicated(
     return replace(found, items=kept, skipped=skipped, listed=listed, runs=None), moved
 
 
-def _dry_plan(config: PackConfig, found: SourceWalk) -> Iterator[ShardSpec]:
+def _dry_plan(config: PackConfig, found: SourceWalk, first: int = 0) -> Iterator[ShardSpec]:
     """The plan again, from a walk of its own (the writing keeps `found`'s): a finished pack is
     compared with it before anything is done."""
     items = found.listed.items if found.listed is not None else _walk(config).items
-    return _plan(config, items)
+    return _plan(config, items, first)
 
 
 def _write_all(
@@ -283,7 +302,7 @@ def _write_all(
     _run_all(config, upcoming, output, planned, results, progress, tally, failed, reading.admission())
     mark("results")
     remove_stale_shards(output.folder, {result.shard.name for result in results.values()})
-    ordered = [results[index] for index in range(planned.shards)]
+    ordered = [results[number] for number in sorted(results)]  # (plan order: an append's numbers start later)
     inputs = planned.images + len(found.skipped)
     copies_used = {key: packed for result in ordered for key, packed in result.copies_used.items()}
     if copies_used:

@@ -33,18 +33,20 @@ def plan_shards(
     seed: int = 0,
     weigh: Callable[[Item], int] | None = None,
     per_shard: int = 0,
+    first: int = 0,
 ) -> Iterator[ShardSpec]:
     """Split items (in walk order) into shards of at most `shard_size` records and/or
     `shard_bytes` bytes (the nearest cut): `weigh` says what an item adds to its shard (a pack's estimate of its
     output, packing/estimate.py; by default its source file's bytes) and `per_shard` what a shard
     takes whatever it holds. Each shard is yielded as soon as it is full: a walk still going feeds
     it. With `shuffle`, the order is a seeded permutation of the whole list, so the walk is finished
-    first and the list kept compactly (~the bytes of its names) until the last shard is cut."""
+    first and the list kept compactly (~the bytes of its names) until the last shard is cut. Shards
+    are numbered from `first` (an append's shards follow the output's)."""
     order = _shuffled(items, seed) if shuffle else items
     size_of = weigh or (lambda item: _size(item.path))
     current: list[Item] = []
     current_bytes = per_shard
-    index = 0
+    index = first
     for item in order:
         size = size_of(item) if shard_bytes is not None else 0
         full_by_count = shard_size is not None and len(current) >= shard_size
