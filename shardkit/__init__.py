@@ -21,6 +21,8 @@ _EXPORTS = {
     "recommend": "packing.probe",
     "verify": "checks.verify",
     "remove": "changes.remove",
+    "append": "changes.append",
+    "AppendResult": "changes.append",
     "compact": "changes.compact",
     "CompactResult": "changes.compact",
     "RemoveResult": "changes.remove",
@@ -44,6 +46,7 @@ _EXPORTS = {
     "MissingDependencyError": "core.errors",
 }
 __all__ = [
+    "AppendResult",
     "CompactResult",
     "ConfigError",
     "EncodeConfig",
@@ -65,6 +68,7 @@ __all__ = [
     "StoreUnreachable",
     "VerifyReport",
     "__version__",
+    "append",
     "available_formats",
     "compact",
     "load_preset",

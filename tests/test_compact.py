@@ -146,7 +146,7 @@ def test_the_other_changes_resume_is_pointed_at_and_a_target_with_resume_refused
     out = _copy(packed_sample, "lmdb", tmp_path)
     _interrupted_compact(out, 21)
     wrong = shardkit("remove", out, "--resume")
-    assert wrong.returncode == 1 and f"finish it with `shardkit compact {out} --resume`" in wrong.stderr
+    assert wrong.returncode == 1 and f"`shardkit compact {out} --resume` finishes it" in " ".join(wrong.stderr.split())
     with pytest.raises(ConfigError, match="give no target"):
         compact(out, resume=True, shard_size=50)
     finished = compact(out, resume=True)

@@ -241,10 +241,10 @@ def test_a_pack_is_refused_while_a_remove_is_unfinished(shardkit, packed_sample,
                "deletes": [], "result": ""}  # fmt: skip
     (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
     packed = shardkit("pack", sample_dataset, out, "--resize", "64", "--shard-size", "7", "--resume")
-    assert packed.returncode == 1 and "an interrupted remove is here" in packed.stderr
+    assert packed.returncode == 1 and "an interrupted 'remove' is here" in packed.stderr
     (tmp_path / "keys.txt").write_text("k\n")
     other = shardkit("remove", out, "--keys", tmp_path / "keys.txt", "--reason", "x")
-    assert other.returncode == 1 and "an interrupted remove to version 2" in " ".join(other.stderr.split())
+    assert other.returncode == 1 and "an interrupted 'remove' to version 2" in " ".join(other.stderr.split())
 
 
 @pytest.mark.slow  # kills a change at each of its steps

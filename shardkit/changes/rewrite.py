@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,12 @@ from ..formats import get_format
 from ..packing.failed_rows import error_line
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
-from ..packing.working_folder import is_shard_name, versioned_name, writing
+from ..packing.working_folder import finishing, is_shard_name, versioned_name, writing
 from ..readers.subset import IndexFile
 from .journal import Changing, Journal, changing
 
 Progress = Callable[[int, int], None]
-ACTIONS = ("remove", "compact")  # the changes a journal may name
+ACTIONS = ("remove", "compact", "append")  # the changes a journal may name
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,8 @@ def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: 
     with changing(output) as changed:
         pending = changed.pending
         if pending is not None and not (resume or pending.request == change.request):
-            raise OutputError(
-                f"{output}: an interrupted {pending.action} to version {pending.version} is here; finish it with "
-                f"`shardkit {pending.action} {output} --resume` (or run the same {pending.action} again)"
-            )
+            said = f"{output}: an interrupted {pending.action[:40]!r} to version {pending.version} is here"
+            raise OutputError(f"{said}; {finishing(output, pending.action, pending.plan.get('source'))}")
         if pending is None and resume:  # (what a kill in the commit's last step left is tidied away)
             return Done(None, changed.manifest, False, time.perf_counter() - started)
         if pending is None:
@@ -185,7 +183,8 @@ def write_next(changed: Changing, journal: Journal, change: Change, progress: Pr
                 (folder / name).write_bytes(data)
             output_companions.append(info_of(name, sum(s.count for s in shards), data))
     with writing(output, ERRORS_NAME):
-        errors = _write_errors(output, manifest, change.failures(changed, index, plan), folder / ERRORS_NAME)
+        failures = change.failures(changed, index, plan)
+        errors = write_errors(output, manifest, map(error_line, failures), folder / ERRORS_NAME)
     plan["bytes_written"] = sum(info.bytes for info, _ in written.values())
     plan["output_bytes"] = sum(s.bytes for s in shards)
     entry = {"version": journal.version, "change": journal.action, **change.history(plan)}
@@ -285,24 +284,27 @@ def _write_index(index: IndexFile, plan: dict[str, Any], path: Path) -> ShardInf
     return ShardInfo(INDEX_NAME, rows, path.stat().st_size, sha256_file(path))
 
 
-def _write_errors(output: Path, manifest: Manifest, failures: list[Failure], path: Path) -> int:
-    """errors.jsonl as it was, byte for byte, then `failures`' rows; the number of rows."""
+def write_errors(output: Path, manifest: Manifest, rows: Iterable[str], path: Path) -> int:
+    """errors.jsonl as it was, byte for byte, then `rows` (each a line of errors.jsonl); the number
+    of rows."""
     earlier = manifest.totals.get("errors", 0)
     if sum(1 for _ in iter_errors(output, earlier)) != earlier:  # (verify says the same of such an output)
         raise OutputError(f"{output / ERRORS_NAME}: does not hold the {earlier:,} rows its manifest counts")
 
     def lines() -> Iterator[str]:
         last = "\n"
-        with contextlib.suppress(FileNotFoundError), open(output / ERRORS_NAME, encoding="utf-8", newline="") as rows:
-            for last in rows:  # (newline="": each row as it is, its line ending included)
+        with contextlib.suppress(FileNotFoundError), open(output / ERRORS_NAME, encoding="utf-8", newline="") as old:
+            for last in old:  # (newline="": each row as it is, its line ending included)
                 yield last
         if not last.endswith("\n"):  # a last row without its newline (verify takes it): the next starts a line
             yield "\n"
-        for failure in failures:
-            yield error_line(failure)
+        for row in rows:
+            added[0] += 1
+            yield row if row.endswith("\n") else row + "\n"
 
+    added = [0]
     write_lines_atomic(path, lines(), temp_dir=path.parent)
-    return earlier + len(failures)
+    return earlier + added[0]
 
 
 # --- an interrupted change taken up again --------------------------------------------------------
@@ -320,8 +322,7 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
         away = f"move {output}/.shardkit away to abandon that {journal.action[:40]}"
     unfollowed = f"{output}: the interrupted {change.action}'s journal does not follow from its plan; {away}"
     if journal.action != change.action:  # (shardkit's actions; a stranger's word is shown, never run)
-        ours = journal.action in ACTIONS
-        finish = f"finish it with `shardkit {journal.action} {output} --resume`" if ours else away
+        finish = finishing(output, journal.action, journal.plan.get("source")) if journal.action in ACTIONS else away
         raise OutputError(f"{output}: an interrupted {journal.action[:40]!r} is here, not a {change.action}; {finish}")
     _check_shape(journal, f"{output}: ", away)
     sealed = manifest.checksum == manifest.computed_checksum()

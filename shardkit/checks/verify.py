@@ -31,6 +31,7 @@ from ..core.errors import ConfigError, ManifestError, ShardkitError
 from ..core.manifest import INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
 from ..formats import get_format
 from ..packing.sources import SourceWalk, walk
+from ..packing.working_folder import finishing
 from ..runtime.pools import default_workers, map_local_surviving_crashes
 from ..storage.http import TooLong
 from ..storage.location import locate
@@ -132,7 +133,7 @@ def _interrupted_change(root: Path) -> list[Problem]:
     if journal is None or not journal.committing:  # (before its commit the output is the version it was)
         return []
     said = f"a {journal.action} to version {journal.version} was interrupted while it committed"
-    return [Problem("interrupted", f"{said}; `shardkit {journal.action} {root} --resume` finishes it")]
+    return [Problem("interrupted", f"{said}; {finishing(root, journal.action, journal.plan.get('source'))}")]
 
 
 def _verify(
@@ -196,7 +197,13 @@ def _verify(
         check_index(root, manifest, by_shard, report)  # (an edited manifest's claims are reported already)
     _check_keys(log, manifest, joined(key_hashes), shallow_pass, report)
     if found is not None:
-        check_source(log, found, joined(source_hashes), shallow_pass, report, walked_as(manifest))
+        appended = [entry.get("version") for entry in manifest.history if entry.get("change") == "append"]
+        check_source(log, found, joined(source_hashes), shallow_pass, report, walked_as(manifest), bool(appended))
+        if appended:
+            report.notes.append(
+                f"the output holds appends (version {', '.join(map(str, appended))}): --source checked that every "
+                "input of the source is packed or listed, not how many times (other sources' paths may be its own)"
+            )
     return report
 
 

@@ -45,10 +45,13 @@ def check_source(
     shallow_pass: Callable[[], Iterator[ShardCheck]],
     report: VerifyReport,
     how: dict[str, Any],
+    appended: bool = False,
 ) -> None:
     """Every source input packed or in errors.jsonl, once for each time the source names it (a URL
     table's repeated URL: packed once, each later row listed); compared by hashes of the paths (a
-    walk of the source streamed beside them), the names looked up again only for those at fault."""
+    walk of the source streamed beside them), the names looked up again only for those at fault.
+    An output with appends (`appended`) holds other sources' inputs, whose paths may be the
+    source's own: only what is lost is said, not what is counted otherwise."""
     if found.runs is not None:
         walked = [hashes([display(rel) for rel in run.relpaths]) for run in found.runs]
     else:
@@ -73,7 +76,7 @@ def check_source(
         names.update(skip.path for skip in again.skipped if hash(skip.path) in lost)
         for path in sorted(names):
             report.problems.append(Problem("lost", f"source file {path} is neither packed nor in {ERRORS_NAME}"))
-    wrong = tally.miscounted()
+    wrong = {} if appended else tally.miscounted()
     if wrong:
         named = {path for check in shallow_pass() for path in check.sources if hash(path) in wrong}
         named.update(row["path"] for row in error_rows(log, None) if hash(row["path"]) in wrong)

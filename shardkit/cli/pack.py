@@ -21,6 +21,7 @@ from ..formats import available_formats
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from ..changes.append import AppendResult
     from ..packing.pack import PackResult
 
 from .common import (
@@ -72,6 +73,16 @@ def pack(
         Optional[Path], typer.Option(help="TOML preset file, or a named preset (imagenet-256); flags override it.")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Finish an interrupted pack, reusing complete shards.")] = False,
+    append: Annotated[
+        bool,
+        typer.Option(
+            help="Add SOURCE's new inputs to the packed OUTPUT as new shards, with its settings; "
+            "what it holds already is skipped."
+        ),
+    ] = False,
+    key_prefix: Annotated[
+        Optional[str], typer.Option(help="With --append: a prefix for the new keys (e.g. 2026-11/).")
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
     metadata: Annotated[
         Optional[str],
@@ -124,6 +135,19 @@ def pack(
         if given.get("dedup_threshold") is not None and pack_config.dedup != "near":
             raise ConfigError("--dedup-threshold is for --dedup near")
         check_json_path(json_path, output)
+        if key_prefix is not None and not append:
+            raise ConfigError("--key-prefix is for --append")
+        if append:
+            if config is not None:
+                raise ConfigError("--append packs with the output's own settings: leave --config out")
+            appended = _run_append(
+                source_path(source), output, key_prefix or "", table=table, sidecars=sidecars,
+                storage_options=storage_options(storage_option), **given,
+            )  # fmt: skip
+            render_append(appended)
+            if json_path is not None:
+                write_json_report(json_path, appended.to_json())
+            return
         result = _run(pack_config)
         render(result)
         if json_path is not None:
@@ -188,6 +212,49 @@ def _run(config: PackConfig) -> PackResult:
             bar.update(hashing[0], completed=done, rate=f"{rate:,.0f} files/s")
 
         return run_pack(config, progress=advance, dedup_progress=hashed, tally=tally)
+
+
+def _run_append(source: str, output: str, key_prefix: str, **options: Any) -> AppendResult:
+    from ..changes.append import append
+
+    with progress_bar(unit="images") as bar:
+        task = bar.add_task("appending", total=None, rate="")
+        started = time.perf_counter()
+
+        def advance(done: int, total: int | None, errors: int) -> None:
+            rate = f"{done / max(time.perf_counter() - started, 1e-9):,.0f} img/s, {errors:,} errors"
+            bar.update(task, completed=done, total=total, rate=rate)
+
+        return append(source, output, key_prefix=key_prefix, progress=advance, **options)
+
+
+def render_append(result: AppendResult) -> None:
+    from ..packing.sources.labelling import class_names
+
+    if result.inputs == 0:
+        gone = f", {result.taken_down:,} removed from it earlier" if result.taken_down else ""
+        console.print(
+            f"{escape(result.output)}: nothing new in {escape(result.source)} ({result.already:,} "
+            f"input{'s' if result.already != 1 else ''} in the output already{gone}); still version {result.version}",
+            soft_wrap=True, highlight=False,
+        )  # fmt: skip
+        return
+    table = Table(title=f"appended to {escape(result.output)}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("version", f"{result.version}" + (" (an interrupted append finished)" if result.resumed else ""))
+    table.add_row("images packed", f"{result.records:,} of {result.inputs:,} new inputs")
+    table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
+    table.add_row("already in the output", f"{result.already:,} (skipped)")
+    if result.taken_down:
+        table.add_row("removed earlier", f"{result.taken_down:,} (left out: `shardkit remove` took them out)")
+    reused = f" ({result.reused_shards} reused from the earlier run)" if result.reused_shards else ""
+    table.add_row("shards added", f"{result.shards:,}{reused}")
+    if result.classes_added:
+        table.add_row("classes added", escape(class_names(result.classes_added)))
+    table.add_row("bytes written", f"{human_bytes(result.bytes_written)} of {human_bytes(result.output_bytes)}")
+    table.add_row("time", f"{result.seconds:.2f}s")
+    console.print(table)
 
 
 def render(result: PackResult) -> None:

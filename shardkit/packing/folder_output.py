@@ -35,7 +35,9 @@ from .working_folder import (
     CHANGE_NAME,
     CLEARING_NAME,
     LOCK_NAME,
+    change_action,
     done_path,
+    finishing,
     is_idx_name,
     is_shard_name,
     old_temp_file,
@@ -144,14 +146,15 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
     claimed = Claim(path, lock_fd, created=created, created_state=not state_existed)
     try:
         if (state / CHANGE_NAME).exists():  # (its commit may be half done: nothing else may touch the output)
-            raise OutputError(
-                f"{path}: an interrupted remove is here; finish it with `shardkit remove {path} --resume`"
-            )
+            action, source = change_action(path)
+            raise OutputError(f"{path}: an interrupted {action!r} is here; {finishing(path, action, source)}")
         names = {entry.name for entry in os.scandir(path)}
         if not state_existed:
             names.discard(STATE_DIR)
         if names and not (resume or overwrite):
-            raise OutputError(f"{path}: not empty; use --resume to finish an interrupted pack or --overwrite")
+            raise OutputError(
+                f"{path}: not empty; use --resume to finish an interrupted pack, --append to add to it, or --overwrite"
+            )
         claimed.ours = ledger(path)
         foreign = sorted(names - claimed.ours - {STATE_DIR})
         if foreign:

@@ -30,6 +30,33 @@ _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
 OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
 
 
+def finishing(output: str | os.PathLike[str], action: str, source: object = None) -> str:
+    """The command that finishes an interrupted change of `output` (its journal's `action`; an
+    append's `source`), as a refusal says it: a stranger's word is shown, never offered as one."""
+    if action == "append":
+        shown = source[:200] if isinstance(source, str) else "SOURCE"
+        return f"`shardkit pack {shown} {output} --append` (the same append again) finishes it"
+    if action in ("remove", "compact"):
+        return f"`shardkit {action} {output} --resume` finishes it"
+    return f"move {Path(output) / STATE_DIR} away to abandon it"
+
+
+def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
+    """The action and source a change's journal in `output` names, read without checking it (for
+    a refusal's words; changes/journal.py checks a journal before acting on it)."""
+    import json
+
+    try:
+        with open(Path(output) / STATE_DIR / CHANGE_NAME, "rb") as journal:
+            data = json.loads(journal.read(1 << 20))
+    except (OSError, ValueError):
+        return "change", None
+    if not isinstance(data, dict) or not isinstance(data.get("action"), str):
+        return "change", None
+    plan = data.get("plan")
+    return data["action"][:40], plan.get("source") if isinstance(plan, dict) else None
+
+
 def shard_name(number: int, suffix: str) -> str:
     return f"{SHARD_PREFIX}{number:06d}{suffix}"
 

@@ -1,0 +1,607 @@
+"""`shardkit pack SRC OUT --append`: a source's inputs packed into new shards after an output's
+own, every shard there staying byte for byte.
+
+The append packs with the output's settings (the manifest's: resize, encode, format, sharding,
+labels, the table's columns); a flag that would change one is refused before any work, naming it.
+The new source is walked whole first. An input the output holds already (the same key, and the
+same bytes, or for a URL or an object the same address) is left out and counted, so that running
+an append of a folder that grew packs only what is new; an input whose key the output holds for
+other bytes is refused (`key_prefix` gives the new keys a prefix of their own). Class names are
+merged: the output's keep their numbers, new ones follow.
+
+The pack itself is pack's, into the working folder's `next/pack/`, its shards numbered after the
+output's last: an interrupted append resumes its pack there shard by shard. Then `next/` gets the
+new shards (hard links), index.parquet (the old rows, then the new), errors.jsonl (the old rows
+byte for byte, then the append's; the manifest's history says which rows are whose) and the
+manifest of the next version, and the journal's commit moves them in (changes/journal.py): a kill
+at any point leaves the earlier version or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.config import ClipConfig, EncodeConfig, PackConfig, ResizeConfig, TableConfig
+from ..core.errors import ConfigError, OutputError, describe
+from ..core.manifest import (
+    ERRORS_NAME,
+    IDX_SUFFIX,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    idx_name,
+    info_of,
+    iter_errors,
+    sha256_file,
+    write_json_atomic,
+)
+from ..core.pack_options import PACK_OPTION_TABLE, pack_config
+from ..formats import get_format
+from ..packing.folder_output import refuse_overlap, refuse_sources_inside
+from ..packing.index import schema
+from ..packing.output import open_output
+from ..packing.pack import Extension, HashProgress, pack_into
+from ..packing.resume import CREATED_BY, settings_of
+from ..packing.running import ProgressCallback, Tally
+from ..packing.shard_writing import PICTURE_COUNTS
+from ..packing.sources import Item, SourceList, SourceWalk, pack_source
+from ..packing.sources.item import display
+from ..packing.working_folder import finishing, is_shard_name, writing
+from ..storage.urls import is_remote
+from .journal import Changing, Journal, changing
+from .remove import REMOVED
+from .rewrite import refuse_foreign_shards, write_errors
+
+STAGED = "pack"  # the append's own pack, in the working folder's next/
+SHOWN = 3  # colliding keys a refusal names
+# the settings a codec's version decides, not a flag: an append with another codec is allowed (its
+# shards' bytes are its own) and the history entry names it
+CODECS = ("jpeg_backend", "video_backend")
+_PREFIX = re.compile(r"[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*/?")
+# which part of a PackConfig each option's owner is (the flags an append compares with the output's)
+_PARTS = {"ResizeConfig": "resize", "EncodeConfig": "encode", "WebConfig": "web", "ClipConfig": "clips"}
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What an append did: the version it made (the one there was, where nothing was new), the
+    new inputs and what became of them, the inputs the output held already, and the shards added."""
+
+    output: str
+    source: str
+    version: int
+    inputs: int  # new inputs: records + errors
+    records: int
+    errors: int
+    already: int  # inputs the output held already, left out
+    taken_down: int  # inputs under keys `shardkit remove` took out, left out (a takedown stays one)
+    shards: int  # shards added
+    reused_shards: int  # of which an interrupted append had written
+    classes_added: list[str]
+    bytes_written: int
+    output_bytes: int
+    seconds: float
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output": self.output, "source": self.source, "version": self.version, "inputs": self.inputs,
+            "records": self.records, "errors": self.errors, "already": self.already,
+            "taken_down": self.taken_down, "shards": self.shards,
+            "reused_shards": self.reused_shards, "classes_added": list(self.classes_added),
+            "bytes_written": self.bytes_written, "output_bytes": self.output_bytes, "seconds": self.seconds,
+            "resumed": self.resumed,
+        }  # fmt: skip
+
+
+def append(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    key_prefix: str = "",
+    table: TableConfig | None = None,
+    sidecars: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: ProgressCallback | None = None,
+    dedup_progress: HashProgress | None = None,
+    tally: Tally | None = None,
+    **options: Any,
+) -> AppendResult:
+    """Pack `source`'s new inputs into new shards after those of the local output `output`, with
+    the output's settings (`shardkit pack SOURCE OUTPUT --append`). `options` are pack's flat
+    options (as `pack_config` takes them: `workers=4`, `executor="ray"`); one that decides the
+    output's bytes (`resize=128`) must be what the output was packed with, or the append is refused
+    naming it. `key_prefix` starts each new key (where the source's keys are the output's already,
+    for other images). The same append run again finishes an interrupted one; one whose inputs
+    are all in the output already changes nothing."""
+    config = pack_config(
+        os.fspath(source), os.fspath(output), storage_options=storage_options, table=table, sidecars=sidecars, **options
+    )
+    return _append(config, options, key_prefix, progress, dedup_progress, tally)
+
+
+def _append(
+    config: PackConfig,
+    given: Mapping[str, Any],
+    key_prefix: str,
+    progress: ProgressCallback | None,
+    dedup_progress: HashProgress | None,
+    tally: Tally | None,
+) -> AppendResult:
+    import time
+
+    started = time.perf_counter()
+    output = config.output
+    if config.resume:  # (an interrupted append is finished by the same append: --resume is that too)
+        config = replace(config, resume=False)
+    if is_remote(output):
+        raise ConfigError(f"{output}: --append works on a local output folder (a bucket's is not supported yet)")
+    if config.overwrite:
+        raise ConfigError("--append adds to the output: --overwrite would replace it (give one of them)")
+    prefix = _checked_prefix(key_prefix)
+    if not is_remote(config.source):
+        refuse_overlap(config.source, output)
+    with changing(output) as changed:
+        manifest, pending = changed.manifest, changed.pending
+        if pending is not None and pending.action != "append":
+            said = finishing(output, pending.action, pending.plan.get("source"))
+            raise OutputError(f"{output}: an interrupted {pending.action[:40]!r} is here; {said} first")
+        _refuse_output(changed)
+        packing = _config(changed, config, given)
+        request = _request(packing, prefix)
+        if pending is not None and pending.request != request:
+            said = finishing(output, pending.action, pending.plan.get("source"))
+            raise OutputError(f"{output}: an interrupted append of another source is here; {said} first")
+        first = _first_shard(manifest)
+        if pending is not None and pending.committing:
+            result = changed.next_manifest() or manifest
+            _check_committing(changed, pending, result)
+            changed.commit(pending)
+            return _result(output, pending, result, time.perf_counter() - started, 0, resumed=True)
+        if pending is not None:
+            _check_pending(changed, pending, first)
+        walked = _walk(packing, changed, prefix)
+        if pending is None:
+            if walked.new == 0:  # everything the source holds is in the output: no new version
+                return AppendResult(
+                    output, _source(packing), manifest.version, 0, 0, 0, walked.already, walked.taken_down, 0, 0, [], 0,
+                    sum(s.bytes for s in manifest.shards), time.perf_counter() - started,
+                )  # fmt: skip
+            plan = {"source": _source(packing), "key_prefix": prefix, "first_shard": first}
+            journal = Journal("append", request, manifest.checksum, manifest.version + 1, plan)
+            changed.begin(journal)
+        else:
+            journal = pending
+        packed = pack_into(
+            packing, open_output(packing), progress, dedup_progress, tally,
+            extension=Extension(first, lambda found: walked.walk),
+        )  # fmt: skip
+        result = _write_next(changed, journal, packed.manifest, walked)
+        changed.ready(journal, result)
+        changed.commit(journal)
+    seconds = time.perf_counter() - started
+    return _result(output, journal, result, seconds, packed.reused_shards, resumed=pending is not None)
+
+
+# --- what the append packs -----------------------------------------------------------------------
+
+
+def _checked_prefix(prefix: str) -> str:
+    """A key prefix: letters, digits, '_', '-' and '/' between them (a '.' would end a WebDataset
+    key; '..' or a leading '/' would read as a path)."""
+    if prefix and not _PREFIX.fullmatch(prefix):
+        raise ConfigError(
+            f"--key-prefix {prefix!r}: letters, digits, '_', '-' and '/' between them only (e.g. 2026-11/)"
+        )
+    return prefix
+
+
+def _refuse_output(changed: Changing) -> None:
+    """An output an append can continue: pack's shards under pack's names, images (not clips)."""
+    refuse_foreign_shards(changed, "an append")
+    settings = changed.manifest.settings
+    if isinstance(settings.get("clips"), dict):
+        raise OutputError(
+            f"{changed.output}: holds clips of videos: --append takes images (videos are not supported yet)"
+        )
+    if not isinstance(settings.get("resize"), dict) or not isinstance(settings.get("encode"), dict):
+        raise OutputError(
+            f"{changed.output}/{MANIFEST_NAME}: says nothing of its settings; an append cannot follow them"
+        )
+
+
+def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> PackConfig:
+    """The pack of the append: the output's settings, the caller's source, workers and storage,
+    into the working folder's `next/pack`. A flag the caller set to other than the output's value
+    is refused, naming it."""
+    settings = changed.manifest.settings
+    try:
+        table = {**settings.get("table", {})}
+        if table.get("columns") is not None:
+            table["columns"] = tuple(table["columns"])
+        dedup = settings.get("dedup") or {}
+        web = settings.get("web") or {}
+        encode = {**settings["encode"], "background": tuple(settings["encode"]["background"])}
+        packing = replace(
+            asked, output=str(changed.next / STAGED), resume=True, overwrite=False, format=settings["format"],
+            resize=ResizeConfig(**settings["resize"]), encode=EncodeConfig(**encode),
+            shard_size=settings["shard_size"], shard_bytes=settings["shard_bytes"], shuffle=settings["shuffle"],
+            seed=settings["seed"], labels=settings["labels"],
+            table=TableConfig(**{**table, "path": asked.table.path}), sidecars=bool(settings.get("sidecars")),
+            dedup=dedup.get("mode", "none"), dedup_threshold=dedup.get("threshold", asked.dedup_threshold),
+            web=replace(asked.web, **web), clips=ClipConfig(),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        said = f"{changed.output / MANIFEST_NAME}: its settings are not pack's ({describe(error)})"
+        raise OutputError(f"{said}; an append cannot follow them") from None
+    for option in PACK_OPTION_TABLE:
+        if given.get(option.name) is None:
+            continue
+        part = _PARTS.get(option.owner.__name__)
+        mine = getattr(asked, option.field) if part is None else getattr(getattr(asked, part), option.field)
+        theirs = getattr(packing, option.field) if part is None else getattr(getattr(packing, part), option.field)
+        if mine != theirs:
+            flag = "--" + option.name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {_shown(mine)}: the output was packed with {option.name.replace('_', ' ')} {_shown(theirs)}; "
+                "an append keeps the output's settings (leave the flag out)"
+            )
+    if asked.sidecars and not packing.sidecars:
+        raise ConfigError("--sidecars: the output was packed without it; an append keeps the output's settings")
+    columns = {name: value for name, value in asdict(asked.table).items() if name != "path"}
+    defaults = {name: value for name, value in asdict(TableConfig()).items() if name != "path"}
+    kept = {name: value for name, value in asdict(packing.table).items() if name != "path"}
+    if columns != defaults and columns != kept:
+        raise ConfigError(
+            "the table's columns differ from those the output was packed with; an append keeps the output's "
+            "(leave --path-column, --caption-column, --label-column and --columns out)"
+        )
+    mine = json.loads(json.dumps(settings_of(packing, urls="web" in settings)))  # (tuples as JSON has them)
+    ours = {key: value for key, value in settings.items() if key not in ("plan", "source")}
+    differ = sorted(key for key in set(mine) | set(ours) if key not in CODECS and mine.get(key) != ours.get(key))
+    if differ:
+        raise OutputError(f"{changed.output}: an append cannot follow its setting {differ[0]!r}")
+    return packing
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def _source(packing: PackConfig) -> str:
+    """The source as the journal and the history keep it: a local one as an absolute path (the same
+    append from another folder is the same append)."""
+    return packing.source if is_remote(packing.source) else os.path.abspath(packing.source)
+
+
+def _request(packing: PackConfig, prefix: str) -> str:
+    """What tells one append from another: its source, prefix and table."""
+    table = packing.table.path
+    asked = {"source": _source(packing), "key_prefix": prefix, "table": table and os.path.abspath(table)}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+
+
+def _first_shard(manifest: Manifest) -> int:
+    """The number after the output's last shard's (a rewritten shard keeps its number: -vK)."""
+    numbers = [int(shard.name.split("-")[1].split(".")[0]) for shard in manifest.shards if is_shard_name(shard.name)]
+    return max(numbers, default=-1) + 1
+
+
+@dataclass(frozen=True)
+class Walked:
+    """The append's walk, read whole: the inputs to pack (`walk`), how many are new (items and
+    the walk's own failures), the inputs the output holds already (or lists as failed by an earlier
+    run over the same source), those it took out, and the class names added."""
+
+    walk: SourceWalk
+    new: int
+    already: int
+    taken_down: int  # inputs under a key `shardkit remove` took out: left out
+    classes_added: list[str]
+
+
+def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
+    """The source walked whole, as the output would have it: keys with the prefix, labels by the
+    output's class names (new names after its own), the inputs it holds already left out. An input
+    whose key it holds for other bytes is refused, naming up to three."""
+    source = pack_source(packing)
+    source.refuse(packing)
+    found = source.walk()
+    items = list(found.items)  # (fills found.skipped)
+    if found.listed is not None:
+        refuse_sources_inside([item.path for item in found.listed.items], changed.output)
+    classes, relabel = _classes(changed, found.classes)
+    if prefix or relabel is not None:
+        items = [
+            item._replace(key=prefix + item.key if prefix else item.key,
+                          label=relabel[item.label] if relabel is not None and item.label is not None else item.label)
+            for item in items
+        ]  # fmt: skip
+    removed = _removed_keys(changed)
+    taken_down = [item.key in removed for item in items]
+    items = [item for item, gone in zip(items, taken_down, strict=True) if not gone]
+    failed_keys, failed_paths = _failed_before(changed, _source(packing))
+    failed = [item.key in failed_keys or display(item.relpath) in failed_paths for item in items]
+    present = _present(changed, [item for item, no in zip(items, failed, strict=True) if not no])
+    there = iter(present)
+    kept = [item for item, no in zip(items, failed, strict=True) if not no and not next(there)]
+    already = len(items) - len(kept)
+    skipped = [row for row in found.skipped if row.path not in failed_paths and row.key not in failed_keys]
+    already += len(found.skipped) - len(skipped)
+    listed = SourceList(found.root, found.layout, kept, classes, skipped)
+    walk = replace(found, items=kept, classes=classes, listed=listed, runs=None, skipped=skipped)
+    added = classes[len(changed.manifest.classes) :]
+    return Walked(walk, len(kept) + len(skipped), already, sum(taken_down), added)
+
+
+def _failed_before(changed: Changing, source: str) -> tuple[set[str], set[str]]:
+    """What errors.jsonl lists of an earlier run over `source` (the pack's or an append's), by key
+    where a row has one (a table of URLs') and else by path: an append of a folder that grew leaves
+    those inputs out as it leaves out the ones packed, rather than list them again in every version.
+    A row that failed for a passing cause (`transient`) is tried again."""
+    manifest = changed.manifest
+    runs = [(range(e["error_rows"][0], e["error_rows"][1]), e.get("source"))
+            for e in manifest.history if e.get("change") == "append" and _is_range(e.get("error_rows"))]  # fmt: skip
+    packed_from = (
+        manifest.settings.get("source", {}).get("path") if isinstance(manifest.settings.get("source"), dict) else None
+    )
+    first = isinstance(packed_from, str) and not is_remote(packed_from) and os.path.abspath(packed_from) == source
+    first = first or packed_from == source
+    keys: set[str] = set()
+    paths: set[str] = set()
+    for number, row in enumerate(iter_errors(changed.output, manifest.totals.get("errors", 0))):
+        if row.get("stage") == REMOVED or row.get("transient"):
+            continue
+        run = next((run_source for rows, run_source in runs if number in rows), None)
+        if run != source and not (run is None and first):
+            continue
+        if isinstance(row.get("key"), str):
+            keys.add(row["key"])
+        elif isinstance(row.get("path"), str):
+            paths.add(row["path"])
+    return keys, paths
+
+
+def _is_range(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)
+
+
+def _removed_keys(changed: Changing) -> set[str]:
+    """The keys `shardkit remove` took out of the output (errors.jsonl's rows at stage "removed"):
+    an append of a source that still holds one leaves it out, so that a takedown stays one."""
+    most = changed.manifest.totals.get("errors", 0)
+    if not changed.manifest.totals.get(REMOVED):
+        return set()
+    return {row["key"] for row in iter_errors(changed.output, most)
+            if row.get("stage") == REMOVED and isinstance(row.get("key"), str)}  # fmt: skip
+
+
+def _classes(changed: Changing, names: list[str]) -> tuple[list[str], list[int] | None]:
+    """The output's class names with the walk's new ones after them, and each of the walk's
+    labels' new number (None: the same numbers). Labels from names appended to an output with
+    whole-number labels (or the other way round) would change what a number means: refused."""
+    have = changed.manifest.classes
+    if bool(names) != bool(have) and changed.manifest.records:
+        ours = "class names" if have else "whole numbers (or none)"
+        theirs = "class names" if names else "whole numbers (or none)"
+        raise OutputError(
+            f"{changed.output}: its labels are {ours}, the source's {theirs}; an append keeps what a label means"
+        )
+    if not names:
+        return list(have), None
+    merged = list(have) + [name for name in names if name not in set(have)]
+    number = {name: i for i, name in enumerate(merged)}
+    relabel = [number[name] for name in names]
+    return merged, None if relabel == list(range(len(names))) else relabel
+
+
+def _present(changed: Changing, items: list[Item]) -> list[bool]:
+    """For each item, whether the output holds it already: a record of the same key from the same
+    bytes (a local file's sha256 against the index's), or for a URL or an object the same address.
+    An item whose key the output holds for something else is refused."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not items:
+        return []
+    table = changed.index().read()
+    keys = pa.array([item.key for item in items], pa.string())
+    colliding = pc.is_in(keys, value_set=table.column("key")).to_numpy(zero_copy_only=False)
+    if not colliding.any():
+        return [False] * len(items)
+    at = [i for i in range(len(items)) if colliding[i]]
+    rows = table.select(["key", "source", "source_sha256"]).filter(pc.is_in(table.column("key"), value_set=keys))
+    pairs = zip(rows.column("source").to_pylist(), rows.column("source_sha256").to_pylist(), strict=True)
+    held = dict(zip(rows.column("key").to_pylist(), pairs, strict=True))
+    digests = _digests([items[i] for i in at])
+    present = [False] * len(items)
+    clashes: list[str] = []
+    for i, digest in zip(at, digests, strict=True):
+        item = items[i]
+        source, sha256 = held[item.key]
+        same = (digest is not None and digest == sha256) if digest != "" else source == item.relpath
+        if same:
+            present[i] = True
+        else:
+            clashes.append(item.key)
+    if clashes:
+        named = ", ".join(repr(key) for key in clashes[:SHOWN])
+        more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
+        raise OutputError(
+            f"{changed.output}: holds other images under {len(clashes):,} of the new keys ({named}{more}); "
+            "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
+        )
+    return present
+
+
+def _digests(items: list[Item]) -> list[str | None]:
+    """Each local file's sha256 (None: unreadable, so not the record's), "" for a URL or an
+    object (compared by address). On threads: hashlib and file reads let go of the GIL."""
+
+    def digest(item: Item) -> str | None:
+        if is_remote(item.path):
+            return ""
+        try:
+            return sha256_file(Path(item.path))
+        except OSError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        return list(pool.map(digest, items, chunksize=64))
+
+
+# --- the next version ----------------------------------------------------------------------------
+
+
+def _write_next(changed: Changing, journal: Journal, staged: Manifest, walked: Walked) -> Manifest:
+    """The next version in `next/`: the append's shards and their .idx files (hard links to its
+    pack's), the files for other readers, index.parquet, errors.jsonl and the manifest; the
+    journal's moves, in the order the commit takes them."""
+    manifest, output, folder = changed.manifest, changed.output, changed.next
+    pack = folder / STAGED
+    backend = get_format(manifest.format)
+    new_idx = [c for c in staged.companions if c.name.endswith(IDX_SUFFIX)]
+    moves: list[str] = []
+    for shard in staged.shards:
+        for name in (idx_name(shard.name), shard.name):
+            if name != shard.name and name not in {c.name for c in new_idx}:
+                continue
+            with writing(output, name):
+                (folder / name).unlink(missing_ok=True)
+                os.link(pack / name, folder / name)
+            moves.append(name)
+    shards = [*manifest.shards, *staged.shards]
+    idx = [c for c in manifest.companions if c.name.endswith(IDX_SUFFIX)] + new_idx
+    output_files = []
+    if backend.output_files is not None:
+        for name, data in backend.output_files(shards):
+            with writing(output, name):
+                (folder / name).write_bytes(data)
+            output_files.append(info_of(name, sum(s.count for s in shards), data))
+            moves.append(name)
+    with writing(output, INDEX_NAME):
+        index = _write_index(changed, pack / INDEX_NAME, folder / INDEX_NAME)
+    earlier = manifest.totals.get("errors", 0)
+    added = staged.totals.get("errors", 0)
+    with writing(output, ERRORS_NAME):
+        errors = write_errors(output, manifest, _lines(pack / ERRORS_NAME), folder / ERRORS_NAME)
+    if errors != earlier + added:
+        raise OutputError(f"{pack / ERRORS_NAME}: does not hold the {added:,} rows its manifest counts")
+    plan = journal.plan
+    entry: dict[str, Any] = {
+        "version": journal.version, "change": "append", "source": plan["source"],
+        "layout": staged.settings.get("source", {}).get("layout"), "inputs": staged.totals.get("inputs", 0),
+        "records": staged.records, "errors": added, "error_rows": [earlier, earlier + added],
+        "already": walked.already, "taken_down": walked.taken_down,
+        "shards": [staged.shards[0].name, staged.shards[-1].name] if staged.shards else [],
+    }  # fmt: skip
+    if plan["key_prefix"]:
+        entry["key_prefix"] = plan["key_prefix"]
+    if walked.classes_added:
+        entry["classes_added"] = walked.classes_added
+    for codec in CODECS:
+        if codec in staged.settings and staged.settings[codec] != manifest.settings.get(codec):
+            entry[codec] = staged.settings[codec]
+    entry.update({"after": manifest.checksum, "by": CREATED_BY})
+    new = replace(
+        manifest, shards=shards, classes=staged.classes or manifest.classes,
+        totals=_totals(manifest.totals, staged.totals), index=index, companions=idx + output_files,
+        version=journal.version, history=[*manifest.history, entry],
+    ).sealed()  # fmt: skip
+    journal.moves = [*moves, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]
+    with writing(output, MANIFEST_NAME):
+        write_json_atomic(folder / MANIFEST_NAME, new.to_json())
+    return new
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The append's errors.jsonl, row by row as its pack wrote it."""
+    try:
+        with open(path, encoding="utf-8", newline="") as rows:
+            yield from rows
+    except FileNotFoundError:
+        return
+
+
+def _write_index(changed: Changing, added: Path, path: Path) -> ShardInfo:
+    """index.parquet of the next version: the output's row groups as they are, then the append's
+    (a row group a shard, as pack writes them)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with pq.ParquetWriter(path, schema(), compression="zstd") as writer:
+        for source in (changed.output / INDEX_NAME, added):
+            if source == changed.output / INDEX_NAME and changed.manifest.index is None:
+                continue
+            if source == changed.output / INDEX_NAME:
+                changed.index()  # (checked against the manifest first)
+            parquet = pq.ParquetFile(source)
+            for group in range(parquet.num_row_groups):
+                part = parquet.read_row_group(group).cast(schema())
+                writer.write_table(part)
+                rows += part.num_rows
+    return ShardInfo(INDEX_NAME, rows, path.stat().st_size, sha256_file(path))
+
+
+def _totals(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
+    """The output's totals and the append's, summed; a count of pictures one of them does not know
+    (an output from an earlier shardkit) is left out, as pack leaves it out."""
+    totals = {}
+    for key in [*before, *(key for key in added if key not in before)]:
+        if key in PICTURE_COUNTS and (key not in before or key not in added):
+            continue
+        totals[key] = before.get(key, 0) + added.get(key, 0)
+    return totals
+
+
+# --- an interrupted append -----------------------------------------------------------------------
+
+
+def _check_pending(changed: Changing, journal: Journal, first: int) -> None:
+    """An interrupted append, not committing yet: the output is still the version it began from."""
+    output, manifest = changed.output, changed.manifest
+    away = f"move {output}/.shardkit away to abandon that append"
+    if manifest.checksum != journal.base or manifest.checksum != manifest.computed_checksum():
+        raise OutputError(f"{output}: the output changed since the interrupted append began; {away}")
+    if journal.version != manifest.version + 1 or journal.plan.get("first_shard") != first or journal.deletes:
+        raise OutputError(f"{output}: the interrupted append's journal does not fit the output; {away}")
+
+
+def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> None:
+    """An interrupted append's commit: the next version it wrote is whole, and what the commit moves
+    is its own (the new shards, their .idx files, the files beside them, the manifest last)."""
+    output, manifest = changed.output, changed.manifest
+    away = "the output is between two versions: restore it from a copy"
+    sealed = manifest.checksum == manifest.computed_checksum()
+    if not sealed or manifest.checksum not in (journal.base, journal.result) or result.checksum != journal.result:
+        raise OutputError(f"{output}: the output changed since the interrupted append began; {away}")
+    if result.computed_checksum() != result.checksum or result.version != journal.version:
+        raise OutputError(f"{output}: the next version the interrupted append wrote is damaged; {away}")
+    listed = {s.name for s in result.shards} | {c.name for c in result.companions} | {INDEX_NAME, ERRORS_NAME}
+    if journal.deletes or not set(journal.moves[:-1]) <= listed:
+        raise OutputError(f"{output}: the interrupted append's journal does not follow from its plan; {away}")
+
+
+def _result(
+    output: str, journal: Journal, result: Manifest, seconds: float, reused: int, resumed: bool
+) -> AppendResult:
+    """What the append did, from the history entry of the version it made."""
+    entry = next((e for e in result.history if e.get("version") == journal.version), {})
+    names = entry.get("shards") or []
+    numbers = {s.name: i for i, s in enumerate(result.shards)}
+    added = result.shards[numbers[names[0]] : numbers[names[1]] + 1] if names and names[0] in numbers else []
+    return AppendResult(
+        output, str(entry.get("source", "")), result.version, entry.get("inputs", 0), entry.get("records", 0),
+        entry.get("errors", 0), entry.get("already", 0), entry.get("taken_down", 0), len(added), reused,
+        list(entry.get("classes_added", [])), sum(s.bytes for s in added), sum(s.bytes for s in result.shards),
+        seconds, resumed=resumed,
+    )  # fmt: skip

@@ -1,0 +1,293 @@
+"""`shardkit pack SRC OUT --append`: a source's new inputs become new shards after an output's own,
+in every format. The old shards stay byte for byte, numbering continues, the output's settings are
+kept (a flag that would change one is refused before any work), what the output holds already is
+skipped and counted, a key the output holds for other bytes is refused unless prefixed, class names
+merge by name, a takedown stays taken down, verify passes and the reader reads old and new records.
+A kill at any step, then the same append again, gives the bytes of an append never killed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from shardkit.changes.append import append
+from shardkit.changes.remove import remove
+from shardkit.checks.verify import verify
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.manifest import read_manifest, sha256_file
+from shardkit.formats import available_formats, get_format
+from shardkit.packing.pack import pack
+from shardkit.readers import open_shards
+from shardkit.synthetic import make_sample_dataset, write_image
+from tests.step_kills import hooked_env
+from tests.test_pack_kills import differences, snapshot
+
+
+def _copy(packed_sample, format: str, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample(format, 64, 7), out)
+    return out
+
+
+def _records(out: Path) -> list[tuple[str, int | None, bytes]]:
+    manifest = read_manifest(out)
+    backend = get_format(manifest.format)
+    found = []
+    for shard in manifest.shards:
+        reader = backend.reader(str(out / shard.name))
+        try:
+            found += [(record.key, record.label, record.data) for record in reader]
+        finally:
+            reader.close()
+    return found
+
+
+@pytest.fixture(scope="module")
+def week_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second collection: 20 images in 5 classes (one the output lacks), keys like the output's
+    own (n00001000/img_00000) for other pictures, and a corrupt file."""
+    return make_sample_dataset(tmp_path_factory.mktemp("week2") / "src", 20, classes=5, seed=9)
+
+
+@pytest.mark.parametrize("format", available_formats())
+def test_an_append_adds_shards_after_the_old_ones_which_stay_byte_for_byte(
+    packed_sample, week_two: Path, format: str, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, format, tmp_path)
+    before = read_manifest(out)
+    old_records = _records(out)
+    old_errors = (out / "errors.jsonl").read_bytes()
+
+    result = append(week_two, out, key_prefix="w2/")
+
+    after = read_manifest(out)
+    assert after.version == 2 and after.shards[: len(before.shards)] == before.shards
+    for shard in before.shards:  # every old shard's file as it was
+        assert sha256_file(out / shard.name) == shard.sha256
+    new = after.shards[len(before.shards) :]
+    last = len(before.shards) - 1
+    assert [s.name for s in new] == [f"shard-{last + 1 + i:06d}{get_format(format).suffix}" for i in range(len(new))]
+    assert (result.records, result.errors, result.inputs, result.already) == (20, 1, 21, 0)
+    assert result.classes_added == ["n00001004"] and after.classes == [*before.classes, "n00001004"]
+    assert after.totals["inputs"] == before.totals["inputs"] + 21
+    assert after.totals["records"] == before.totals["records"] + 20 == after.records
+    assert after.totals["errors"] == before.totals["errors"] + 1
+    entry = after.history[-1]
+    assert entry["change"] == "append" and entry["source"] == str(week_two) and entry["key_prefix"] == "w2/"
+    assert entry["error_rows"] == [before.totals["errors"], before.totals["errors"] + 1]
+    assert entry["after"] == before.checksum
+    # errors.jsonl: the old rows byte for byte, then the append's
+    errors = (out / "errors.jsonl").read_bytes()
+    assert errors.startswith(old_errors) and b"corrupt" in errors[len(old_errors) :]
+    # the records: the old ones first, as they were; the new ones keyed w2/..., labelled by class name
+    records = _records(out)
+    assert records[: len(old_records)] == old_records
+    appended = records[len(old_records) :]
+    assert len(appended) == 20 and all(key.startswith("w2/") for key, _, _ in appended)
+    classes = after.classes
+    assert all(classes[label] == key.split("/")[1] for key, label, _ in appended)  # (w2/<class>/img_...)
+    index = pq.read_table(out / "index.parquet")
+    assert index.num_rows == after.records and index.column("key").to_pylist()[-20:] == [k for k, _, _ in appended]
+    report = verify(out)
+    assert report.ok, report.problems
+    dataset = open_shards(out)
+    assert len(dataset) == after.records
+
+
+def test_labels_follow_the_outputs_class_names(packed_sample, tmp_path: Path) -> None:
+    """A source whose classes sort otherwise: each keeps its number in the output, a new one follows."""
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    before = read_manifest(out)
+    src = tmp_path / "src"
+    for name, seed in (("a-new-class", 1), (before.classes[2], 2)):
+        for i in range(3):
+            write_image(src / name / f"x{i}.jpg", 80, 60, seed=seed * 10 + i)
+    result = append(src, out, key_prefix="more/")
+    after = read_manifest(out)
+    assert result.classes_added == ["a-new-class"] and after.classes == [*before.classes, "a-new-class"]
+    labels = {key.split("/")[1]: label for key, label, _ in _records(out) if key.startswith("more/")}
+    assert labels == {"a-new-class": len(before.classes), before.classes[2]: 2}
+
+
+def test_a_folder_that_grew_appends_only_what_is_new(sample_dataset: Path, tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(sample_dataset, src)
+    pack(PackConfig(str(src), str(out), resize=ResizeConfig(64), shard_size=16))
+    before = read_manifest(out)
+    classes = before.classes
+    for i in range(5):
+        write_image(src / classes[i % len(classes)] / f"new_{i}.jpg", 90, 70, seed=100 + i)
+
+    result = append(src, out)
+
+    # the corrupt file errors.jsonl lists is not listed again: counted with what the output holds
+    assert (result.records, result.errors, result.already, result.shards) == (5, 0, before.totals["inputs"], 1)
+    after = read_manifest(out)
+    assert after.records == before.records + 5 and after.totals["errors"] == before.totals["errors"]
+    again = append(src, out)  # nothing new now: no new version
+    assert (again.inputs, again.version, again.already) == (0, 2, after.totals["inputs"])
+    assert read_manifest(out) == after and verify(out).ok
+
+
+def test_a_key_held_for_other_bytes_is_refused_before_anything_is_written(
+    packed_sample, week_two: Path, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    before = snapshot(out)
+    with pytest.raises(OutputError, match=r"holds other images under \d+ of the new keys .*--key-prefix"):
+        append(week_two, out)
+    assert snapshot(out) == before and not (out / ".shardkit").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"resize": 128}, "--resize 128: the output was packed with resize 64"),
+        ({"format": "lmdb"}, "--format lmdb: the output was packed with format webdataset"),
+        ({"quality": 70}, "--quality 70: the output was packed with quality 90"),
+        ({"shard_size": 9}, "--shard-size 9: the output was packed with shard size 7"),
+        ({"overwrite": True}, "--overwrite would replace it"),
+    ],
+)
+def test_a_flag_that_would_change_the_outputs_settings_is_refused(
+    packed_sample, week_two: Path, tmp_path: Path, options: dict, said: str
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    before = snapshot(out)
+    with pytest.raises((ConfigError, OutputError), match=said.replace("(", r"\(")):
+        append(week_two, out, key_prefix="w2/", **options)
+    assert snapshot(out) == before
+
+
+def test_the_same_values_as_the_outputs_are_taken(packed_sample, week_two: Path, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    result = append(week_two, out, key_prefix="w2/", resize=64, shard_size=7, workers=1)
+    assert result.records == 20
+
+
+def test_labels_from_another_convention_are_refused(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    flat = tmp_path / "flat"
+    write_image(flat / "a.jpg", 80, 60, seed=1)
+    with pytest.raises(OutputError, match="its labels are class names, the source's whole numbers"):
+        append(flat, out)
+
+
+@pytest.mark.parametrize("prefix", ["../x", "/x", "a.b", "a//b", "a b"])
+def test_a_key_prefix_that_is_not_a_plain_name_is_refused(packed_sample, week_two, tmp_path: Path, prefix) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    with pytest.raises(ConfigError, match="--key-prefix"):
+        append(week_two, out, key_prefix=prefix)
+
+
+def test_a_removed_record_is_not_brought_back_by_an_append(sample_dataset: Path, tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(sample_dataset, src)
+    pack(PackConfig(str(src), str(out), resize=ResizeConfig(64), shard_size=16))
+    taken = [key for key, _, _ in _records(out)][:2]
+    remove(out, taken, reason="takedown 12")
+    write_image(src / read_manifest(out).classes[0] / "fresh.jpg", 90, 70, seed=7)
+
+    result = append(src, out)
+
+    assert (result.records, result.taken_down) == (1, 2)
+    assert not set(taken) & {key for key, _, _ in _records(out)}
+    assert verify(out).ok
+
+
+def test_the_cli_appends_and_says_what_it_did(shardkit, packed_sample, week_two: Path, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    refused = shardkit("pack", week_two, out, "--append", "--resize", "128")
+    assert refused.returncode == 1
+    assert "the output was packed with resize 64" in " ".join(refused.stderr.split())
+    done = shardkit("pack", week_two, out, "--append", "--key-prefix", "w2/", "--json", tmp_path / "a.json")
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "appended to" in said and "20 of 21 new inputs" in said
+    assert json.loads((tmp_path / "a.json").read_text())["records"] == 20
+    again = shardkit("pack", week_two, out, "--append", "--key-prefix", "w2/")
+    assert again.returncode == 0 and "still version 2" in " ".join(again.stdout.split()), again.stderr
+    alone = shardkit("pack", week_two, tmp_path / "other", "--key-prefix", "w2/")
+    assert alone.returncode == 1 and "--key-prefix is for --append" in alone.stderr
+
+
+def test_a_pack_or_remove_is_refused_while_an_append_is_unfinished(
+    shardkit, packed_sample, sample_dataset, week_two, tmp_path
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    (out / ".shardkit").mkdir()
+    journal = {"action": "append", "request": "r", "base": "b", "version": 2, "moves": [], "deletes": [],
+               "plan": {"source": str(week_two), "key_prefix": "", "first_shard": 9}, "result": ""}  # fmt: skip
+    (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
+    packed = shardkit("pack", sample_dataset, out, "--resize", "64", "--shard-size", "7", "--resume")
+    said = " ".join(packed.stderr.split())
+    assert packed.returncode == 1 and f"`shardkit pack {week_two} {out} --append`" in said, said
+    (tmp_path / "keys.txt").write_text("k\n")
+    other = shardkit("remove", out, "--keys", tmp_path / "keys.txt", "--reason", "x")
+    assert other.returncode == 1 and "an interrupted 'append' to version 2" in " ".join(other.stderr.split())
+    another = shardkit("pack", sample_dataset, out, "--append")
+    assert another.returncode == 1 and "an interrupted append of another source" in " ".join(another.stderr.split())
+
+
+@pytest.mark.slow  # kills an append at each of its steps
+def test_an_append_killed_at_any_step_finishes_to_the_clean_append(
+    shardkit, packed_sample, week_two: Path, tmp_path: Path
+) -> None:
+    source = packed_sample("webdataset", 64, 7)
+    flags = [str(week_two), "--append", "--key-prefix", "w2/", "--workers", "1"]
+    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    shutil.copytree(source, clean)
+    done = shardkit("pack", flags[0], clean, *flags[1:])
+    assert done.returncode == 0, done.stderr
+    expected = snapshot(clean)
+
+    def run(**variables: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "shardkit", "pack", flags[0], str(out), *flags[1:]]
+        env = hooked_env(hook, [out], **variables)
+        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+
+    shutil.copytree(source, out)
+    logged = run(log=str(log))
+    assert logged.returncode == 0, logged.stderr
+    assert snapshot(out) == expected  # (the hook itself changes nothing)
+    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
+    assert any(step.startswith("replace out/manifest.json") for step in steps), steps
+    failed = []
+    for step in steps:
+        shutil.rmtree(out)
+        shutil.copytree(source, out)
+        killed = run(at=step)
+        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+        report = verify(out)
+        if not report.ok and [p.kind for p in report.problems] != ["interrupted"]:
+            failed.append(f"{step}: verify of the killed output: {report.problems}")
+        resumed = shardkit("pack", flags[0], out, *flags[1:])
+        if resumed.returncode != 0:
+            failed.append(f"{step}: the same append again failed: {resumed.stderr.strip()}")
+        elif snapshot(out) != expected:
+            failed.append(f"{step}: differs from the clean append in {differences(snapshot(out), expected)}")
+    assert not failed, "\n".join(failed)
+
+
+def test_verify_source_accounts_for_each_source_of_an_appended_output(
+    packed_sample, sample_dataset: Path, week_two: Path, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    append(week_two, out, key_prefix="w2/")
+    for source in (sample_dataset, week_two):
+        report = verify(out, source=source)
+        assert report.ok, report.problems
+        assert any("holds appends (version 2)" in note for note in report.notes)
+    grown = tmp_path / "grown"
+    shutil.copytree(week_two, grown)
+    write_image(grown / "n00001000" / "never_packed.jpg", 80, 60, seed=3)
+    report = verify(out, source=grown)
+    assert [(p.kind, "never_packed.jpg" in p.detail) for p in report.problems] == [("lost", True)]
