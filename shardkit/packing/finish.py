@@ -5,6 +5,7 @@ the output whole from there); and what the run did, as a PackResult."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ..core.manifest import (
 )
 from ..formats import get_format
 from ..runtime.timeline import mark
+from ..storage.urls import is_remote
 from .failed_rows import FailedRows
 from .index import join as join_index
 from .index import part_path, write_part
@@ -127,7 +129,9 @@ def finish(
     if found.source.downloads:  # rows per cause of failure, and those a --resume tries again
         totals["transient"] = transient
         totals.update(causes)
-    source = {"path": str(config.source), "layout": found.layout}
+    # (a local source by its absolute path: a later append tells its own inputs by it, from any folder)
+    path = str(config.source) if is_remote(config.source) else os.path.abspath(config.source)
+    source = {"path": path, "layout": found.layout}
     manifest = Manifest(
         format=config.format,
         shards=[r.shard for r in ordered],

@@ -30,20 +30,37 @@ _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
 OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
 
 
-def finishing(output: str | os.PathLike[str], action: str, source: object = None) -> str:
+def finishing(output: str | os.PathLike[str], action: str, plan: object = None) -> str:
     """The command that finishes an interrupted change of `output` (its journal's `action`; an
-    append's `source`), as a refusal says it: a stranger's word is shown, never offered as one."""
+    append's source, key prefix and table from its `plan`), as a refusal says it. A journal may be a
+    stranger's: what it says is shown only when it is printable, and quoted as a shell word."""
+    import shlex
+
     if action == "append":
-        shown = source[:200] if isinstance(source, str) else "SOURCE"
-        return f"`shardkit pack {shown} {output} --append` (the same append again) finishes it"
+        said = plan if isinstance(plan, dict) else {}
+        words = [_word(said.get("source"), "SOURCE"), _word(str(output), "OUTPUT"), "--append"]
+        if said.get("key_prefix"):
+            words += ["--key-prefix", _word(said.get("key_prefix"), "PREFIX")]
+        if said.get("table"):
+            words += ["--metadata", _word(said.get("table"), "TABLE")]
+        return f"`shardkit pack {' '.join(words)}` (the same append again) finishes it"
     if action in ("remove", "compact"):
-        return f"`shardkit {action} {output} --resume` finishes it"
+        return f"`shardkit {action} {shlex.quote(str(output))} --resume` finishes it"
     return f"move {Path(output) / STATE_DIR} away to abandon it"
 
 
+def _word(text: object, otherwise: str) -> str:
+    """`text` as one shell word, or `otherwise` where it is not printable text of a sane length."""
+    import shlex
+
+    if not isinstance(text, str) or not text or len(text) > 1000 or not text.isprintable():
+        return otherwise
+    return shlex.quote(text)
+
+
 def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
-    """The action and source a change's journal in `output` names, read without checking it (for
-    a refusal's words; changes/journal.py checks a journal before acting on it)."""
+    """The action and plan a change's journal in `output` names, read without checking it (for a
+    refusal's words; changes/journal.py checks a journal before acting on it)."""
     import json
 
     try:
@@ -53,8 +70,7 @@ def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
         return "change", None
     if not isinstance(data, dict) or not isinstance(data.get("action"), str):
         return "change", None
-    plan = data.get("plan")
-    return data["action"][:40], plan.get("source") if isinstance(plan, dict) else None
+    return data["action"][:40], data.get("plan")
 
 
 def shard_name(number: int, suffix: str) -> str:
