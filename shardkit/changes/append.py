@@ -58,6 +58,7 @@ from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.sources import Item, SourceList, SourceWalk, pack_source
 from ..packing.sources.item import display
 from ..packing.working_folder import finishing, is_shard_name, state_dir, writing
+from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, changing
 from .remove import REMOVED
@@ -481,22 +482,20 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
     local file, a record of the same key from the same bytes (its sha256 against the index's). An
     item whose key the output holds for something else is refused, as is a local file under such a
     key that cannot be read (nothing says whether it is the one packed)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     if not items:
         return []
     table = changed.index().read(columns=["key", "source", "source_sha256"])
     remote = [is_remote(item.path) for item in items]
-    addresses = pa.array([display(item.relpath) if far else None for item, far in zip(items, remote, strict=True)],
-                         pa.string())  # fmt: skip
-    present = pc.is_in(addresses, value_set=table.column("source")).to_numpy(zero_copy_only=False).tolist()
-    keys = pa.array([item.key for item in items], pa.string())
-    colliding = pc.is_in(keys, value_set=table.column("key")).to_numpy(zero_copy_only=False)
+    # (a local file's address is no source's: a NUL is in no path)
+    addresses = strings([display(item.relpath) if far else "\0" for item, far in zip(items, remote, strict=True)])
+    present = flags(pc.is_in(addresses, value_set=table.column("source"))).tolist()
+    colliding = flags(pc.is_in(strings([item.key for item in items]), value_set=table.column("key")))
     at = [i for i in range(len(items)) if colliding[i] and not present[i]]
     if not at:
         return [bool(there) for there in present]
-    rows = table.filter(pc.is_in(table.column("key"), value_set=pa.array([items[i].key for i in at], pa.string())))
+    rows = table.filter(pc.is_in(table.column("key"), value_set=strings([items[i].key for i in at])))
     held = dict(zip(rows.column("key").to_pylist(), rows.column("source_sha256").to_pylist(), strict=True))
     local = [i for i in at if not remote[i]]
     digests = dict(zip(local, _digests([items[i] for i in local]), strict=True))

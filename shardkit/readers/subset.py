@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ManifestError, describe
 from ..core.manifest import INDEX_NAME, Manifest, sha256_file
+from .arrays import flags, integers, strings
 
 if TYPE_CHECKING:
     from ..storage.store import Store
@@ -55,11 +56,21 @@ class IndexFile:
     def read(self, columns: list[str] | dict[str, Any] | None = None) -> Any:
         """Columns of the index (all by default), or expressions over them ({name: Expression}):
         only the columns they name are read."""
+        if hasattr(self.source, "seek"):
+            self.source.seek(0)
+        if not isinstance(columns, dict):  # (pyarrow.dataset imports pandas, 0.4 s: only expressions need it)
+            import pyarrow.parquet as pq
+
+            unknown = next((name for name in columns or () if name not in self.columns), None)
+            if unknown is not None:
+                raise ConfigError(
+                    f"select: the index has no column {unknown!r} (it has {', '.join(self.columns)}); "
+                    "a column of your own table is in its 'columns' text: filter on it with a callable"
+                )
+            return pq.ParquetFile(self.source).read(columns=columns)
         import pyarrow.dataset as ds
         import pyarrow.fs as fs
 
-        if hasattr(self.source, "seek"):
-            self.source.seek(0)
         try:
             local = None if hasattr(self.source, "seek") else fs.LocalFileSystem()
             return ds.ParquetFileFormat().make_fragment(self.source, filesystem=local).to_table(columns=columns)
@@ -117,22 +128,20 @@ def read_index(where: Path | Store, manifest: Manifest) -> IndexFile:
     if keys.null_count or shard_names.null_count or positions.null_count or not pa.types.is_integer(positions.type):
         raise ManifestError(f"{name}: a key, shard or position missing or of the wrong type")
     numbers = _shard_numbers(shard_names, manifest, name)
-    at = positions.to_numpy().astype(np.int64)
+    at = integers(positions)
     _check_positions(numbers, at, manifest, name)
     return IndexFile(source, manifest, keys, numbers, at, columns)
 
 
 def _shard_numbers(names: Any, manifest: Manifest, where: object) -> np.ndarray:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    listed = pa.array([shard.name for shard in manifest.shards], pa.string())
+    listed = strings([shard.name for shard in manifest.shards])
     numbers = pc.index_in(names, value_set=listed)
     if numbers.null_count:
         stranger = names.filter(pc.is_null(numbers))[0].as_py()
         raise ManifestError(f"{where}: names a shard the manifest lacks: {str(stranger)[:80]!r}")
-    result: np.ndarray = numbers.to_numpy(zero_copy_only=False).astype(np.int64)
-    return result
+    return integers(numbers)
 
 
 def _check_positions(shards: np.ndarray, positions: np.ndarray, manifest: Manifest, where: object) -> None:
@@ -248,7 +257,7 @@ def _refuse_repeats(keys: Any) -> None:
 def _keys_mask(index: IndexFile, keys: Any) -> np.ndarray:
     import pyarrow.compute as pc
 
-    result: np.ndarray = pc.is_in(index.keys, value_set=keys.unique()).to_numpy(zero_copy_only=False)
+    result: np.ndarray = flags(pc.is_in(index.keys, value_set=keys.unique()))
     return result
 
 

@@ -1,0 +1,47 @@
+"""Arrow arrays to and from Python and numpy without pandas. pyarrow imports pandas (0.4 s) the
+first time it converts Python objects (`pa.array(list)`) or hands an array to numpy
+(`to_numpy`), even a zero-copy one; a process that only reads an index (a change of an output,
+`open_shards(select=...)`) pays that at start for nothing. Built from buffers here instead:
+measured, pandas stays out (`tests/test_arrays.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def strings(values: Sequence[str]) -> Any:
+    """A pa.string() array of `values` (no nulls)."""
+    import pyarrow as pa
+
+    encoded = [value.encode("utf-8", "surrogatepass") for value in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(text) for text in encoded], out=offsets[1:])
+    large = pa.LargeStringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
+    return large.cast(pa.string())
+
+
+def integers(values: Any) -> np.ndarray:
+    """An integer array or chunked array with no nulls (what `pc.index_in` gives when every value
+    is found) as an int64 numpy array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = pc.cast(_combined(values), pa.int64())
+    result: np.ndarray = np.frombuffer(array.buffers()[1], np.int64, len(array), array.offset * 8).copy()
+    return result
+
+
+def flags(values: Any) -> np.ndarray:
+    """A boolean array or chunked array with no nulls (what `pc.is_in` gives) as a numpy bool array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = pc.cast(_combined(values), pa.uint8())
+    return np.frombuffer(array.buffers()[1], np.uint8, len(array), array.offset).astype(bool)
+
+
+def _combined(values: Any) -> Any:
+    return values.combine_chunks() if hasattr(values, "combine_chunks") else values
