@@ -242,7 +242,7 @@ def test_a_pack_or_remove_is_refused_while_an_append_is_unfinished(
 def test_an_append_killed_at_any_step_finishes_to_the_clean_append(
     shardkit, packed_sample, week_two: Path, tmp_path: Path
 ) -> None:
-    source = packed_sample("webdataset", 64, 7)
+    source = packed_sample("webdataset", 64, 30)  # (few shards: each of its steps is a run)
     flags = [str(week_two), "--append", "--key-prefix", "w2/", "--workers", "1"]
     clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
     shutil.copytree(source, clean)

@@ -31,6 +31,7 @@ from ..packing.working_folder import (
     CHANGE_NAME,
     NEXT_DIR,
     STATE_NAME,
+    finishing,
     is_idx_name,
     is_shard_name,
     own_files,
@@ -82,7 +83,7 @@ class Journal:
             if type(data.get(name)) is not kind:
                 raise OutputError(f"{damaged} ({name} is not of type {kind.__name__}); move it away")
         journal = cls(**{name: data[name] for name in kinds})
-        if not 2 <= journal.version <= MAX_VERSION:
+        if not (1 if journal.action == "merge" else 2) <= journal.version <= MAX_VERSION:
             raise OutputError(f"{damaged} (version {journal.version}); move it away")
         own = set(own_files())
         if not all(isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name))
@@ -213,6 +214,9 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
         if (state / STATE_NAME).exists() and not _finished_with_retries(path):
             raise OutputError(f"{path}: an interrupted pack is here; finish it with pack --resume first")
         pending = _journal(state / CHANGE_NAME)
+        if pending is not None and pending.action == "merge" and not os.path.lexists(path / MANIFEST_NAME):
+            said = finishing(path, pending.action, pending.plan)
+            raise OutputError(f"{path}: an interrupted merge is here; {said} first")
         try:
             manifest = read_manifest(path)
         except ManifestError as error:
@@ -224,6 +228,42 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
         # the working folder goes unless it holds an unfinished change's or pack's state: an earlier
         # remove killed in its last step, or a pack's cleanup, leaves its lock and markers behind
         if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
+            remove_state(path)
+        os.close(lock_fd)
+
+
+@contextlib.contextmanager
+def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
+    """A new output folder `output` locked for a change that makes its first version (a merge):
+    refused where it holds anything but an unfinished merge's working folder or a finished output
+    (whose manifest it gives, version 1 or more, for the change to tell whether it is its own; else
+    an empty stand-in, version 0)."""
+    path = Path(output)
+    precheck(path)
+    state = state_dir(path)
+    if os.path.lexists(state) and not stat.S_ISDIR(os.lstat(state).st_mode):
+        raise OutputError(f"{state}: is not shardkit's working folder (not a folder); move it away")
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        lock_fd = lock_folder(state, path)
+    except OSError as error:
+        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
+    try:
+        pending = _journal(state / CHANGE_NAME)
+        if pending is not None and pending.action != "merge":
+            raise OutputError(f"{path}: an interrupted {pending.action[:40]!r} is here, not a merge")
+        others = sorted(entry.name for entry in os.scandir(path) if entry.name != state.name)
+        if others and pending is None and MANIFEST_NAME not in others:
+            raise OutputError(f"{path}: holds {others[0]!r}; merge into a new folder")
+        manifest = Manifest(format="", shards=[], version=0)  # (a stand-in: there is none yet)
+        if pending is None and others:  # a finished output: the change says whether it is its own
+            try:
+                manifest = read_manifest(path)
+            except ManifestError:
+                raise OutputError(f"{path}: holds an output already; merge into a new folder") from None
+        yield Changing(path, manifest, pending)
+    finally:
+        if not os.path.lexists(state / CHANGE_NAME):
             remove_state(path)
         os.close(lock_fd)
 

@@ -13,6 +13,7 @@ from .compact import compact
 from .doctor import doctor
 from .duplicates import duplicates
 from .index import index
+from .merge import merge
 from .pack import pack
 from .probe import probe
 from .remove import remove
@@ -20,7 +21,8 @@ from .verify import verify
 
 app = typer.Typer(
     name="shardkit",
-    help="Pack images into fast training shards: probe, pack, verify, bench, index, duplicates, remove, compact.",
+    help="Pack images into fast training shards: probe, pack, verify, bench, index, duplicates; "
+    "remove, compact, merge.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -50,4 +52,5 @@ app.command()(bench)
 app.command()(duplicates)
 app.command()(remove)
 app.command()(compact)
+app.command()(merge)
 app.command()(doctor)

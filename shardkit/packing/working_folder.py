@@ -44,6 +44,14 @@ def finishing(output: str | os.PathLike[str], action: str, plan: object = None) 
         if said.get("table"):
             words += ["--metadata", _word(said.get("table"), "TABLE")]
         return f"`shardkit pack {' '.join(words)}` (the same append again) finishes it"
+    if action == "merge":
+        said = plan if isinstance(plan, dict) else {}
+        listed = said.get("sources")
+        sources = listed if isinstance(listed, list) else []
+        words = [_word(source, "OUTPUT") for source in sources[:64]] or ["OUTPUT", "..."]
+        flags = [flag for flag, key in (("--prefix-keys", "prefix_keys"), ("--relabel", "relabel")) if said.get(key)]
+        command = " ".join([*words, _word(str(output), "OUT"), *flags, "--resume"])
+        return f"`shardkit merge {command}` finishes it"
     if action in ("remove", "compact"):
         return f"`shardkit {action} {shlex.quote(str(output))} --resume` finishes it"
     return f"move {Path(output) / STATE_DIR} away to abandon it"

@@ -1,0 +1,551 @@
+"""`shardkit merge OUT_A OUT_B ... OUT`: one output from several packed alike, without decoding or
+encoding a record.
+
+The outputs' shards follow one another in OUT, in the order given, numbered again
+(`shard-000000.tar`...); each is a hard link to its source's file (a copy where the two folders
+are on different file systems), byte for byte. index.parquet is the sources' rows in the same
+order, the shard names changed; errors.jsonl their rows, byte for byte; the manifest sums their
+totals and says in `settings.merged` which rows and shards came from which source (by its
+manifest's checksum).
+
+What is refused, before anything is written: sources packed otherwise (format, resize, encode,
+clips), keys two sources share (`prefix_keys` gives each source's keys its folder's name as a
+prefix), and class lists in which one name has two numbers (`relabel` numbers every record by the
+merged list, whose first names are the first source's). A prefix or a relabelling changes records,
+so those shards are written again record for record (no pixel is decoded), with their key and
+label fields changed and nothing else.
+
+OUT is made whole in `.shardkit/next/` under a journal and renamed into place, the manifest last
+(changes/journal.py): a kill leaves no output or the merged one, and the same merge with `--resume`
+finishes it byte for byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, ManifestError, OutputError, describe
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    error_lines,
+    idx_name,
+    info_of,
+    read_manifest,
+    sha256_file,
+    write_json_atomic,
+    write_lines_atomic,
+)
+from ..formats import get_format
+from ..formats.base import Record
+from ..packing.index import schema
+from ..packing.resume import CREATED_BY
+from ..packing.shard_writing import PICTURE_COUNTS
+from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
+from ..readers.arrays import strings
+from ..storage.urls import is_remote
+from .journal import Changing, Journal, creating, pending_change
+
+# what decides a record's bytes: outputs merged must agree on each
+SAME = ("format", "resize", "encode", "clips")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What a merge did: the output, its sources, records and shards, how many shards were linked
+    (or copied) as they are and how many written again, and the bytes written."""
+
+    output: str
+    sources: list[str]
+    records: int
+    shards: int
+    linked: int  # shards put in place as they are (a hard link, or a copy across file systems)
+    rewritten: int  # shards written again with prefixed keys or renumbered labels
+    bytes_written: int  # copied or rewritten (a hard link writes none)
+    output_bytes: int
+    classes: int
+    seconds: float
+    resumed: bool = False
+    already_complete: bool = False  # the output was this merge, finished: nothing was done
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output": self.output, "sources": list(self.sources), "records": self.records, "shards": self.shards,
+            "linked": self.linked, "rewritten": self.rewritten, "bytes_written": self.bytes_written,
+            "output_bytes": self.output_bytes, "classes": self.classes, "seconds": self.seconds,
+            "resumed": self.resumed, "already_complete": self.already_complete,
+        }  # fmt: skip
+
+
+def merge(
+    sources: Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    prefix_keys: bool = False,
+    relabel: bool = False,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> MergeResult:
+    """Merge the local outputs `sources` (two or more, packed alike) into the new folder `output`.
+    `prefix_keys` starts each source's keys with its folder's name and '/'; `relabel` numbers
+    labels by the merged class list where a source's numbers would mean other classes. `resume`
+    finishes an interrupted merge of the same sources (so does the same merge run again).
+    `progress(done, total)` counts shards put in place."""
+    started = time.perf_counter()
+    folders = _checked_sources(sources, output)
+    with creating(output) as changed:
+        pending = changed.pending
+        read = [_source(folder) for folder in folders]
+        plan = _plan(read, prefix_keys, relabel)
+        request = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+        if pending is not None and pending.request != request:
+            raise OutputError(
+                f"{output}: an interrupted merge of other sources (or of sources changed since) is here; "
+                f"move {state_dir(output)} away to abandon it"
+            )
+        if pending is None and changed.manifest.version:  # a finished output: this merge's, or refused
+            if _made_by(changed.manifest, plan):
+                done = _result(str(output), plan, changed.manifest, {}, time.perf_counter() - started, False)
+                return replace(done, already_complete=True)
+            raise OutputError(f"{output}: holds an output already; merge into a new folder")
+        if pending is None and resume:
+            raise OutputError(f"{output}: no interrupted merge here to finish; run the merge without --resume")
+        if pending is not None and pending.committing:
+            result = changed.next_manifest() or _committed(Path(output))
+            if result.checksum != pending.result or result.computed_checksum() != result.checksum:
+                raise OutputError(f"{output}: the merged output an interrupted merge wrote is damaged; merge again")
+            changed.commit(pending)
+            return _result(str(output), plan, result, pending.plan, time.perf_counter() - started, True)
+        _refuse_collisions(read, plan)
+        journal = Journal("merge", request, "", 1, plan)
+        if pending is None:
+            changed.begin(journal)
+        else:
+            changed.restart()  # (written again whole: links are cheap, and a rewrite is what it was)
+        result = _write_next(changed, journal, read, progress)
+        changed.ready(journal, result)
+        changed.commit(journal)
+    return _result(str(output), plan, result, journal.plan, time.perf_counter() - started, pending is not None)
+
+
+def _made_by(manifest: Manifest, plan: dict[str, Any]) -> bool:
+    """Whether `manifest` is the merge `plan` makes, finished (its sources, as they are now)."""
+    merged = manifest.settings.get("merged")
+    if manifest.checksum != manifest.computed_checksum() or not isinstance(merged, list):
+        return False
+    said = [{key: entry.get(key) for key in ("path", "checksum")} for entry in merged if isinstance(entry, dict)]
+    prefixes = [entry.get("key_prefix", "") for entry in merged if isinstance(entry, dict)]
+    wanted = [{key: entry[key] for key in ("path", "checksum")} for entry in plan["merged"]]
+    return said == wanted and prefixes == [entry["key_prefix"] for entry in plan["merged"]]
+
+
+def _committed(output: Path) -> Manifest:
+    try:
+        return read_manifest(output)
+    except ManifestError as error:
+        raise OutputError(f"{error}; merge again into a new folder") from None
+
+
+# --- the sources ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    folder: Path
+    manifest: Manifest
+
+
+def _checked_sources(sources: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str]) -> list[Path]:
+    """Two or more local output folders, each once, none holding or inside `output`."""
+    if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
+        raise ConfigError("merge needs two or more outputs to merge, then the folder to make")
+    for named in [*sources, output]:
+        if is_remote(named):
+            raise ConfigError(f"{named}: merge works on local output folders (a bucket's is not supported yet)")
+    folders = [Path(source) for source in sources]
+    real = [os.path.realpath(folder) for folder in folders]
+    if len(set(real)) != len(real):
+        twice = next(folder for folder, path in zip(folders, real, strict=True) if real.count(path) > 1)
+        raise ConfigError(f"{twice}: named twice; merge takes each output once")
+    target = os.path.realpath(output)
+    for folder, path in zip(folders, real, strict=True):
+        if target == path or target.startswith(path + os.sep) or path.startswith(target + os.sep):
+            raise ConfigError(f"{output}: overlaps {folder}; merge into a folder of its own")
+    return folders
+
+
+def _source(folder: Path) -> Source:
+    """A finished, sealed output of pack's shards with nothing unfinished in it."""
+    try:
+        manifest = read_manifest(folder)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None
+    if manifest.checksum != manifest.computed_checksum():
+        raise OutputError(f"{folder}/{MANIFEST_NAME}: checksum does not match its content (edited by hand?)")
+    if pending_change(folder) is not None:
+        raise OutputError(f"{folder}: a change of it is unfinished; finish it before merging")
+    if os.path.lexists(state_dir(folder) / STATE_NAME) and not manifest.totals.get("transient"):
+        raise OutputError(f"{folder}: an interrupted pack is here; finish it with pack --resume first")
+    if isinstance(manifest.settings.get("adopted"), dict) or not all(is_shard_name(s.name) for s in manifest.shards):
+        raise OutputError(f"{folder}: holds shards pack did not name (adopted tars?); merge takes pack's outputs")
+    if manifest.index is None:
+        raise OutputError(f"{folder}: has no index.parquet (packed by an early shardkit); pack it again")
+    index = folder / INDEX_NAME
+    try:
+        whole = index.stat().st_size == manifest.index.bytes and sha256_file(index) == manifest.index.sha256
+    except OSError as error:
+        raise OutputError(f"{index}: cannot read it ({describe(error)})") from None
+    if not whole:
+        raise OutputError(f"{index}: differs from its manifest (bytes changed); `shardkit verify` says more")
+    return Source(folder, manifest)
+
+
+def _plan(read: list[Source], prefix_keys: bool, relabel: bool) -> dict[str, Any]:
+    """The merge as the journal keeps it: each source (its folder, its manifest's checksum, its key
+    prefix, its labels' new numbers), the merged classes and the flags. A function of the sources
+    as they are: an interrupted merge goes on only over the same ones."""
+    first = read[0]
+    for other in read[1:]:
+        for key in SAME:
+            if other.manifest.settings.get(key) != first.manifest.settings.get(key):
+                theirs, ours = other.manifest.settings.get(key), first.manifest.settings.get(key)
+                raise OutputError(
+                    f"{other.folder}: packed with {key} {_shown(theirs)}, {first.folder} with {_shown(ours)}; "
+                    "merge takes outputs packed alike"
+                )
+    named = [bool(source.manifest.classes) for source in read if source.manifest.records]
+    if any(named) and not all(named):
+        odd = next(s.folder for s in read if s.manifest.records and bool(s.manifest.classes) != named[0])
+        raise OutputError(f"{odd}: labels by {'class names' if not named[0] else 'whole numbers'}, unlike "
+                          f"{read[0].folder}; merge keeps what a label means")  # fmt: skip
+    classes: list[str] = []
+    for source in read:
+        classes += [name for name in source.manifest.classes if name not in set(classes)]
+    number = {name: i for i, name in enumerate(classes)}
+    entries = []
+    prefixes = _prefixes(read) if prefix_keys else [""] * len(read)
+    for source, prefix in zip(read, prefixes, strict=True):
+        labels = [number[name] for name in source.manifest.classes]
+        if labels != list(range(len(labels))) and not relabel:
+            moved = next(i for i, label in enumerate(labels) if label != i)
+            raise OutputError(
+                f"{source.folder}: its label {moved} is {source.manifest.classes[moved]!r}, which {read[0].folder} and "
+                f"the merged classes number {labels[moved]}; --relabel numbers its records by the merged classes"
+            )
+        entries.append({
+            "path": os.path.abspath(source.folder), "checksum": source.manifest.checksum, "key_prefix": prefix,
+            "labels": None if labels == list(range(len(labels))) else labels,
+        })  # fmt: skip
+    return {
+        "sources": [entry["path"] for entry in entries], "merged": entries, "classes": classes,
+        "prefix_keys": prefix_keys, "relabel": relabel,
+    }  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)[:200]
+
+
+def _prefixes(read: list[Source]) -> list[str]:
+    """Each source's key prefix: its folder's name, made a plain word, with -2, -3... where two
+    folders share a name."""
+    prefixes: list[str] = []
+    for source in read:
+        base = _UNSAFE.sub("_", source.folder.resolve().name) or "output"
+        name, n = base, 1
+        while f"{name}/" in prefixes:
+            n += 1
+            name = f"{base}-{n}"
+        prefixes.append(f"{name}/")
+    return prefixes
+
+
+def _refuse_collisions(read: list[Source], plan: dict[str, Any]) -> None:
+    """Keys two sources share (after their prefixes), named: a merged output keys each record once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    columns = []
+    for source, entry in zip(read, plan["merged"], strict=True):
+        keys = pq.ParquetFile(source.folder / INDEX_NAME).read(columns=["key"]).column("key")
+        columns.append(pc.binary_join_element_wise(entry["key_prefix"], keys, "") if entry["key_prefix"] else keys)
+    every = pa.chunked_array([chunk for column in columns for chunk in column.chunks], pa.string())
+    counts = pc.value_counts(every)
+    shared = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    if len(shared):
+        named = ", ".join(repr(key) for key in shared[:3].to_pylist())
+        more = f" and {len(shared) - 3:,} more" if len(shared) > 3 else ""
+        raise OutputError(
+            f"{len(shared):,} keys are in two of the outputs ({named}{more}); --prefix-keys gives each output's "
+            "keys its folder's name as a prefix"
+        )
+
+
+# --- the merged output ---------------------------------------------------------------------------
+
+
+def _write_next(
+    changed: Changing, journal: Journal, read: list[Source], progress: Callable[[int, int], None] | None
+) -> Manifest:
+    """OUT in `next/`: the shards (linked, or written again with new keys or labels) and their .idx
+    files, the files for other readers, index.parquet, errors.jsonl, the manifest."""
+    plan, folder, output = journal.plan, changed.next, changed.output
+    first = read[0].manifest
+    backend = get_format(first.format)
+    shards: list[ShardInfo] = []
+    idx: list[ShardInfo] = []
+    moves: list[str] = []
+    names: list[dict[str, str]] = []  # each source's old shard name -> new
+    linked = rewritten = written = 0
+    total = sum(len(source.manifest.shards) for source in read)
+    for source, entry in zip(read, plan["merged"], strict=True):
+        renamed: dict[str, str] = {}
+        companions = {c.name: c for c in source.manifest.companions}
+        change = _record_change(entry)
+        for old in source.manifest.shards:
+            new = shard_name(len(shards), backend.suffix)
+            renamed[old.name] = new
+            with writing(output, new):
+                if change is None:
+                    info, companion = _link(source.folder, folder, old, new, companions.get(idx_name(old.name)))
+                    written += (
+                        0 if info.bytes == 0 or _same_file(source.folder / old.name, folder / new) else info.bytes
+                    )
+                    linked += 1
+                else:
+                    info, companion = _rewrite(backend, source.folder / old.name, old, folder / new, change)
+                    written += info.bytes
+                    rewritten += 1
+            shards.append(info)
+            if companion is not None:
+                idx.append(companion)
+                moves.append(companion.name)
+            moves.append(new)
+            if progress is not None:
+                progress(len(shards), total)
+        names.append(renamed)
+    output_files = []
+    if backend.output_files is not None:
+        for name, data in backend.output_files(shards):
+            with writing(output, name):
+                (folder / name).write_bytes(data)
+            output_files.append(info_of(name, sum(s.count for s in shards), data))
+            moves.append(name)
+    with writing(output, INDEX_NAME):
+        index = _write_index(read, plan, names, folder / INDEX_NAME)
+    with writing(output, ERRORS_NAME):
+        ranges = _write_errors(read, plan, folder / ERRORS_NAME)
+    merged = []
+    start = 0
+    for source, entry, rows in zip(read, plan["merged"], ranges, strict=True):
+        count = len(source.manifest.shards)
+        said: dict[str, Any] = {
+            "path": entry["path"], "checksum": entry["checksum"], "version": source.manifest.version,
+            "records": source.manifest.records, "error_rows": rows,
+            "shards": [shards[start].name, shards[start + count - 1].name] if count else [],
+        }  # fmt: skip
+        if entry["key_prefix"]:
+            said["key_prefix"] = entry["key_prefix"]
+        if entry["labels"] is not None:
+            said["relabelled"] = True
+        merged.append(said)
+        start += count
+    settings = {key: value for key, value in first.settings.items() if key not in ("plan", "source")}
+    settings["merged"] = merged
+    totals: dict[str, int] = {}
+    for source in read:
+        totals = _summed(totals, source.manifest.totals) if totals else dict(source.manifest.totals)
+    plan.update(linked=linked, rewritten=rewritten, bytes_written=written)
+    manifest = Manifest(
+        format=first.format, shards=shards, classes=list(plan["classes"]), settings=settings, totals=totals,
+        created_by=CREATED_BY, index=index, companions=idx + output_files,
+    ).sealed()  # fmt: skip
+    journal.moves = [*moves, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]
+    with writing(output, MANIFEST_NAME):
+        write_json_atomic(folder / MANIFEST_NAME, manifest.to_json())
+    return manifest
+
+
+def _record_change(entry: dict[str, Any]) -> Callable[[Record], Record] | None:
+    """What a source's records need (a key prefix, new label numbers), or None: nothing."""
+    prefix, labels = entry["key_prefix"], entry["labels"]
+    if not prefix and labels is None:
+        return None
+
+    def change(record: Record) -> Record:
+        label = record.label if labels is None or record.label is None else labels[record.label]
+        return record._replace(key=prefix + record.key, label=label)
+
+    return change
+
+
+def _link(
+    source: Path, folder: Path, old: ShardInfo, new: str, companion: ShardInfo | None
+) -> tuple[ShardInfo, ShardInfo | None]:
+    """`old` (and its .idx file) under its new name in `folder`: a hard link, or a copy across file
+    systems; its size must be the manifest's (a shard changed since would come in unnoticed)."""
+    pairs = [(old.name, new, old)]
+    if companion is not None:
+        pairs.insert(0, (companion.name, idx_name(new), companion))
+    for name, target, info in pairs:
+        path = folder / target
+        path.unlink(missing_ok=True)
+        try:
+            os.link(source / name, path)
+        except OSError as error:
+            if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise OutputError(f"{source / name}: cannot link it ({describe(error)})") from None
+            shutil.copyfile(source / name, path)
+        if path.stat().st_size != info.bytes:
+            raise OutputError(
+                f"{source / name}: differs from its manifest (bytes changed); `shardkit verify` says more"
+            )
+    moved = replace(old, name=new)
+    return moved, None if companion is None else replace(companion, name=idx_name(new))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _rewrite(
+    backend: Any, path: Path, old: ShardInfo, target: Path, change: Callable[[Record], Record]
+) -> tuple[ShardInfo, ShardInfo | None]:
+    """The shard written again record for record with `change` applied (its bytes checked against
+    the manifest first: a damaged record must not come out looking whole)."""
+    try:
+        same = path.stat().st_size == old.bytes and sha256_file(path) == old.sha256
+    except OSError as error:
+        raise OutputError(f"{path}: cannot read it ({describe(error)})") from None
+    if not same:
+        raise OutputError(f"{path}: differs from its manifest (bytes changed); `shardkit verify` says more")
+    writer = backend.writer(str(target))
+    reader = backend.reader(str(path))
+    try:
+        for record in reader.read_range(0, len(reader)):
+            writer.add(change(record))
+        count = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+    info = ShardInfo(target.name, count, target.stat().st_size, writer.sha256() or sha256_file(target))
+    companion = None
+    if backend.idx_file is not None:
+        data = backend.idx_file(str(target), writer.members)
+        if data is not None:
+            (target.parent / idx_name(target.name)).write_bytes(data)
+            companion = info_of(idx_name(target.name), count, data)
+    return info, companion
+
+
+def _write_index(read: list[Source], plan: dict[str, Any], names: list[dict[str, str]], path: Path) -> ShardInfo:
+    """index.parquet: each source's row groups in order (a row group a shard, as pack writes them),
+    the shard names the merged ones, keys prefixed and labels renumbered where the plan says."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with pq.ParquetWriter(path, schema(), compression="zstd") as writer:
+        for source, entry, renamed in zip(read, plan["merged"], names, strict=True):
+            parquet = pq.ParquetFile(source.folder / INDEX_NAME)
+            olds, news = strings(list(renamed)), strings(list(renamed.values()))
+            if parquet.metadata.num_rows != source.manifest.records:
+                raise OutputError(f"{source.folder / INDEX_NAME}: does not hold a row per record")
+            for group in range(parquet.num_row_groups):
+                part = parquet.read_row_group(group).cast(schema())
+                at = pc.index_in(part.column("shard"), value_set=olds)
+                if at.null_count:
+                    raise OutputError(f"{source.folder / INDEX_NAME}: names a shard its manifest lacks")
+                part = part.set_column(part.schema.get_field_index("shard"), "shard", pc.take(news, at))
+                if entry["key_prefix"]:
+                    keys = pc.binary_join_element_wise(entry["key_prefix"], part.column("key"), "")
+                    part = part.set_column(part.schema.get_field_index("key"), "key", keys)
+                if entry["labels"] is not None:
+                    numbers = pa.array(np.array(entry["labels"], np.int64))
+                    labels = pc.take(numbers, part.column("label"))
+                    part = part.set_column(part.schema.get_field_index("label"), "label", labels)
+                writer.write_table(part.cast(schema()))
+                rows += part.num_rows
+    return ShardInfo(INDEX_NAME, rows, path.stat().st_size, sha256_file(path))
+
+
+def _write_errors(read: list[Source], plan: dict[str, Any], path: Path) -> list[list[int]]:
+    """errors.jsonl: each source's rows in order, byte for byte (with a key prefix, a row naming a
+    key names the prefixed one); the rows of each source, as [first, end)."""
+    ranges: list[list[int]] = []
+    count = [0]
+
+    def lines() -> Iterator[str]:
+        for source, entry in zip(read, plan["merged"], strict=True):
+            start = count[0]
+            most = source.manifest.totals.get("errors", 0)
+            prefix = entry["key_prefix"]
+            try:
+                with open(source.folder / ERRORS_NAME, "rb") as log:
+                    if not prefix:
+                        for line in log:
+                            text = line.decode("utf-8")
+                            count[0] += 1
+                            if count[0] - start > most:
+                                raise OutputError(
+                                    f"{source.folder / ERRORS_NAME}: holds more rows than its manifest counts"
+                                )
+                            yield text if text.endswith("\n") else text + "\n"
+                    else:
+                        for row in error_lines(log, str(source.folder / ERRORS_NAME), most):
+                            for field in ("key", "duplicate_of"):
+                                if isinstance(row.get(field), str):
+                                    row[field] = prefix + row[field]
+                            count[0] += 1
+                            yield json.dumps(row, sort_keys=True) + "\n"
+            except FileNotFoundError:
+                pass
+            if count[0] - start != most:
+                raise OutputError(f"{source.folder / ERRORS_NAME}: does not hold the {most:,} rows its manifest counts")
+            ranges.append([start, count[0]])
+
+    write_lines_atomic(path, lines(), temp_dir=path.parent)
+    return ranges
+
+
+def _summed(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
+    """Two outputs' totals summed; a count of pictures one of them does not know is left out."""
+    totals = {}
+    for key in [*before, *(key for key in added if key not in before)]:
+        if key in PICTURE_COUNTS and (key not in before or key not in added):
+            continue
+        totals[key] = before.get(key, 0) + added.get(key, 0)
+    return totals
+
+
+def _result(
+    output: str, plan: dict[str, Any], result: Manifest, spent: dict[str, Any], seconds: float, resumed: bool
+) -> MergeResult:
+    return MergeResult(
+        output, list(plan["sources"]), result.records, len(result.shards), spent.get("linked", 0),
+        spent.get("rewritten", 0), spent.get("bytes_written", 0), sum(s.bytes for s in result.shards),
+        len(result.classes), seconds, resumed,
+    )  # fmt: skip
