@@ -373,7 +373,8 @@ def _pending_append(out: Path, src: Path, prefix: str, **plan: object) -> None:
 
     manifest = read_manifest(out)
     request = {"source": str(src), "key_prefix": prefix, "table": None}
-    base = {"source": str(src), "key_prefix": prefix, "table": None, "first_shard": len(manifest.shards)}
+    base = {"source": str(src), "key_prefix": prefix, "table": None, "first_shard": len(manifest.shards),
+            "keep_versions": False}  # fmt: skip
     journal = {
         "action": "append", "base": manifest.checksum, "version": manifest.version + 1, "moves": [], "deletes": [],
         "request": hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest(), "result": "",

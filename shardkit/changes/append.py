@@ -60,7 +60,7 @@ from ..packing.sources.item import display
 from ..packing.working_folder import finishing, is_shard_name, state_dir, writing
 from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
-from .journal import Changing, Journal, changing
+from .journal import Changing, Journal, changing, kept_name
 from .remove import REMOVED
 from .rewrite import refuse_foreign_shards, write_errors
 
@@ -111,6 +111,7 @@ def append(
     output: str | os.PathLike[str],
     *,
     key_prefix: str = "",
+    keep_versions: bool = False,
     table: TableConfig | None = None,
     sidecars: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -125,17 +126,19 @@ def append(
     output's bytes (`resize=128`) must be what the output was packed with, or the append is refused
     naming it. `key_prefix` starts each new key (where the source's keys are the output's already,
     for other images). The same append run again finishes an interrupted one; one whose inputs
-    are all in the output already changes nothing."""
+    are all in the output already changes nothing. `keep_versions` keeps the version before whole
+    in versions/vN (hard links: no bytes copied)."""
     config = pack_config(
         os.fspath(source), os.fspath(output), storage_options=storage_options, table=table, sidecars=sidecars, **options
     )
-    return _append(config, options, key_prefix, progress, dedup_progress, tally)
+    return _append(config, options, key_prefix, keep_versions, progress, dedup_progress, tally)
 
 
 def _append(
     config: PackConfig,
     given: Mapping[str, Any],
     key_prefix: str,
+    keep_versions: bool,
     progress: ProgressCallback | None,
     dedup_progress: HashProgress | None,
     tally: Tally | None,
@@ -171,7 +174,8 @@ def _append(
             changed.commit(pending)
             return _result(output, pending, result, time.perf_counter() - started, 0, resumed=True)
         if pending is not None:
-            _check_pending(changed, pending, _plan(packing, prefix, first))
+            # (the journal says whether the version before is kept, as a remove's does)
+            _check_pending(changed, pending, _plan(packing, prefix, first, pending.plan.get("keep_versions") is True))
         with ray_session(packing):  # (a cluster that cannot be reached is refused before the journal)
             staged = _finished_pack(changed) if pending is not None else None
             walked = _walk(packing, changed, prefix) if staged is None else None
@@ -182,7 +186,10 @@ def _append(
                         output, _source(packing), manifest.version, 0, 0, 0, walked.already, walked.taken_down, 0,
                         0, [], 0, sum(s.bytes for s in manifest.shards), time.perf_counter() - started,
                     )  # fmt: skip
-                plan = {**_plan(packing, prefix, first), "already": walked.already, "taken_down": walked.taken_down}
+                if keep_versions:
+                    changed.refuse_kept()
+                plan = {**_plan(packing, prefix, first, keep_versions), "already": walked.already,
+                        "taken_down": walked.taken_down}  # fmt: skip
                 journal = Journal("append", request, manifest.checksum, manifest.version + 1, plan)
                 changed.begin(journal)
             else:
@@ -201,16 +208,19 @@ def _append(
                 )  # fmt: skip
                 staged, reused = packed.manifest, packed.reused_shards
         result = _write_next(changed, journal, staged)
+        if journal.plan["keep_versions"]:
+            changed.keep_version(journal)
         changed.ready(journal, result)
         changed.commit(journal)
     seconds = time.perf_counter() - started
     return _result(output, journal, result, seconds, reused, resumed=pending is not None)
 
 
-def _plan(packing: PackConfig, prefix: str, first: int) -> dict[str, Any]:
-    """What the journal keeps of an append (besides its counts): what it packs, and where its
-    shards start."""
-    return {"source": _source(packing), "key_prefix": prefix, "table": _table(packing), "first_shard": first}
+def _plan(packing: PackConfig, prefix: str, first: int, keep_versions: bool) -> dict[str, Any]:
+    """What the journal keeps of an append (besides its counts): what it packs, where its shards
+    start, and whether the version before is kept."""
+    return {"source": _source(packing), "key_prefix": prefix, "table": _table(packing), "first_shard": first,
+            "keep_versions": keep_versions}  # fmt: skip
 
 
 def _finished_pack(changed: Changing) -> Manifest | None:
@@ -678,7 +688,8 @@ def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> 
     companions = {c.name for c in result.companions}
     expected = [name for shard in new for name in (idx_name(shard), shard) if name == shard or name in companions]
     expected += [c.name for c in result.companions if not c.name.endswith(IDX_SUFFIX)]
-    if journal.deletes or journal.moves != [*expected, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]:
+    kept = [kept_name(journal.version - 1)] if journal.plan.get("keep_versions") is True else []
+    if journal.deletes or journal.moves != [*kept, *expected, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]:
         raise OutputError(f"{output}: the interrupted append's journal does not follow from its plan; {away}")
 
 

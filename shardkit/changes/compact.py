@@ -56,11 +56,13 @@ def compact(
     shard_size: int | None = None,
     shard_bytes: int | str | None = None,
     resume: bool = False,
+    keep_versions: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> CompactResult:
     """Join consecutive small shards of the local output `output` into shards of at most
     `shard_size` records (or `shard_bytes` bytes: an int or a text such as "256MB"). `resume`
-    finishes a compact that was interrupted (so does the same compact run again).
+    finishes a compact that was interrupted (so does the same compact run again). `keep_versions`
+    keeps the version before whole in versions/vN (hard links: no bytes copied).
     `progress(done, total)` counts shards written."""
     if is_remote(output):
         raise ConfigError(f"{output}: compact works on a local output folder (a bucket's is not supported yet)")
@@ -72,7 +74,12 @@ def compact(
         before[0] = len(changed.manifest.shards)
         return _plan(changed, target, request)
 
-    done = run(output, Change("compact", request, plan, _totals, _history, check=_check), resume, progress)
+    done = run(
+        output,
+        Change("compact", request, plan, _totals, _history, check=_check, keep_versions=keep_versions),
+        resume,
+        progress,
+    )
     after = len(done.manifest.shards)
     size = sum(s.bytes for s in done.manifest.shards)
     if done.journal is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -24,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ManifestError, OutputError, describe
-from ..core.manifest import MANIFEST_NAME, MAX_VERSION, Manifest, read_manifest, write_json_atomic
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    MAX_VERSION,
+    VERSIONS_DIR,
+    Manifest,
+    read_manifest,
+    write_json_atomic,
+)
 from ..core.safeio import load_json_file
 from ..packing.folder_output import lock_folder, precheck
 from ..packing.working_folder import (
@@ -86,14 +96,25 @@ class Journal:
         if not (1 if journal.action == "merge" else 2) <= journal.version <= MAX_VERSION:
             raise OutputError(f"{damaged} (version {journal.version}); move it away")
         own = set(own_files())
+        kept = [name for name in journal.moves if isinstance(name, str) and KEPT.fullmatch(name)]
+        if kept and (kept != [kept_name(journal.version - 1)] or journal.moves[0] != kept[0]):
+            raise OutputError(f"{where}: a journal keeping a version it does not make; move it away")
         if not all(isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name))
-                   for name in [*journal.moves, *journal.deletes]):  # fmt: skip
+                   for name in [*journal.moves[len(kept):], *journal.deletes]):  # fmt: skip
             raise OutputError(f"{where}: a journal naming files shardkit does not write; move it away")
         if MANIFEST_NAME in journal.deletes or (journal.committing and journal.moves[-1:] != [MANIFEST_NAME]):
             raise OutputError(f"{where}: a journal whose commit does not end with the manifest; move it away")
         if set(journal.moves) & set(journal.deletes):
             raise OutputError(f"{where}: a journal that would delete what it puts in place; move it away")
         return journal
+
+
+KEPT = re.compile(r"versions/v[1-9][0-9]{0,9}")  # what --keep-versions moves in: one version's folder
+
+
+def kept_name(version: int) -> str:
+    """Where `--keep-versions` keeps `version`, relative to the output."""
+    return f"{VERSIONS_DIR}/v{version}"
 
 
 @dataclass
@@ -178,6 +199,9 @@ class Changing:
                 source = self.next / name
                 if not os.path.lexists(source):
                     continue  # (moved by the run that was interrupted)
+                if KEPT.fullmatch(name):  # the earlier version, kept whole: a folder of links
+                    self._keep(source, name)
+                    continue
                 if not stat.S_ISREG(os.lstat(source).st_mode):
                     raise OutputError(f"{source}: not a file shardkit wrote; move {state_dir(self.output)} away")
                 os.replace(source, self.output / name)
@@ -186,6 +210,47 @@ class Changing:
             shutil.rmtree(self.next, ignore_errors=True)
             self.journal_path.unlink(missing_ok=True)
         self.pending = None
+
+    def refuse_kept(self) -> None:
+        """`--keep-versions` refused before anything is written where the version it would keep is
+        in the way."""
+        versions, version = self.output / VERSIONS_DIR, self.manifest.version
+        if os.path.lexists(versions) and not stat.S_ISDIR(os.lstat(versions).st_mode):
+            raise OutputError(f"{versions}: is not shardkit's folder of versions (not a folder); move it away")
+        if os.path.lexists(self.output / kept_name(version)):
+            raise OutputError(
+                f"{self.output / kept_name(version)}: is there already; move it away to keep version {version}"
+            )
+
+    def keep_version(self, journal: Journal) -> None:
+        """`--keep-versions`: the version the change starts from, kept whole as `versions/vN/`
+        beside the next one (hard links to its shards and the files beside them: no bytes are
+        copied), made in `next/` and moved in first by the commit. A takedown that keeps versions
+        keeps the removed bytes there: that is what was asked."""
+        manifest, name = self.manifest, kept_name(self.manifest.version)
+        self.refuse_kept()
+        folder = self.next / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        files = [s.name for s in manifest.shards] + [c.name for c in manifest.companions]
+        files += [INDEX_NAME] * (manifest.index is not None) + [ERRORS_NAME, MANIFEST_NAME]
+        with writing(self.output, name):
+            for file in files:
+                if not os.path.lexists(self.output / file) and file == ERRORS_NAME:
+                    continue  # (an output with no error has none)
+                if not stat.S_ISREG(os.lstat(self.output / file).st_mode):
+                    raise OutputError(f"{self.output / file}: not a file shardkit wrote; move it away")
+                os.link(self.output / file, folder / file)
+        journal.moves.insert(0, name)
+
+    def _keep(self, source: Path, name: str) -> None:
+        versions = self.output / VERSIONS_DIR
+        if os.path.lexists(versions) and not stat.S_ISDIR(os.lstat(versions).st_mode):
+            raise OutputError(f"{versions}: is not shardkit's folder of versions (not a folder); move it away")
+        if not stat.S_ISDIR(os.lstat(source).st_mode):
+            raise OutputError(f"{source}: not a folder shardkit wrote; move {state_dir(self.output)} away")
+        versions.mkdir(exist_ok=True)
+        os.replace(source, self.output / name)
 
     def _refuse_planted_next(self) -> None:
         """A link or file planted as `next/` must not make a change read, write or move elsewhere."""

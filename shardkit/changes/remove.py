@@ -17,10 +17,11 @@ import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError, Failure
-from ..core.manifest import Manifest, ShardInfo
+from ..core.errors import ConfigError, Failure, OutputError
+from ..core.manifest import VERSIONS_DIR, Manifest, ShardInfo
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import versioned_name
 from ..readers.subset import IndexFile, Selection, select
@@ -64,13 +65,16 @@ def remove(
     reason: str = "",
     missing_ok: bool = False,
     resume: bool = False,
+    keep_versions: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> RemoveResult:
     """Take the records `keys` names (or those `where` selects: a pyarrow Expression over
     index.parquet's columns, or a callable, as `open_shards(select=...)` takes) out of the local
     output `output`, for `reason` (kept in the manifest's history and errors.jsonl). Keys the
     output lacks are refused, naming them, unless `missing_ok`. `resume` finishes a remove that was
-    interrupted (so does the same remove run again). `progress(done, total)` counts shards written."""
+    interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
+    in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
+    total)` counts shards written."""
     if is_remote(output):
         raise ConfigError(f"{output}: remove works on a local output folder (a bucket's is not supported yet)")
     if resume and (keys is not None or where is not None):
@@ -80,6 +84,12 @@ def remove(
     reason = " ".join(reason.split())
     if not resume and not reason:
         raise ConfigError("remove needs a reason (--reason): the manifest's history and errors.jsonl keep it")
+    kept = Path(output) / VERSIONS_DIR
+    if not (keep_versions or resume) and os.path.lexists(kept):  # (a takedown must reach every file)
+        raise OutputError(
+            f"{kept}: earlier versions are kept there, and a remove would leave the records in them: delete "
+            f"{kept} first, or give --keep-versions to keep them knowingly"
+        )
     wanted = None if keys is None else sorted(set(_checked_keys(keys)))
     request = _request(wanted, where, reason)
     missing = [0]
@@ -88,7 +98,7 @@ def remove(
         journal, missing[0] = _plan(changed, wanted, where, reason, missing_ok, request)
         return journal
 
-    change = Change(REMOVED[:-1], request, plan, _totals, _history, _failures, _check)
+    change = Change(REMOVED[:-1], request, plan, _totals, _history, _failures, _check, keep_versions)
     done = run(output, change, resume, progress)
     if done.journal is None:  # nothing the output holds was named, or nothing was left to finish
         size = sum(s.bytes for s in done.manifest.shards)

@@ -42,7 +42,7 @@ from ..packing.index import schema
 from ..packing.resume import CREATED_BY
 from ..packing.working_folder import finishing, is_shard_name, versioned_name, writing
 from ..readers.subset import IndexFile
-from .journal import Changing, Journal, changing
+from .journal import Changing, Journal, changing, kept_name
 
 Progress = Callable[[int, int], None]
 ACTIONS = ("remove", "compact", "append")  # the changes a journal may name
@@ -62,6 +62,7 @@ class Change:
     failures: Callable[[Changing, IndexFile, dict[str, Any]], list[Failure]] = lambda change, index, plan: []
     # the action's own checks of an interrupted plan: ValueError saying what does not fit
     check: Callable[[Journal, Manifest], None] = lambda journal, manifest: None
+    keep_versions: bool = False  # the version it starts from kept whole in versions/vN (journal.py)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: 
             journal = change.plan(changed)
             if journal is None:
                 return Done(None, changed.manifest, False, time.perf_counter() - started)
+            if change.keep_versions:
+                changed.refuse_kept()
+                journal.plan["keep_versions"] = True
             refuse_damaged(changed, journal.plan)
             changed.begin(journal)
         else:
@@ -100,6 +104,8 @@ def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: 
                 changed.restart()
             result = write_next(changed, journal, change, progress)
             journal.moves = moves(result, journal.plan["writes"])
+            if journal.plan.get("keep_versions") is True:
+                changed.keep_version(journal)
             changed.ready(journal, result)
         else:
             result = changed.next_manifest() or changed.manifest
@@ -346,7 +352,10 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
     kept = {s.name for s in result.shards} | {c.name for c in result.companions}
     gone = journal.plan["gone"]
     allowed = set(gone) | {idx_name(old) for old in gone}
-    if journal.moves != moves(result, journal.plan["writes"]) or not set(journal.deletes) <= allowed - kept:
+    expected = moves(result, journal.plan["writes"])
+    if journal.plan.get("keep_versions") is True:
+        expected.insert(0, kept_name(journal.version - 1))
+    if journal.moves != expected or not set(journal.deletes) <= allowed - kept:
         raise OutputError(unfollowed)
 
 

@@ -15,6 +15,7 @@ from ..core.manifest import (
     IDX_SUFFIX,
     INDEX_NAME,
     MANIFEST_NAME,
+    VERSIONS_DIR,
     Manifest,
     ShardInfo,
     error_lines,
@@ -83,6 +84,8 @@ def check_manifest(
             others += name not in listed and not name.startswith(".")
         elif name in leftovers:
             report.notes.append(f"{name}: {leftovers[name]}; ignored")
+        elif name == VERSIONS_DIR and manifest.version > 1:
+            report.notes.append(f"{name}/: earlier versions kept whole (`shardkit verify OUT/{name}/vN` checks one)")
         elif name not in listed and not name.startswith("."):
             report.problems.append(Problem("stray", "not listed in the manifest", name))
     if others:

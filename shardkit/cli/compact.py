@@ -16,6 +16,10 @@ def compact(
     shard_size: Annotated[Optional[int], typer.Option(help="Records a shard, at most.")] = None,
     shard_bytes: Annotated[Optional[str], typer.Option(help="Or: bytes a shard, at most, e.g. 256MB.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish a compact that was interrupted.")] = False,
+    keep_versions: Annotated[
+        bool,
+        typer.Option("--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links)."),
+    ] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
 ) -> None:
     """Join consecutive small shards of OUT (left by removes, or packed small) into shards of at most
@@ -29,7 +33,7 @@ def compact(
         with progress_bar(unit="shards") as bar:
             task = bar.add_task("joining", total=None, rate="")
             result = compact_shards(
-                output, shard_size=shard_size, shard_bytes=shard_bytes, resume=resume,
+                output, shard_size=shard_size, shard_bytes=shard_bytes, resume=resume, keep_versions=keep_versions,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         if not result.joined:

@@ -83,6 +83,10 @@ def pack(
     key_prefix: Annotated[
         Optional[str], typer.Option(help="With --append: a prefix for the new keys (e.g. 2026-11/).")
     ] = None,
+    keep_versions: Annotated[
+        bool,
+        typer.Option("--keep-versions", help="With --append: keep the version before whole in OUTPUT/versions/vN."),
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an earlier shardkit output in OUTPUT.")] = False,
     metadata: Annotated[
         Optional[str],
@@ -137,12 +141,14 @@ def pack(
         check_json_path(json_path, output)
         if key_prefix is not None and not append:
             raise ConfigError("--key-prefix is for --append")
+        if keep_versions and not append:
+            raise ConfigError("--keep-versions is for --append (and remove, compact)")
         if append:
             if config is not None:
                 raise ConfigError("--append packs with the output's own settings: leave --config out")
             appended = _run_append(
-                source_path(source), output, key_prefix or "", table=table, sidecars=sidecars,
-                storage_options=storage_options(storage_option), **given,
+                source_path(source), output, key_prefix or "", keep_versions=keep_versions, table=table,
+                sidecars=sidecars, storage_options=storage_options(storage_option), **given,
             )  # fmt: skip
             render_append(appended)
             if json_path is not None:

@@ -27,6 +27,10 @@ def remove(
         bool, typer.Option("--missing-ok", help="Go on when some keys are not in the output (counted, not removed).")
     ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Finish a remove that was interrupted.")] = False,
+    keep_versions: Annotated[
+        bool,
+        typer.Option("--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links)."),
+    ] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
 ) -> None:
     """Take records out of OUT: the shards holding them are written again without them and the old
@@ -41,7 +45,7 @@ def remove(
         with progress_bar(unit="shards") as bar:
             task = bar.add_task("rewriting", total=None, rate="")
             result = remove_records(
-                output, wanted, reason=reason, missing_ok=missing_ok, resume=resume,
+                output, wanted, reason=reason, missing_ok=missing_ok, resume=resume, keep_versions=keep_versions,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         if resume and not result.removed:

@@ -22,6 +22,7 @@ MANIFEST_NAME = "manifest.json"
 ERRORS_NAME = "errors.jsonl"
 INDEX_NAME = "index.parquet"  # a row per record: key, shard, position, label, caption, columns, sizes
 WIDS_NAME = "shardindex.json"  # wids' list of shards (formats/tar_companions)
+VERSIONS_DIR = "versions"  # earlier versions kept whole (`--keep-versions`): versions/v1/, versions/v2/...
 STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
 
 

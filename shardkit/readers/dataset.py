@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
+import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -25,7 +27,7 @@ import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
 from ..core.errors import ConfigError, ShardFormatError, ShardReadError
-from ..core.manifest import Manifest, read_manifest
+from ..core.manifest import MANIFEST_NAME, MAX_VERSION, VERSIONS_DIR, Manifest, read_manifest
 from ..formats.base import Record
 from .epoch import EpochRecord, ShardSpace
 from .iteration import EpochIteration
@@ -296,6 +298,7 @@ def open_shards(
     exhausted: str = "resample",
     select: Any = None,
     join: Any = None,
+    version: int | None = None,
 ) -> ShardDataset: ...
 
 
@@ -322,6 +325,7 @@ def open_shards(
     exhausted: str = "resample",
     select: Any = None,
     join: Any = None,
+    version: int | None = None,
 ) -> MixedDataset: ...
 
 
@@ -347,6 +351,7 @@ def open_shards(
     exhausted: str = "resample",
     select: Any = None,
     join: Any = None,
+    version: int | None = None,
 ) -> ShardDataset | MixedDataset:
     """Open a shardkit output folder (or its manifest.json); the format comes from the manifest.
 
@@ -382,6 +387,10 @@ def open_shards(
     saved on). join adds columns without rewriting a shard (readers/joined): a parquet, CSV or JSONL
     file or a pyarrow Table with a `key` column; its other columns join each sample's `fields`
     (None for a record the table lacks). A mix takes select as a filter applied to each output.
+
+    version reads an earlier version of the output, one a change kept whole with --keep-versions
+    (`OUT/versions/vN`, what `shardkit remove|compact|pack --append ... --keep-versions` leave);
+    None or the output's own version reads the output as it is.
     """
     options, opening = given(ReadOptions, locals()), given(OpenOptions, locals())
     if isinstance(path, (list, tuple)):
@@ -412,6 +421,8 @@ def _open_one(path: Location, options: ReadOptions, opening: OpenOptions) -> Sha
 
     storage_options = opening.storage_options
     folder = locate(path, storage_options)
+    if opening.version is not None:
+        folder = _version(folder, opening.version)
     if not isinstance(folder, Path):  # a Store: the shards are read through the local cache
         from ..storage.cache import ShardCache
         from ..storage.remote import Remote
@@ -426,6 +437,33 @@ def _open_one(path: Location, options: ReadOptions, opening: OpenOptions) -> Sha
     check_sizes(folder, manifest)
     subset, joined = _narrowed(folder, manifest, options, storage_options)
     return _dataset_class()(folder, manifest, options, subset=subset, joined=joined)
+
+
+def _version(folder: Path | Store, version: Any) -> Path | Store:
+    """The folder of `version` of the output at `folder`: the output itself at its own version, or
+    the one --keep-versions kept (versions/vN); ConfigError naming the versions there are."""
+    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+        raise ConfigError(f"version must be a version number (1 or more), not {version!r}")
+    if not isinstance(folder, Path):
+        raise ConfigError("version= reads a local output's kept versions (a bucket's are not read yet)")
+    manifest = read_manifest(folder)
+    if version == manifest.version:
+        return folder
+    kept = folder / VERSIONS_DIR / f"v{version}"
+    if (kept / MANIFEST_NAME).is_file() and not kept.is_symlink():
+        return kept
+    there = sorted(
+        int(entry.name[1:]) for entry in _entries(folder / VERSIONS_DIR) if re.fullmatch(r"v[0-9]{1,10}", entry.name)
+    )
+    said = f"kept: {', '.join(map(str, there))}" if there else "none kept (--keep-versions keeps them)"
+    raise ConfigError(f"{folder}: has no version {version} (it is at version {manifest.version}; {said})")
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(folder))
+    except OSError:
+        return []
 
 
 def _dataset_class() -> type[ShardDataset]:

@@ -91,6 +91,7 @@ class OpenOptions:
     weights: Sequence[float] | None = None
     length: int | None = None
     exhausted: str = "resample"
+    version: int | None = None  # an earlier version kept by --keep-versions (None: the output's own)
 
 
 @dataclass(frozen=True)

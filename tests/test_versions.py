@@ -1,0 +1,122 @@
+"""`--keep-versions`: a change keeps the version it starts from whole in OUT/versions/vN (hard links:
+no bytes copied), `open_shards(OUT, version=N)` reads it, verify passes on each, a remove is refused
+where kept versions would keep the records it takes out, and a kill at any step of a change that
+keeps versions finishes to the same bytes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardkit.changes.append import append
+from shardkit.changes.compact import compact
+from shardkit.changes.remove import remove
+from shardkit.checks.verify import verify
+from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.manifest import read_manifest
+from shardkit.readers import open_shards
+from shardkit.synthetic import write_image
+from tests.step_kills import hooked_env
+from tests.test_pack_kills import differences, snapshot
+
+
+def _keys(out: Path, version: int | None = None) -> list[str]:
+    return [sample.key for sample in open_shards(out, version=version, decode="bytes")]
+
+
+def test_each_change_keeps_the_version_before_and_the_reader_reads_it(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    v1 = _keys(out)
+    compact(out, shard_size=20, keep_versions=True)
+    new = tmp_path / "new"
+    for i in range(3):
+        write_image(new / read_manifest(out).classes[0] / f"fresh_{i}.jpg", 80, 60, seed=40 + i)
+    append(new, out, keep_versions=True)
+    v3 = _keys(out)
+    remove(out, v3[:2], reason="takedown", keep_versions=True)
+
+    assert read_manifest(out).version == 4
+    assert _keys(out, version=1) == v1 == _keys(out, version=2)
+    assert _keys(out, version=3) == v3 and _keys(out, version=4) == _keys(out) == v3[2:]
+    for version in (1, 2, 3):
+        kept = out / "versions" / f"v{version}"
+        assert read_manifest(kept).version == version
+        report = verify(kept)
+        assert report.ok, report.problems
+    # a kept shard is the very file the output lists, where it still lists it: a link, not a copy
+    now = {shard.name for shard in read_manifest(out).shards}
+    shared = [s.name for s in read_manifest(out / "versions" / "v3").shards if s.name in now]
+    assert shared and all(os.path.samefile(out / "versions" / "v3" / name, out / name) for name in shared)
+    report = verify(out)
+    assert report.ok and any("versions/" in note for note in report.notes), report.problems
+    with pytest.raises(ConfigError, match=r"has no version 9 \(it is at version 4; kept: 1, 2, 3\)"):
+        open_shards(out, version=9)
+    with pytest.raises(ConfigError, match="version must be a version number"):
+        open_shards(out, version=0)
+
+
+def test_a_remove_is_refused_where_kept_versions_would_keep_the_records(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    compact(out, shard_size=20, keep_versions=True)
+    before = read_manifest(out)
+    with pytest.raises(OutputError, match="earlier versions are kept there"):
+        remove(out, _keys(out)[:1], reason="takedown")
+    assert read_manifest(out) == before
+    shutil.rmtree(out / "versions")
+    remove(out, _keys(out)[:1], reason="takedown")
+    assert verify(out).ok
+
+
+def test_a_version_in_the_way_is_refused_before_anything_is_written(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    (out / "versions" / "v1").mkdir(parents=True)
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="is there already"):
+        compact(out, shard_size=20, keep_versions=True)
+    assert snapshot(out) == before and not (out / ".shardkit").exists()
+
+
+@pytest.mark.slow  # kills a compact that keeps versions at each of its steps
+def test_a_change_keeping_versions_killed_at_any_step_finishes_to_the_same_bytes(
+    shardkit, packed_sample, tmp_path: Path
+) -> None:
+    source = packed_sample("webdataset", 64, 7)
+    flags = ["--shard-size", "30", "--keep-versions"]
+    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    shutil.copytree(source, clean)
+    assert shardkit("compact", clean, *flags).returncode == 0
+    expected = snapshot(clean)
+
+    def run(**variables: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "shardkit", "compact", str(out), *flags]
+        env = hooked_env(hook, [out], **variables)
+        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+
+    shutil.copytree(source, out)
+    assert run(log=str(log)).returncode == 0
+    assert snapshot(out) == expected
+    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
+    assert any("versions" in step for step in steps), steps
+    failed = []
+    for step in steps:
+        shutil.rmtree(out)
+        shutil.copytree(source, out)
+        killed = run(at=step)
+        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+        resumed = shardkit("compact", out, "--resume")
+        if resumed.returncode == 0 and read_manifest(out).version == 1:  # (killed before its journal)
+            resumed = shardkit("compact", out, *flags)
+        if resumed.returncode != 0:
+            failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")
+        elif snapshot(out) != expected:
+            failed.append(f"{step}: differs from the clean compact in {differences(snapshot(out), expected)}")
+    assert not failed, "\n".join(failed)
