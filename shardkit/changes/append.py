@@ -321,7 +321,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
             "(leave --path-column, --caption-column, --label-column and --columns out)"
         )
     mine = json.loads(json.dumps(settings_of(packing, urls="web" in settings)))  # (tuples as JSON has them)
-    ours = {key: value for key, value in settings.items() if key not in ("plan", "source")}
+    ours = {key: value for key, value in settings.items() if key not in ("plan", "source", "merged")}
     for both in (mine, ours):  # (a table's file is the source's own: its columns are the setting)
         if isinstance(both.get("table"), dict):
             both["table"] = {name: value for name, value in both["table"].items() if name != "path"}

@@ -317,6 +317,8 @@ def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
         pending = _journal(state / CHANGE_NAME)
         if pending is not None and pending.action != "merge":
             raise OutputError(f"{path}: an interrupted {pending.action[:40]!r} is here, not a merge")
+        if os.path.lexists(state / STATE_NAME):
+            raise OutputError(f"{path}: an interrupted pack is here; merge into a new folder")
         others = sorted(entry.name for entry in os.scandir(path) if entry.name != state.name)
         if others and pending is None and MANIFEST_NAME not in others:
             raise OutputError(f"{path}: holds {others[0]!r}; merge into a new folder")
@@ -327,8 +329,8 @@ def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
             except ManifestError:
                 raise OutputError(f"{path}: holds an output already; merge into a new folder") from None
         yield Changing(path, manifest, pending)
-    finally:
-        if not os.path.lexists(state / CHANGE_NAME):
+    finally:  # (an interrupted pack's state stays: its pack --resume needs it)
+        if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
             remove_state(path)
         os.close(lock_fd)
 
@@ -360,7 +362,7 @@ def _journal(path: Path) -> Journal | None:
 
 
 def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO put there must not hang the commit)
     try:
         os.fsync(fd)
     finally:

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,7 @@ from ..core.manifest import (
     Manifest,
     ShardInfo,
     error_lines,
+    error_lines_as_written,
     idx_name,
     info_of,
     read_manifest,
@@ -51,6 +53,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_lines_atomic,
 )
+from ..core.safeio import open_regular
 from ..formats import get_format
 from ..formats.base import Record
 from ..packing.index import schema
@@ -58,11 +61,15 @@ from ..packing.resume import CREATED_BY
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
 from ..readers.arrays import strings
+from ..readers.subset import read_index
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, creating, pending_change
 
 # what decides a record's bytes: outputs merged must agree on each
 SAME = ("format", "resize", "encode", "clips")
+# what outputs merged may differ in: the merged manifest's settings are the first's, each other's
+# own are said beside it
+OWN = ("shard_size", "shard_bytes", "shuffle", "seed", "jpeg_backend", "labels")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
@@ -109,30 +116,33 @@ def merge(
     `progress(done, total)` counts shards put in place."""
     started = time.perf_counter()
     folders = _checked_sources(sources, output)
+    pending = pending_change(Path(output)) if os.path.isdir(output) else None
+    if pending is not None and pending.action == "merge" and pending.committing:
+        # its next/ holds the whole merged output, checked when it was written: finished whatever
+        # became of the sources since
+        with creating(output) as changed:
+            if changed.pending is not None and changed.pending.committing:
+                return _finish(changed, changed.pending, started)
+    # every check of the sources, before OUT is made or touched
+    read = [_source(folder) for folder in folders]
+    plan = _plan(read, prefix_keys, relabel)
+    _refuse_collisions(read, plan)
+    _check_rewrites(read, plan)
+    request = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
     with creating(output) as changed:
         pending = changed.pending
-        read = [_source(folder) for folder in folders]
-        plan = _plan(read, prefix_keys, relabel)
-        request = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+        if pending is not None and pending.committing:
+            return _finish(changed, pending, started)
         if pending is not None and pending.request != request:
             raise OutputError(
                 f"{output}: an interrupted merge of other sources (or of sources changed since) is here; "
-                f"move {state_dir(output)} away to abandon it"
+                f"delete {output} to start again"
             )
         if pending is None and changed.manifest.version:  # a finished output: this merge's, or refused
-            if _made_by(changed.manifest, plan):
+            if _made_by(Path(output), changed.manifest, plan):
                 done = _result(str(output), plan, changed.manifest, {}, time.perf_counter() - started, False)
                 return replace(done, already_complete=True)
             raise OutputError(f"{output}: holds an output already; merge into a new folder")
-        if pending is None and resume:
-            raise OutputError(f"{output}: no interrupted merge here to finish; run the merge without --resume")
-        if pending is not None and pending.committing:
-            result = changed.next_manifest() or _committed(Path(output))
-            if result.checksum != pending.result or result.computed_checksum() != result.checksum:
-                raise OutputError(f"{output}: the merged output an interrupted merge wrote is damaged; merge again")
-            changed.commit(pending)
-            return _result(str(output), plan, result, pending.plan, time.perf_counter() - started, True)
-        _refuse_collisions(read, plan)
         journal = Journal("merge", request, "", 1, plan)
         if pending is None:
             changed.begin(journal)
@@ -144,15 +154,38 @@ def merge(
     return _result(str(output), plan, result, journal.plan, time.perf_counter() - started, pending is not None)
 
 
-def _made_by(manifest: Manifest, plan: dict[str, Any]) -> bool:
-    """Whether `manifest` is the merge `plan` makes, finished (its sources, as they are now)."""
+def _finish(changed: Changing, pending: Journal, started: float) -> MergeResult:
+    """An interrupted merge's commit, finished."""
+    result = changed.next_manifest() or _committed(changed.output)
+    if result.checksum != pending.result or result.computed_checksum() != result.checksum:
+        raise OutputError(f"{changed.output}: the merged output an interrupted merge wrote is damaged; delete it")
+    changed.commit(pending)
+    return _result(str(changed.output), pending.plan, result, pending.plan, time.perf_counter() - started, True)
+
+
+def _made_by(output: Path, manifest: Manifest, plan: dict[str, Any]) -> bool:
+    """Whether `manifest` is the merge `plan` makes, finished and as it made it: its first version,
+    of the same sources as they are now, every shard there with its size."""
     merged = manifest.settings.get("merged")
     if manifest.checksum != manifest.computed_checksum() or not isinstance(merged, list):
+        return False
+    if manifest.version != 1 or manifest.history:
         return False
     said = [{key: entry.get(key) for key in ("path", "checksum")} for entry in merged if isinstance(entry, dict)]
     prefixes = [entry.get("key_prefix", "") for entry in merged if isinstance(entry, dict)]
     wanted = [{key: entry[key] for key in ("path", "checksum")} for entry in plan["merged"]]
-    return said == wanted and prefixes == [entry["key_prefix"] for entry in plan["merged"]]
+    if said != wanted or prefixes != [entry["key_prefix"] for entry in plan["merged"]]:
+        return False
+    return all(_regular_size(output / shard.name) == shard.bytes for shard in manifest.shards)
+
+
+def _regular_size(path: Path) -> int | None:
+    """A regular file's size (not a link's, a FIFO's or a device's): None for anything else."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
 
 
 def _committed(output: Path) -> Manifest:
@@ -169,6 +202,7 @@ def _committed(output: Path) -> Manifest:
 class Source:
     folder: Path
     manifest: Manifest
+    rows: int  # index.parquet's, checked: a row per record
 
 
 def _checked_sources(sources: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str]) -> list[Path]:
@@ -191,7 +225,11 @@ def _checked_sources(sources: Sequence[str | os.PathLike[str]], output: str | os
 
 
 def _source(folder: Path) -> Source:
-    """A finished, sealed output of pack's shards with nothing unfinished in it."""
+    """A finished, sealed output of pack's shards with nothing unfinished in it, each file it lists
+    whole where a stat or a pass over its index and errors.jsonl can tell."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         manifest = read_manifest(folder)
     except ManifestError as error:
@@ -206,14 +244,60 @@ def _source(folder: Path) -> Source:
         raise OutputError(f"{folder}: holds shards pack did not name (adopted tars?); merge takes pack's outputs")
     if manifest.index is None:
         raise OutputError(f"{folder}: has no index.parquet (packed by an early shardkit); pack it again")
-    index = folder / INDEX_NAME
+    # every file it lists a regular file of its size, not a link, a FIFO or a device (a link would be
+    # linked as a link, or followed anywhere when copied; a FIFO would hang the merge)
+    for info in [*manifest.shards, *manifest.companions, manifest.index]:
+        if _regular_size(folder / info.name) != info.bytes:
+            raise OutputError(f"{folder / info.name}: not the file its manifest lists (a link, missing, or resized)")
     try:
-        whole = index.stat().st_size == manifest.index.bytes and sha256_file(index) == manifest.index.sha256
-    except OSError as error:
-        raise OutputError(f"{index}: cannot read it ({describe(error)})") from None
-    if not whole:
-        raise OutputError(f"{index}: differs from its manifest (bytes changed); `shardkit verify` says more")
-    return Source(folder, manifest)
+        index = read_index(folder, manifest)  # (its bytes the manifest's, a row per record, each shard's)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None
+    types = {field.name: field.type for field in pq.read_schema(folder / INDEX_NAME)}
+    if not (pa.types.is_string(types.get("key")) and pa.types.is_integer(types.get("label", pa.int64()))):
+        raise OutputError(f"{folder / INDEX_NAME}: its key or label column is not pack's")
+    errors = folder / ERRORS_NAME
+    most = manifest.totals.get("errors", 0)
+    if os.path.lexists(errors) or most:
+        if _regular_size(errors) is None:
+            raise OutputError(f"{errors}: not a file shardkit wrote (a link, missing, or not a file)")
+        try:
+            with open(open_regular(errors), "rb") as log:
+                rows = sum(1 for _ in error_lines(log, str(errors), most))
+        except (ManifestError, OSError) as error:
+            raise OutputError(
+                str(error) if isinstance(error, ManifestError) else f"{errors}: {describe(error)}"
+            ) from None
+        if rows != most:
+            raise OutputError(f"{errors}: does not hold the {most:,} rows its manifest counts")
+    return Source(folder, manifest, len(index.keys))
+
+
+def _check_rewrites(read: list[Source], plan: dict[str, Any]) -> None:
+    """What a source whose records change (a key prefix, new label numbers) must be, checked before
+    anything is written: its shards the manifest's byte for byte (a damaged record would come out
+    in a new shard looking whole), its labels each a class it names, and for LMDB its keys with the
+    prefix within LMDB's 511 bytes."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for source, entry in zip(read, plan["merged"], strict=True):
+        if not entry["key_prefix"] and entry["labels"] is None:
+            continue
+        for shard in source.manifest.shards:
+            if sha256_file(source.folder / shard.name) != shard.sha256:
+                raise OutputError(f"{source.folder / shard.name}: differs from its manifest (bytes changed)")
+        table = pq.ParquetFile(source.folder / INDEX_NAME).read(columns=["key", "label"])
+        labels = table.column("label")
+        if entry["labels"] is not None and labels.null_count < len(labels):
+            low, high = pc.min_max(labels).values()
+            if low.as_py() < 0 or high.as_py() >= len(entry["labels"]):
+                raise OutputError(f"{source.folder / INDEX_NAME}: a label names no class of its manifest")
+        longest = pc.max(pc.binary_length(table.column("key"))).as_py() or 0
+        if source.manifest.format == "lmdb" and longest + len(entry["key_prefix"].encode()) > 511:
+            raise OutputError(
+                f"{source.folder}: a key with the prefix {entry['key_prefix']!r} would be over LMDB's 511 bytes"
+            )
 
 
 def _plan(read: list[Source], prefix_keys: bool, relabel: bool) -> dict[str, Any]:
@@ -365,6 +449,9 @@ def _write_next(
             said["key_prefix"] = entry["key_prefix"]
         if entry["labels"] is not None:
             said["relabelled"] = True
+        own = {key: source.manifest.settings.get(key) for key in OWN}
+        if own != {key: first.settings.get(key) for key in OWN}:  # (the manifest's settings are the first's)
+            said["settings"] = own
         merged.append(said)
         start += count
     settings = {key: value for key, value in first.settings.items() if key not in ("plan", "source")}
@@ -390,6 +477,8 @@ def _record_change(entry: dict[str, Any]) -> Callable[[Record], Record] | None:
         return None
 
     def change(record: Record) -> Record:
+        if labels is not None and record.label is not None and not 0 <= record.label < len(labels):
+            raise OutputError(f"record {record.key[:200]!r}: its label {record.label} names no class of its output")
         label = record.label if labels is None or record.label is None else labels[record.label]
         return record._replace(key=prefix + record.key, label=label)
 
@@ -431,13 +520,9 @@ def _same_file(a: Path, b: Path) -> bool:
 def _rewrite(
     backend: Any, path: Path, old: ShardInfo, target: Path, change: Callable[[Record], Record]
 ) -> tuple[ShardInfo, ShardInfo | None]:
-    """The shard written again record for record with `change` applied (its bytes checked against
-    the manifest first: a damaged record must not come out looking whole)."""
-    try:
-        same = path.stat().st_size == old.bytes and sha256_file(path) == old.sha256
-    except OSError as error:
-        raise OutputError(f"{path}: cannot read it ({describe(error)})") from None
-    if not same:
+    """The shard written again record for record with `change` applied (its bytes were checked
+    against the manifest before the merge began: `_check_rewrites`)."""
+    if _regular_size(path) != old.bytes:
         raise OutputError(f"{path}: differs from its manifest (bytes changed); `shardkit verify` says more")
     writer = backend.writer(str(target))
     reader = backend.reader(str(path))
@@ -493,8 +578,9 @@ def _write_index(read: list[Source], plan: dict[str, Any], names: list[dict[str,
 
 
 def _write_errors(read: list[Source], plan: dict[str, Any], path: Path) -> list[list[int]]:
-    """errors.jsonl: each source's rows in order, byte for byte (with a key prefix, a row naming a
-    key names the prefixed one); the rows of each source, as [first, end)."""
+    """errors.jsonl: each source's rows in order, each checked and copied as written (with a key
+    prefix, a row naming a key is written again naming the prefixed one); the rows of each source,
+    as [first, end)."""
     ranges: list[list[int]] = []
     count = [0]
 
@@ -503,31 +589,27 @@ def _write_errors(read: list[Source], plan: dict[str, Any], path: Path) -> list[
             start = count[0]
             most = source.manifest.totals.get("errors", 0)
             prefix = entry["key_prefix"]
-            try:
-                with open(source.folder / ERRORS_NAME, "rb") as log:
-                    if not prefix:
-                        for line in log:
-                            text = line.decode("utf-8")
-                            count[0] += 1
-                            if count[0] - start > most:
-                                raise OutputError(
-                                    f"{source.folder / ERRORS_NAME}: holds more rows than its manifest counts"
-                                )
-                            yield text if text.endswith("\n") else text + "\n"
-                    else:
-                        for row in error_lines(log, str(source.folder / ERRORS_NAME), most):
+            where = source.folder / ERRORS_NAME
+            if most:
+                with open(open_regular(where), "rb") as log:
+                    for line, row in error_lines_as_written(log, str(where), most):
+                        count[0] += 1
+                        if prefix and any(isinstance(row.get(field), str) for field in ("key", "duplicate_of")):
                             for field in ("key", "duplicate_of"):
                                 if isinstance(row.get(field), str):
                                     row[field] = prefix + row[field]
-                            count[0] += 1
                             yield json.dumps(row, sort_keys=True) + "\n"
-            except FileNotFoundError:
-                pass
+                        else:
+                            text = line.decode("utf-8")
+                            yield text if text.endswith("\n") else text + "\n"
             if count[0] - start != most:
-                raise OutputError(f"{source.folder / ERRORS_NAME}: does not hold the {most:,} rows its manifest counts")
+                raise OutputError(f"{where}: does not hold the {most:,} rows its manifest counts")
             ranges.append([start, count[0]])
 
-    write_lines_atomic(path, lines(), temp_dir=path.parent)
+    try:
+        write_lines_atomic(path, lines(), temp_dir=path.parent)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None
     return ranges
 
 

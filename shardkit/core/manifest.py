@@ -319,6 +319,14 @@ def error_lines(lines: BinaryIO, where: str, most: int | None = None) -> Iterato
     """The rows of an errors.jsonl read from `lines` (a local file, or a remote body streamed), each
     checked. With `most`, the first row past it raises ManifestError, and so do blank lines past it
     (pack writes none): a log that never ends is read no further than the count its manifest gives."""
+    for _, row in error_lines_as_written(lines, where, most):
+        yield row
+
+
+def error_lines_as_written(
+    lines: BinaryIO, where: str, most: int | None = None
+) -> Iterator[tuple[bytes, dict[str, str]]]:
+    """`error_lines`, each row with its line as written (to copy a log byte for byte, checked)."""
     rows = blank = 0
     for number, line in enumerate(iter(lambda: lines.readline(MAX_ERROR_LINE + 1), b""), 1):
         if len(line) > MAX_ERROR_LINE:
@@ -335,4 +343,4 @@ def error_lines(lines: BinaryIO, where: str, most: int | None = None) -> Iterato
             raise ManifestError(f"{where}: line {number} is not JSON ({error})") from None
         if not isinstance(row, dict) or not all(isinstance(row.get(name), str) for name in ERROR_FIELDS):
             raise ManifestError(f"{where}: line {number} is not an object of {', '.join(ERROR_FIELDS)} strings")
-        yield row
+        yield line, row
