@@ -432,3 +432,31 @@ def test_a_ray_cluster_that_cannot_be_reached_is_refused_before_the_journal(
     with pytest.raises(Exception, match="Ray"):
         append(week_two, out, key_prefix="w2/", executor="ray", ray_address=f"127.0.0.1:{free_port()}")
     assert not (out / ".shardkit").exists()
+
+
+@pytest.mark.parametrize("mode", ["exact", "near"])
+def test_dedup_compares_the_new_files_with_the_whole_output(sample_dataset: Path, tmp_path: Path, mode: str) -> None:
+    """An output packed with --dedup leaves out a new file that copies one of its records (the same
+    bytes; with near, the same picture saved again), naming the record, as a pack of both would."""
+    from PIL import Image
+
+    out, new = tmp_path / "out", tmp_path / "new"
+    pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=16, dedup=mode))
+    first = pq.read_table(out / "index.parquet", columns=["key", "source"]).to_pylist()[0]
+    original = sample_dataset / first["source"]
+    folder = new / first["source"].split("/")[0]
+    folder.mkdir(parents=True)
+    shutil.copyfile(original, folder / "same_bytes.jpg")
+    with Image.open(original) as image:
+        image.convert("RGB").save(folder / "saved_again.jpg", quality=70)
+    write_image(folder / "really_new.jpg", 97, 71, seed=4242)
+
+    result = append(new, out)
+
+    rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    duplicates = {row["path"].split("/")[-1]: row["duplicate_of"] for row in rows if row["stage"] == "duplicate"}
+    expected = {"same_bytes.jpg": first["key"]} | ({"saved_again.jpg": first["key"]} if mode == "near" else {})
+    assert duplicates == expected
+    assert result.records == 3 - len(expected)
+    assert read_manifest(out).totals["duplicates"] == len(expected)
+    assert verify(out).ok

@@ -48,6 +48,7 @@ from ..core.manifest import (
 )
 from ..core.pack_options import PACK_OPTION_TABLE, pack_config
 from ..formats import get_format
+from ..packing.dedup import Earlier
 from ..packing.folder_output import refuse_overlap, refuse_sources_inside
 from ..packing.index import schema
 from ..packing.output import open_output
@@ -202,9 +203,10 @@ def _append(
                 if {key: journal.plan[key] for key in counts} != counts:  # (the source changed meanwhile)
                     journal.plan.update(counts)
                     changed.record(journal)
+                earlier = _earlier(changed) if packing.dedup != "none" else None
                 packed = pack_into(
                     packing, open_output(packing), progress, dedup_progress, tally,
-                    extension=Extension(first, lambda found: walked.walk),
+                    extension=Extension(first, lambda found: walked.walk, earlier),
                 )  # fmt: skip
                 staged, reused = packed.manifest, packed.reused_shards
         result = _write_next(changed, journal, staged)
@@ -455,6 +457,20 @@ def _failed_before(changed: Changing, source: str) -> tuple[set[str], set[str]]:
 
 def _is_range(value: object) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)
+
+
+def _earlier(changed: Changing) -> Earlier:
+    """The output's records as --dedup compares the new files with them: from index.parquet, each
+    record's key, source, the sha256 of its source file and its picture's DCT hash."""
+    import numpy as np
+
+    table = changed.index().read(columns=["key", "source", "source_sha256", "phash"])
+    phashes = table.column("phash").to_pylist()
+    hashed = np.array([isinstance(h, str) and len(h) == 16 for h in phashes], bool)
+    hashes = np.array([int(h, 16) if ok else 0 for h, ok in zip(phashes, hashed.tolist(), strict=True)], np.uint64)
+    keys = table.column("key").to_pylist()
+    sources = [s if isinstance(s, str) else k for s, k in zip(table.column("source").to_pylist(), keys, strict=True)]
+    return Earlier(keys, sources, table.column("source_sha256").to_pylist(), hashes, hashed)
 
 
 def _removed_keys(changed: Changing) -> set[str]:

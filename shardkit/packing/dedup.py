@@ -222,17 +222,30 @@ class Deduplicated(NamedTuple):
     fallbacks: dict[str, Fallbacks]  # by the key of each kept item that has copies; places index `dropped`
 
 
+class Earlier(NamedTuple):
+    """The records an output holds already (what an append adds to), as --dedup compares new files
+    with them: each record's key, source path, source sha256 and DCT hash (`hashed`: it has one),
+    all from index.parquet."""
+
+    keys: list[str]
+    sources: list[str]
+    digests: list[str | None]
+    hashes: np.ndarray
+    hashed: np.ndarray
+
+
 def dedup_items(
     items: Sequence[Item], mode: str, threshold: int, max_pixels: int, workers: int | None = None,
     progress: Callable[[int], None] | None = None, confine: str | None = None, cache: Path | None = None,
-    reuse: bool = True,
+    reuse: bool = True, earlier: Earlier | None = None,
 ) -> Deduplicated:  # fmt: skip
     """The items to pack and a Failure at stage "duplicate" for each other one, naming the key and
     file it copies. Decided in walk order: an item is left out when it is a copy of one already
     kept (the same bytes, or with `near` a DCT hash within `threshold` bits of it), never through
     a chain of copies (A near B near C does not drop C when C is far from A). A file that cannot
     be read or hashed, or (`confine`: a table's source) lies outside that folder, is kept: the pack
-    records why it fails, as it would without --dedup."""
+    records why it fails, as it would without --dedup. `earlier`: records kept before every item
+    (an output's, for an append), never left out themselves."""
     import numpy as np
 
     near = mode == "near"
@@ -245,7 +258,7 @@ def dedup_items(
     where = np.flatnonzero(inside)
     for i, at in enumerate(where.tolist()):
         digests[at], hashes[at], hashed[at] = table.digests[i], table.hashes[i], table.hashed[i]
-    return keep_first(items, Hashed(digests, hashes, hashed, []), threshold if near else None)
+    return keep_first(items, Hashed(digests, hashes, hashed, []), threshold if near else None, earlier)
 
 
 def _hash_files(chunk: tuple[list[str], bool, int]) -> list[tuple[str | None, int | None, str | None]]:
@@ -255,20 +268,27 @@ def _hash_files(chunk: tuple[list[str], bool, int]) -> list[tuple[str | None, in
     return hash_files(chunk)
 
 
-def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> Deduplicated:
-    """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only)."""
+def keep_first(
+    items: Sequence[Item], table: Hashed, threshold: int | None, earlier: Earlier | None = None
+) -> Deduplicated:
+    """`dedup_items`' decision over hashes already taken (`threshold` None: exact copies only), with
+    the `earlier` records kept first (positions before the items': an item is a copy of one of them
+    as of one of its own, with no fallback, since the record is packed already)."""
     import numpy as np
 
     from ..core.phash import near_components
 
     near = threshold is not None
-    digests, hashes, hashed = table.digests, table.hashes, table.hashed
+    before = 0 if earlier is None else len(earlier.keys)
+    digests = table.digests if earlier is None else [*earlier.digests, *table.digests]
+    hashes = table.hashes if earlier is None else np.concatenate([earlier.hashes, table.hashes])
+    hashed = table.hashed if earlier is None else np.concatenate([earlier.hashed, table.hashed])
     # Distinct hash values and their groups (joined through pairs within the threshold): a kept
     # item within the threshold of a value is in its group, and the pairs are never listed (a
     # burst of k near-identical shots has k^2 / 2 of them).
     values, value_of = np.unique(hashes[hashed], return_inverse=True)
     group_of = near_components(values, threshold).tolist() if threshold is not None else []
-    value_at = np.full(len(items), -1, np.int64)
+    value_at = np.full(len(hashes), -1, np.int64)
     value_at[np.flatnonzero(hashed)] = value_of.ravel()
     first_of_digest: dict[str, tuple[int, bool]] = {}  # a digest -> the item kept for it, and whether its bytes
     kept_in_group: dict[int, list[tuple[int, int]]] = {}  # a group -> (hash, item) of each item kept in it
@@ -276,30 +296,48 @@ def keep_first(items: Sequence[Item], table: Hashed, threshold: int | None) -> D
     dropped: list[Failure] = []
     fallbacks: dict[str, Fallbacks] = {}
 
-    def drop(item: Item, original: Item, why: str) -> None:
-        fallbacks.setdefault(original.key, Fallbacks(display(original.relpath), [])).copies.append((item, len(dropped)))
+    def item_at(at: int) -> Item:
+        if at >= before:
+            return items[at - before]
+        assert earlier is not None
+        return Item(earlier.sources[at], earlier.sources[at], earlier.keys[at])
+
+    def drop(item: Item, at: int, why: str) -> None:
+        original = item_at(at)
+        if at >= before:  # (a record of the output is packed already: no copy stands in for it)
+            fallbacks.setdefault(original.key, Fallbacks(display(original.relpath), [])).copies.append(
+                (item, len(dropped))
+            )
         dropped.append(_duplicate(item, original, why))
 
-    for at, item in enumerate(items):
+    def keep(at: int) -> None:
         digest = digests[at]
+        if digest is not None and digest not in first_of_digest:
+            first_of_digest[digest] = (at, True)
+        if near and value_at[at] >= 0:
+            kept_in_group.setdefault(group_of[value_at[at]], []).append((int(hashes[at]), at))
+
+    for at in range(before):
+        keep(at)
+    for at in range(before, len(hashes)):
+        item, digest = items[at - before], digests[at]
         if digest is not None and digest in first_of_digest:
             original, exact = first_of_digest[digest]
-            why = _same_bytes(item, items[original]) if exact else _near(item, items[original], hashes, at, original)
-            drop(item, items[original], why)
+            why = (
+                _same_bytes(item, item_at(original)) if exact else _near(item, item_at(original), hashes, at, original)
+            )
+            drop(item, original, why)
             continue
         keeper = None
         if threshold is not None and value_at[at] >= 0:
             keeper = _first_within(kept_in_group.get(group_of[value_at[at]], ()), int(hashes[at]), threshold)
         if keeper is not None:
-            drop(item, items[keeper], _near(item, items[keeper], hashes, at, keeper))
+            drop(item, keeper, _near(item, item_at(keeper), hashes, at, keeper))
             if digest is not None:  # its own exact copies are near copies of the same kept item
                 first_of_digest[digest] = (keeper, False)
             continue
         kept.append(item)
-        if digest is not None:
-            first_of_digest[digest] = (at, True)
-        if near and value_at[at] >= 0:
-            kept_in_group.setdefault(group_of[value_at[at]], []).append((int(hashes[at]), at))
+        keep(at)
     return Deduplicated(kept, dropped, fallbacks)
 
 

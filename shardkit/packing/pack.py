@@ -27,7 +27,7 @@ from ..runtime.pools import default_workers
 from ..runtime.processes import exit_if_importing_main
 from ..runtime.timeline import mark
 from ..storage.urls import is_remote
-from .dedup import Fallbacks, dedup_items, fallback_stamps, settle
+from .dedup import Earlier, Fallbacks, dedup_items, fallback_stamps, settle
 from .estimate import calibrate
 from .failed_rows import FailedRows
 from .finish import PackResult, already_complete, finish
@@ -59,6 +59,7 @@ class Extension:
 
     first_shard: int
     walk: Callable[[SourceWalk], SourceWalk]
+    earlier: Earlier | None = None  # with --dedup: the output's records, which new files are copies of too
 
 
 def pack(
@@ -179,7 +180,8 @@ def prepare(
     fallbacks: dict[str, Fallbacks] = {}
     if config.dedup != "none":
         cache = None if output is None else state_dir(output) / HASHES_NAME
-        found, fallbacks = _deduplicated(found, config, dedup_progress, cache)
+        earlier = None if extension is None else extension.earlier
+        found, fallbacks = _deduplicated(found, config, dedup_progress, cache, earlier)
     return Prepared(config, found, settings_of(config, urls=found.source.downloads), fallbacks)
 
 
@@ -239,8 +241,9 @@ def _plan(config: PackConfig, items: Iterable[Item], first: int = 0) -> Iterator
 
 
 def _deduplicated(
-    found: SourceWalk, config: PackConfig, progress: HashProgress | None, cache: Path | None = None
-) -> tuple[SourceWalk, dict[str, Fallbacks]]:
+    found: SourceWalk, config: PackConfig, progress: HashProgress | None, cache: Path | None = None,
+    earlier: Earlier | None = None,
+) -> tuple[SourceWalk, dict[str, Fallbacks]]:  # fmt: skip
     """The walk with the copies left out (each a Failure at stage "duplicate", beside the walk's
     own skips), and each kept item's copies, its fallbacks (their places in the walk's skipped
     rows): every file is hashed first, so the walk is read whole, as --shuffle reads it. The
@@ -253,6 +256,7 @@ def _deduplicated(
         # a table's rows may only name files in its folder: one outside is never the copy kept
         confine=found.source.confine, cache=cache,
         reuse=config.resume,  # an --overwrite starts over: nothing of an earlier run is taken
+        earlier=earlier,
     )  # fmt: skip
     offset = len(found.skipped)  # the walk is read whole: its skipped rows are all in
     skipped = [*found.skipped, *dropped]
