@@ -61,7 +61,7 @@ def remove(
     output: str | os.PathLike[str],
     keys: Iterable[str] | None = None,
     *,
-    where: Selection | None = None,
+    where: Selection | str | None = None,
     reason: str = "",
     missing_ok: bool = False,
     resume: bool = False,
@@ -69,12 +69,17 @@ def remove(
     progress: Callable[[int, int], None] | None = None,
 ) -> RemoveResult:
     """Take the records `keys` names (or those `where` selects: a pyarrow Expression over
-    index.parquet's columns, or a callable, as `open_shards(select=...)` takes) out of the local
+    index.parquet's columns, a callable, as `open_shards(select=...)` takes, or a condition as
+    `--where` takes it, "label == 3") out of the local
     output `output`, for `reason` (kept in the manifest's history and errors.jsonl). Keys the
     output lacks are refused, naming them, unless `missing_ok`. `resume` finishes a remove that was
     interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
     in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
     total)` counts shards written."""
+    if isinstance(where, str):  # (a condition written as text, as --where takes it)
+        from ..readers.where import parse_where
+
+        where = parse_where(where)
     if is_remote(output):
         raise ConfigError(f"{output}: remove works on a local output folder (a bucket's is not supported yet)")
     if resume and (keys is not None or where is not None):

@@ -20,6 +20,14 @@ def remove(
         Optional[Path],
         typer.Option(help="A file of the keys to take out, one a line (index.parquet's `key`); - reads stdin."),
     ] = None,
+    where: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Or: a condition over index.parquet's columns, e.g. \"source startswith 'artist-118/'\" "
+            'or "label == 3 and width < 64" (==, !=, <, <=, >, >=, in (...), startswith, endswith, '
+            "contains, is null; and, or, not)."
+        ),
+    ] = None,
     reason: Annotated[
         str, typer.Option(help="Why (a takedown request, its ticket): kept in the manifest and errors.jsonl.")
     ] = "",
@@ -41,17 +49,28 @@ def remove(
 
     with user_errors(on_stop=f"run `shardkit remove {output} --resume` to finish"):
         check_json_path(json_path, output)
+        if keys is not None and where is not None:
+            from ..core.errors import ConfigError
+
+            raise ConfigError("remove takes --keys or --where, not both")
         wanted = None if keys is None else _read_keys(keys)
+        condition = None
+        if where is not None:
+            from ..readers.where import parse_where
+
+            condition = parse_where(where)
         with progress_bar(unit="shards") as bar:
             task = bar.add_task("rewriting", total=None, rate="")
             result = remove_records(
-                output, wanted, reason=reason, missing_ok=missing_ok, resume=resume, keep_versions=keep_versions,
+                output, wanted, where=condition, reason=reason, missing_ok=missing_ok, resume=resume,
+                keep_versions=keep_versions,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         if resume and not result.removed:
             console.print(f"no interrupted remove in {escape(result.output)}: nothing to finish", highlight=False)
         elif not result.removed:
-            console.print(f"nothing removed from {escape(result.output)}: none of the keys is in it", highlight=False)
+            said = "no record meets the condition" if where is not None else "none of the keys is in it"
+            console.print(f"nothing removed from {escape(result.output)}: {said}", highlight=False)
         else:
             megabytes = result.bytes_written / 1e6
             console.print(
