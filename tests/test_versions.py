@@ -120,3 +120,69 @@ def test_a_change_keeping_versions_killed_at_any_step_finishes_to_the_same_bytes
         elif snapshot(out) != expected:
             failed.append(f"{step}: differs from the clean compact in {differences(snapshot(out), expected)}")
     assert not failed, "\n".join(failed)
+
+
+def _compact_stopped_before_commit(out: Path, tmp_path: Path) -> None:
+    """A compact --keep-versions of `out` killed once its next version is whole (before the commit)."""
+    hook = tmp_path / "hook"
+    command = [sys.executable, "-m", "shardkit", "compact", str(out), "--shard-size", "20", "--keep-versions"]
+    env = hooked_env(hook, [out], at="replace out/.shardkit/change.json #2")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def test_a_link_planted_as_next_versions_is_refused(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    _compact_stopped_before_commit(out, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "v1").mkdir(parents=True)
+    (elsewhere / "v1" / "precious.txt").write_text("mine")
+    shutil.rmtree(out / ".shardkit" / "next" / "versions")
+    (out / ".shardkit" / "next" / "versions").symlink_to(elsewhere)
+    with pytest.raises(OutputError, match="is not shardkit's working folder"):
+        compact(out, resume=True)
+    assert (elsewhere / "v1" / "precious.txt").read_text() == "mine" and not (out / "versions").exists()
+
+
+def test_a_kept_version_gone_from_the_working_folder_is_refused_at_commit(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    _compact_stopped_before_commit(out, tmp_path)
+    shutil.rmtree(out / ".shardkit" / "next" / "versions")
+    names = sorted(path.name for path in out.iterdir())
+    with pytest.raises(OutputError, match="the version to keep is missing"):
+        compact(out, resume=True)
+    assert sorted(path.name for path in out.iterdir()) == names  # (nothing deleted)
+
+
+def test_the_same_change_keeping_versions_or_not_is_another_change(packed_sample, tmp_path: Path) -> None:
+    """A takedown killed while keeping versions is not finished by one that keeps none (the removed
+    records would stay in the kept version unasked), nor the other way round."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    _compact_stopped_before_commit(out, tmp_path)
+    with pytest.raises(OutputError, match="an interrupted 'compact' to version 2 is here"):
+        compact(out, shard_size=20)
+    compact(out, resume=True)
+    assert (out / "versions" / "v1").is_dir() and verify(out).ok
+
+
+def test_keep_versions_refuses_a_link_before_anything_is_written(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    shard = out / read_manifest(out).shards[-1].name
+    moved = tmp_path / "moved.tar"
+    shutil.move(shard, moved)
+    shard.symlink_to(moved)
+    with pytest.raises(OutputError, match="not a file shardkit wrote"):
+        compact(out, shard_size=20, keep_versions=True)
+    assert not (out / ".shardkit").exists()
+
+
+def test_a_kept_version_is_read_not_changed(packed_sample, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_sample("webdataset", 64, 7), out)
+    compact(out, shard_size=20, keep_versions=True)
+    with pytest.raises(OutputError, match="a version kept by --keep-versions"):
+        remove(out / "versions" / "v1", _keys(out)[:1], reason="takedown", keep_versions=True)

@@ -164,7 +164,7 @@ def _append(
             raise OutputError(f"{output}: an interrupted {pending.action[:40]!r} is here; {said} first")
         _refuse_output(changed)
         packing = _config(changed, config, given)
-        request = _request(packing, prefix)
+        request = _request(packing, prefix, keep_versions)
         if pending is not None and pending.request != request:
             said = finishing(output, pending.action, pending.plan)
             raise OutputError(f"{output}: another append was interrupted here; {said} first")
@@ -175,6 +175,7 @@ def _append(
             changed.commit(pending)
             return _result(output, pending, result, time.perf_counter() - started, 0, resumed=True)
         if pending is not None:
+            pending.plan.setdefault("keep_versions", False)  # (a journal from before versions were kept)
             # (the journal says whether the version before is kept, as a remove's does)
             _check_pending(changed, pending, _plan(packing, prefix, first, pending.plan.get("keep_versions") is True))
         with ray_session(packing):  # (a cluster that cannot be reached is refused before the journal)
@@ -343,9 +344,12 @@ def _source(packing: PackConfig) -> str:
     return packing.source if is_remote(packing.source) else os.path.abspath(packing.source)
 
 
-def _request(packing: PackConfig, prefix: str) -> str:
-    """What tells one append from another: its source, prefix and table."""
-    asked = {"source": _source(packing), "key_prefix": prefix, "table": _table(packing)}
+def _request(packing: PackConfig, prefix: str, keep_versions: bool) -> str:
+    """What tells one append from another: its source, prefix and table, and whether it keeps the
+    version before."""
+    asked: dict[str, Any] = {"source": _source(packing), "key_prefix": prefix, "table": _table(packing)}
+    if keep_versions:
+        asked["keep_versions"] = True
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 

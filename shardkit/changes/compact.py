@@ -67,7 +67,8 @@ def compact(
     if is_remote(output):
         raise ConfigError(f"{output}: compact works on a local output folder (a bucket's is not supported yet)")
     target = _target(shard_size, shard_bytes, resume)
-    request = hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest()
+    asked = {**target, "keep_versions": True} if keep_versions else target
+    request = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
     before = [0]
 
     def plan(changed: Changing) -> Journal | None:

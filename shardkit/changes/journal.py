@@ -1,14 +1,15 @@
-"""A change of a finished local output (`shardkit remove`): one writer at a time, and safe to kill
-at any moment.
+"""A change of a finished local output (remove, compact, append; and merge, which makes a new
+one): one writer at a time, and safe to kill at any moment.
 
 The output's files are never edited in place. A change writes everything new under new names in
 the working folder's `next/` (rewritten shards as `shard-NNNNNN-vK`, the index, errors.jsonl, the
 files for other readers, the manifest), recorded by a journal, `.shardkit/change.json`, written
-before anything else and again, as `committing`, once `next/` is whole. Committing renames the new
-shards into the output, then the files beside them, the manifest last, then deletes the shards the
-new version no longer lists. So a kill leaves the earlier version (before the commit) or the new
-one with some superseded files left (after the manifest), and in between only the renames of one
-commit; `--resume` (or the same command again) finishes from the journal, byte for byte as an
+before anything else and again, as `committing`, once `next/` is whole. Committing moves in
+the version it started from kept whole (`--keep-versions`: versions/vN, a folder of links), then
+renames the new shards into the output, then the files beside them, the manifest last, then
+deletes the shards the new version no longer lists. So a kill leaves the earlier version (before
+the commit) or the new one with some superseded files left (after the manifest), and in between
+only the renames of one commit; `--resume` (or the same command again) finishes from the journal, byte for byte as an
 uninterrupted run, and every other writer (a pack, another change) is refused until it has.
 """
 
@@ -97,7 +98,9 @@ class Journal:
             raise OutputError(f"{damaged} (version {journal.version}); move it away")
         own = set(own_files())
         kept = [name for name in journal.moves if isinstance(name, str) and KEPT.fullmatch(name)]
-        if kept and (kept != [kept_name(journal.version - 1)] or journal.moves[0] != kept[0]):
+        if kept and (
+            kept != [kept_name(journal.version - 1)] or journal.moves[0] != kept[0] or journal.action == "merge"
+        ):
             raise OutputError(f"{where}: a journal keeping a version it does not make; move it away")
         if not all(isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name))
                    for name in [*journal.moves[len(kept):], *journal.deletes]):  # fmt: skip
@@ -198,6 +201,8 @@ class Changing:
             for name in journal.moves:
                 source = self.next / name
                 if not os.path.lexists(source):
+                    if KEPT.fullmatch(name) and not os.path.lexists(self.output / name):
+                        raise OutputError(f"{source}: the version to keep is missing; restore the output from a copy")
                     continue  # (moved by the run that was interrupted)
                 if KEPT.fullmatch(name):  # the earlier version, kept whole: a folder of links
                     self._keep(source, name)
@@ -213,49 +218,61 @@ class Changing:
 
     def refuse_kept(self) -> None:
         """`--keep-versions` refused before anything is written where the version it would keep is
-        in the way."""
+        in the way, or where a file it lists is not a regular file (a link would be kept as a link)."""
         versions, version = self.output / VERSIONS_DIR, self.manifest.version
-        if os.path.lexists(versions) and not stat.S_ISDIR(os.lstat(versions).st_mode):
-            raise OutputError(f"{versions}: is not shardkit's folder of versions (not a folder); move it away")
+        _refuse_link(versions, "shardkit's folder of versions")
         if os.path.lexists(self.output / kept_name(version)):
             raise OutputError(
                 f"{self.output / kept_name(version)}: is there already; move it away to keep version {version}"
             )
+        for file in self._version_files():
+            if not stat.S_ISREG(os.lstat(self.output / file).st_mode):
+                raise OutputError(
+                    f"{self.output / file}: not a file shardkit wrote (a link?); --keep-versions keeps files"
+                )
+
+    def _version_files(self) -> list[str]:
+        """The files of the version the output is at: shards, companions, index, errors, manifest."""
+        manifest = self.manifest
+        files = [s.name for s in manifest.shards] + [c.name for c in manifest.companions]
+        files += [INDEX_NAME] * (manifest.index is not None) + [MANIFEST_NAME]
+        return files + [ERRORS_NAME] * os.path.lexists(self.output / ERRORS_NAME)
 
     def keep_version(self, journal: Journal) -> None:
         """`--keep-versions`: the version the change starts from, kept whole as `versions/vN/`
         beside the next one (hard links to its shards and the files beside them: no bytes are
         copied), made in `next/` and moved in first by the commit. A takedown that keeps versions
         keeps the removed bytes there: that is what was asked."""
-        manifest, name = self.manifest, kept_name(self.manifest.version)
+        name = kept_name(self.manifest.version)
         self.refuse_kept()
+        self._refuse_planted_next()
         folder = self.next / name
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        files = [s.name for s in manifest.shards] + [c.name for c in manifest.companions]
-        files += [INDEX_NAME] * (manifest.index is not None) + [ERRORS_NAME, MANIFEST_NAME]
         with writing(self.output, name):
-            for file in files:
-                if not os.path.lexists(self.output / file) and file == ERRORS_NAME:
-                    continue  # (an output with no error has none)
-                if not stat.S_ISREG(os.lstat(self.output / file).st_mode):
-                    raise OutputError(f"{self.output / file}: not a file shardkit wrote; move it away")
+            if os.path.lexists(folder):
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            for file in self._version_files():
                 os.link(self.output / file, folder / file)
         journal.moves.insert(0, name)
 
     def _keep(self, source: Path, name: str) -> None:
-        versions = self.output / VERSIONS_DIR
-        if os.path.lexists(versions) and not stat.S_ISDIR(os.lstat(versions).st_mode):
-            raise OutputError(f"{versions}: is not shardkit's folder of versions (not a folder); move it away")
+        """The kept version's folder moved in: a folder of `next/versions/`, into `versions/`."""
+        _refuse_link(self.output / VERSIONS_DIR, "shardkit's folder of versions")
         if not stat.S_ISDIR(os.lstat(source).st_mode):
             raise OutputError(f"{source}: not a folder shardkit wrote; move {state_dir(self.output)} away")
-        versions.mkdir(exist_ok=True)
+        (self.output / VERSIONS_DIR).mkdir(exist_ok=True)
         os.replace(source, self.output / name)
 
     def _refuse_planted_next(self) -> None:
-        """A link or file planted as `next/` must not make a change read, write or move elsewhere."""
-        if os.path.lexists(self.next) and not stat.S_ISDIR(os.lstat(self.next).st_mode):
-            raise OutputError(f"{self.next}: is not shardkit's working folder (not a folder); move it away")
+        """A link or file planted as `next/` (or as its `versions/`) must not make a change read,
+        write, move or delete elsewhere."""
+        _refuse_link(self.next, "shardkit's working folder")
+        _refuse_link(self.next / VERSIONS_DIR, "shardkit's working folder")
+
+
+def _refuse_link(folder: Path, what: str) -> None:
+    if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise OutputError(f"{folder}: is not {what} (not a folder); move it away")
 
 
 @contextlib.contextmanager
@@ -267,6 +284,8 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
     if not path.is_dir():
         raise OutputError(f"{path}: no such folder" if not os.path.lexists(path) else f"{path}: not a folder")
     precheck(path)
+    if path.resolve().parent.name == VERSIONS_DIR and (path.resolve().parent.parent / MANIFEST_NAME).exists():
+        raise OutputError(f"{path}: a version kept by --keep-versions: read it, or delete it; change the output itself")
     state = state_dir(path)
     if os.path.lexists(state) and not stat.S_ISDIR(os.lstat(state).st_mode):
         raise OutputError(f"{state}: is not shardkit's working folder (not a folder); move it away")

@@ -3,7 +3,8 @@ packing it again.
 
 The shards that hold them are written again without them under the next version's names
 (`shard-NNNNNN-vK`), record for record as pack writes them, and the shards they held are deleted:
-the removed images' bytes are in no file of the output afterwards. Every other shard stays byte
+the removed images' bytes are in no file of the output afterwards (unless `keep_versions` asks to
+keep the version before, and them with it, in versions/vN). Every other shard stays byte
 for byte. Each removed record becomes a row of errors.jsonl (stage `removed`, the reason given),
 so inputs = records + errors still holds and `verify --source` accounts for every input; the
 manifest's `history` says what each version removed, and why. A kill at any point leaves the
@@ -76,16 +77,16 @@ def remove(
     interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
     in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
     total)` counts shards written."""
-    if isinstance(where, str):  # (a condition written as text, as --where takes it)
-        from ..readers.where import parse_where
-
-        where = parse_where(where)
     if is_remote(output):
         raise ConfigError(f"{output}: remove works on a local output folder (a bucket's is not supported yet)")
     if resume and (keys is not None or where is not None):
         raise ConfigError("--resume finishes the interrupted remove as it was asked: give no keys with it")
     if not resume and (keys is None) == (where is None):
         raise ConfigError("remove needs the records to take out: keys, or a condition over the index (not both)")
+    if isinstance(where, str):  # (a condition written as text, as --where takes it)
+        from ..readers.where import parse_where
+
+        where = parse_where(where)
     reason = " ".join(reason.split())
     if not resume and not reason:
         raise ConfigError("remove needs a reason (--reason): the manifest's history and errors.jsonl keep it")
@@ -96,7 +97,7 @@ def remove(
             f"{kept} first, or give --keep-versions to keep them knowingly"
         )
     wanted = None if keys is None else sorted(set(_checked_keys(keys)))
-    request = _request(wanted, where, reason)
+    request = _request(wanted, where, reason, keep_versions)
     missing = [0]
 
     def plan(changed: Changing) -> Journal | None:
@@ -125,9 +126,12 @@ def _checked_keys(keys: Iterable[str]) -> Iterable[str]:
         yield key
 
 
-def _request(keys: list[str] | None, where: Selection | None, reason: str) -> str:
-    """What was asked, as a digest: the same remove run again finishes an interrupted one."""
-    asked = {"keys": keys, "where": None if where is None else repr(where), "reason": reason}
+def _request(keys: list[str] | None, where: Selection | None, reason: str, keep_versions: bool) -> str:
+    """What was asked, as a digest: the same remove run again finishes an interrupted one (and one
+    that differs, if only in keeping versions, is refused while it is unfinished)."""
+    asked: dict[str, Any] = {"keys": keys, "where": None if where is None else repr(where), "reason": reason}
+    if keep_versions:  # (the digest of a remove that keeps none is what it always was)
+        asked["keep_versions"] = True
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 

@@ -37,14 +37,17 @@ def remove(
     resume: Annotated[bool, typer.Option("--resume", help="Finish a remove that was interrupted.")] = False,
     keep_versions: Annotated[
         bool,
-        typer.Option("--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links)."),
+        typer.Option(
+            "--keep-versions",
+            help="Keep the version before whole in OUT/versions/vN (hard links): the removed records stay there.",
+        ),
     ] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
 ) -> None:
     """Take records out of OUT: the shards holding them are written again without them and the old
-    ones deleted (their bytes are in no file afterwards); every other shard stays byte for byte. The
-    manifest's history and errors.jsonl say what was removed and why. Safe to kill at any point:
-    the output is at the version before or after, and --resume finishes."""
+    ones deleted (their bytes are in no file afterwards, unless --keep-versions); every other shard
+    stays byte for byte. The manifest's history and errors.jsonl say what was removed and why. Safe
+    to kill at any point: the output is at the version before or after, and --resume finishes."""
     from ..changes.remove import remove as remove_records  # here: `shardkit --help` need not import it
 
     with user_errors(on_stop=f"run `shardkit remove {output} --resume` to finish"):

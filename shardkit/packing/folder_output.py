@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.config import PackConfig
 from ..core.errors import ManifestError, OutputError, describe
-from ..core.manifest import MANIFEST_NAME, STATE_DIR, Manifest, idx_name, read_manifest, sha256_file, write_json_atomic
+from ..core.manifest import (
+    MANIFEST_NAME,
+    STATE_DIR,
+    VERSIONS_DIR,
+    Manifest,
+    idx_name,
+    read_manifest,
+    sha256_file,
+    write_json_atomic,
+)
 from ..core.safeio import NotRegularFileError, load_json_file, open_regular
 from ..formats import idx_files
 from .index import part_path, write_part
@@ -157,6 +166,10 @@ def claim(output: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> C
             )
         claimed.ours = ledger(path)
         foreign = sorted(names - claimed.ours - {STATE_DIR})
+        if VERSIONS_DIR in foreign and (path / MANIFEST_NAME).exists():
+            raise OutputError(
+                f"{path}: keeps earlier versions ({VERSIONS_DIR}/, --keep-versions); move them away to pack here again"
+            )
         if foreign:
             raise OutputError(
                 f"{path}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "

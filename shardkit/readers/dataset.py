@@ -451,6 +451,8 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
         return folder
     kept = folder / VERSIONS_DIR / f"v{version}"
     if (kept / MANIFEST_NAME).is_file() and not kept.is_symlink():
+        if read_manifest(kept).version != version:  # (changed since it was kept: not that version)
+            raise ConfigError(f"{kept}: holds version {read_manifest(kept).version}, not {version}")
         return kept
     there = sorted(
         int(entry.name[1:]) for entry in _entries(folder / VERSIONS_DIR) if re.fullmatch(r"v[0-9]{1,10}", entry.name)
