@@ -38,3 +38,12 @@ def test_pandas_stays_out() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_nulls_are_refused_not_read_as_zero() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="no nulls"):
+        integers(pa.array([1, None, 3]))
+    with pytest.raises(ValueError, match="no nulls"):
+        flags(pa.array([True, None]))

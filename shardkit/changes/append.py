@@ -70,6 +70,8 @@ SHOWN = 3  # colliding keys a refusal names
 # the settings a codec's version decides, not a flag: an append with another codec is allowed (its
 # shards' bytes are its own) and the history entry names it
 CODECS = ("jpeg_backend", "video_backend")
+_PHASH = re.compile(r"[0-9a-f]{16}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*/?")
 # which part of a PackConfig each option's owner is (the flags an append compares with the output's)
 _PARTS = {"ResizeConfig": "resize", "EncodeConfig": "encode", "WebConfig": "web", "ClipConfig": "clips"}
@@ -469,12 +471,17 @@ def _earlier(changed: Changing) -> Earlier:
     import numpy as np
 
     table = changed.index().read(columns=["key", "source", "source_sha256", "phash"])
-    phashes = table.column("phash").to_pylist()
-    hashed = np.array([isinstance(h, str) and len(h) == 16 for h in phashes], bool)
-    hashes = np.array([int(h, 16) if ok else 0 for h, ok in zip(phashes, hashed.tolist(), strict=True)], np.uint64)
+    # (an index may be a stranger's, or an adopted tar's columns another tool wrote: a hash that is
+    # not one is no hash, as `shardkit duplicates` takes them)
+    phashes = [h if isinstance(h, str) and _PHASH.fullmatch(h) else None for h in table.column("phash").to_pylist()]
+    hashed = np.array([h is not None for h in phashes], bool)
+    hashes = np.array([int(h, 16) if h is not None else 0 for h in phashes], np.uint64)
+    digests = [
+        d if isinstance(d, str) and _SHA256.fullmatch(d) else None for d in table.column("source_sha256").to_pylist()
+    ]
     keys = table.column("key").to_pylist()
     sources = [s if isinstance(s, str) else k for s, k in zip(table.column("source").to_pylist(), keys, strict=True)]
-    return Earlier(keys, sources, table.column("source_sha256").to_pylist(), hashes, hashed)
+    return Earlier(keys, sources, digests, hashes, hashed)
 
 
 def _removed_keys(changed: Changing) -> set[str]:

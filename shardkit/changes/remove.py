@@ -83,6 +83,7 @@ def remove(
         raise ConfigError("--resume finishes the interrupted remove as it was asked: give no keys with it")
     if not resume and (keys is None) == (where is None):
         raise ConfigError("remove needs the records to take out: keys, or a condition over the index (not both)")
+    asked_where = where
     if isinstance(where, str):  # (a condition written as text, as --where takes it)
         from ..readers.where import parse_where
 
@@ -97,7 +98,7 @@ def remove(
             f"{kept} first, or give --keep-versions to keep them knowingly"
         )
     wanted = None if keys is None else sorted(set(_checked_keys(keys)))
-    request = _request(wanted, where, reason, keep_versions)
+    request = _request(wanted, asked_where, reason, keep_versions)
     missing = [0]
 
     def plan(changed: Changing) -> Journal | None:
@@ -126,13 +127,27 @@ def _checked_keys(keys: Iterable[str]) -> Iterable[str]:
         yield key
 
 
-def _request(keys: list[str] | None, where: Selection | None, reason: str, keep_versions: bool) -> str:
+def _request(keys: list[str] | None, where: Selection | str | None, reason: str, keep_versions: bool) -> str:
     """What was asked, as a digest: the same remove run again finishes an interrupted one (and one
     that differs, if only in keeping versions, is refused while it is unfinished)."""
-    asked: dict[str, Any] = {"keys": keys, "where": None if where is None else repr(where), "reason": reason}
+    asked: dict[str, Any] = {"keys": keys, "where": _said(where), "reason": reason}
     if keep_versions:  # (the digest of a remove that keeps none is what it always was)
         asked["keep_versions"] = True
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+
+
+def _said(where: Selection | str | None) -> str | None:
+    """A condition as the digest takes it: its text, or an Expression's serialized bytes (its repr
+    shortens a long `isin` list, so two lists differing in the middle would read the same), or a
+    callable's repr."""
+    if where is None or isinstance(where, str):
+        return where
+    reduced = getattr(where, "__reduce__", None)
+    try:
+        data = reduced()[1][0] if reduced is not None and not callable(where) else None
+        return hashlib.sha256(bytes(data)).hexdigest() if data is not None else repr(where)
+    except (TypeError, IndexError, ValueError):
+        return repr(where)
 
 
 def _plan(

@@ -30,6 +30,8 @@ def integers(values: Any) -> np.ndarray:
     import pyarrow.compute as pc
 
     array = pc.cast(_combined(values), pa.int64())
+    if array.null_count:
+        raise ValueError("integers() takes an array with no nulls")
     result: np.ndarray = np.frombuffer(array.buffers()[1], np.int64, len(array), array.offset * 8).copy()
     return result
 
@@ -40,6 +42,8 @@ def flags(values: Any) -> np.ndarray:
     import pyarrow.compute as pc
 
     array = pc.cast(_combined(values), pa.uint8())
+    if array.null_count:
+        raise ValueError("flags() takes an array with no nulls")
     return np.frombuffer(array.buffers()[1], np.uint8, len(array), array.offset).astype(bool)
 
 

@@ -116,8 +116,11 @@ def read_index(where: Path | Store, manifest: Manifest) -> IndexFile:
         rows = handle.metadata.num_rows
         if rows != manifest.records:
             raise ManifestError(f"{name}: {rows:,} rows, the manifest says {manifest.records:,} records")
-        table = handle.read(columns=["key", "shard", "position"])
         columns = list(handle.schema_arrow.names)
+        twice = next((column for column in columns if columns.count(column) > 1), None)
+        if twice is not None:
+            raise ManifestError(f"{name}: names the column {twice[:80]!r} twice")
+        table = handle.read(columns=["key", "shard", "position"])
     except ManifestError:
         raise
     except Exception as error:  # pyarrow's own errors for a damaged file or a missing column
@@ -125,7 +128,10 @@ def read_index(where: Path | Store, manifest: Manifest) -> IndexFile:
     if not isinstance(where, Path):
         source = pa.BufferReader(data)  # read again from the start by each later read
     keys, shard_names, positions = (table.column(n).combine_chunks() for n in ("key", "shard", "position"))
-    if keys.null_count or shard_names.null_count or positions.null_count or not pa.types.is_integer(positions.type):
+    typed = pa.types.is_string(keys.type) and pa.types.is_string(shard_names.type)
+    if not typed or not pa.types.is_signed_integer(positions.type):
+        raise ManifestError(f"{name}: a key, shard or position of the wrong type")
+    if keys.null_count or shard_names.null_count or positions.null_count:
         raise ManifestError(f"{name}: a key, shard or position missing or of the wrong type")
     numbers = _shard_numbers(shard_names, manifest, name)
     at = integers(positions)

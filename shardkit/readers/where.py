@@ -23,9 +23,11 @@ from typing import Any
 from ..core.errors import ConfigError
 
 MAX_TEXT = 100_000  # a condition longer than this is refused before it is read
+MAX_DEPTH = 64  # parentheses and "not"s within one another (each a level of the parser's recursion)
 _TOKEN = re.compile(
     r"""\s*(?:(?P<number>-?\d{1,18}(?:\.\d{1,18})?(?:[eE][-+]?\d{1,3})?)(?![\w.])|(?P<text>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
-    r"""|(?P<op>==|!=|<=|>=|<|>|\(|\)|,)|(?P<word>[A-Za-z_][A-Za-z0-9_]*))"""
+    r"""|(?P<op>==|!=|<=|>=|<|>|\(|\)|,)|(?P<word>[A-Za-z_][A-Za-z0-9_]*))""",
+    re.ASCII,  # (a digit is 0-9, not any script's)
 )
 _COMPARE = {"==": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
 _TEXT_TESTS = {"startswith": "starts_with", "endswith": "ends_with", "contains": "match_substring"}
@@ -38,6 +40,10 @@ def parse_where(text: str) -> Any:
         raise ConfigError('--where: needs a condition, e.g. "label == 3"')
     if len(text) > MAX_TEXT:
         raise ConfigError(f"--where: a condition of at most {MAX_TEXT:,} characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("--where: the condition is not valid UTF-8 text") from None
     parser = _Parser(text, _tokens(text))
     expression = parser.condition()
     if parser.at < len(parser.tokens):
@@ -62,7 +68,7 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
 
 class _Parser:
     def __init__(self, text: str, tokens: list[tuple[str, str, int]]) -> None:
-        self.text, self.tokens, self.at = text, tokens, 0
+        self.text, self.tokens, self.at, self.depth = text, tokens, 0, 0
 
     def fail(self, wanted: str) -> None:
         if self.at >= len(self.tokens):
@@ -94,17 +100,22 @@ class _Parser:
         return result
 
     def factor(self) -> Any:
-        if self.peek("not"):
-            self.at += 1
-            return ~self.factor()
-        if self.peek("("):
-            self.at += 1
-            inner = self.condition()
-            self.take(")")
-            return inner
+        if self.peek("not", "("):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                self.fail(f"at most {MAX_DEPTH} parentheses and 'not's within one another")
+            try:
+                if self.take("not", "(") == "not":
+                    return ~self.factor()
+                inner = self.condition()
+                self.take(")")
+                return inner
+            finally:
+                self.depth -= 1
         return self.test()
 
     def test(self) -> Any:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         if self.at >= len(self.tokens) or self.tokens[self.at][0] != "word" or self.peek(*_WORDS):
@@ -124,7 +135,14 @@ class _Parser:
                 self.at += 1
                 values.append(self.value())
             self.take(")")
-            member = column.isin(values)
+            kinds = {bool if type(value) is bool else str if isinstance(value, str) else float for value in values}
+            if len(kinds) > 1:
+                raise ConfigError(
+                    "--where: the values of an 'in' list must be all numbers, all texts or all true/false"
+                )
+            # a null is neither in nor out of a list, as in SQL (isin alone says "not in", and "not in"
+            # would take every record without a label)
+            member = pc.if_else(column.is_null(), pc.scalar(pa.scalar(None, pa.bool_())), column.isin(values))
             return ~member if negated else member
         if self.peek(*_TEXT_TESTS):
             test = _TEXT_TESTS[self.take(*_TEXT_TESTS)]
