@@ -40,7 +40,6 @@ from ..core.manifest import (
     Manifest,
     ShardInfo,
     idx_name,
-    info_of,
     iter_errors,
     read_manifest,
     sha256_file,
@@ -55,7 +54,6 @@ from ..packing.output import open_output
 from ..packing.pack import Extension, HashProgress, pack_into
 from ..packing.resume import CREATED_BY, settings_of
 from ..packing.running import ProgressCallback, Tally, ray_session
-from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.sources import Item, SourceList, SourceWalk, pack_source
 from ..packing.sources.item import display
 from ..packing.working_folder import finishing, is_shard_name, state_dir, writing
@@ -63,7 +61,7 @@ from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, changing, kept_name
 from .remove import REMOVED
-from .rewrite import refuse_foreign_shards, write_errors
+from .rewrite import refuse_foreign_shards, summed_totals, write_errors, write_output_files
 
 STAGED = "pack"  # the append's own pack, in the working folder's next/
 SHOWN = 3  # colliding keys a refusal names
@@ -596,13 +594,8 @@ def _write_next(changed: Changing, journal: Journal, staged: Manifest) -> Manife
             moves.append(name)
     shards = [*manifest.shards, *staged.shards]
     idx = [c for c in manifest.companions if c.name.endswith(IDX_SUFFIX)] + new_idx
-    output_files = []
-    if backend.output_files is not None:
-        for name, data in backend.output_files(shards):
-            with writing(output, name):
-                (folder / name).write_bytes(data)
-            output_files.append(info_of(name, sum(s.count for s in shards), data))
-            moves.append(name)
+    output_files = write_output_files(backend, output, folder, shards)
+    moves += [info.name for info in output_files]
     with writing(output, INDEX_NAME):
         index = _write_index(changed, pack / INDEX_NAME, folder / INDEX_NAME)
     earlier = manifest.totals.get("errors", 0)
@@ -629,7 +622,7 @@ def _write_next(changed: Changing, journal: Journal, staged: Manifest) -> Manife
     entry.update({"after": manifest.checksum, "by": CREATED_BY})
     new = replace(
         manifest, shards=shards, classes=staged.classes or manifest.classes,
-        totals=_totals(manifest.totals, staged.totals), index=index, companions=idx + output_files,
+        totals=summed_totals(manifest.totals, staged.totals), index=index, companions=idx + output_files,
         version=journal.version, history=[*manifest.history, entry],
     ).sealed()  # fmt: skip
     journal.moves = [*moves, INDEX_NAME, ERRORS_NAME, MANIFEST_NAME]
@@ -665,17 +658,6 @@ def _write_index(changed: Changing, added: Path, path: Path) -> ShardInfo:
                 writer.write_table(part)
                 rows += part.num_rows
     return ShardInfo(INDEX_NAME, rows, path.stat().st_size, sha256_file(path))
-
-
-def _totals(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
-    """The output's totals and the append's, summed; a count of pictures one of them does not know
-    (an output from an earlier shardkit) is left out, as pack leaves it out."""
-    totals = {}
-    for key in [*before, *(key for key in added if key not in before)]:
-        if key in PICTURE_COUNTS and (key not in before or key not in added):
-            continue
-        totals[key] = before.get(key, 0) + added.get(key, 0)
-    return totals
 
 
 # --- an interrupted append -----------------------------------------------------------------------

@@ -58,12 +58,12 @@ from ..formats import get_format
 from ..formats.base import Record
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
-from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
 from ..readers.arrays import strings
 from ..readers.subset import read_index
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, creating, pending_change
+from .rewrite import summed_totals, write_output_files
 
 # what decides a record's bytes: outputs merged must agree on each
 SAME = ("format", "resize", "encode", "clips")
@@ -425,13 +425,8 @@ def _write_next(
             if progress is not None:
                 progress(len(shards), total)
         names.append(renamed)
-    output_files = []
-    if backend.output_files is not None:
-        for name, data in backend.output_files(shards):
-            with writing(output, name):
-                (folder / name).write_bytes(data)
-            output_files.append(info_of(name, sum(s.count for s in shards), data))
-            moves.append(name)
+    output_files = write_output_files(backend, output, folder, shards)
+    moves += [info.name for info in output_files]
     with writing(output, INDEX_NAME):
         index = _write_index(read, plan, names, folder / INDEX_NAME)
     with writing(output, ERRORS_NAME):
@@ -458,7 +453,7 @@ def _write_next(
     settings["merged"] = merged
     totals: dict[str, int] = {}
     for source in read:
-        totals = _summed(totals, source.manifest.totals) if totals else dict(source.manifest.totals)
+        totals = summed_totals(totals, source.manifest.totals) if totals else dict(source.manifest.totals)
     plan.update(linked=linked, rewritten=rewritten, bytes_written=written)
     manifest = Manifest(
         format=first.format, shards=shards, classes=list(plan["classes"]), settings=settings, totals=totals,
@@ -611,16 +606,6 @@ def _write_errors(read: list[Source], plan: dict[str, Any], path: Path) -> list[
     except ManifestError as error:
         raise OutputError(str(error)) from None
     return ranges
-
-
-def _summed(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
-    """Two outputs' totals summed; a count of pictures one of them does not know is left out."""
-    totals = {}
-    for key in [*before, *(key for key in added if key not in before)]:
-        if key in PICTURE_COUNTS and (key not in before or key not in added):
-            continue
-        totals[key] = before.get(key, 0) + added.get(key, 0)
-    return totals
 
 
 def _result(

@@ -40,6 +40,7 @@ from ..formats import get_format
 from ..packing.failed_rows import error_line
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
+from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import finishing, is_shard_name, versioned_name, writing
 from ..readers.subset import IndexFile
 from .journal import Changing, Journal, changing, kept_name
@@ -182,12 +183,7 @@ def write_next(changed: Changing, journal: Journal, change: Change, progress: Pr
     index = changed.index()
     with writing(output, INDEX_NAME):
         index_info = _write_index(index, plan, folder / INDEX_NAME)
-    output_companions = []
-    if backend.output_files is not None:
-        for name, data in backend.output_files(shards):
-            with writing(output, name):
-                (folder / name).write_bytes(data)
-            output_companions.append(info_of(name, sum(s.count for s in shards), data))
+    output_companions = write_output_files(backend, output, folder, shards)
     with writing(output, ERRORS_NAME):
         failures = change.failures(changed, index, plan)
         errors = write_errors(output, manifest, map(error_line, failures), folder / ERRORS_NAME)
@@ -202,6 +198,29 @@ def write_next(changed: Changing, journal: Journal, change: Change, progress: Pr
     with writing(output, MANIFEST_NAME):
         write_json_atomic(folder / MANIFEST_NAME, new.to_json())
     return new
+
+
+def write_output_files(backend: Any, output: Path, folder: Path, shards: list[ShardInfo]) -> list[ShardInfo]:
+    """The files the format keeps beside the whole output for other readers (wids' shardindex.json),
+    for `shards`, written in `folder` (`next/`); their entries."""
+    written = []
+    if backend.output_files is not None:
+        for name, data in backend.output_files(shards):
+            with writing(output, name):
+                (folder / name).write_bytes(data)
+            written.append(info_of(name, sum(s.count for s in shards), data))
+    return written
+
+
+def summed_totals(before: dict[str, int], added: dict[str, int]) -> dict[str, int]:
+    """Two outputs' totals summed (an append's, a merge's); a count of pictures one of them does
+    not know (an output from an earlier shardkit) is left out, as pack leaves it out."""
+    totals = {}
+    for key in [*before, *(key for key in added if key not in before)]:
+        if key in PICTURE_COUNTS and (key not in before or key not in added):
+            continue
+        totals[key] = before.get(key, 0) + added.get(key, 0)
+    return totals
 
 
 def _write_shard(
