@@ -90,3 +90,55 @@ def install() -> None:
     os.scandir = watch("scandir", os.scandir)
     os.open = watch("create", os.open, 0, creates)
     io.open = builtins.open = watch("create", io.open, 0, writes)
+
+
+def every_step_finishes(
+    out: Path,
+    source: Path | None,
+    command: list[str],
+    finish: Callable[[], Any],
+    expected: dict[str, bytes | None],
+    hook: Path,
+    *,
+    checked: Callable[[Path], str | None] | None = None,
+) -> list[str]:
+    """Run `command` (a change of `out`, made afresh from `source` each time, or from nothing) once
+    with the hook logging its steps, then once killed after each step: `checked(out)` says what is
+    wrong with the killed output (None: nothing), and `finish()` (a CompletedProcess) must leave
+    `out` exactly `expected`. What went wrong, a line per step (empty: nothing)."""
+    import shutil
+    import subprocess
+
+    from tests.test_pack_kills import differences, snapshot
+
+    def fresh() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        if source is not None:
+            shutil.copytree(source, out)
+
+    def run(**variables: str) -> subprocess.CompletedProcess[str]:
+        env = hooked_env(hook, [out], **variables)
+        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+
+    log = hook.parent / f"{hook.name}-steps.log"
+    fresh()
+    logged = run(log=str(log))
+    assert logged.returncode == 0, logged.stderr
+    assert snapshot(out) == expected  # (the hook itself changes nothing)
+    # every step but a temporary file's creation (the rename that follows it leaves what it leaves)
+    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
+    assert any(step.startswith(f"replace {out.name}/manifest.json") for step in steps), steps
+    failed = []
+    for step in steps:
+        fresh()
+        killed = run(at=step)
+        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+        wrong = checked(out) if checked is not None else None
+        if wrong:
+            failed.append(f"{step}: the killed output: {wrong}")
+        done = finish()
+        if done.returncode != 0:
+            failed.append(f"{step}: finishing failed: {done.stderr.strip()}")
+        elif snapshot(out) != expected:
+            failed.append(f"{step}: differs from the clean run in {differences(snapshot(out), expected)}")
+    return failed

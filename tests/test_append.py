@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -28,8 +26,8 @@ from shardkit.formats import available_formats, get_format
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import make_sample_dataset, write_image
-from tests.step_kills import hooked_env
-from tests.test_pack_kills import differences, snapshot
+from tests.step_kills import every_step_finishes
+from tests.test_pack_kills import snapshot
 
 
 def _copy(packed_sample, format: str, tmp_path: Path) -> Path:
@@ -242,39 +240,19 @@ def test_a_pack_or_remove_is_refused_while_an_append_is_unfinished(
 def test_an_append_killed_at_any_step_finishes_to_the_clean_append(
     shardkit, packed_sample, week_two: Path, tmp_path: Path
 ) -> None:
+    from tests.test_remove import _killed
+
     source = packed_sample("webdataset", 64, 30)  # (few shards: each of its steps is a run)
     flags = [str(week_two), "--append", "--key-prefix", "w2/", "--workers", "1"]
-    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    clean, out = tmp_path / "clean", tmp_path / "out"
     shutil.copytree(source, clean)
     done = shardkit("pack", flags[0], clean, *flags[1:])
     assert done.returncode == 0, done.stderr
-    expected = snapshot(clean)
-
-    def run(**variables: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardkit", "pack", flags[0], str(out), *flags[1:]]
-        env = hooked_env(hook, [out], **variables)
-        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-
-    shutil.copytree(source, out)
-    logged = run(log=str(log))
-    assert logged.returncode == 0, logged.stderr
-    assert snapshot(out) == expected  # (the hook itself changes nothing)
-    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
-    assert any(step.startswith("replace out/manifest.json") for step in steps), steps
-    failed = []
-    for step in steps:
-        shutil.rmtree(out)
-        shutil.copytree(source, out)
-        killed = run(at=step)
-        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
-        report = verify(out)
-        if not report.ok and [p.kind for p in report.problems] != ["interrupted"]:
-            failed.append(f"{step}: verify of the killed output: {report.problems}")
-        resumed = shardkit("pack", flags[0], out, *flags[1:])
-        if resumed.returncode != 0:
-            failed.append(f"{step}: the same append again failed: {resumed.stderr.strip()}")
-        elif snapshot(out) != expected:
-            failed.append(f"{step}: differs from the clean append in {differences(snapshot(out), expected)}")
+    command = [sys.executable, "-m", "shardkit", "pack", flags[0], str(out), *flags[1:]]
+    failed = every_step_finishes(
+        out, source, command, lambda: shardkit("pack", flags[0], out, *flags[1:]), snapshot(clean),
+        tmp_path / "hook", checked=_killed,
+    )  # fmt: skip
     assert not failed, "\n".join(failed)
 
 

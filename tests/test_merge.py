@@ -26,8 +26,8 @@ from shardkit.formats import available_formats, get_format
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
-from tests.step_kills import hooked_env
-from tests.test_pack_kills import differences, snapshot
+from tests.step_kills import every_step_finishes, hooked_env
+from tests.test_pack_kills import snapshot
 
 
 def _records(out: Path) -> list[tuple[str, int | None, bytes]]:
@@ -199,30 +199,13 @@ def test_a_merge_killed_at_any_step_resumes_to_the_clean_merge(shardkit, packed_
     first = packed_sample("webdataset", 64, 30)  # (few shards: each of its steps is a run)
     copy = tmp_path / "copy"
     shutil.copytree(first, copy)
-    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    clean, out = tmp_path / "clean", tmp_path / "out"
     assert shardkit("merge", first, copy, clean, "--prefix-keys").returncode == 0
-    expected = snapshot(clean)
-
-    def run(*more: str, **variables: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys", *more]
-        env = hooked_env(hook, [out], **variables)
-        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-
-    logged = run(log=str(log))
-    assert logged.returncode == 0, logged.stderr
-    assert snapshot(out) == expected
-    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
-    assert any(step.startswith("replace out/manifest.json") for step in steps), steps
-    failed = []
-    for step in steps:
-        shutil.rmtree(out)
-        killed = run(at=step)
-        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
-        resumed = shardkit("merge", first, copy, out, "--prefix-keys", "--resume")
-        if resumed.returncode != 0:
-            failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")
-        elif snapshot(out) != expected:
-            failed.append(f"{step}: differs from the clean merge in {differences(snapshot(out), expected)}")
+    command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
+    failed = every_step_finishes(
+        out, None, command, lambda: shardkit("merge", first, copy, out, "--prefix-keys", "--resume"),
+        snapshot(clean), tmp_path / "hook",
+    )  # fmt: skip
     assert not failed, "\n".join(failed)
 
 

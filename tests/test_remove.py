@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,8 @@ from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats, get_format
 from shardkit.readers import open_shards
-from tests.step_kills import hooked_env
-from tests.test_pack_kills import differences, snapshot
+from tests.step_kills import every_step_finishes
+from tests.test_pack_kills import snapshot
 
 REASON = "takedown request 4711"
 
@@ -257,40 +256,26 @@ def test_a_change_killed_at_any_step_resumes_to_the_clean_change(
     listing = tmp_path / "keys.txt"
     listing.write_text("\n".join([keys[1], keys[3], *keys[13:20]]) + "\n")  # a shard rewritten, one dropped
     flags = ["--keys", str(listing), "--reason", REASON] if action == "remove" else ["--shard-size", "21"]
-    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    clean, out = tmp_path / "clean", tmp_path / "out"
     shutil.copytree(source, clean)
     assert shardkit(action, clean, *flags).returncode == 0
-    expected = snapshot(clean)
 
-    def run(**variables: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardkit", action, str(out), *flags]
-        env = hooked_env(hook, [out], **variables)
-        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-
-    shutil.copytree(source, out)
-    logged = run(log=str(log))
-    assert logged.returncode == 0, logged.stderr
-    assert snapshot(out) == expected  # (the hook itself changes nothing)
-    # every step but a temporary file's creation (the rename that follows it leaves what it leaves)
-    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
-    assert any(step.startswith("replace out/manifest.json") for step in steps), steps
-    failed = []
-    for step in steps:
-        shutil.rmtree(out)
-        shutil.copytree(source, out)
-        killed = run(at=step)
-        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
-        report = verify(out)
-        if not report.ok and [p.kind for p in report.problems] != ["interrupted"]:
-            failed.append(f"{step}: verify of the killed output: {report.problems}")
+    def finish() -> subprocess.CompletedProcess[str]:
         resumed = shardkit(action, out, "--resume")
         if resumed.returncode == 0 and read_manifest(out).version == 1:  # (killed before its journal)
             resumed = shardkit(action, out, *flags)
-        if resumed.returncode != 0:
-            failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")
-        elif snapshot(out) != expected:
-            failed.append(f"{step}: differs from the clean {action} in {differences(snapshot(out), expected)}")
+        return resumed
+
+    command = [sys.executable, "-m", "shardkit", action, str(out), *flags]
+    failed = every_step_finishes(out, source, command, finish, snapshot(clean), tmp_path / "hook", checked=_killed)
     assert not failed, "\n".join(failed)
+
+
+def _killed(out: Path) -> str | None:
+    """What verify says of a change's killed output that it should not: it is one version or the
+    other, or (mid-commit) says it was interrupted."""
+    report = verify(out)
+    return None if report.ok or [p.kind for p in report.problems] == ["interrupted"] else str(report.problems)
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
-from tests.step_kills import hooked_env
-from tests.test_pack_kills import differences, snapshot
+from tests.step_kills import every_step_finishes, hooked_env
+from tests.test_pack_kills import snapshot
 
 
 def _keys(out: Path, version: int | None = None) -> list[str]:
@@ -91,34 +91,18 @@ def test_a_change_keeping_versions_killed_at_any_step_finishes_to_the_same_bytes
 ) -> None:
     source = packed_sample("webdataset", 64, 7)
     flags = ["--shard-size", "30", "--keep-versions"]
-    clean, out, log, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "steps.log", tmp_path / "hook"
+    clean, out = tmp_path / "clean", tmp_path / "out"
     shutil.copytree(source, clean)
     assert shardkit("compact", clean, *flags).returncode == 0
-    expected = snapshot(clean)
 
-    def run(**variables: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardkit", "compact", str(out), *flags]
-        env = hooked_env(hook, [out], **variables)
-        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-
-    shutil.copytree(source, out)
-    assert run(log=str(log)).returncode == 0
-    assert snapshot(out) == expected
-    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
-    assert any("versions" in step for step in steps), steps
-    failed = []
-    for step in steps:
-        shutil.rmtree(out)
-        shutil.copytree(source, out)
-        killed = run(at=step)
-        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+    def finish() -> subprocess.CompletedProcess[str]:
         resumed = shardkit("compact", out, "--resume")
         if resumed.returncode == 0 and read_manifest(out).version == 1:  # (killed before its journal)
             resumed = shardkit("compact", out, *flags)
-        if resumed.returncode != 0:
-            failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")
-        elif snapshot(out) != expected:
-            failed.append(f"{step}: differs from the clean compact in {differences(snapshot(out), expected)}")
+        return resumed
+
+    command = [sys.executable, "-m", "shardkit", "compact", str(out), *flags]
+    failed = every_step_finishes(out, source, command, finish, snapshot(clean), tmp_path / "hook")
     assert not failed, "\n".join(failed)
 
 
