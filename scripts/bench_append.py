@@ -24,22 +24,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import REPO, compiled, warm
+from benchkit import REPO, compiled, shardkit_timed
 
 SHARDKIT = [sys.executable, "-m", "shardkit"]
-
-
-def timed(command: list[str], *inputs: Path) -> float:
-    warm(*inputs)
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()}")
-    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -69,13 +59,13 @@ def main() -> None:
         packs = []
         for _ in range(args.repeat):
             shutil.rmtree(whole, ignore_errors=True)
-            packs.append(timed([*SHARDKIT, "pack", str(grown), str(whole), *flags], grown))
+            packs.append(shardkit_timed(["pack", str(grown), str(whole), *flags], grown))
         packed = statistics.median(packs)
         alone = root / "alone"
         alones = []
         for _ in range(args.repeat):  # what the new images cost packed on their own: the floor of an append
             shutil.rmtree(alone, ignore_errors=True)
-            alones.append(timed([*SHARDKIT, "pack", str(apart), str(alone), *flags], apart))
+            alones.append(shardkit_timed(["pack", str(apart), str(alone), *flags], apart))
         floor = statistics.median(alones)
         print(f"{args.format}: {args.images:,} images packed, {new:,} new; the grown folder packed whole in "
               f"{packed:.2f}s [{min(packs):.2f}-{max(packs):.2f}s], the new ones alone in {floor:.2f}s "
@@ -88,8 +78,8 @@ def main() -> None:
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(out, copy)
                 report = root / "append.json"
-                command = [*SHARDKIT, "pack", str(source), str(copy), "--append", *extra, "--json", str(report)]
-                seconds.append(timed(command, source))
+                arguments = ["pack", str(source), str(copy), "--append", *extra, "--json", str(report)]
+                seconds.append(shardkit_timed(arguments, source))
                 result = json.loads(report.read_text())
                 written, records, already = result["bytes_written"], result["records"], result["already"]
             median = statistics.median(seconds)

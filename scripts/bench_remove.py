@@ -17,26 +17,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import REPO, compiled
-
-SHARDKIT = [sys.executable, "-m", "shardkit"]
-
-
-def timed(command: list[str]) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()}")
-    return time.perf_counter() - started
+from benchkit import compiled, shardkit_timed
 
 
 def main() -> None:
@@ -54,12 +42,12 @@ def main() -> None:
         root = Path(temp)
         source = make_sample_dataset(root / "src", args.images, classes=10, seed=0)
         out = root / "out"
-        pack = [*SHARDKIT, "pack", str(source), str(out), "--resize", "128", "--shard-size", str(args.shard_size),
+        pack = ["pack", str(source), str(out), "--resize", "128", "--shard-size", str(args.shard_size),
                 "--format", args.format]  # fmt: skip
         pack_seconds = []
         for _ in range(args.repeat):
             shutil.rmtree(out, ignore_errors=True)
-            pack_seconds.append(timed(pack))
+            pack_seconds.append(shardkit_timed(pack))
         packed = statistics.median(pack_seconds)
         index = pq.read_table(out / "index.parquet", columns=["key", "shard"]).to_pylist()
         size = sum(path.stat().st_size for path in out.iterdir() if path.is_file())
@@ -80,7 +68,7 @@ def main() -> None:
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(out, copy)
                 report = root / "remove.json"
-                seconds.append(timed([*SHARDKIT, "remove", str(copy), "--keys", str(listing), "--reason", "bench",
+                seconds.append(shardkit_timed(["remove", str(copy), "--keys", str(listing), "--reason", "bench",
                                       "--json", str(report)]))  # fmt: skip
                 result = json.loads(report.read_text())
                 written, shards = result["bytes_written"], result["rewritten"] + result["dropped"]

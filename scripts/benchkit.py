@@ -206,3 +206,15 @@ def base_worktree(path: Path, revision: str) -> bool:
 
 def remove_worktree(path: Path) -> None:
     subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
+
+
+def shardkit_timed(arguments: list[str], *inputs: Path) -> float:
+    """Seconds a whole `shardkit ARGUMENTS` process takes, its `inputs` read just before (this
+    machine drops file pages untouched for ~30 s); a failure ends the benchmark, saying why."""
+    warm(*inputs)
+    command = [sys.executable, "-m", "shardkit", *arguments]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {done.stderr.strip()}")
+    return time.perf_counter() - started

@@ -157,3 +157,20 @@ def raw_tar(path: Path, members: list[tuple[str, bytes]], format: int = tarfile.
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
     return path
+
+
+def stored_records(out: Path) -> list[tuple[str, Any]]:
+    """(shard name, Record) of every record of the output `out`, in stored order, read through
+    each format's own reader (what the changes' tests compare before and after)."""
+    from shardkit.formats import get_format
+
+    manifest = read_manifest(out)
+    backend = get_format(manifest.format)
+    found: list[tuple[str, Any]] = []
+    for shard in manifest.shards:
+        reader = backend.reader(str(out / shard.name))
+        try:
+            found += [(shard.name, record) for record in reader]
+        finally:
+            reader.close()
+    return found

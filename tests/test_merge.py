@@ -26,21 +26,13 @@ from shardkit.formats import available_formats, get_format
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
+from tests.helpers import stored_records
 from tests.step_kills import every_step_finishes, hooked_env
 from tests.test_pack_kills import snapshot
 
 
 def _records(out: Path) -> list[tuple[str, int | None, bytes]]:
-    manifest = read_manifest(out)
-    backend = get_format(manifest.format)
-    found = []
-    for shard in manifest.shards:
-        reader = backend.reader(str(out / shard.name))
-        try:
-            found += [(record.key, record.label, record.data) for record in reader]
-        finally:
-            reader.close()
-    return found
+    return [(record.key, record.label, record.data) for _, record in stored_records(out)]
 
 
 def _folder(root: Path, classes: list[str], per_class: int, seed: int, stem: str) -> Path:

@@ -21,8 +21,9 @@ from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
-from shardkit.formats import available_formats, get_format
+from shardkit.formats import available_formats
 from shardkit.readers import open_shards
+from tests.helpers import stored_records
 from tests.step_kills import every_step_finishes
 from tests.test_pack_kills import snapshot
 
@@ -37,16 +38,7 @@ def _copy(packed_sample, format: str, tmp_path: Path) -> Path:
 
 def _records(out: Path) -> list[tuple[str, str, bytes]]:
     """(shard, key, image bytes) of every record, in stored order."""
-    manifest = read_manifest(out)
-    backend = get_format(manifest.format)
-    found = []
-    for shard in manifest.shards:
-        reader = backend.reader(str(out / shard.name))
-        try:
-            found += [(shard.name, record.key, record.data) for record in reader]
-        finally:
-            reader.close()
-    return found
+    return [(shard, record.key, record.data) for shard, record in stored_records(out)]
 
 
 def _all_bytes(out: Path) -> bytes:
