@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -37,6 +36,7 @@ from ..core.manifest import (
     IDX_SUFFIX,
     INDEX_NAME,
     MANIFEST_NAME,
+    SHA256_HEX,
     Manifest,
     ShardInfo,
     idx_name,
@@ -46,6 +46,7 @@ from ..core.manifest import (
     write_json_atomic,
 )
 from ..core.pack_options import PACK_OPTION_TABLE, pack_config
+from ..core.phash import PHASH_HEX
 from ..formats import get_format
 from ..packing.dedup import Earlier
 from ..packing.folder_output import refuse_overlap, refuse_sources_inside
@@ -56,10 +57,10 @@ from ..packing.resume import CREATED_BY, settings_of
 from ..packing.running import ProgressCallback, Tally, ray_session
 from ..packing.sources import Item, SourceList, SourceWalk, pack_source
 from ..packing.sources.item import display
-from ..packing.working_folder import finishing, is_shard_name, state_dir, writing
+from ..packing.working_folder import finishing, is_shard_name, shard_number, state_dir, writing
 from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
-from .journal import Changing, Journal, changing, kept_name
+from .journal import Changing, Journal, changing, kept_name, refuse_link
 from .remove import REMOVED
 from .rewrite import refuse_foreign_shards, summed_totals, write_errors, write_output_files
 
@@ -68,8 +69,6 @@ SHOWN = 3  # colliding keys a refusal names
 # the settings a codec's version decides, not a flag: an append with another codec is allowed (its
 # shards' bytes are its own) and the history entry names it
 CODECS = ("jpeg_backend", "video_backend")
-_PHASH = re.compile(r"[0-9a-f]{16}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*/?")
 # which part of a PackConfig each option's owner is (the flags an append compares with the output's)
 _PARTS = {"ResizeConfig": "resize", "EncodeConfig": "encode", "WebConfig": "web", "ClipConfig": "clips"}
@@ -97,14 +96,7 @@ class AppendResult:
     resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "output": self.output, "source": self.source, "version": self.version, "inputs": self.inputs,
-            "records": self.records, "errors": self.errors, "already": self.already,
-            "taken_down": self.taken_down, "shards": self.shards,
-            "reused_shards": self.reused_shards, "classes_added": list(self.classes_added),
-            "bytes_written": self.bytes_written, "output_bytes": self.output_bytes, "seconds": self.seconds,
-            "resumed": self.resumed,
-        }  # fmt: skip
+        return asdict(self)
 
 
 def append(
@@ -199,7 +191,7 @@ def _append(
             reused = 0
             if staged is None:
                 assert walked is not None
-                _refuse_planted(changed.next / STAGED)
+                refuse_link(changed.next / STAGED, "shardkit's working folder")
                 counts = {"already": walked.already, "taken_down": walked.taken_down}
                 if {key: journal.plan[key] for key in counts} != counts:  # (the source changed meanwhile)
                     journal.plan.update(counts)
@@ -231,7 +223,7 @@ def _finished_pack(changed: Changing) -> Manifest | None:
     taken as it is: its source may have changed since, and a pack finished is not packed again);
     None where it did not."""
     folder = changed.next / STAGED
-    _refuse_planted(folder)
+    refuse_link(folder, "shardkit's working folder")
     if not os.path.lexists(folder / MANIFEST_NAME):
         return None
     try:
@@ -241,13 +233,6 @@ def _finished_pack(changed: Changing) -> Manifest | None:
     if staged.checksum != staged.computed_checksum():
         return None
     return staged
-
-
-def _refuse_planted(folder: Path) -> None:
-    """The append's own pack folder is a folder of the working folder: a link planted there must
-    not send its shards elsewhere."""
-    if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
-        raise OutputError(f"{folder}: is not shardkit's working folder (not a folder); move it away")
 
 
 # --- what the append packs -----------------------------------------------------------------------
@@ -358,7 +343,7 @@ def _first_shard(manifest: Manifest) -> int:
     its number: -vK), so that no name a version listed names other bytes later."""
     names = [shard.name for shard in manifest.shards]
     names += [text for entry in manifest.history for text in _texts(entry) if is_shard_name(text)]
-    return max((_number(name) for name in names if is_shard_name(name)), default=-1) + 1
+    return max((shard_number(name) for name in names if is_shard_name(name)), default=-1) + 1
 
 
 def _texts(value: Any) -> Iterator[str]:
@@ -373,11 +358,6 @@ def _texts(value: Any) -> Iterator[str]:
             yield from _texts(item)
 
 
-def _number(name: str) -> int:
-    """A shard name's number (`shard-000012-v3.tar`: 12)."""
-    return int(name.split("-")[1].split(".")[0])
-
-
 def _table(packing: PackConfig) -> str | None:
     path = packing.table.path
     return None if path is None else path if is_remote(path) else os.path.abspath(path)
@@ -387,13 +367,13 @@ def _table(packing: PackConfig) -> str | None:
 class Walked:
     """The append's walk, read whole: the inputs to pack (`walk`), how many are new (items and
     the walk's own failures), the inputs the output holds already (or lists as failed by an earlier
-    run over the same source), those it took out, and the class names added."""
+    run over the same source), and those it took out. (The class names it adds are its pack's
+    manifest's, after the output's.)"""
 
     walk: SourceWalk
     new: int
     already: int
     taken_down: int  # inputs under a key `shardkit remove` took out: left out
-    classes_added: list[str]
 
 
 def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
@@ -426,8 +406,7 @@ def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
     already += len(found.skipped) - len(skipped)
     listed = SourceList(found.root, found.layout, kept, classes, skipped)
     walk = replace(found, items=kept, classes=classes, listed=listed, runs=None, skipped=skipped)
-    added = classes[len(changed.manifest.classes) :]
-    return Walked(walk, len(kept) + len(skipped), already, sum(taken_down), added)
+    return Walked(walk, len(kept) + len(skipped), already, sum(taken_down))
 
 
 def _failed_before(changed: Changing, source: str) -> tuple[set[str], set[str]]:
@@ -471,11 +450,11 @@ def _earlier(changed: Changing) -> Earlier:
     table = changed.index().read(columns=["key", "source", "source_sha256", "phash"])
     # (an index may be a stranger's, or an adopted tar's columns another tool wrote: a hash that is
     # not one is no hash, as `shardkit duplicates` takes them)
-    phashes = [h if isinstance(h, str) and _PHASH.fullmatch(h) else None for h in table.column("phash").to_pylist()]
+    phashes = [h if isinstance(h, str) and PHASH_HEX.fullmatch(h) else None for h in table.column("phash").to_pylist()]
     hashed = np.array([h is not None for h in phashes], bool)
     hashes = np.array([int(h, 16) if h is not None else 0 for h in phashes], np.uint64)
     digests = [
-        d if isinstance(d, str) and _SHA256.fullmatch(d) else None for d in table.column("source_sha256").to_pylist()
+        d if isinstance(d, str) and SHA256_HEX.fullmatch(d) else None for d in table.column("source_sha256").to_pylist()
     ]
     keys = table.column("key").to_pylist()
     sources = [s if isinstance(s, str) else k for s, k in zip(table.column("source").to_pylist(), keys, strict=True)]
@@ -580,13 +559,14 @@ def _write_next(changed: Changing, journal: Journal, staged: Manifest) -> Manife
     pack = folder / STAGED
     backend = get_format(manifest.format)
     first = journal.plan["first_shard"]
-    if staged.format != manifest.format or not all(_number(s.name) >= first for s in staged.shards):
+    if staged.format != manifest.format or not all(shard_number(s.name) >= first for s in staged.shards):
         raise OutputError(f"{pack}: holds a pack that is not this append's; move {state_dir(output)} away")
     new_idx = [c for c in staged.companions if c.name.endswith(IDX_SUFFIX)]
+    idx_names = {c.name for c in new_idx}
     moves: list[str] = []
     for shard in staged.shards:
         for name in (idx_name(shard.name), shard.name):
-            if name != shard.name and name not in {c.name for c in new_idx}:
+            if name != shard.name and name not in idx_names:
                 continue
             with writing(output, name):
                 (folder / name).unlink(missing_ok=True)
@@ -645,13 +625,13 @@ def _write_index(changed: Changing, added: Path, path: Path) -> ShardInfo:
     (a row group a shard, as pack writes them)."""
     import pyarrow.parquet as pq
 
+    sources = [added]
+    if changed.manifest.index is not None:
+        changed.index()  # (the output's, checked against its manifest first)
+        sources.insert(0, changed.output / INDEX_NAME)
     rows = 0
     with pq.ParquetWriter(path, schema(), compression="zstd") as writer:
-        for source in (changed.output / INDEX_NAME, added):
-            if source == changed.output / INDEX_NAME and changed.manifest.index is None:
-                continue
-            if source == changed.output / INDEX_NAME:
-                changed.index()  # (checked against the manifest first)
+        for source in sources:
             parquet = pq.ParquetFile(source)
             for group in range(parquet.num_row_groups):
                 part = parquet.read_row_group(group).cast(schema())
@@ -693,7 +673,9 @@ def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> 
     if result.computed_checksum() != result.checksum or result.version != journal.version:
         raise OutputError(f"{output}: the next version the interrupted append wrote is damaged; {away}")
     first = journal.plan.get("first_shard")
-    new = [s.name for s in result.shards if type(first) is int and is_shard_name(s.name) and _number(s.name) >= first]
+    new = [
+        s.name for s in result.shards if type(first) is int and is_shard_name(s.name) and shard_number(s.name) >= first
+    ]
     companions = {c.name for c in result.companions}
     expected = [name for shard in new for name in (idx_name(shard), shard) if name == shard or name in companions]
     expected += [c.name for c in result.companions if not c.name.endswith(IDX_SUFFIX)]

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.errors import ConfigError
@@ -43,11 +43,7 @@ class CompactResult:
     resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "output": self.output, "version": self.version, "shards_before": self.shards_before,
-            "shards_after": self.shards_after, "joined": self.joined, "bytes_written": self.bytes_written,
-            "output_bytes": self.output_bytes, "seconds": self.seconds, "resumed": self.resumed,
-        }  # fmt: skip
+        return asdict(self)
 
 
 def compact(

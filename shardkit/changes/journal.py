@@ -220,7 +220,7 @@ class Changing:
         """`--keep-versions` refused before anything is written where the version it would keep is
         in the way, or where a file it lists is not a regular file (a link would be kept as a link)."""
         versions, version = self.output / VERSIONS_DIR, self.manifest.version
-        _refuse_link(versions, "shardkit's folder of versions")
+        refuse_link(versions, "shardkit's folder of versions")
         if os.path.lexists(self.output / kept_name(version)):
             raise OutputError(
                 f"{self.output / kept_name(version)}: is there already; move it away to keep version {version}"
@@ -257,7 +257,7 @@ class Changing:
 
     def _keep(self, source: Path, name: str) -> None:
         """The kept version's folder moved in: a folder of `next/versions/`, into `versions/`."""
-        _refuse_link(self.output / VERSIONS_DIR, "shardkit's folder of versions")
+        refuse_link(self.output / VERSIONS_DIR, "shardkit's folder of versions")
         if not stat.S_ISDIR(os.lstat(source).st_mode):
             raise OutputError(f"{source}: not a folder shardkit wrote; move {state_dir(self.output)} away")
         (self.output / VERSIONS_DIR).mkdir(exist_ok=True)
@@ -266,11 +266,13 @@ class Changing:
     def _refuse_planted_next(self) -> None:
         """A link or file planted as `next/` (or as its `versions/`) must not make a change read,
         write, move or delete elsewhere."""
-        _refuse_link(self.next, "shardkit's working folder")
-        _refuse_link(self.next / VERSIONS_DIR, "shardkit's working folder")
+        refuse_link(self.next, "shardkit's working folder")
+        refuse_link(self.next / VERSIONS_DIR, "shardkit's working folder")
 
 
-def _refuse_link(folder: Path, what: str) -> None:
+def refuse_link(folder: Path, what: str) -> None:
+    """A link or file planted where shardkit keeps a folder of its own (`what`) is refused: writes,
+    moves and deletions there must not reach elsewhere."""
     if os.path.lexists(folder) and not stat.S_ISDIR(os.lstat(folder).st_mode):
         raise OutputError(f"{folder}: is not {what} (not a folder); move it away")
 
@@ -286,14 +288,7 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
     precheck(path)
     if path.resolve().parent.name == VERSIONS_DIR and (path.resolve().parent.parent / MANIFEST_NAME).exists():
         raise OutputError(f"{path}: a version kept by --keep-versions: read it, or delete it; change the output itself")
-    state = state_dir(path)
-    if os.path.lexists(state) and not stat.S_ISDIR(os.lstat(state).st_mode):
-        raise OutputError(f"{state}: is not shardkit's working folder (not a folder); move it away")
-    try:
-        state.mkdir(exist_ok=True)
-        lock_fd = lock_folder(state, path)
-    except OSError as error:
-        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
+    state, lock_fd = _locked(path)
     try:
         if (state / STATE_NAME).exists() and not _finished_with_retries(path):
             raise OutputError(f"{path}: an interrupted pack is here; finish it with pack --resume first")
@@ -309,11 +304,7 @@ def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
             raise OutputError(f"{path}/{MANIFEST_NAME}: checksum does not match its content (edited by hand?)")
         yield Changing(path, manifest, pending)
     finally:
-        # the working folder goes unless it holds an unfinished change's or pack's state: an earlier
-        # remove killed in its last step, or a pack's cleanup, leaves its lock and markers behind
-        if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
-            remove_state(path)
-        os.close(lock_fd)
+        _release(path, lock_fd)
 
 
 @contextlib.contextmanager
@@ -324,14 +315,7 @@ def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
     an empty stand-in, version 0)."""
     path = Path(output)
     precheck(path)
-    state = state_dir(path)
-    if os.path.lexists(state) and not stat.S_ISDIR(os.lstat(state).st_mode):
-        raise OutputError(f"{state}: is not shardkit's working folder (not a folder); move it away")
-    try:
-        state.mkdir(parents=True, exist_ok=True)
-        lock_fd = lock_folder(state, path)
-    except OSError as error:
-        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
+    state, lock_fd = _locked(path)
     try:
         pending = _journal(state / CHANGE_NAME)
         if pending is not None and pending.action != "merge":
@@ -348,10 +332,30 @@ def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
             except ManifestError:
                 raise OutputError(f"{path}: holds an output already; merge into a new folder") from None
         yield Changing(path, manifest, pending)
-    finally:  # (an interrupted pack's state stays: its pack --resume needs it)
-        if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
-            remove_state(path)
-        os.close(lock_fd)
+    finally:
+        _release(path, lock_fd)
+
+
+def _locked(path: Path) -> tuple[Path, int]:
+    """The working folder of `path` made (a link planted there refused) and locked, as one writer
+    holds it: the folder and the lock's descriptor."""
+    state = state_dir(path)
+    refuse_link(state, "shardkit's working folder")
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        return state, lock_folder(state, path)
+    except OSError as error:
+        raise OutputError(f"{path}: cannot write here ({describe(error)})") from None
+
+
+def _release(path: Path, lock_fd: int) -> None:
+    """The lock let go. The working folder goes unless it holds an unfinished change's or pack's
+    state (its --resume needs it): an earlier change killed in its last step, or a pack's cleanup,
+    leaves only its lock and markers behind."""
+    state = state_dir(path)
+    if not os.path.lexists(state / CHANGE_NAME) and not os.path.lexists(state / STATE_NAME):
+        remove_state(path)
+    os.close(lock_fd)
 
 
 def _finished_with_retries(output: Path) -> bool:

@@ -31,7 +31,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from ..core.manifest import (
 from ..core.safeio import open_regular
 from ..formats import get_format
 from ..formats.base import Record
+from ..packing.dedup import same_file
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
 from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
@@ -92,12 +93,7 @@ class MergeResult:
     already_complete: bool = False  # the output was this merge, finished: nothing was done
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "output": self.output, "sources": list(self.sources), "records": self.records, "shards": self.shards,
-            "linked": self.linked, "rewritten": self.rewritten, "bytes_written": self.bytes_written,
-            "output_bytes": self.output_bytes, "classes": self.classes, "seconds": self.seconds,
-            "resumed": self.resumed, "already_complete": self.already_complete,
-        }  # fmt: skip
+        return asdict(self)
 
 
 def merge(
@@ -409,9 +405,9 @@ def _write_next(
             with writing(output, new):
                 if change is None:
                     info, companion = _link(source.folder, folder, old, new, companions.get(idx_name(old.name)))
-                    written += (
-                        0 if info.bytes == 0 or _same_file(source.folder / old.name, folder / new) else info.bytes
-                    )
+                    here = same_file(str(folder / new))
+                    if here is None or here != same_file(str(source.folder / old.name)):  # (copied: written)
+                        written += info.bytes
                     linked += 1
                 else:
                     info, companion = _rewrite(backend, source.folder / old.name, old, folder / new, change)
@@ -503,13 +499,6 @@ def _link(
             )
     moved = replace(old, name=new)
     return moved, None if companion is None else replace(companion, name=idx_name(new))
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _rewrite(

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,7 @@ class RemoveResult:
     resumed: bool = False  # an interrupted remove finished
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "output": self.output, "version": self.version, "removed": self.removed, "missing": self.missing,
-            "rewritten": self.rewritten, "dropped": self.dropped, "bytes_written": self.bytes_written,
-            "output_bytes": self.output_bytes, "seconds": self.seconds, "resumed": self.resumed,
-        }  # fmt: skip
+        return asdict(self)
 
 
 def remove(

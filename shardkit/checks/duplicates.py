@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +26,8 @@ import numpy as np
 
 from ..core.config import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_PIXELS, check_dedup_threshold, check_workers
 from ..core.errors import ConfigError, Failure, ImageError, ManifestError, ShardFormatError, ShardReadError, describe
-from ..core.manifest import MANIFEST_NAME, sha256_file
-from ..core.phash import dct_hash, distances, near_components
+from ..core.manifest import MANIFEST_NAME, SHA256_HEX, sha256_file
+from ..core.phash import PHASH_HEX, dct_hash, distances, near_components
 from ..core.safeio import check_regular, read_regular
 from ..packing.dedup import hash_paths
 from ..packing.encode import picture_hash
@@ -37,9 +36,6 @@ from ..packing.sources import SourceWalk, walk
 from ..readers.dataset import open_shards
 from ..storage.urls import is_remote
 from .verify_index import index_claims
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_PHASH = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass
@@ -333,10 +329,10 @@ def _index_rows(dataset: Any, shown: str) -> list[tuple[str, str | None, str | N
     except (OSError, ValueError):  # (pyarrow's errors for a damaged file are these)
         return None
     keys, digests, phashes = (table.column(name).to_pylist() for name in ("key", "source_sha256", "phash"))
-    if None in keys or any(digest is None or not _SHA256.fullmatch(digest) for digest in digests):
+    if None in keys or any(digest is None or not SHA256_HEX.fullmatch(digest) for digest in digests):
         return None
     return [
-        (key, digest, phash if phash is not None and _PHASH.fullmatch(phash) else None)
+        (key, digest, phash if phash is not None and PHASH_HEX.fullmatch(phash) else None)
         for key, digest, phash in zip(keys, digests, phashes, strict=True)
     ]
 
@@ -353,10 +349,10 @@ def _record_rows(
                 read += 1
                 meta = record.meta
                 digest = meta.get("source_sha256")
-                if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
                     digest = hashlib.sha256(record.data).hexdigest()
                 phash = meta.get("phash")
-                if not isinstance(phash, str) or not _PHASH.fullmatch(phash):
+                if not isinstance(phash, str) or not PHASH_HEX.fullmatch(phash):
                     phash = None
                 if near and phash is None:
                     try:

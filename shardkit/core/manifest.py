@@ -191,7 +191,7 @@ def _shard(row: Any, where: str) -> ShardInfo:
         raise ManifestError(f"{where}: shard {name} has a bad record count")
     if not _is_int(size) or not 0 <= size <= MAX_SHARD_BYTES:
         raise ManifestError(f"{where}: shard {name} has a bad byte size")
-    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+    if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
         raise ManifestError(f"{where}: shard {name} has a bad sha256")
     return ShardInfo(name, count, size, digest)
 
@@ -203,7 +203,7 @@ MAX_SHARD_BYTES = 2**50
 # JSON takes up to ~50x its text in memory: this bounds what a hostile manifest can cost.
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_ERROR_LINE = 1 << 20  # one errors.jsonl row; the file itself is streamed
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a sha256 as shardkit writes it (the manifest, the index)
 
 
 def _is_int(value: Any) -> bool:

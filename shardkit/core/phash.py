@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 THUMBNAIL = 32
+PHASH_HEX = re.compile(r"[0-9a-f]{16}")  # a DCT hash as records and index.parquet carry it
 _BITS = 64
 
 

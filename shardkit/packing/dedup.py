@@ -12,13 +12,13 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import Failure
+from ..core.manifest import SHA256_HEX
 from ..core.safeio import file_stamp, open_regular
 from ..runtime.pools import default_workers, map_local
 from .sources import Item, display, payload
@@ -115,7 +115,6 @@ CachedRow = tuple[str, tuple[int, ...], tuple[str, Any, Any]]
 
 
 _CACHE_VERSION = 2
-_SHA256 = re.compile("[0-9a-f]{64}")
 
 
 def _read_cache(cache: Path, near: bool, max_pixels: int) -> Generator[CachedRow] | None:
@@ -146,7 +145,7 @@ def _cache_rows(lines: IO[str]) -> Generator[CachedRow]:
                     continue
                 if (
                     isinstance(path, str) and len(stamp) == _STAMP_FIELDS and all(type(v) is int for v in stamp)
-                    and isinstance(digest, str) and _SHA256.fullmatch(digest) is not None
+                    and isinstance(digest, str) and SHA256_HEX.fullmatch(digest) is not None
                     and (value is None or (type(value) is int and 0 <= value < 1 << 64))
                     and (why is None or isinstance(why, str))
                 ):  # fmt: skip

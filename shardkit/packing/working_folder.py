@@ -110,6 +110,14 @@ def is_idx_name(name: str) -> bool:
     return re.fullmatch(rf"{_SHARD_STEM}\.idx", name) is not None
 
 
+def shard_number(name: str) -> int:
+    """The number in a name shardkit gives a shard (`shard-000012-v3.tar`: 12)."""
+    match = re.match(_SHARD_STEM, name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a name shardkit gives shards")
+    return int(match.group(1).removeprefix("shard-"))
+
+
 def versioned_name(name: str, version: int) -> str:
     """The name of shard `name` rewritten for `version` of its output: shard-000003.tar becomes
     shard-000003-v2.tar (and shard-000003-v2.tar shard-000003-v5.tar): a new file, never the old
