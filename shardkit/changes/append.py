@@ -60,6 +60,7 @@ from ..packing.sources.item import display
 from ..packing.working_folder import finishing, is_shard_name, shard_number, state_dir, writing
 from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
+from .bucket import refuse_keep_versions
 from .journal import Changing, Journal, changing, kept_name, refuse_link
 from .remove import REMOVED
 from .rewrite import refuse_foreign_shards, summed_totals, write_errors, write_output_files
@@ -142,14 +143,14 @@ def _append(
     output = config.output
     if config.resume:  # (an interrupted append is finished by the same append: --resume is that too)
         config = replace(config, resume=False)
-    if is_remote(output):
-        raise ConfigError(f"{output}: --append works on a local output folder (a bucket's is not supported yet)")
+    if keep_versions and is_remote(output):
+        refuse_keep_versions(output)
     if config.overwrite:
         raise ConfigError("--append adds to the output: --overwrite would replace it (give one of them)")
     prefix = _checked_prefix(key_prefix)
-    if not is_remote(config.source):
+    if not is_remote(config.source) and not is_remote(output):
         refuse_overlap(config.source, output)
-    with changing(output) as changed:
+    with changing(output, config.storage_options) as changed:
         manifest, pending = changed.manifest, changed.pending
         if pending is not None and pending.action != "append":
             said = finishing(output, pending.action, pending.plan)
@@ -254,12 +255,10 @@ def _refuse_output(changed: Changing) -> None:
     settings = changed.manifest.settings
     if isinstance(settings.get("clips"), dict):
         raise OutputError(
-            f"{changed.output}: holds clips of videos: --append takes images (videos are not supported yet)"
+            f"{changed.name}: holds clips of videos: --append takes images (videos are not supported yet)"
         )
     if not isinstance(settings.get("resize"), dict) or not isinstance(settings.get("encode"), dict):
-        raise OutputError(
-            f"{changed.output}/{MANIFEST_NAME}: says nothing of its settings; an append cannot follow them"
-        )
+        raise OutputError(f"{changed.name}/{MANIFEST_NAME}: says nothing of its settings; an append cannot follow them")
 
 
 def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> PackConfig:
@@ -284,7 +283,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
             web=replace(asked.web, **web), clips=ClipConfig(),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        said = f"{changed.output / MANIFEST_NAME}: its settings are not pack's ({describe(error)})"
+        said = f"{changed.name}/{MANIFEST_NAME}: its settings are not pack's ({describe(error)})"
         raise OutputError(f"{said}; an append cannot follow them") from None
     for option in PACK_OPTION_TABLE:
         if given.get(option.name) is None:
@@ -315,7 +314,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
             both["table"] = {name: value for name, value in both["table"].items() if name != "path"}
     differ = sorted(key for key in set(mine) | set(ours) if key not in CODECS and mine.get(key) != ours.get(key))
     if differ:
-        raise OutputError(f"{changed.output}: an append cannot follow its setting {differ[0]!r}")
+        raise OutputError(f"{changed.name}: an append cannot follow its setting {differ[0]!r}")
     return packing
 
 
@@ -480,7 +479,7 @@ def _classes(changed: Changing, names: list[str]) -> tuple[list[str], list[int] 
         ours = "class names" if have else "whole numbers (or none)"
         theirs = "class names" if names else "whole numbers (or none)"
         raise OutputError(
-            f"{changed.output}: its labels are {ours}, the source's {theirs}; an append keeps what a label means"
+            f"{changed.name}: its labels are {ours}, the source's {theirs}; an append keeps what a label means"
         )
     if not names:
         return list(have), None
@@ -528,7 +527,7 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
         named = ", ".join(repr(key) for key in clashes[:SHOWN])
         more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
         raise OutputError(
-            f"{changed.output}: holds other images under {len(clashes):,} of the new keys ({named}{more}); "
+            f"{changed.name}: holds other images under {len(clashes):,} of the new keys ({named}{more}); "
             "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
         )
     return [bool(there) for there in present]

@@ -23,6 +23,7 @@ from ..core.manifest import Manifest, ShardInfo
 from ..core.pack_options import parse_bytes
 from ..packing.working_folder import versioned_name
 from ..storage.urls import is_remote
+from .bucket import refuse_keep_versions
 from .journal import Changing, Journal
 from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
 
@@ -54,14 +55,16 @@ def compact(
     resume: bool = False,
     keep_versions: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> CompactResult:
-    """Join consecutive small shards of the local output `output` into shards of at most
+    """Join consecutive small shards of the output `output` (a folder, or a bucket's URL reached
+    with `storage_options`) into shards of at most
     `shard_size` records (or `shard_bytes` bytes: an int or a text such as "256MB"). `resume`
     finishes a compact that was interrupted (so does the same compact run again). `keep_versions`
     keeps the version before whole in versions/vN (hard links: no bytes copied).
     `progress(done, total)` counts shards written."""
-    if is_remote(output):
-        raise ConfigError(f"{output}: compact works on a local output folder (a bucket's is not supported yet)")
+    if keep_versions and is_remote(output):
+        refuse_keep_versions(str(output))
     target = _target(shard_size, shard_bytes, resume)
     asked = {**target, "keep_versions": True} if keep_versions else target
     request = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
@@ -76,6 +79,7 @@ def compact(
         Change("compact", request, plan, _totals, _history, check=_check, keep_versions=keep_versions),
         resume,
         progress,
+        storage_options,
     )
     after = len(done.manifest.shards)
     size = sum(s.bytes for s in done.manifest.shards)

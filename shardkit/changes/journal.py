@@ -20,10 +20,10 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ManifestError, OutputError, describe
 from ..core.manifest import (
@@ -51,6 +51,11 @@ from ..packing.working_folder import (
     writing,
 )
 from ..readers.subset import IndexFile, read_index
+from ..storage.urls import is_remote
+
+if TYPE_CHECKING:
+    from ..core.manifest import ShardInfo
+    from .bucket import BucketChange
 
 
 @dataclass
@@ -125,10 +130,11 @@ class Changing:
     """An output locked for a change: its folder, the manifest it holds now, and the journal of a
     change an earlier run left unfinished (None where there is none)."""
 
-    output: Path
+    output: Path  # the folder the change runs in: the output, or a bucket output's mirror
     manifest: Manifest
     pending: Journal | None
     _index: IndexFile | None = None
+    bucket: BucketChange | None = None  # where the output is a bucket's (bucket.py)
 
     def index(self) -> IndexFile:
         """The output's index.parquet, checked against its manifest: read once for a plan and the
@@ -136,6 +142,11 @@ class Changing:
         if self._index is None:
             self._index = read_index(self.output, self.manifest)
         return self._index
+
+    @property
+    def name(self) -> str:
+        """The output as messages name it: its folder, or its bucket's URL (not the mirror's)."""
+        return self.bucket.store.url if self.bucket is not None else str(self.output)
 
     @property
     def next(self) -> Path:
@@ -191,12 +202,30 @@ class Changing:
                 _fsync(self.next / name)
             write_json_atomic(self.journal_path, journal.to_json())
 
+    def fetch(self, shards: list[ShardInfo]) -> None:
+        """The shards a change reads, in `output` (a bucket's downloaded into its mirror)."""
+        if self.bucket is not None:
+            self.bucket.fetch(self.output, shards)
+
+    def holds(self, name: str) -> bool:
+        """Whether the output holds a file named `name` (in a bucket: an object)."""
+        return os.path.lexists(self.output / name) or (self.bucket is not None and self.bucket.holds(name))
+
     def commit(self, journal: Journal) -> None:
         """Rename what `next/` holds into the output (the new shards, then the files beside them, the
         manifest last), then delete what the new version no longer lists, then the journal. Every
         step may be done again: a name already moved or deleted is skipped. Only regular files are
-        moved, from a `next/` that is a folder of its own."""
+        moved, from a `next/` that is a folder of its own. A bucket's change commits in the bucket
+        (bucket.py), and its mirror is emptied."""
         self._refuse_planted_next()
+        if self.bucket is not None:
+            self.bucket.commit(self.next, journal.to_json())
+            with writing(self.output, "the mirror of the bucket"):
+                from .bucket import clear_mirror
+
+                clear_mirror(self.output)
+            self.pending = None
+            return
         with writing(self.output, "the new version"):
             for name in journal.moves:
                 source = self.next / name
@@ -219,6 +248,10 @@ class Changing:
     def refuse_kept(self) -> None:
         """`--keep-versions` refused before anything is written where the version it would keep is
         in the way, or where a file it lists is not a regular file (a link would be kept as a link)."""
+        if self.bucket is not None:
+            from .bucket import refuse_keep_versions
+
+            refuse_keep_versions(self.bucket.store.url)
         versions, version = self.output / VERSIONS_DIR, self.manifest.version
         refuse_link(versions, "shardkit's folder of versions")
         if os.path.lexists(self.output / kept_name(version)):
@@ -278,18 +311,53 @@ def refuse_link(folder: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
-def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
+def changing(output: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Iterator[Changing]:
     """`output` locked for a change (one writer at a time: a pack or another change is refused),
     with its manifest and any unfinished change's journal. Refused, before anything is written,
-    where there is no finished output or an interrupted pack is there."""
+    where there is no finished output or an interrupted pack is there. A bucket's output is changed
+    in its local mirror (bucket.py), which follows the bucket before the change reads it."""
+    if is_remote(output):
+        with _changing_bucket(output, storage_options) as changed:
+            yield changed
+        return
     path = Path(output)
     if not path.is_dir():
         raise OutputError(f"{path}: no such folder" if not os.path.lexists(path) else f"{path}: not a folder")
     precheck(path)
     if path.resolve().parent.name == VERSIONS_DIR and (path.resolve().parent.parent / MANIFEST_NAME).exists():
         raise OutputError(f"{path}: a version kept by --keep-versions: read it, or delete it; change the output itself")
+    with _changing(path) as changed:
+        yield changed
+
+
+@contextlib.contextmanager
+def _changing_bucket(output: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Iterator[Changing]:
+    from ..storage.location import locate
+    from .bucket import BucketChange, mirror_folder
+
+    store = locate(output, storage_options)
+    assert not isinstance(store, Path)
+    mirror = mirror_folder(store.url)
+    try:
+        mirror.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{mirror}: cannot make the mirror of {store.url} here ({describe(error)})") from None
+    bucket = BucketChange(store)
+    with _changing(mirror, bucket.prepare) as changed:
+        changed.bucket = bucket
+        yield changed
+    with contextlib.suppress(OSError):
+        mirror.rmdir()  # (emptied by its commit; else kept for the change's --resume)
+
+
+@contextlib.contextmanager
+def _changing(path: Path, prepare: Callable[[Path], None] | None = None) -> Iterator[Changing]:
+    """`path` locked for a change, with its manifest and journal; `prepare(path)` first, under the
+    lock (a bucket's mirror made to follow the bucket)."""
     state, lock_fd = _locked(path)
     try:
+        if prepare is not None:
+            prepare(path)
         if (state / STATE_NAME).exists() and not _finished_with_retries(path):
             raise OutputError(f"{path}: an interrupted pack is here; finish it with pack --resume first")
         pending = _journal(state / CHANGE_NAME)

@@ -27,6 +27,7 @@ from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import versioned_name
 from ..readers.subset import IndexFile, Selection, select
 from ..storage.urls import is_remote
+from .bucket import refuse_keep_versions
 from .journal import Changing, Journal
 from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
 
@@ -64,17 +65,19 @@ def remove(
     resume: bool = False,
     keep_versions: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> RemoveResult:
     """Take the records `keys` names (or those `where` selects: a pyarrow Expression over
     index.parquet's columns, a callable, as `open_shards(select=...)` takes, or a condition as
-    `--where` takes it, "label == 3") out of the local
-    output `output`, for `reason` (kept in the manifest's history and errors.jsonl). Keys the
+    `--where` takes it, "label == 3") out of the output `output` (a folder, or a bucket's URL
+    reached with `storage_options`), for `reason` (kept in the manifest's history and
+    errors.jsonl). Keys the
     output lacks are refused, naming them, unless `missing_ok`. `resume` finishes a remove that was
     interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
     in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
     total)` counts shards written."""
-    if is_remote(output):
-        raise ConfigError(f"{output}: remove works on a local output folder (a bucket's is not supported yet)")
+    if keep_versions and is_remote(output):
+        refuse_keep_versions(str(output))
     if resume and (keys is not None or where is not None):
         raise ConfigError("--resume finishes the interrupted remove as it was asked: give no keys with it")
     if not resume and (keys is None) == (where is None):
@@ -88,7 +91,8 @@ def remove(
     if not resume and not reason:
         raise ConfigError("remove needs a reason (--reason): the manifest's history and errors.jsonl keep it")
     kept = Path(output) / VERSIONS_DIR
-    if not (keep_versions or resume) and os.path.lexists(kept):  # (a takedown must reach every file)
+    # (a takedown must reach every file)
+    if not (keep_versions or resume or is_remote(output)) and os.path.lexists(kept):
         raise OutputError(
             f"{kept}: earlier versions are kept there, and a remove would leave the records in them: delete "
             f"{kept} first, or give --keep-versions to keep them knowingly"
@@ -102,7 +106,7 @@ def remove(
         return journal
 
     change = Change(REMOVED[:-1], request, plan, _totals, _history, _failures, _check, keep_versions)
-    done = run(output, change, resume, progress)
+    done = run(output, change, resume, progress, storage_options)
     if done.journal is None:  # nothing the output holds was named, or nothing was left to finish
         size = sum(s.bytes for s in done.manifest.shards)
         return RemoveResult(str(output), done.manifest.version, 0, missing[0], 0, 0, 0, size, done.seconds)
@@ -155,7 +159,7 @@ def _plan(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    manifest, output = changed.manifest, changed.output
+    manifest, output = changed.manifest, changed.name
     refuse_foreign_shards(changed, "remove")
     index = changed.index()
     missing = 0

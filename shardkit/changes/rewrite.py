@@ -77,11 +77,17 @@ class Done:
     seconds: float
 
 
-def run(output: str | os.PathLike[str], change: Change, resume: bool, progress: Progress | None) -> Done:
+def run(
+    output: str | os.PathLike[str],
+    change: Change,
+    resume: bool,
+    progress: Progress | None,
+    storage_options: dict[str, Any] | None = None,
+) -> Done:
     """Lock `output`, take up an interrupted change of the same request (or any with `resume`), or
     plan a new one; write the next version in `next/` and commit it."""
     started = time.perf_counter()
-    with changing(output) as changed:
+    with changing(output, storage_options) as changed:
         pending = changed.pending
         if pending is not None and not (resume or pending.request == change.request):
             said = f"{output}: an interrupted {pending.action[:40]!r} to version {pending.version} is here"
@@ -122,7 +128,7 @@ def new_journal(action: str, request: str, manifest: Manifest, plan: dict[str, A
 
 def refuse_foreign_shards(changed: Changing, action: str) -> None:
     """A change rewrites only shards pack wrote, under the names pack gives."""
-    manifest, output = changed.manifest, changed.output
+    manifest, output = changed.manifest, changed.name
     if isinstance(manifest.settings.get("adopted"), dict):
         raise OutputError(f"{output}: its tars were adopted (`shardkit index`): {action} rewrites only pack's shards")
     odd = next((s.name for s in manifest.shards if not is_shard_name(s.name)), None)
@@ -134,9 +140,9 @@ def refuse_foreign_shards(changed: Changing, action: str) -> None:
 def refuse_taken_names(changed: Changing, writes: list[list[Any]]) -> None:
     """A stranger's manifest may list a name the next version would take: refused, not overwritten."""
     listed = {s.name for s in changed.manifest.shards}
-    taken = next((new for new, _ in writes if new in listed or os.path.lexists(changed.output / new)), None)
+    taken = next((new for new, _ in writes if new in listed or changed.holds(new)), None)
     if taken is not None:
-        raise OutputError(f"{changed.output}: {taken} is there already, where the next version's shard would go")
+        raise OutputError(f"{changed.name}: {taken} is there already, where the next version's shard would go")
 
 
 def deletes(manifest: Manifest, gone: list[str]) -> list[str]:
@@ -259,6 +265,7 @@ def refuse_damaged(changed: Changing, plan: dict[str, Any]) -> None:
     otherwise go into a new shard with a new sha256, and a damaged record come out looking whole.
     Checked before the change begins (and again before an interrupted one goes on)."""
     listed = {s.name: s for s in changed.manifest.shards}
+    changed.fetch([listed[old] for _, parts in plan["writes"] for old, _ in parts if old in listed])
     for _, parts in plan["writes"]:
         for old, _ in parts:
             path = changed.output / old

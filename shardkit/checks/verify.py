@@ -31,7 +31,7 @@ from ..core.errors import ConfigError, ManifestError, ShardkitError
 from ..core.manifest import INDEX_NAME, Manifest, ShardInfo, idx_name, read_manifest
 from ..formats import get_format
 from ..packing.sources import SourceWalk, walk
-from ..packing.working_folder import finishing
+from ..packing.working_folder import finishing, is_idx_name, is_shard_name
 from ..runtime.pools import default_workers, map_local_surviving_crashes
 from ..storage.http import TooLong
 from ..storage.location import locate
@@ -89,6 +89,7 @@ class _Output:
     manifest: Manifest | ManifestError | None = None
     listed: dict[str, int | None] = field(default_factory=dict)
     troubles: list[Problem] = field(default_factory=list)  # found while fetching what verify reads
+    notes: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -115,6 +116,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         try:
             output.manifest = read_remote_manifest(store)
             output.listed = store.listing()
+            _bucket_change(store, output)
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
                 with contextlib.suppress(FileNotFoundError, TooLong):  # reported by check_index
                     store.get(INDEX_NAME, os.path.join(temp, INDEX_NAME), limit=output.manifest.index.bytes)
@@ -136,6 +138,34 @@ def _interrupted_change(root: Path) -> list[Problem]:
     return [Problem("interrupted", f"{said}; {finishing(root, journal.action, journal.plan)}")]
 
 
+def _bucket_change(store: Store, output: _Output) -> None:
+    """A bucket's change killed once committed (its journal says every new file is up) leaves the
+    output between two versions, as a local one's does. Before that (under way, or killed), the
+    earlier version is whole, and the new shards it put up beside it are its own, not strays."""
+    from ..changes.bucket import UPLOADED, BucketChange
+
+    try:
+        journal = BucketChange(store).journal()
+    except ShardkitError as error:
+        output.troubles.append(Problem("interrupted", str(error)))
+        return
+    if journal is None:
+        return
+    action = str(journal.get("action"))[:40]
+    if journal.get(UPLOADED) is True:
+        said = f"a {action} to version {journal.get('version')} was interrupted while it committed"
+        output.troubles.append(Problem("interrupted", f"{said}; {finishing(store.url, action, journal.get('plan'))}"))
+        return
+    moves = journal.get("moves")
+    for name in moves if isinstance(moves, list) else []:
+        if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name)):
+            output.listed.pop(name, None)
+    output.notes.append(
+        f"a {action} of this output has begun and not committed (under way, or killed): the output is the "
+        "version before it, whole; the same command again finishes it"
+    )
+
+
 def _verify(
     output: _Output,
     deep: bool,
@@ -146,6 +176,7 @@ def _verify(
 ) -> VerifyReport:
     report = VerifyReport(output.name, None)
     report.problems.extend(output.troubles)
+    report.notes.extend(output.notes)
     manifest = output.manifest
     if not isinstance(manifest, Manifest):
         report.problems.append(Problem("manifest", str(manifest)))

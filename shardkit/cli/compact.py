@@ -8,11 +8,19 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .common import check_json_path, console, progress_bar, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_json_path,
+    console,
+    progress_bar,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 
 def compact(
-    output: Annotated[str, typer.Argument(help="A shardkit output folder.")],
+    output: Annotated[str, typer.Argument(help="A shardkit output folder, or its bucket's URL (s3://bucket/prefix).")],
     shard_size: Annotated[Optional[int], typer.Option(help="Records a shard, at most.")] = None,
     shard_bytes: Annotated[Optional[str], typer.Option(help="Or: bytes a shard, at most, e.g. 256MB.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish a compact that was interrupted.")] = False,
@@ -20,6 +28,7 @@ def compact(
         bool,
         typer.Option("--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links)."),
     ] = False,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
 ) -> None:
     """Join consecutive small shards of OUT (left by removes, or packed small) into shards of at most
@@ -34,6 +43,7 @@ def compact(
             task = bar.add_task("joining", total=None, rate="")
             result = compact_shards(
                 output, shard_size=shard_size, shard_bytes=shard_bytes, resume=resume, keep_versions=keep_versions,
+                storage_options=storage_options(storage_option),
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         if not result.joined:

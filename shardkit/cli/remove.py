@@ -9,13 +9,21 @@ import typer
 from rich.markup import escape
 
 from ..core.errors import ConfigError, describe
-from .common import check_json_path, console, progress_bar, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_json_path,
+    console,
+    progress_bar,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 MAX_KEYS_FILE = 1 << 30  # a list of keys larger than this is not a takedown list
 
 
 def remove(
-    output: Annotated[str, typer.Argument(help="A shardkit output folder.")],
+    output: Annotated[str, typer.Argument(help="A shardkit output folder, or its bucket's URL (s3://bucket/prefix).")],
     keys: Annotated[
         Optional[Path],
         typer.Option(help="A file of the keys to take out, one a line (index.parquet's `key`); - reads stdin."),
@@ -42,6 +50,7 @@ def remove(
             help="Keep the version before whole in OUT/versions/vN (hard links): the removed records stay there.",
         ),
     ] = False,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
 ) -> None:
     """Take records out of OUT: the shards holding them are written again without them and the old
@@ -67,6 +76,7 @@ def remove(
             result = remove_records(
                 output, wanted, where=condition, reason=reason, missing_ok=missing_ok, resume=resume,
                 keep_versions=keep_versions,
+                storage_options=storage_options(storage_option),
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
         if resume and not result.removed:

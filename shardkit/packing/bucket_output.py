@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING
 
 from ..core.config import PackConfig
 from ..core.errors import OutputError, ShardkitError, StoreUnreachable, describe
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, idx_name, write_json_atomic
+from ..core.manifest import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    STATE_DIR,
+    Manifest,
+    idx_name,
+    write_json_atomic,
+)
 from ..core.safeio import loads
 from ..formats import get_format, idx_files, output_file_names
 from ..storage.cache import default_cache_dir
@@ -35,12 +43,13 @@ from ..storage.store import Store, read_remote_manifest
 from ..storage.urls import is_remote
 from .index import part_path, write_part_bytes
 from .upload import MARKERS, BucketShards, Uploaded
-from .working_folder import done_path, remove_state, state_dir, writing
+from .working_folder import CHANGE_NAME, done_path, finishing, remove_state, state_dir, writing
 
 if TYPE_CHECKING:
     from .finish import PackResult
     from .shard_writing import ShardResult
 
+CHANGE_JOURNAL = f"{STATE_DIR}/{CHANGE_NAME}"  # a change's journal in the bucket (changes/bucket.py)
 EARLIER = ".shardkit/earlier.json"  # the earlier output's shards, written before its manifest goes
 _PROBE = ".shardkit/probe"
 
@@ -141,6 +150,7 @@ class BucketOutput:
 def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketContents:
     """Checks the remote output before any work (nothing is deleted here): what it holds must be
     shardkit's, a finished output needs --resume or --overwrite, and it must take a write."""
+    refuse_unfinished_change(store)
     objects = store.listing()
     contents = BucketContents(store, objects=objects)
     if MANIFEST_NAME in objects:
@@ -181,6 +191,22 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
     except OSError as error:
         raise OutputError(f"{store.child(_PROBE)}: cannot write here ({error})") from None
     return contents
+
+
+def refuse_unfinished_change(store: Store) -> None:
+    """A prefix where a change (remove, compact, append) is unfinished takes no pack: its journal
+    names what finishes it."""
+    try:
+        found = loads(store.read(CHANGE_JOURNAL, 64 << 20))
+    except FileNotFoundError:
+        return
+    except ValueError:
+        found = None
+    said = f"{store.url}: an interrupted change is here ({store.child(CHANGE_JOURNAL)})"
+    action = found.get("action") if isinstance(found, dict) else None
+    if isinstance(action, str) and isinstance(found, dict):
+        said = f"{store.url}: an interrupted {action[:40]!r} is here; {finishing(store.url, action, found.get('plan'))}"
+    raise OutputError(f"{said} first")
 
 
 def _markers(store: Store) -> tuple[dict[str, tuple[int, str]], set[str]]:

@@ -405,6 +405,12 @@ class Store:
         path = self._path(name)
         retrying(self.child(name), "writing", lambda: self.fs.pipe_file(path, data))
 
+    def copy(self, name: str, to: str) -> None:
+        """Object `name` copied to `to` in this store, server-side where the store can
+        (FileNotFoundError where there is no `name`)."""
+        source, target = self._path(name), self._path(to)
+        retrying(self.child(to), "copying", lambda: self.fs.copy(source, target))
+
     def delete(self, name: str) -> None:
         path = self._path(name)
 

@@ -1,0 +1,213 @@
+"""Changes of an output in a bucket (remove, compact, pack --append), on a real SeaweedFS S3
+server: each leaves the bucket holding exactly the files the same change leaves in a local folder,
+byte for byte, with no journal or staged file behind; and a kill -9 after any request a remove
+makes of the bucket, with the local mirror kept or lost (another machine), then the same remove
+again or `--resume`, gives the bucket an uninterrupted remove gives. Between the two, the bucket is at the
+earlier version or the new one: verify passes, or says the change was interrupted while it
+committed, and a pack into the prefix is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardkit import append
+from shardkit.changes.compact import compact
+from shardkit.changes.remove import remove
+from shardkit.checks.verify import verify
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.manifest import read_manifest
+from shardkit.packing.pack import pack
+from shardkit.readers import open_shards
+from shardkit.synthetic import write_image
+from tests.helpers import stored_records
+
+pytestmark = pytest.mark.slow  # (the S3 server starts once a session, a few seconds)
+
+REASON = "takedown request 4711"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _objects(s3: Any, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` of the bucket `data`, by its name under the prefix."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    fs.invalidate_cache()
+    return {path.removeprefix(f"data/{prefix}/"): fs.cat_file(path) for path in fs.find(f"data/{prefix}")}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def _upload(s3: Any, folder: Path, prefix: str) -> str:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    for path in folder.iterdir():
+        fs.put_file(str(path), f"data/{prefix}/{path.name}")
+    return f"s3://data/{prefix}"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache (and so the mirror of each bucket output) of this test alone."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SHARDKIT_CACHE", str(folder))
+    return folder
+
+
+def _keys(out: Path) -> list[str]:
+    return [record.key for _, record in stored_records(out)]
+
+
+@pytest.mark.parametrize("format", ["webdataset", "lmdb", "hdf5"])
+def test_remove_compact_and_append_leave_a_bucket_as_they_leave_a_folder(
+    s3, packed_sample, cache: Path, tmp_path: Path, format: str
+) -> None:
+    local = tmp_path / "local"
+    shutil.copytree(packed_sample(format, 64, 7), local)
+    url = _upload(s3, local, f"{tmp_path.name}-{format}")
+    prefix = url.removeprefix("s3://data/")
+    keys = _keys(local)
+    taken = [keys[1], keys[3], *keys[14:21]]  # two of the first shard, all of the third
+    gone = [record.data for _, record in stored_records(local) if record.key in taken]
+    added, classes = tmp_path / "added", read_manifest(local).classes
+    for number in range(9):
+        write_image(added / classes[number % len(classes)] / f"new-{number}.jpg", 90 + number, 70, seed=number)
+
+    for change in (
+        lambda out: remove(out, taken, reason=REASON),
+        lambda out: compact(out, shard_size=20),
+        lambda out: append(str(added), out, key_prefix="week2/"),
+    ):
+        in_folder, in_bucket = change(local), change(url)
+        assert in_bucket.version == in_folder.version
+        assert _objects(s3, prefix) == _files(local)  # every file, byte for byte; nothing else
+        assert verify(url).problems == []
+    objects = _objects(s3, prefix)
+    assert not any(data in blob for data in gone for blob in objects.values())
+    assert [s.key for s in open_shards(url)] == [s.key for s in open_shards(local)]
+    assert read_manifest(local).version == 4
+    assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
+
+
+def test_refusals_in_a_bucket_come_before_any_change(s3, packed_sample, cache: Path, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    shutil.copytree(packed_sample("webdataset", 64, 7), local)
+    url = _upload(s3, local, tmp_path.name)
+    before = _objects(s3, tmp_path.name)
+    with pytest.raises(ConfigError, match="--keep-versions keeps versions in a local output folder only"):
+        remove(url, _keys(local)[:1], reason=REASON, keep_versions=True)
+    with pytest.raises(ConfigError, match="not in the output: 'nope'"):
+        remove(url, ["nope"], reason=REASON)
+    with pytest.raises(OutputError, match="no manifest"):
+        compact(f"s3://data/{tmp_path.name}-empty", shard_size=20)
+    assert _objects(s3, tmp_path.name) == before
+
+
+def test_a_damaged_shard_in_the_bucket_is_refused_not_written_again(
+    s3, packed_sample, cache: Path, tmp_path: Path
+) -> None:
+    import s3fs
+
+    local = tmp_path / "local"
+    shutil.copytree(packed_sample("webdataset", 64, 7), local)
+    url = _upload(s3, local, tmp_path.name)
+    first = read_manifest(local).shards[0].name
+    data = bytearray((local / first).read_bytes())
+    data[700] ^= 0xFF
+    s3fs.S3FileSystem(**s3.options).pipe_file(f"data/{tmp_path.name}/{first}", bytes(data))
+    with pytest.raises(OutputError, match=f"{first}: sha256 differs from the manifest"):
+        remove(url, _keys(local)[:1], reason=REASON)
+    assert json.loads(_objects(s3, tmp_path.name)["manifest.json"]) == json.loads((local / "manifest.json").read_text())
+
+
+# --- a kill after each request a remove makes of the bucket -------------------------------------
+
+_DRIVER = """
+import os, signal, sys, json
+from shardkit.storage.store import Store
+at, log = int(sys.argv[1]), sys.argv[2]
+count = [0]
+def hooked(method):
+    original = getattr(Store, method)
+    def call(self, name, *args):
+        result = original(self, name, *args)
+        count[0] += 1
+        with open(log, "a") as steps:
+            steps.write(f"{method} {args[0] if method in ('copy', 'upload') else name}\\n")
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    setattr(Store, method, call)
+for method in ("write", "upload", "copy", "delete"):
+    hooked(method)
+from shardkit.changes.remove import remove
+remove(sys.argv[3], json.loads(sys.argv[4]), reason=sys.argv[5])
+"""
+
+
+def _killed_remove(url: str, keys: list[str], at: int, log: Path) -> int:
+    """A remove of `keys` from `url` in a process of its own, killed (SIGKILL) right after its
+    `at`-th request that writes to the bucket (0: never); its exit status."""
+    run = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(at), str(log), url, json.dumps(keys), REASON],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode in (0, -signal.SIGKILL), run.stderr
+    return run.returncode
+
+
+def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_one(
+    s3, packed_sample, cache: Path, tmp_path: Path
+) -> None:
+    source = packed_sample("webdataset", 64, 7)
+    keys = _keys(source)
+    taken = [keys[2], keys[8], keys[9]]
+    clean_log = tmp_path / "clean.log"
+    clean = _upload(s3, source, f"{tmp_path.name}-clean")
+    assert _killed_remove(clean, taken, 0, clean_log) == 0
+    expected = _objects(s3, f"{tmp_path.name}-clean")
+    steps = clean_log.read_text().splitlines()
+    assert steps[0] == "write .shardkit/change.json" and steps[-1] == "delete .shardkit/change.json"
+    assert steps.index("upload .shardkit/next/manifest.json") < steps.index("copy manifest.json")
+    old_manifest = (source / "manifest.json").read_bytes()
+
+    for at in range(1, len(steps) + 1):
+        prefix = f"{tmp_path.name}-at{at}"
+        url = _upload(s3, source, prefix)
+        assert _killed_remove(url, taken, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
+        manifest = _objects(s3, prefix)["manifest.json"]
+        assert manifest in (old_manifest, expected["manifest.json"]), steps[at - 1]
+        problems = verify(url).problems
+        committed = "write .shardkit/change.json" in steps[1:at] and at < len(steps)
+        if committed:
+            assert [p.kind for p in problems] == ["interrupted"], (steps[at - 1], problems)
+            assert f"`shardkit remove {url} --resume` finishes it" in problems[0].detail
+        else:
+            assert problems == [], (steps[at - 1], problems)  # (the new shards beside it are the change's)
+        if at < len(steps):
+            with pytest.raises(OutputError, match="an interrupted 'remove' is here"):
+                pack(PackConfig(str(source), url, resize=ResizeConfig(64), overwrite=True))
+        if at % 2:  # another machine: no mirror of the killed run
+            shutil.rmtree(cache, ignore_errors=True)
+        if at % 3 == 0:  # `--resume`: finishes from the mirror, or from the bucket's journal
+            finished = remove(url, resume=True)
+            assert finished.resumed == (at < len(steps)), steps[at - 1]
+        elif at == len(steps):  # killed once it was done: the same remove finds none of the keys
+            with pytest.raises(ConfigError, match=f"^{url}: 3 keys not in the output"):
+                remove(url, taken, reason=REASON)
+        else:
+            assert remove(url, taken, reason=REASON).resumed, steps[at - 1]
+        assert _objects(s3, prefix) == expected, steps[at - 1]
