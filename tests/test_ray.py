@@ -118,3 +118,22 @@ def test_ray_data_reads_our_tars(local_ray, sample_dataset: Path, tmp_path: Path
     tars = [str(out / shard.name) for shard in read_manifest(out).shards]
     rows = ray.data.read_webdataset(tars).take_all()
     assert sorted(row["__key__"] for row in rows) == sorted(s.key for s in open_shards(out, decode="bytes"))
+
+
+def test_an_append_through_ray_writes_what_the_local_pool_writes(
+    local_ray, sample_dataset: Path, tmp_path: Path
+) -> None:
+    from shardkit import append
+    from shardkit.synthetic import write_image
+
+    week_two = tmp_path / "week2"
+    for number in range(12):
+        write_image(week_two / "n00001000" / f"new_{number}.jpg", 90 + number, 70, seed=200 + number)
+    outputs = {}
+    for executor in ("local", "ray"):
+        out = tmp_path / executor
+        pack(PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(64), shard_size=9))
+        result = append(week_two, out, key_prefix="w2/", executor=executor, workers=2)
+        assert (result.records, result.shards) == (12, 2)
+        outputs[executor] = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert outputs["ray"] == outputs["local"]  # every shard, the index, errors.jsonl and the manifest
