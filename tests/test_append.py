@@ -138,6 +138,26 @@ def test_a_key_held_for_other_bytes_is_refused_before_anything_is_written(
     assert snapshot(out) == before and not (out / ".shardkit").exists()
 
 
+@pytest.mark.parametrize("damage", ["missing shard", "truncated shard", "missing idx"])
+def test_an_output_that_does_not_verify_takes_no_append(
+    packed_sample, week_two: Path, tmp_path: Path, damage: str
+) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    if damage == "missing shard":
+        (out / "shard-000002.tar").unlink()
+    elif damage == "truncated shard":
+        data = (out / "shard-000002.tar").read_bytes()
+        (out / "shard-000002.tar").write_bytes(data[:-512])
+    else:
+        (out / "shard-000001.idx").unlink()
+    before = snapshot(out)
+    name = "shard-000001.idx" if damage == "missing idx" else "shard-000002.tar"
+    said = "missing" if damage.startswith("missing") else r"[\d,]+ bytes, the manifest says [\d,]+"
+    with pytest.raises(OutputError, match=rf"/{name}: {said}; an append goes only onto an output that verifies"):
+        append(week_two, out, key_prefix="w2/")
+    assert snapshot(out) == before and not (out / ".shardkit").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [

@@ -400,3 +400,15 @@ def test_an_errors_log_without_a_last_newline_keeps_its_rows(packed_sample, tmp_
     assert verify(out).ok
     remove(out, [_records(out)[0][1]], reason=REASON)
     assert log.read_bytes().startswith(earlier) and verify(out).ok
+
+
+def test_an_output_with_a_shard_missing_takes_no_remove(packed_sample, tmp_path: Path) -> None:
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    key = _records(out)[0][1]
+    (out / "shard-000003.tar").unlink()
+    before = snapshot(out)
+    with pytest.raises(
+        OutputError, match=r"/shard-000003.tar: missing; a remove goes only onto an output that verifies"
+    ):
+        remove(out, [key], reason=REASON)
+    assert snapshot(out) == before

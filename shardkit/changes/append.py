@@ -63,7 +63,7 @@ from ..storage.urls import is_remote
 from .bucket import refuse_keep_versions
 from .journal import Changing, Journal, changing, kept_name, refuse_link
 from .remove import REMOVED
-from .rewrite import refuse_foreign_shards, summed_totals, write_errors, write_output_files
+from .rewrite import refuse_foreign_shards, refuse_incomplete, summed_totals, write_errors, write_output_files
 
 STAGED = "pack"  # the append's own pack, in the working folder's next/
 SHOWN = 3  # colliding keys a refusal names
@@ -252,6 +252,7 @@ def _checked_prefix(prefix: str) -> str:
 def _refuse_output(changed: Changing) -> None:
     """An output an append can continue: pack's shards under pack's names, images (not clips)."""
     refuse_foreign_shards(changed, "an append")
+    refuse_incomplete(changed, "an append")
     settings = changed.manifest.settings
     if isinstance(settings.get("clips"), dict):
         raise OutputError(

@@ -207,6 +207,17 @@ class Changing:
         if self.bucket is not None:
             self.bucket.fetch(self.output, shards)
 
+    def size_of(self, name: str) -> int | None:
+        """The size of the output's regular file (in a bucket: object) `name`; None where there is
+        none (a link or a folder is none)."""
+        if self.bucket is not None:
+            return self.bucket.objects.get(name)
+        try:
+            found = os.lstat(self.output / name)
+        except OSError:
+            return None
+        return found.st_size if stat.S_ISREG(found.st_mode) else None
+
     def holds(self, name: str) -> bool:
         """Whether the output holds a file named `name` (in a bucket: an object)."""
         return os.path.lexists(self.output / name) or (self.bucket is not None and self.bucket.holds(name))

@@ -95,6 +95,7 @@ def run(
         if pending is None and resume:  # (what a kill in the commit's last step left is tidied away)
             return Done(None, changed.manifest, False, time.perf_counter() - started)
         if pending is None:
+            refuse_incomplete(changed, f"a {change.action}")
             journal = change.plan(changed)
             if journal is None:
                 return Done(None, changed.manifest, False, time.perf_counter() - started)
@@ -124,6 +125,25 @@ def new_journal(action: str, request: str, manifest: Manifest, plan: dict[str, A
     """The journal of a plan (`writes` and `gone` in it) starting from `manifest`."""
     plan = {**plan, "bytes_written": 0, "output_bytes": 0}
     return Journal(action, request, manifest.checksum, manifest.version + 1, plan, [], deletes(manifest, plan["gone"]))
+
+
+def refuse_incomplete(changed: Changing, action: str) -> None:
+    """A change goes onto an output whose every shard and file beside it is there with the size its
+    manifest says: one missing or truncated is refused, naming it, before anything is written. (Their
+    bytes are not hashed again here: that reads the whole output, `shardkit verify`'s job; a change
+    never reads or alters a shard it does not write again, and hashes those it does.)"""
+    manifest = changed.manifest
+    for entry in [*manifest.shards, *manifest.companions]:
+        size = changed.size_of(entry.name)
+        if size != entry.bytes:
+            if size is not None:
+                found = f"{size:,} bytes, the manifest says {entry.bytes:,}"
+            else:
+                found = "not a file shardkit wrote (a link?)" if changed.holds(entry.name) else "missing"
+            raise OutputError(
+                f"{changed.name}/{entry.name}: {found}; {action} goes only onto an output that verifies "
+                "(`shardkit verify` says more)"
+            )
 
 
 def refuse_foreign_shards(changed: Changing, action: str) -> None:
