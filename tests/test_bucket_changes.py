@@ -99,6 +99,9 @@ def test_remove_compact_and_append_leave_a_bucket_as_they_leave_a_folder(
     assert not any(data in blob for data in gone for blob in objects.values())
     assert [s.key for s in open_shards(url)] == [s.key for s in open_shards(local)]
     assert read_manifest(local).version == 4
+    assert len(open_shards(url, version=4)) == len(open_shards(url))  # its own version is the one there is
+    with pytest.raises(ConfigError, match=f"{url}: has no version 1 \\(it is at version 4; a bucket keeps none\\)"):
+        open_shards(url, version=1)
     assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
 
 

@@ -444,8 +444,13 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
     the one --keep-versions kept (versions/vN); ConfigError naming the versions there are."""
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
         raise ConfigError(f"version must be a version number (1 or more), not {version!r}")
-    if not isinstance(folder, Path):
-        raise ConfigError("version= reads a local output's kept versions (a bucket's are not read yet)")
+    if not isinstance(folder, Path):  # a bucket keeps no earlier version: its own is the one there is
+        from ..storage.store import read_remote_manifest
+
+        at = read_remote_manifest(folder).version
+        if version != at:
+            raise ConfigError(f"{folder.url}: has no version {version} (it is at version {at}; a bucket keeps none)")
+        return folder
     manifest = read_manifest(folder)
     if version == manifest.version:
         return folder
