@@ -184,6 +184,7 @@ def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_o
     expected = _objects(s3, f"{tmp_path.name}-clean")
     steps = clean_log.read_text().splitlines()
     assert steps[0] == "write .shardkit/change.json" and steps[-1] == "delete .shardkit/change.json"
+    assert steps.count("write .shardkit/change.json") == 3  # begun, then uploading, then uploaded
     assert steps.index("upload .shardkit/next/manifest.json") < steps.index("copy manifest.json")
     old_manifest = (source / "manifest.json").read_bytes()
 
@@ -193,24 +194,73 @@ def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_o
         assert _killed_remove(url, taken, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
         manifest = _objects(s3, prefix)["manifest.json"]
         assert manifest in (old_manifest, expected["manifest.json"]), steps[at - 1]
-        problems = verify(url).problems
-        committed = "write .shardkit/change.json" in steps[1:at] and at < len(steps)
-        if committed:
-            assert [p.kind for p in problems] == ["interrupted"], (steps[at - 1], problems)
-            assert f"`shardkit remove {url} --resume` finishes it" in problems[0].detail
+        report = verify(url)
+        writes = steps[:at].count("write .shardkit/change.json")  # begun, uploading, uploaded
+        journal_there = at < len(steps)
+        if journal_there and writes == 3:  # committed: between two versions
+            assert [p.kind for p in report.problems] == ["interrupted"], (steps[at - 1], report.problems)
+            assert f"`shardkit remove {url} --resume` finishes it" in report.problems[0].detail
         else:
-            assert problems == [], (steps[at - 1], problems)  # (the new shards beside it are the change's)
-        if at < len(steps):
-            with pytest.raises(OutputError, match="an interrupted 'remove' is here"):
+            assert report.problems == [], (steps[at - 1], report.problems)  # (its new shards are its own)
+            assert any("began and has not committed" in note for note in report.notes) == journal_there
+        if journal_there:
+            with pytest.raises(OutputError, match="a change of it is unfinished"):
                 pack(PackConfig(str(source), url, resize=ResizeConfig(64), overwrite=True))
-        if at % 2:  # another machine: no mirror of the killed run
+        mirror_gone = at % 2 == 1  # another machine: no mirror of the killed run
+        if mirror_gone:
             shutil.rmtree(cache, ignore_errors=True)
-        if at % 3 == 0:  # `--resume`: finishes from the mirror, or from the bucket's journal
-            finished = remove(url, resume=True)
-            assert finished.resumed == (at < len(steps)), steps[at - 1]
-        elif at == len(steps):  # killed once it was done: the same remove finds none of the keys
-            with pytest.raises(ConfigError, match=f"^{url}: 3 keys not in the output"):
+        if at == len(steps):  # killed once it was done
+            if at % 3 == 0:
+                assert not remove(url, resume=True).resumed
+            else:  # the same remove finds none of the keys
+                with pytest.raises(ConfigError, match=f"^{url}: 3 keys not in the output"):
+                    remove(url, taken, reason=REASON)
+        elif mirror_gone and writes < 3:  # begun elsewhere, not committed: taken over only when asked
+            with pytest.raises(OutputError, match=r"began in another run .* with --resume takes it over"):
                 remove(url, taken, reason=REASON)
+            with pytest.raises(OutputError, match="began in another run"):
+                compact(url, shard_size=20)
+            assert remove(url, resume=True).resumed, steps[at - 1]
+        elif at % 3 == 0:  # `--resume`: finishes from the mirror, or from the bucket's journal
+            assert remove(url, resume=True).resumed, steps[at - 1]
         else:
             assert remove(url, taken, reason=REASON).resumed, steps[at - 1]
         assert _objects(s3, prefix) == expected, steps[at - 1]
+
+
+def test_a_tampered_journal_in_the_bucket_is_refused_before_anything_is_deleted(
+    s3, packed_sample, cache: Path, tmp_path: Path
+) -> None:
+    import s3fs
+
+    source = packed_sample("webdataset", 64, 7)
+    url = _upload(s3, source, tmp_path.name)
+    victim = _upload(s3, source, f"{tmp_path.name}-victim")
+    before = _objects(s3, f"{tmp_path.name}-victim")
+    manifest = read_manifest(source)
+    fs = s3fs.S3FileSystem(**s3.options)
+    for moves, uploaded in ((["../" + tmp_path.name + "-victim/shard-000000.tar"], False), ([".."], True)):
+        journal = {
+            "action": "remove", "request": "x", "base": manifest.checksum, "version": 2, "plan": {},
+            "moves": [*moves, "manifest.json"], "deletes": [], "result": "abc", "uploaded": uploaded, "owner": "x",
+        }  # fmt: skip
+        fs.pipe_file(f"data/{tmp_path.name}/.shardkit/change.json", json.dumps(journal).encode())
+        for attempt in (lambda: remove(url, _keys(source)[:1], reason=REASON), lambda: remove(url, resume=True)):
+            with pytest.raises(OutputError, match=r"/\.shardkit/change\.json: a journal naming files shardkit does not "
+                               "write; delete it to abandon the change"):  # fmt: skip
+                attempt()
+        assert [p.kind for p in verify(url).problems] == ["interrupted"]  # (verify says the journal is damaged)
+    assert _objects(s3, f"{tmp_path.name}-victim") == before and verify(victim).problems == []
+    assert json.loads(_objects(s3, tmp_path.name)["manifest.json"]) == json.loads(
+        (source / "manifest.json").read_text()
+    )
+
+
+def test_an_output_over_http_is_refused_and_two_spellings_share_one_mirror(cache: Path) -> None:
+    from shardkit.changes.bucket import mirror_folder
+    from shardkit.storage.store import Store
+
+    with pytest.raises(ConfigError, match=r"^http://127\.0\.0\.1:9/out: an output read over HTTP takes no writes"):
+        remove("http://127.0.0.1:9/out", ["a"], reason=REASON)
+    same = {mirror_folder(Store(url)) for url in ("s3://data/out", "s3a://data/out", "s3://data//out/")}
+    assert len(same) == 1 and mirror_folder(Store("s3://data/other")) not in same

@@ -61,7 +61,8 @@ from ..packing.working_folder import finishing, is_shard_name, shard_number, sta
 from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
 from .bucket import refuse_keep_versions
-from .journal import Changing, Journal, changing, kept_name, refuse_link
+from .journal import Changing, Journal, kept_name, refuse_link
+from .place import changing
 from .remove import REMOVED
 from .rewrite import refuse_foreign_shards, refuse_incomplete, summed_totals, write_errors, write_output_files
 
@@ -141,6 +142,7 @@ def _append(
 
     started = time.perf_counter()
     output = config.output
+    take_over = config.resume  # (a bucket's change begun in another run is taken over only when asked)
     if config.resume:  # (an interrupted append is finished by the same append: --resume is that too)
         config = replace(config, resume=False)
     if keep_versions and is_remote(output):
@@ -150,12 +152,14 @@ def _append(
     prefix = _checked_prefix(key_prefix)
     if not is_remote(config.source) and not is_remote(output):
         refuse_overlap(config.source, output)
-    with changing(output, config.storage_options) as changed:
+    with changing(output, config.storage_options, take_over) as changed:
         manifest, pending = changed.manifest, changed.pending
         if pending is not None and pending.action != "append":
             said = finishing(output, pending.action, pending.plan)
             raise OutputError(f"{output}: an interrupted {pending.action[:40]!r} is here; {said} first")
         _refuse_output(changed)
+        if pending is None:  # (an interrupted one's output may be between two versions)
+            refuse_incomplete(changed, "an append")
         packing = _config(changed, config, given)
         request = _request(packing, prefix, keep_versions)
         if pending is not None and pending.request != request:
@@ -252,7 +256,6 @@ def _checked_prefix(prefix: str) -> str:
 def _refuse_output(changed: Changing) -> None:
     """An output an append can continue: pack's shards under pack's names, images (not clips)."""
     refuse_foreign_shards(changed, "an append")
-    refuse_incomplete(changed, "an append")
     settings = changed.manifest.settings
     if isinstance(settings.get("clips"), dict):
         raise OutputError(
@@ -646,8 +649,8 @@ def _write_index(changed: Changing, added: Path, path: Path) -> ShardInfo:
 def _check_pending(changed: Changing, journal: Journal, asked: dict[str, Any]) -> None:
     """An interrupted append, not committing yet: the output is still the version it began from,
     and its plan is this append's (its source, prefix, table and first shard) with its counts."""
-    output, manifest = changed.output, changed.manifest
-    away = f"move {output}/.shardkit away to abandon that append"
+    output, manifest = changed.name, changed.manifest
+    away = changed.abandoning("append")
     if manifest.checksum != journal.base or manifest.checksum != manifest.computed_checksum():
         raise OutputError(f"{output}: the output changed since the interrupted append began; {away}")
     plan = journal.plan
@@ -665,7 +668,7 @@ def _check_committing(changed: Changing, journal: Journal, result: Manifest) -> 
     """An interrupted append's commit: the next version it wrote is whole and follows the version
     it began from, and the commit moves exactly its files (the new shards, each after its .idx
     file, the files for other readers, index.parquet, errors.jsonl, the manifest last)."""
-    output, manifest = changed.output, changed.manifest
+    output, manifest = changed.name, changed.manifest
     away = "the output is between two versions: restore it from a copy"
     sealed = manifest.checksum == manifest.computed_checksum()
     if not sealed or manifest.checksum not in (journal.base, journal.result) or result.checksum != journal.result:

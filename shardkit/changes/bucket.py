@@ -2,12 +2,14 @@
 files, committed in the bucket by a journal of its own, so that a kill at any point leaves the
 bucket at the earlier version or the new one, and any machine can finish it.
 
-The mirror (a folder in the cache, one per output URL) holds what the change reads: the manifest,
+The mirror (a folder in the cache, one per output) holds what the change reads: the manifest,
 index.parquet, errors.jsonl and the shards it writes again (each downloaded and checked against the
 manifest's sha256). The change runs there as on a local folder (journal.py: the lock, the journal,
-`next/`). Its commit is the bucket's:
+`next/`). The bucket hears of it at once: its journal, `.shardkit/change.json`, goes up when the
+change begins, with the token of the run (the mirror) that owns it, and a pack into the prefix or
+a change from another run is refused while it is there. The commit is the bucket's:
 
-1. `.shardkit/change.json` goes up (the local journal, `uploaded: false`);
+1. the bucket must still hold this run's journal and the version the change began from;
 2. the new shards and their .idx files go up under their own names (no version lists them yet),
    the files with fixed names (the files for other readers, index.parquet, errors.jsonl, the
    manifest) under `.shardkit/next/`;
@@ -16,12 +18,13 @@ manifest's sha256). The change runs there as on a local folder (journal.py: the 
    version no longer lists are deleted, then the staged files, then the journal.
 
 A kill before step 3 leaves the earlier version whole (the manifest and every file it names are as
-they were): the same command again (or `--resume`) commits what the mirror holds, or, where the
-mirror is gone (another machine), deletes what the killed one put up and does the change again
-from the plan in the bucket's journal. A kill after it leaves a journal that says the change is
-committed: the same command (or `--resume`) finishes steps 4 from the bucket alone, from any
-machine. A pack into the prefix is refused while the journal is there, and `verify` names it.
-Kept versions (`--keep-versions`) are not supported in a bucket yet: refused before any work.
+they were): the same command again goes on from the mirror. Without the mirror (another machine)
+it is refused, as the run that began it may still be going (a bucket has no lock); `--resume`
+(`take_over`) then deletes what that run put up and does its plan again from the bucket's journal.
+A kill after step 3 leaves a journal that says the change is committed: the same command (or
+`--resume`) finishes step 4 from the bucket alone, from any machine. Every journal read from the
+bucket is checked as a local one is before anything is done with it. Kept versions
+(`--keep-versions`) are not supported in a bucket yet: refused before any work.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,38 +57,79 @@ from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
 from ..packing.working_folder import CHANGE_NAME, NEXT_DIR, is_idx_name, is_shard_name, remove_state, state_dir
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
+from .journal import Changing, Journal, changing_in
 
-STAGED = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
+BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
 UPLOADED = "uploaded"  # the bucket journal's own field: every file of the new version is up
-MAX_JOURNAL_BYTES = 64 << 20
+OWNER = "owner"  # and the token of the run whose change it is
+OWNER_NAME = "bucket-owner"  # that token, in the mirror's working folder
+MAX_JOURNAL_BYTES = 64 << 20  # a journal's, or a manifest's, most bytes
+MAX_ERRORS_BYTES = 64 << 30  # errors.jsonl's (a row a failed input)
 
 
-def mirror_folder(url: str) -> Path:
-    """The local folder a change of the output `url` runs in (one per URL, in the cache)."""
+def mirror_folder(store: Store) -> Path:
+    """The local folder a change of `store`'s output runs in (one per output, in the cache): named by
+    the output as the store reaches it, so two spellings of one prefix (s3a://, a doubled slash)
+    share one mirror and its lock."""
     import hashlib
 
-    return default_cache_dir() / "changes" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    protocol = "s3" if store.protocol in ("s3", "s3a") else store.protocol
+    where = re.sub("/+", "/", store.url.split("://", 1)[-1]).strip("/")
+    return default_cache_dir() / "changes" / hashlib.sha256(f"{protocol}://{where}".encode()).hexdigest()[:16]
 
 
 def goes_to(name: str) -> str:
     """Where the commit puts a file of the new version before it is committed: a new shard (or its
     .idx file) at its own name, anything else (whose name the current version uses) staged."""
-    return name if is_shard_name(name) or is_idx_name(name) else f"{STAGED}/{name}"
+    return name if is_shard_name(name) or is_idx_name(name) else f"{BUCKET_NEXT}/{name}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """The bucket's journal of a change, read and checked: the change, whether every file of its
+    new version is up (committed), and the run that owns it."""
+
+    journal: Journal
+    uploaded: bool
+    owner: str
 
 
 @dataclass
 class BucketChange:
-    """The bucket side of a change of `store`'s output: its objects as the change found them, and
-    what prepares the mirror, fetches shards into it and commits into the bucket."""
+    """The bucket side of a change of `store`'s output: its objects as the change found them, the
+    run's own token (`owner`: which run a journal in the bucket is), and what prepares the mirror,
+    fetches shards into it and commits into the bucket. `take_over` (--resume): a change another
+    run began and did not commit is taken over (that run must be gone: a bucket has no lock)."""
 
     store: Store
+    take_over: bool = False
     objects: dict[str, int | None] = field(default_factory=dict)
+    owner: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def journal_url(self) -> str:
+        return self.store.child(JOURNAL)
+
+    def size_of(self, name: str) -> int | None:
+        return self.objects.get(name)
+
+    def clear(self, folder: Path) -> None:
+        clear_mirror(folder)
+
+    def refuse_keep_versions(self) -> None:
+        refuse_keep_versions(self.store.url)
 
     def prepare(self, folder: Path) -> None:
         """The mirror made to follow the bucket, under the mirror's lock, before the change reads
         it: a committed change in the bucket is taken up (its journal put in the mirror, so the
-        change finishes it); one killed before it committed is undone unless the mirror can still
-        commit it; a mirror that no longer follows the bucket's version is fetched again."""
+        change finishes it); this mirror's own uncommitted change goes on; another run's is
+        refused, or with `take_over` undone and begun again from its plan; a mirror that no longer
+        follows the bucket's version is fetched again."""
+        refuse_links(folder)
         try:
             remote = read_remote_manifest(self.store)
         except ManifestError as error:
@@ -90,55 +137,90 @@ class BucketChange:
         found = self.journal()
         local = _local_journal(folder)
         mirrored = _checksum(folder / MANIFEST_NAME)
-        can_commit = (
-            local is not None and bool(local.get("result")) and local.get("result") == found.get("result")
-            and mirrored == remote.checksum
-        ) if found is not None else False  # fmt: skip
-        if found is not None and found.get(UPLOADED) is not True and not can_commit:
-            # what it put up goes; its plan is taken up from the start, as a local one killed
-            # before its commit is (the mirror that wrote it may be another machine's)
-            self.undo(found, remote)
-            clear_mirror(folder)
-            self._fetch_small(folder, remote, index=True)
-            begun = {name: value for name, value in found.items() if name != UPLOADED}
-            write_json_atomic(state_dir(folder) / CHANGE_NAME, {**begun, "moves": [], "result": ""})
-        elif found is not None and found.get(UPLOADED) is True:
+        mine = _read_owner(folder)
+        if found is not None and found.uploaded:
             clear_mirror(folder)
             self._fetch_small(folder, remote, index=False)
-            committed = {name: value for name, value in found.items() if name != UPLOADED}
             (state_dir(folder) / NEXT_DIR).mkdir(parents=True)
             with contextlib.suppress(FileNotFoundError):
-                self.store.get(f"{STAGED}/{MANIFEST_NAME}", str(state_dir(folder) / NEXT_DIR / MANIFEST_NAME), 64 << 20)
-            write_json_atomic(state_dir(folder) / CHANGE_NAME, committed)
+                staged = str(state_dir(folder) / NEXT_DIR / MANIFEST_NAME)
+                self.store.get(f"{BUCKET_NEXT}/{MANIFEST_NAME}", staged, MAX_JOURNAL_BYTES)
+            write_json_atomic(state_dir(folder) / CHANGE_NAME, found.journal.to_json())
+            self.owner = found.owner
+        elif found is not None and found.owner == mine and local is not None and mirrored == remote.checksum:
+            self.owner = mine  # this mirror's own change, killed: it goes on from here
+        elif found is not None and not self.take_over:
+            action = found.journal.action
+            raise OutputError(
+                f"{self.store.url}: a {action} of it began in another run (another machine, or another cache) "
+                "and has not committed; if that run is gone, the same command with --resume takes it over"
+            )
+        elif found is not None:  # taken over: what it put up goes, and its plan is done again here
+            self.undo(found.journal, remote)
+            clear_mirror(folder)
+            self._fetch_small(folder, remote, index=True)
+            begun = replace(found.journal, moves=[], result="")
+            write_json_atomic(state_dir(folder) / CHANGE_NAME, begun.to_json())
+            self.owner = self._claim(folder, begun)
         elif local is None or mirrored != remote.checksum:
             clear_mirror(folder)
             self._fetch_small(folder, remote, index=True)
+        if not self.owner:
+            self.owner = mine if local is not None and mine else _new_owner(folder)
+        kept = _local_journal(folder)
+        if found is None and kept is not None:  # (killed before the bucket heard of it: it does now)
+            self.begun(Journal.from_json(kept, state_dir(folder) / CHANGE_NAME))
         self.objects = self.store.listing()
 
-    def journal(self) -> dict[str, Any] | None:
-        """The bucket's journal of a change (None where there is none)."""
+    def begun(self, journal: Journal) -> None:
+        """The change recorded in the bucket as soon as it is in the mirror's journal: a pack into
+        the prefix, or a change from another run, is refused from here on."""
+        found = self.journal()
+        if found is not None and found.owner != self.owner:
+            raise OutputError(f"{self.store.url}: another run began a change of it meanwhile; leave it to finish")
+        self.store.write(JOURNAL, _journal_bytes(journal.to_json(), uploaded=False, owner=self.owner))
+
+    def journal(self) -> Found | None:
+        """The bucket's journal of a change, checked as a local one is (None where there is none)."""
+        where = self.store.child(JOURNAL)
+        away = "delete it to abandon the change"
         try:
             data = loads(self.store.read(JOURNAL, MAX_JOURNAL_BYTES))
         except FileNotFoundError:
             return None
         except (ValueError, ShardkitError) as error:
-            raise OutputError(f"{self.store.child(JOURNAL)}: an unreadable journal of a change ({error})") from None
+            raise OutputError(
+                f"{where}: an unreadable journal of a change ({error}); delete it to abandon the change"
+            ) from None
         if not isinstance(data, dict):
-            raise OutputError(f"{self.store.child(JOURNAL)}: a damaged journal of a change (not an object)")
-        return data
+            raise OutputError(
+                f"{where}: a damaged journal of a change (not an object); delete it to abandon the change"
+            )
+        uploaded, owner = data.pop(UPLOADED, None), data.pop(OWNER, "")
+        if type(uploaded) is not bool or type(owner) is not str:
+            raise OutputError(f"{where}: a damaged journal of a change; {away}")
+        journal = Journal.from_json(data, where, away)
+        if uploaded and not journal.committing:
+            raise OutputError(f"{where}: a damaged journal of a change; {away}")
+        return Found(journal, uploaded, owner)
 
-    def undo(self, found: dict[str, Any], remote: Manifest) -> None:
-        """What a change killed before its commit put up, deleted: the new shards it names that the
+    def undo(self, journal: Journal, remote: Manifest) -> None:
+        """What a change that did not commit put up, deleted: the new shards it names that the
         current version does not list, its staged files, then its journal. The earlier version
         was never touched."""
         listed = {s.name for s in remote.shards} | {c.name for c in remote.companions}
-        moves = found.get("moves")
-        for name in moves if isinstance(moves, list) else []:
-            if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name)) and name not in listed:
+        for name in journal.moves:
+            if (is_shard_name(name) or is_idx_name(name)) and name not in listed:
                 self.store.delete(name)
-            elif isinstance(name, str) and "/" not in name:
-                self.store.delete(f"{STAGED}/{name}")
+            elif "/" not in name:
+                self.store.delete(f"{BUCKET_NEXT}/{name}")
         self.store.delete(JOURNAL)
+
+    def _claim(self, folder: Path, journal: Journal) -> str:
+        """A new owner for this mirror, its journal put in the bucket under it."""
+        self.owner = _new_owner(folder)
+        self.begun(journal)
+        return self.owner
 
     def fetch(self, folder: Path, shards: list[ShardInfo]) -> None:
         """The shards a change reads, downloaded into the mirror and checked against the manifest
@@ -147,6 +229,8 @@ class BucketChange:
             path = folder / shard.name
             if os.path.lexists(path) and stat.S_ISREG(os.lstat(path).st_mode) and path.stat().st_size == shard.bytes:
                 continue
+            if os.path.lexists(path):  # (written again as a file of its own: never through a link)
+                os.unlink(path)
             try:
                 self.store.download(shard.name, str(path), shard.bytes, shard.sha256)
             except ShardkitError as error:
@@ -158,16 +242,32 @@ class BucketChange:
 
     def commit(self, next_folder: Path, journal: dict[str, Any]) -> None:
         """Steps 1 to 4 of the module's commit: the new version's files up from `next_folder`
-        (skipped where the bucket's journal says they are up), then put in place."""
+        (skipped where the bucket's journal says they are up), then put in place. Before the
+        files go up, the bucket must still hold this run's journal (or none) and the version the
+        change began from: another writer meanwhile is refused, not overwritten."""
         found = self.journal()
-        if not (found is not None and found.get(UPLOADED) is True and found.get("result") == journal["result"]):
-            self.store.write(JOURNAL, json.dumps({**journal, UPLOADED: False}).encode())
+        if not (found is not None and found.uploaded and found.journal.result == journal["result"]):
+            if found is not None and found.owner != self.owner:
+                raise OutputError(f"{self.store.url}: another run took this change over meanwhile; leave it to finish")
+            if read_remote_manifest(self.store).checksum != journal["base"]:
+                raise OutputError(f"{self.store.url}: its manifest changed while the change ran (another writer?)")
+            self.store.write(JOURNAL, _journal_bytes(journal, uploaded=False, owner=self.owner))
             for name in journal["moves"]:
                 source = next_folder / name
-                if not stat.S_ISREG(os.lstat(source).st_mode):
-                    raise OutputError(f"{source}: not a file shardkit wrote; move {next_folder.parent} away")
+                try:
+                    regular = stat.S_ISREG(os.lstat(source).st_mode)
+                except OSError:
+                    regular = False
+                if not regular:
+                    raise OutputError(
+                        f"{source}: not a file shardkit wrote; delete {next_folder.parent.parent} and run the same "
+                        "command with --resume (it is done again from its plan)"
+                    )
                 self.store.upload(str(source), goes_to(name))
-            self.store.write(JOURNAL, json.dumps({**journal, UPLOADED: True}).encode())
+            found = self.journal()
+            if found is None or found.owner != self.owner:
+                raise OutputError(f"{self.store.url}: another run took this change over meanwhile; leave it to finish")
+            self.store.write(JOURNAL, _journal_bytes(journal, uploaded=True, owner=self.owner))
         self.finish(journal)
 
     def finish(self, journal: dict[str, Any]) -> None:
@@ -190,7 +290,7 @@ class BucketChange:
     def _fetch_small(self, folder: Path, remote: Manifest, *, index: bool) -> None:
         """The manifest (as read: its bytes are the bucket's), and with `index`, index.parquet and
         errors.jsonl, into the mirror."""
-        self.store.get(MANIFEST_NAME, str(folder / MANIFEST_NAME), 64 << 20)
+        self.store.get(MANIFEST_NAME, str(folder / MANIFEST_NAME), MAX_JOURNAL_BYTES)
         if _checksum(folder / MANIFEST_NAME) != remote.checksum:  # (another writer, between two reads)
             raise OutputError(f"{self.store.child(MANIFEST_NAME)}: changed while the change read it; try again")
         if not index:
@@ -200,8 +300,40 @@ class BucketChange:
                 self.store.download(INDEX_NAME, str(folder / INDEX_NAME), remote.index.bytes, remote.index.sha256)
             except ShardkitError as error:
                 raise OutputError(f"{error}; `shardkit verify` says more") from None
-        with contextlib.suppress(FileNotFoundError):
-            self.store.get(ERRORS_NAME, str(folder / ERRORS_NAME))
+        try:
+            self.store.get(ERRORS_NAME, str(folder / ERRORS_NAME), MAX_ERRORS_BYTES)
+        except FileNotFoundError:
+            if remote.totals.get("errors"):
+                raise OutputError(
+                    f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
+                    "rows (`shardkit verify` says more)"
+                ) from None
+
+
+def refuse_links(folder: Path) -> None:
+    """A link planted in the mirror (or as its working folder) is refused: the change writes there."""
+    for path in (folder, state_dir(folder), state_dir(folder) / NEXT_DIR):
+        if os.path.islink(path):
+            raise OutputError(f"{path}: a link where shardkit keeps the mirror of a bucket; delete it")
+
+
+def _journal_bytes(journal: dict[str, Any], *, uploaded: bool, owner: str) -> bytes:
+    return json.dumps({**journal, UPLOADED: uploaded, OWNER: owner}).encode()
+
+
+def _read_owner(folder: Path) -> str:
+    try:
+        return (state_dir(folder) / OWNER_NAME).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _new_owner(folder: Path) -> str:
+    """A token for this run's change, kept in the mirror (a run that goes on from it is the same)."""
+    owner = secrets.token_hex(16)
+    state_dir(folder).mkdir(parents=True, exist_ok=True)
+    (state_dir(folder) / OWNER_NAME).write_text(owner)
+    return owner
 
 
 def refuse_keep_versions(url: str) -> None:
@@ -234,6 +366,36 @@ def clear_mirror(folder: Path) -> None:
         else:
             os.unlink(entry.path)
     state = state_dir(folder)
+    if os.path.islink(state / NEXT_DIR):
+        os.unlink(state / NEXT_DIR)
     shutil.rmtree(state / NEXT_DIR, ignore_errors=True)
     (state / CHANGE_NAME).unlink(missing_ok=True)
+    (state / OWNER_NAME).unlink(missing_ok=True)
     remove_state(folder, keep_lock=True)
+
+
+@contextlib.contextmanager
+def changing_bucket(
+    output: str | os.PathLike[str], storage_options: dict[str, Any] | None, take_over: bool
+) -> Iterator[Changing]:
+    """The output at the URL `output` locked for a change in its mirror (this module's), the mirror
+    made to follow the bucket first; with `take_over` (--resume), a change another run began and
+    did not commit is taken over. An output read over HTTP takes no writes: refused."""
+    from ..core.errors import describe
+    from ..storage.location import locate
+
+    store = locate(output, storage_options)
+    assert not isinstance(store, Path)
+    if store.protocol in ("http", "https"):
+        raise ConfigError(f"{store.url}: an output read over HTTP takes no writes; change it where it is stored")
+    mirror = mirror_folder(store)
+    try:
+        mirror.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{mirror}: cannot make the mirror of {store.url} here ({describe(error)})") from None
+    bucket = BucketChange(store, take_over)
+    with changing_in(mirror, bucket.prepare) as changed:
+        changed.bucket = bucket
+        yield changed
+    with contextlib.suppress(OSError):
+        mirror.rmdir()  # (emptied by its commit; else kept for the change's --resume)

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.errors import ManifestError, OutputError, describe
 from ..core.manifest import (
@@ -51,11 +51,26 @@ from ..packing.working_folder import (
     writing,
 )
 from ..readers.subset import IndexFile, read_index
-from ..storage.urls import is_remote
 
 if TYPE_CHECKING:
     from ..core.manifest import ShardInfo
-    from .bucket import BucketChange
+
+
+class BucketSide(Protocol):
+    """What a change of a bucket's output (bucket.BucketChange) does where a folder's does its own."""
+
+    @property
+    def url(self) -> str: ...  # the output's URL
+    @property
+    def journal_url(self) -> str: ...  # its journal's
+
+    def fetch(self, folder: Path, shards: list[ShardInfo]) -> None: ...
+    def holds(self, name: str) -> bool: ...
+    def size_of(self, name: str) -> int | None: ...
+    def begun(self, journal: Journal) -> None: ...
+    def commit(self, next_folder: Path, journal: dict[str, Any]) -> None: ...
+    def clear(self, folder: Path) -> None: ...
+    def refuse_keep_versions(self) -> None: ...
 
 
 @dataclass
@@ -86,34 +101,34 @@ class Journal:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: Any, where: Path) -> Journal:
+    def from_json(cls, data: Any, where: str | Path, away: str = "move it away") -> Journal:
         """A journal read back, every field type-checked and every name it would have the commit
         move or delete one that shardkit gives (it is ours, but a tampered one must not reach
         anything else); what it plans is checked against the output by its action."""
         damaged = f"{where}: a damaged journal of a change"
         if not isinstance(data, dict):
-            raise OutputError(f"{damaged} (not an object); move it away")
+            raise OutputError(f"{damaged} (not an object); {away}")
         kinds = {"action": str, "request": str, "base": str, "version": int, "plan": dict, "moves": list,
                  "deletes": list, "result": str}  # fmt: skip
         for name, kind in kinds.items():
             if type(data.get(name)) is not kind:
-                raise OutputError(f"{damaged} ({name} is not of type {kind.__name__}); move it away")
+                raise OutputError(f"{damaged} ({name} is not of type {kind.__name__}); {away}")
         journal = cls(**{name: data[name] for name in kinds})
         if not (1 if journal.action == "merge" else 2) <= journal.version <= MAX_VERSION:
-            raise OutputError(f"{damaged} (version {journal.version}); move it away")
+            raise OutputError(f"{damaged} (version {journal.version}); {away}")
         own = set(own_files())
         kept = [name for name in journal.moves if isinstance(name, str) and KEPT.fullmatch(name)]
         if kept and (
             kept != [kept_name(journal.version - 1)] or journal.moves[0] != kept[0] or journal.action == "merge"
         ):
-            raise OutputError(f"{where}: a journal keeping a version it does not make; move it away")
+            raise OutputError(f"{where}: a journal keeping a version it does not make; {away}")
         if not all(isinstance(name, str) and (name in own or is_shard_name(name) or is_idx_name(name))
                    for name in [*journal.moves[len(kept):], *journal.deletes]):  # fmt: skip
-            raise OutputError(f"{where}: a journal naming files shardkit does not write; move it away")
+            raise OutputError(f"{where}: a journal naming files shardkit does not write; {away}")
         if MANIFEST_NAME in journal.deletes or (journal.committing and journal.moves[-1:] != [MANIFEST_NAME]):
-            raise OutputError(f"{where}: a journal whose commit does not end with the manifest; move it away")
+            raise OutputError(f"{where}: a journal whose commit does not end with the manifest; {away}")
         if set(journal.moves) & set(journal.deletes):
-            raise OutputError(f"{where}: a journal that would delete what it puts in place; move it away")
+            raise OutputError(f"{where}: a journal that would delete what it puts in place; {away}")
         return journal
 
 
@@ -134,7 +149,7 @@ class Changing:
     manifest: Manifest
     pending: Journal | None
     _index: IndexFile | None = None
-    bucket: BucketChange | None = None  # where the output is a bucket's (bucket.py)
+    bucket: BucketSide | None = None  # where the output is a bucket's (bucket.py)
 
     def index(self) -> IndexFile:
         """The output's index.parquet, checked against its manifest: read once for a plan and the
@@ -146,7 +161,13 @@ class Changing:
     @property
     def name(self) -> str:
         """The output as messages name it: its folder, or its bucket's URL (not the mirror's)."""
-        return self.bucket.store.url if self.bucket is not None else str(self.output)
+        return self.bucket.url if self.bucket is not None else str(self.output)
+
+    def abandoning(self, action: str) -> str:
+        """What abandons an unfinished `action` that has not begun its commit, as a refusal says it."""
+        if self.bucket is None:
+            return f"move {self.output}/.shardkit away to abandon that {action}"
+        return f"delete {self.output} and {self.bucket.journal_url} to abandon that {action}"
 
     @property
     def next(self) -> Path:
@@ -167,6 +188,8 @@ class Changing:
         self.restart()
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
+        if self.bucket is not None:
+            self.bucket.begun(journal)
         self.pending = journal
 
     def record(self, journal: Journal) -> None:
@@ -174,6 +197,8 @@ class Changing:
         counts, where its source changed meanwhile), before the change goes on."""
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
+        if self.bucket is not None:
+            self.bucket.begun(journal)
         self.pending = journal
 
     def restart(self) -> None:
@@ -211,7 +236,7 @@ class Changing:
         """The size of the output's regular file (in a bucket: object) `name`; None where there is
         none (a link or a folder is none)."""
         if self.bucket is not None:
-            return self.bucket.objects.get(name)
+            return self.bucket.size_of(name)
         try:
             found = os.lstat(self.output / name)
         except OSError:
@@ -232,9 +257,7 @@ class Changing:
         if self.bucket is not None:
             self.bucket.commit(self.next, journal.to_json())
             with writing(self.output, "the mirror of the bucket"):
-                from .bucket import clear_mirror
-
-                clear_mirror(self.output)
+                self.bucket.clear(self.output)
             self.pending = None
             return
         with writing(self.output, "the new version"):
@@ -260,9 +283,7 @@ class Changing:
         """`--keep-versions` refused before anything is written where the version it would keep is
         in the way, or where a file it lists is not a regular file (a link would be kept as a link)."""
         if self.bucket is not None:
-            from .bucket import refuse_keep_versions
-
-            refuse_keep_versions(self.bucket.store.url)
+            self.bucket.refuse_keep_versions()
         versions, version = self.output / VERSIONS_DIR, self.manifest.version
         refuse_link(versions, "shardkit's folder of versions")
         if os.path.lexists(self.output / kept_name(version)):
@@ -322,47 +343,23 @@ def refuse_link(folder: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
-def changing(output: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Iterator[Changing]:
-    """`output` locked for a change (one writer at a time: a pack or another change is refused),
-    with its manifest and any unfinished change's journal. Refused, before anything is written,
-    where there is no finished output or an interrupted pack is there. A bucket's output is changed
-    in its local mirror (bucket.py), which follows the bucket before the change reads it."""
-    if is_remote(output):
-        with _changing_bucket(output, storage_options) as changed:
-            yield changed
-        return
+def changing(output: str | os.PathLike[str]) -> Iterator[Changing]:
+    """The local output folder `output` locked for a change (one writer at a time: a pack or another
+    change is refused), with its manifest and any unfinished change's journal. Refused, before
+    anything is written, where there is no finished output or an interrupted pack is there. (A
+    bucket's output: place.changing.)"""
     path = Path(output)
     if not path.is_dir():
         raise OutputError(f"{path}: no such folder" if not os.path.lexists(path) else f"{path}: not a folder")
     precheck(path)
     if path.resolve().parent.name == VERSIONS_DIR and (path.resolve().parent.parent / MANIFEST_NAME).exists():
         raise OutputError(f"{path}: a version kept by --keep-versions: read it, or delete it; change the output itself")
-    with _changing(path) as changed:
+    with changing_in(path) as changed:
         yield changed
 
 
 @contextlib.contextmanager
-def _changing_bucket(output: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Iterator[Changing]:
-    from ..storage.location import locate
-    from .bucket import BucketChange, mirror_folder
-
-    store = locate(output, storage_options)
-    assert not isinstance(store, Path)
-    mirror = mirror_folder(store.url)
-    try:
-        mirror.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputError(f"{mirror}: cannot make the mirror of {store.url} here ({describe(error)})") from None
-    bucket = BucketChange(store)
-    with _changing(mirror, bucket.prepare) as changed:
-        changed.bucket = bucket
-        yield changed
-    with contextlib.suppress(OSError):
-        mirror.rmdir()  # (emptied by its commit; else kept for the change's --resume)
-
-
-@contextlib.contextmanager
-def _changing(path: Path, prepare: Callable[[Path], None] | None = None) -> Iterator[Changing]:
+def changing_in(path: Path, prepare: Callable[[Path], None] | None = None) -> Iterator[Changing]:
     """`path` locked for a change, with its manifest and journal; `prepare(path)` first, under the
     lock (a bucket's mirror made to follow the bucket)."""
     state, lock_fd = _locked(path)

@@ -43,7 +43,8 @@ from ..packing.resume import CREATED_BY
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import finishing, is_shard_name, versioned_name, writing
 from ..readers.subset import IndexFile
-from .journal import Changing, Journal, changing, kept_name
+from .journal import Changing, Journal, kept_name
+from .place import changing
 
 Progress = Callable[[int, int], None]
 ACTIONS = ("remove", "compact", "append")  # the changes a journal may name
@@ -87,7 +88,7 @@ def run(
     """Lock `output`, take up an interrupted change of the same request (or any with `resume`), or
     plan a new one; write the next version in `next/` and commit it."""
     started = time.perf_counter()
-    with changing(output, storage_options) as changed:
+    with changing(output, storage_options, take_over=resume) as changed:
         pending = changed.pending
         if pending is not None and not (resume or pending.request == change.request):
             said = f"{output}: an interrupted {pending.action[:40]!r} to version {pending.version} is here"
@@ -367,11 +368,11 @@ def check_pending(changed: Changing, journal: Journal, change: Change) -> None:
     the version it started from (or, once committing, that or the version it makes, which `next/`
     or the output holds), and what it plans to write, move and delete must follow from that version
     and its own plan. A tampered journal, or an output changed meanwhile, is refused in one line."""
-    output, manifest = changed.output, changed.manifest
+    output, manifest = changed.name, changed.manifest
     if journal.committing:  # (half its files may be in place: moving its journal away would strand them)
         away = "the output is between two versions: restore it from a copy"
     else:
-        away = f"move {output}/.shardkit away to abandon that {journal.action[:40]}"
+        away = changed.abandoning(journal.action[:40])
     unfollowed = f"{output}: the interrupted {change.action}'s journal does not follow from its plan; {away}"
     if journal.action != change.action:  # (shardkit's actions; a stranger's word is shown, never run)
         finish = finishing(output, journal.action, journal.plan) if journal.action in ACTIONS else away

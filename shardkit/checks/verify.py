@@ -142,27 +142,26 @@ def _bucket_change(store: Store, output: _Output) -> None:
     """A bucket's change killed once committed (its journal says every new file is up) leaves the
     output between two versions, as a local one's does. Before that (under way, or killed), the
     earlier version is whole, and the new shards it put up beside it are its own, not strays."""
-    from ..changes.bucket import UPLOADED, BucketChange
+    from ..changes.bucket import BucketChange
 
     try:
-        journal = BucketChange(store).journal()
+        found = BucketChange(store).journal()
     except ShardkitError as error:
         output.troubles.append(Problem("interrupted", str(error)))
         return
-    if journal is None:
+    if found is None:
         return
-    action = str(journal.get("action"))[:40]
-    if journal.get(UPLOADED) is True:
-        said = f"a {action} to version {journal.get('version')} was interrupted while it committed"
-        output.troubles.append(Problem("interrupted", f"{said}; {finishing(store.url, action, journal.get('plan'))}"))
+    journal = found.journal
+    if found.uploaded:
+        said = f"a change ({journal.action!r}) to version {journal.version} was interrupted while it committed"
+        output.troubles.append(Problem("interrupted", f"{said}; {finishing(store.url, journal.action, journal.plan)}"))
         return
-    moves = journal.get("moves")
-    for name in moves if isinstance(moves, list) else []:
-        if isinstance(name, str) and (is_shard_name(name) or is_idx_name(name)):
+    for name in journal.moves:
+        if is_shard_name(name) or is_idx_name(name):
             output.listed.pop(name, None)
     output.notes.append(
-        f"a {action} of this output has begun and not committed (under way, or killed): the output is the "
-        "version before it, whole; the same command again finishes it"
+        f"a change ({journal.action!r}) of this output began and has not committed (it may still be running, or was "
+        "killed): the output is the version before it, whole"
     )
 
 

@@ -54,7 +54,7 @@ def finishing(output: str | os.PathLike[str], action: str, plan: object = None) 
         return f"`shardkit merge {command}` finishes it"
     if action in ("remove", "compact"):
         return f"`shardkit {action} {shlex.quote(str(output))} --resume` finishes it"
-    return f"move {Path(output) / STATE_DIR} away to abandon it"
+    return f"move {str(output).rstrip('/')}/{STATE_DIR} away to abandon it"
 
 
 def _word(text: object, otherwise: str) -> str:
