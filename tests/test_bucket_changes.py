@@ -141,16 +141,17 @@ def test_a_damaged_shard_in_the_bucket_is_refused_not_written_again(
 _DRIVER = """
 import os, signal, sys, json
 from shardkit.storage.store import Store
-at, log = int(sys.argv[1]), sys.argv[2]
+at, log = sys.argv[1], sys.argv[2]  # a count of requests, or the request after which to die
 count = [0]
 def hooked(method):
     original = getattr(Store, method)
     def call(self, name, *args):
         result = original(self, name, *args)
         count[0] += 1
+        step = f"{method} {args[0] if method in ('copy', 'upload') else name}"
         with open(log, "a") as steps:
-            steps.write(f"{method} {args[0] if method in ('copy', 'upload') else name}\\n")
-        if count[0] == at:
+            steps.write(step + "\\n")
+        if str(count[0]) == at or step == at:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
     setattr(Store, method, call)
@@ -161,9 +162,10 @@ remove(sys.argv[3], json.loads(sys.argv[4]), reason=sys.argv[5])
 """
 
 
-def _killed_remove(url: str, keys: list[str], at: int, log: Path) -> int:
+def _killed_remove(url: str, keys: list[str], at: int | str, log: Path) -> int:
     """A remove of `keys` from `url` in a process of its own, killed (SIGKILL) right after its
-    `at`-th request that writes to the bucket (0: never); its exit status."""
+    `at`-th request that writes to the bucket (0: never), or after the request `at` names; its exit
+    status."""
     run = subprocess.run(
         [sys.executable, "-c", _DRIVER, str(at), str(log), url, json.dumps(keys), REASON],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
@@ -264,3 +266,39 @@ def test_an_output_over_http_is_refused_and_two_spellings_share_one_mirror(cache
         remove("http://127.0.0.1:9/out", ["a"], reason=REASON)
     same = {mirror_folder(Store(url)) for url in ("s3://data/out", "s3a://data/out", "s3://data//out/")}
     assert len(same) == 1 and mirror_folder(Store("s3://data/other")) not in same
+
+
+def test_a_change_killed_twice_as_it_ends_leaves_no_journal_behind(
+    s3, packed_sample, cache: Path, tmp_path: Path
+) -> None:
+    """Killed once committed (after the manifest is copied), then again after the run that finished it
+    deleted the bucket's journal but before it cleared its mirror: the mirror's journal is of a
+    change the bucket holds the result of, and must not be put back as a change begun."""
+    source = packed_sample("webdataset", 64, 7)
+    keys = _keys(source)
+    taken = [keys[2], keys[8], keys[9]]
+    clean = _upload(s3, source, f"{tmp_path.name}-clean")
+    assert _killed_remove(clean, taken, 0, tmp_path / "clean.log") == 0
+    expected = _objects(s3, f"{tmp_path.name}-clean")
+    url = _upload(s3, source, tmp_path.name)
+    assert _killed_remove(url, taken, "copy manifest.json", tmp_path / "first.log") == -signal.SIGKILL
+    assert _killed_remove(url, taken, "delete .shardkit/change.json", tmp_path / "second.log") == -signal.SIGKILL
+    assert _objects(s3, tmp_path.name) == expected
+    with pytest.raises(ConfigError, match="3 keys not in the output"):  # (done: nothing of it is left to do)
+        remove(url, taken, reason=REASON)
+    assert not remove(url, resume=True).resumed
+    assert _objects(s3, tmp_path.name) == expected and verify(url).problems == []
+    with pytest.raises(OutputError, match="holds a finished shardkit output"):  # (no change is unfinished)
+        pack(PackConfig(str(source), url, resize=ResizeConfig(64)))
+
+
+def test_the_mirrors_token_is_never_written_through_a_link(tmp_path: Path) -> None:
+    from shardkit.changes.bucket import OWNER_NAME, _new_owner, _read_owner
+
+    mirror, victim = tmp_path / "mirror", tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (mirror / ".shardkit").mkdir(parents=True)
+    (mirror / ".shardkit" / OWNER_NAME).symlink_to(victim)
+    assert _read_owner(mirror) == ""  # (a link is no token)
+    owner = _new_owner(mirror)
+    assert victim.read_text() == "precious\n" and _read_owner(mirror) == owner

@@ -51,6 +51,7 @@ from ..core.manifest import (
     ShardInfo,
     read_manifest,
     write_json_atomic,
+    write_text_atomic,
 )
 from ..core.safeio import loads
 from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
@@ -127,8 +128,10 @@ class BucketChange:
         """The mirror made to follow the bucket, under the mirror's lock, before the change reads
         it: a committed change in the bucket is taken up (its journal put in the mirror, so the
         change finishes it); this mirror's own uncommitted change goes on; another run's is
-        refused, or with `take_over` undone and begun again from its plan; a mirror that no longer
-        follows the bucket's version is fetched again."""
+        refused, or with `take_over` undone and begun again from its plan (only its uploads undone,
+        where the bucket is no longer at the version it began from: its plan is void); a mirror
+        that no longer follows the bucket's version, or whose change the bucket holds the result
+        of, is fetched again."""
         refuse_links(folder)
         try:
             remote = read_remote_manifest(self.store)
@@ -149,7 +152,7 @@ class BucketChange:
             self.owner = found.owner
         elif found is not None and found.owner == mine and local is not None and mirrored == remote.checksum:
             self.owner = mine  # this mirror's own change, killed: it goes on from here
-        elif found is not None and not self.take_over:
+        elif found is not None and not (self.take_over or found.owner == mine):
             action = found.journal.action
             raise OutputError(
                 f"{self.store.url}: a {action} of it began in another run (another machine, or another cache) "
@@ -159,10 +162,12 @@ class BucketChange:
             self.undo(found.journal, remote)
             clear_mirror(folder)
             self._fetch_small(folder, remote, index=True)
-            begun = replace(found.journal, moves=[], result="")
-            write_json_atomic(state_dir(folder) / CHANGE_NAME, begun.to_json())
-            self.owner = self._claim(folder, begun)
-        elif local is None or mirrored != remote.checksum:
+            if found.journal.base == remote.checksum:  # (else its plan no longer applies: it is void)
+                begun = replace(found.journal, moves=[], result="")
+                write_json_atomic(state_dir(folder) / CHANGE_NAME, begun.to_json())
+                self.owner = self._claim(folder, begun)
+        elif local is None or mirrored != remote.checksum or local.get("result") == remote.checksum:
+            # (a change the bucket holds the result of is done: only its mirror was left)
             clear_mirror(folder)
             self._fetch_small(folder, remote, index=True)
         if not self.owner:
@@ -322,17 +327,27 @@ def _journal_bytes(journal: dict[str, Any], *, uploaded: bool, owner: str) -> by
 
 
 def _read_owner(folder: Path) -> str:
+    """The token kept in the mirror ("" where there is none, or a link or folder is there)."""
+    path = state_dir(folder) / OWNER_NAME
     try:
-        return (state_dir(folder) / OWNER_NAME).read_text().strip()
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return ""
+        return path.read_text(errors="replace").strip()[:64]
     except OSError:
         return ""
 
 
 def _new_owner(folder: Path) -> str:
-    """A token for this run's change, kept in the mirror (a run that goes on from it is the same)."""
+    """A token for this run's change, kept in the mirror (a run that goes on from it is the same);
+    whatever was there goes first (written as a file of its own: never through a link)."""
     owner = secrets.token_hex(16)
+    path = state_dir(folder) / OWNER_NAME
     state_dir(folder).mkdir(parents=True, exist_ok=True)
-    (state_dir(folder) / OWNER_NAME).write_text(owner)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+    write_text_atomic(path, owner)
     return owner
 
 
