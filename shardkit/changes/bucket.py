@@ -53,7 +53,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_text_atomic,
 )
-from ..core.safeio import loads
+from ..core.safeio import loads, regular_size
 from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
 from ..packing.working_folder import CHANGE_NAME, NEXT_DIR, is_idx_name, is_shard_name, remove_state, state_dir
 from ..storage.cache import default_cache_dir
@@ -165,7 +165,8 @@ class BucketChange:
             if found.journal.base == remote.checksum:  # (else its plan no longer applies: it is void)
                 begun = replace(found.journal, moves=[], result="")
                 write_json_atomic(state_dir(folder) / CHANGE_NAME, begun.to_json())
-                self.owner = self._claim(folder, begun)
+                self.owner = _new_owner(folder)
+                self.begun(begun)
         elif local is None or mirrored != remote.checksum or local.get("result") == remote.checksum:
             # (a change the bucket holds the result of is done: only its mirror was left)
             clear_mirror(folder)
@@ -180,9 +181,7 @@ class BucketChange:
     def begun(self, journal: Journal) -> None:
         """The change recorded in the bucket as soon as it is in the mirror's journal: a pack into
         the prefix, or a change from another run, is refused from here on."""
-        found = self.journal()
-        if found is not None and found.owner != self.owner:
-            raise OutputError(f"{self.store.url}: another run began a change of it meanwhile; leave it to finish")
+        self._refuse_another_owner(self.journal())
         self.store.write(JOURNAL, _journal_bytes(journal.to_json(), uploaded=False, owner=self.owner))
 
     def journal(self) -> Found | None:
@@ -194,13 +193,9 @@ class BucketChange:
         except FileNotFoundError:
             return None
         except (ValueError, ShardkitError) as error:
-            raise OutputError(
-                f"{where}: an unreadable journal of a change ({error}); delete it to abandon the change"
-            ) from None
+            raise OutputError(f"{where}: an unreadable journal of a change ({error}); {away}") from None
         if not isinstance(data, dict):
-            raise OutputError(
-                f"{where}: a damaged journal of a change (not an object); delete it to abandon the change"
-            )
+            raise OutputError(f"{where}: a damaged journal of a change (not an object); {away}")
         uploaded, owner = data.pop(UPLOADED, None), data.pop(OWNER, "")
         if type(uploaded) is not bool or type(owner) is not str:
             raise OutputError(f"{where}: a damaged journal of a change; {away}")
@@ -215,24 +210,23 @@ class BucketChange:
         was never touched."""
         listed = {s.name for s in remote.shards} | {c.name for c in remote.companions}
         for name in journal.moves:
-            if (is_shard_name(name) or is_idx_name(name)) and name not in listed:
+            if goes_to(name) != name:
+                self.store.delete(goes_to(name))
+            elif name not in listed:
                 self.store.delete(name)
-            elif "/" not in name:
-                self.store.delete(f"{BUCKET_NEXT}/{name}")
         self.store.delete(JOURNAL)
 
-    def _claim(self, folder: Path, journal: Journal) -> str:
-        """A new owner for this mirror, its journal put in the bucket under it."""
-        self.owner = _new_owner(folder)
-        self.begun(journal)
-        return self.owner
+    def _refuse_another_owner(self, found: Found | None) -> None:
+        """Another run's journal in the bucket (begun, or taken over, meanwhile) is left alone."""
+        if found is not None and found.owner != self.owner:
+            raise OutputError(f"{self.store.url}: another run began or took over a change of it meanwhile; leave it")
 
     def fetch(self, folder: Path, shards: list[ShardInfo]) -> None:
         """The shards a change reads, downloaded into the mirror and checked against the manifest
         (a damaged object is refused, naming it); those the mirror holds whole already stay."""
         for shard in shards:
             path = folder / shard.name
-            if os.path.lexists(path) and stat.S_ISREG(os.lstat(path).st_mode) and path.stat().st_size == shard.bytes:
+            if regular_size(path) == shard.bytes:
                 continue
             if os.path.lexists(path):  # (written again as a file of its own: never through a link)
                 os.unlink(path)
@@ -252,8 +246,7 @@ class BucketChange:
         change began from: another writer meanwhile is refused, not overwritten."""
         found = self.journal()
         if not (found is not None and found.uploaded and found.journal.result == journal["result"]):
-            if found is not None and found.owner != self.owner:
-                raise OutputError(f"{self.store.url}: another run took this change over meanwhile; leave it to finish")
+            self._refuse_another_owner(found)
             if read_remote_manifest(self.store).checksum != journal["base"]:
                 raise OutputError(f"{self.store.url}: its manifest changed while the change ran (another writer?)")
             self.store.write(JOURNAL, _journal_bytes(journal, uploaded=False, owner=self.owner))
@@ -270,8 +263,9 @@ class BucketChange:
                     )
                 self.store.upload(str(source), goes_to(name))
             found = self.journal()
-            if found is None or found.owner != self.owner:
-                raise OutputError(f"{self.store.url}: another run took this change over meanwhile; leave it to finish")
+            if found is None:
+                raise OutputError(f"{self.store.url}: its journal was deleted while the change ran (another writer?)")
+            self._refuse_another_owner(found)
             self.store.write(JOURNAL, _journal_bytes(journal, uploaded=True, owner=self.owner))
         self.finish(journal)
 

@@ -36,7 +36,7 @@ from ..core.manifest import (
     read_manifest,
     write_json_atomic,
 )
-from ..core.safeio import load_json_file
+from ..core.safeio import load_json_file, regular_size
 from ..packing.folder_output import lock_folder, precheck
 from ..packing.working_folder import (
     CHANGE_NAME,
@@ -237,11 +237,7 @@ class Changing:
         none (a link or a folder is none)."""
         if self.bucket is not None:
             return self.bucket.size_of(name)
-        try:
-            found = os.lstat(self.output / name)
-        except OSError:
-            return None
-        return found.st_size if stat.S_ISREG(found.st_mode) else None
+        return regular_size(self.output / name)
 
     def holds(self, name: str) -> bool:
         """Whether the output holds a file named `name` (in a bucket: an object)."""

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -53,7 +52,7 @@ from ..core.manifest import (
     write_json_atomic,
     write_lines_atomic,
 )
-from ..core.safeio import open_regular
+from ..core.safeio import open_regular, regular_size
 from ..formats import get_format
 from ..formats.base import Record
 from ..packing.dedup import same_file
@@ -172,16 +171,7 @@ def _made_by(output: Path, manifest: Manifest, plan: dict[str, Any]) -> bool:
     wanted = [{key: entry[key] for key in ("path", "checksum")} for entry in plan["merged"]]
     if said != wanted or prefixes != [entry["key_prefix"] for entry in plan["merged"]]:
         return False
-    return all(_regular_size(output / shard.name) == shard.bytes for shard in manifest.shards)
-
-
-def _regular_size(path: Path) -> int | None:
-    """A regular file's size (not a link's, a FIFO's or a device's): None for anything else."""
-    try:
-        found = os.lstat(path)
-    except OSError:
-        return None
-    return found.st_size if stat.S_ISREG(found.st_mode) else None
+    return all(regular_size(output / shard.name) == shard.bytes for shard in manifest.shards)
 
 
 def _committed(output: Path) -> Manifest:
@@ -243,7 +233,7 @@ def _source(folder: Path) -> Source:
     # every file it lists a regular file of its size, not a link, a FIFO or a device (a link would be
     # linked as a link, or followed anywhere when copied; a FIFO would hang the merge)
     for info in [*manifest.shards, *manifest.companions, manifest.index]:
-        if _regular_size(folder / info.name) != info.bytes:
+        if regular_size(folder / info.name) != info.bytes:
             raise OutputError(f"{folder / info.name}: not the file its manifest lists (a link, missing, or resized)")
     try:
         index = read_index(folder, manifest)  # (its bytes the manifest's, a row per record, each shard's)
@@ -255,7 +245,7 @@ def _source(folder: Path) -> Source:
     errors = folder / ERRORS_NAME
     most = manifest.totals.get("errors", 0)
     if os.path.lexists(errors) or most:
-        if _regular_size(errors) is None:
+        if regular_size(errors) is None:
             raise OutputError(f"{errors}: not a file shardkit wrote (a link, missing, or not a file)")
         try:
             with open(open_regular(errors), "rb") as log:
@@ -506,7 +496,7 @@ def _rewrite(
 ) -> tuple[ShardInfo, ShardInfo | None]:
     """The shard written again record for record with `change` applied (its bytes were checked
     against the manifest before the merge began: `_check_rewrites`)."""
-    if _regular_size(path) != old.bytes:
+    if regular_size(path) != old.bytes:
         raise OutputError(f"{path}: differs from its manifest (bytes changed); `shardkit verify` says more")
     writer = backend.writer(str(target))
     reader = backend.reader(str(path))

@@ -66,6 +66,16 @@ def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
     return info
 
 
+def regular_size(path: str | os.PathLike[str]) -> int | None:
+    """A regular file's size, not following a link: None for a link, a FIFO, a device, a folder or
+    nothing there."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
+
+
 def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     """The whole of a regular file of at most `limit` bytes (a larger one raises, unread)."""
     fd = open_regular(path)
