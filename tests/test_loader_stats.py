@@ -4,6 +4,7 @@ HTTP server and real sleeps standing for a training step."""
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 from dataclasses import replace
 from http.server import SimpleHTTPRequestHandler
@@ -33,7 +34,8 @@ def timed_epoch(loader, step: float = 0.0) -> float:
 
 def adds_up(stats: LoaderStats, wall: float) -> None:
     """The training thread's stages (its step and its waits) make up the wall time the test
-    measured around the epoch: within 5% + 20 ms (the epoch's start and its threads' end)."""
+    measured around the epoch, its set-up and its threads' stop included: within 5% + 20 ms (the
+    test's own clock reads around the loop, and what a loaded machine puts between them)."""
     parts = stats.step + sum(stats.waits.values())
     assert abs(parts - stats.seconds) <= 0.001 + 0.001 * stats.seconds  # (exact by the clock's own reads)
     assert stats.seconds <= wall + 0.001
@@ -47,18 +49,21 @@ def small(packed_sample) -> Path:
 
 
 def test_a_training_step_slower_than_the_loader_is_compute_bound(small: Path) -> None:
-    loader = open_shards(small).loader(8, 48, workers=2, output="numpy")
+    """Steps of 0.3 s: on a machine loaded past its cores, each wait for a batch still costs a
+    scheduler's turn or two (~20 ms measured with 3 spinning processes on 2 cores), which steps of
+    0.1 s made 15% of the time, over INPUT_BOUND."""
+    loader = open_shards(small).loader(16, 48, workers=2, output="numpy")
     batches = iter(loader)
     next(batches)  # the first batch waits for the pipeline to fill: the steady state is what is judged
     loader.stats(since_last=True)
     start = time.perf_counter()
     for _ in batches:
-        time.sleep(0.1)
+        time.sleep(0.3)
     wall = time.perf_counter() - start
     stats = loader.stats(since_last=True)
-    assert stats.batches == 7 and stats.samples == 52
+    assert stats.batches == 3 and stats.samples == 44
     assert stats.verdict == "compute-bound", stats
-    assert stats.input_share < INPUT_BOUND and stats.step >= 0.7
+    assert stats.input_share < INPUT_BOUND and stats.step >= 0.9
     adds_up(stats, wall)
 
 
@@ -83,17 +88,26 @@ def test_a_trickling_object_store_is_input_bound_on_storage(small: Path, tmp_pat
 
 def test_large_stored_images_make_decode_dominant(tmp_path: Path) -> None:
     """Stored at 1,280 x 960 for 16 px crops: the one decode thread is the bottleneck (reading a
-    record is a copy), and the stored pixels per output pixel say why."""
+    record is a copy), and the stored pixels per output pixel say why. The second epoch is judged:
+    the first pays the process's one-time costs (libraries loaded, shards first opened) on the
+    training thread, inside its read wait, and on a loaded machine those once matched a third of
+    8 records' decode time (the ratio below failed in CI at 2.5)."""
     images = tmp_path / "images" / "a"
     images.mkdir(parents=True)
-    for i in range(8):
+    for i in range(2):
         write_image(images / f"{i}.jpg", 1280, 960, seed=i)
-    pack(replace(PackConfig(str(images.parent), str(tmp_path / "out")), shard_size=4))
+    for i in range(2, 32):  # copies: 32 records' decode time for the price of encoding 2
+        shutil.copyfile(images / f"{i % 2}.jpg", images / f"{i}.jpg")
+    config = PackConfig(str(images.parent), str(tmp_path / "out"))
+    pack(replace(config, shard_size=8, encode=replace(config.encode, encode="original")))
     loader = open_shards(tmp_path / "out").loader(4, 16, crop="center", workers=1, output="numpy")
+    timed_epoch(loader)
+    loader.stats(since_last=True)
     wall = timed_epoch(loader)
-    stats = loader.stats()
+    stats = loader.stats(since_last=True)
+    assert stats.samples == 32
     assert stats.verdict == "input-bound" and stats.dominant == "decode", stats
-    assert stats.busy["decode"] > 3 * (stats.waits["read"] + stats.waits["collate"])
+    assert stats.busy["decode"] > 3 * (stats.waits["read"] + stats.waits["collate"]), stats
     assert stats.pixels_per_output_pixel == pytest.approx(1280 * 960 / 16**2)
     adds_up(stats, wall)
 
@@ -137,10 +151,13 @@ def test_stats_add_over_epochs_and_restart_since_the_last_call(small: Path) -> N
 
 def test_a_loop_that_stops_early_ends_its_epoch_there(small: Path) -> None:
     loader = open_shards(small).loader(8, 32, workers=2, output="numpy")
+    start = time.perf_counter()
     for n, _ in enumerate(loader):
         if n == 2:
-            break
+            break  # (the loop's iterator is dropped here: its threads stop before the loop ends)
+    wall = time.perf_counter() - start
     before = loader.stats()
+    adds_up(before, wall)
     time.sleep(0.2)  # after the loop: not the loader's time
     after = loader.stats()
     assert after.batches == 3 and after.seconds == before.seconds < 0.2

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from ..core.codecs import crop_kernel
@@ -117,6 +117,13 @@ class BatchLoader:
         self._resume, self._progress = progress, None
 
     def __iter__(self) -> Iterator[Batch]:
+        epoch = self._epoch()
+        try:  # the epoch's set-up and its threads' stop run inside the clock's waits: the loop waits on them
+            yield from self._clock.batches(epoch)
+        finally:  # (a no-op where the clock closed it: this only covers an interruption before that)
+            epoch.close()
+
+    def _epoch(self) -> Generator[Batch, None, None]:
         progress = self._resume if self._resume is not None else self.dataset.fresh_progress()
         self._resume, self._progress = None, progress
         # threads do not split the epoch; the loader resumes a carry itself (readers/batch.py)
@@ -136,7 +143,7 @@ class BatchLoader:
             batches = full_batches(decoded, position, self.batch_size, self.drop_last, self._assembly)
             if self.options.progress:
                 batches = with_progress(batches, self._clock, len(self))
-            yield from self._clock.batches(batches)
+            yield from batches
         finally:  # an exception, Ctrl-C or a consumer that stopped early: nothing keeps running
             stop(pool, lane, named, pending)
 

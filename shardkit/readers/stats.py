@@ -28,7 +28,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,10 +186,12 @@ class LoaderClock:
                 self._totals.stored_pixels += stored
                 self._totals.output_pixels += output
 
-    def batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def batches(self, batches: Generator[Any, None, None]) -> Iterator[Any]:
         """`batches` (an epoch's), timed: the waits for each (its collate, the stages inside it) and
         the training loop's step between them. Each span starts at the clock read that ended the
-        one before, so none of the epoch's time falls between them (a wait for the GIL included)."""
+        one before, so none of the epoch's time falls between them (a wait for the GIL included).
+        The epoch's set-up runs in its first wait; its wind-down (`batches` closed, the loader's
+        threads stopped) in its last, or after a loop that stopped early in a wait of its own."""
         if not self.enabled:
             yield from batches
             return
@@ -220,14 +222,22 @@ class LoaderClock:
                     since, epoch.step_since = epoch.step_since, None  # (cleared first: a Ctrl-C never counts it twice)
                     self._totals.step += wait.start - (wait.start if since is None else since)
         finally:
+            ending = _Open(self, "wait:collate", time.perf_counter())
             with self._guard:
-                now = time.perf_counter()
                 stepping, epoch.step_since = epoch.step_since, None
                 if stepping is not None:  # a loop that stopped early: its last step ends here
-                    self._totals.step += now - stepping
-                self._epochs.remove(epoch)
-                self._totals.seconds += now - epoch.start
-                self._totals.cpu_seconds += _cpu() - epoch.cpu
+                    self._totals.step += ending.start - stepping
+                open_stages.append(ending)
+            try:
+                batches.close()  # (a no-op for an epoch that ran out: it wound down in its last wait)
+            finally:
+                with self._guard:
+                    now = time.perf_counter()
+                    open_stages.pop()
+                    _add(self._totals.stages, "wait:collate", now - ending.start - ending.inner)
+                    self._epochs.remove(epoch)
+                    self._totals.seconds += now - epoch.start
+                    self._totals.cpu_seconds += _cpu() - epoch.cpu
 
     def stats(self, since_last: bool = False) -> LoaderStats:
         """The totals since the loader started, or since the last call with since_last=True (a call
