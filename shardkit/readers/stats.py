@@ -200,6 +200,7 @@ class LoaderClock:
         epoch = _Epoch(wait.start, _cpu(), open_stages)
         with self._guard:
             self._epochs.append(epoch)
+        handed = wait.start  # (the last clock read of the training thread's spans)
         try:
             while True:
                 open_stages.append(wait)
@@ -222,9 +223,11 @@ class LoaderClock:
                     since, epoch.step_since = epoch.step_since, None  # (cleared first: a Ctrl-C never counts it twice)
                     self._totals.step += wait.start - (wait.start if since is None else since)
         finally:
-            ending = _Open(self, "wait:collate", time.perf_counter())
             with self._guard:
                 stepping, epoch.step_since = epoch.step_since, None
+                # (from the last span's end: a thread switch before this read, 5 ms where another
+                # thread holds the GIL, is the epoch's time too)
+                ending = _Open(self, "wait:collate", handed if stepping is None else time.perf_counter())
                 if stepping is not None:  # a loop that stopped early: its last step ends here
                     self._totals.step += ending.start - stepping
                 open_stages.append(ending)
