@@ -182,7 +182,7 @@ class BucketChange:
         """The change recorded in the bucket as soon as it is in the mirror's journal: a pack into
         the prefix, or a change from another run, is refused from here on."""
         self._refuse_another_owner(self.journal())
-        self.store.write(JOURNAL, _journal_bytes(journal.to_json(), uploaded=False, owner=self.owner))
+        self.store.write(JOURNAL, journal_bytes(journal.to_json(), uploaded=False, owner=self.owner))
 
     def journal(self) -> Found | None:
         """The bucket's journal of a change, checked as a local one is (None where there is none)."""
@@ -249,7 +249,7 @@ class BucketChange:
             self._refuse_another_owner(found)
             if read_remote_manifest(self.store).checksum != journal["base"]:
                 raise OutputError(f"{self.store.url}: its manifest changed while the change ran (another writer?)")
-            self.store.write(JOURNAL, _journal_bytes(journal, uploaded=False, owner=self.owner))
+            self.store.write(JOURNAL, journal_bytes(journal, uploaded=False, owner=self.owner))
             for name in journal["moves"]:
                 source = next_folder / name
                 try:
@@ -266,7 +266,7 @@ class BucketChange:
             if found is None:
                 raise OutputError(f"{self.store.url}: its journal was deleted while the change ran (another writer?)")
             self._refuse_another_owner(found)
-            self.store.write(JOURNAL, _journal_bytes(journal, uploaded=True, owner=self.owner))
+            self.store.write(JOURNAL, journal_bytes(journal, uploaded=True, owner=self.owner))
         self.finish(journal)
 
     def finish(self, journal: dict[str, Any]) -> None:
@@ -316,7 +316,7 @@ def refuse_links(folder: Path) -> None:
             raise OutputError(f"{path}: a link where shardkit keeps the mirror of a bucket; delete it")
 
 
-def _journal_bytes(journal: dict[str, Any], *, uploaded: bool, owner: str) -> bytes:
+def journal_bytes(journal: dict[str, Any], *, uploaded: bool, owner: str) -> bytes:
     return json.dumps({**journal, UPLOADED: uploaded, OWNER: owner}).encode()
 
 

@@ -408,6 +408,16 @@ def creating(output: str | os.PathLike[str]) -> Iterator[Changing]:
         _release(path, lock_fd)
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[Path]:
+    """`path`'s working folder, locked as one writer holds it (a bucket merge's mirror)."""
+    state, lock_fd = _locked(path)
+    try:
+        yield state
+    finally:
+        _release(path, lock_fd)
+
+
 def _locked(path: Path) -> tuple[Path, int]:
     """The working folder of `path` made (a link planted there refused) and locked, as one writer
     holds it: the folder and the lock's descriptor."""

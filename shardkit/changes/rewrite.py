@@ -227,7 +227,7 @@ def write_next(changed: Changing, journal: Journal, change: Change, progress: Pr
     return new
 
 
-def write_output_files(backend: Any, output: Path, folder: Path, shards: list[ShardInfo]) -> list[ShardInfo]:
+def write_output_files(backend: Any, output: str | Path, folder: Path, shards: list[ShardInfo]) -> list[ShardInfo]:
     """The files the format keeps beside the whole output for other readers (wids' shardindex.json),
     for `shards`, written in `folder` (`next/`); their entries."""
     written = []

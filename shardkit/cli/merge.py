@@ -8,7 +8,15 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .common import check_json_path, console, progress_bar, user_errors, write_json_report
+from .common import (
+    STORAGE_OPTION_HELP,
+    check_json_path,
+    console,
+    progress_bar,
+    storage_options,
+    user_errors,
+    write_json_report,
+)
 
 
 def merge(
@@ -22,12 +30,14 @@ def merge(
     ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Finish a merge that was interrupted.")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,
+    storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
 ) -> None:
     """Merge OUT_A OUT_B ... into the new folder OUT (the last argument): their shards one after
     another, hard-linked (copied across file systems), their index rows and errors.jsonl rows
-    joined. Outputs packed otherwise, keys two outputs share (see --prefix-keys) and class numbers
-    that would change meaning (see --relabel) are refused before any work. Safe to kill: --resume
-    finishes."""
+    joined. Outputs in buckets of one store merge into a new prefix there, their shards copied
+    server-side. Outputs packed otherwise, keys two outputs share (see --prefix-keys) and class
+    numbers that would change meaning (see --relabel) are refused before any work. Safe to kill:
+    --resume finishes."""
     from ..changes.merge import merge as merge_outputs  # here: `shardkit --help` need not import it
 
     *sources, output = outputs if len(outputs) > 1 else [*outputs, ""]
@@ -42,6 +52,7 @@ def merge(
             result = merge_outputs(
                 sources, output, prefix_keys=prefix_keys, relabel=relabel, resume=resume,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                storage_options=storage_options(storage_option),
             )  # fmt: skip
         if result.already_complete:
             console.print(

@@ -411,6 +411,12 @@ class Store:
         source, target = self._path(name), self._path(to)
         retrying(self.child(to), "copying", lambda: self.fs.copy(source, target))
 
+    def copy_from(self, source: Store, name: str, to: str) -> None:
+        """Object `name` of the store `source` copied to `to` in this one, server-side (both on one
+        filesystem: merge checks it; FileNotFoundError where there is no `name`)."""
+        origin, target = source._path(name), self._path(to)
+        retrying(self.child(to), "copying", lambda: self.fs.copy(origin, target))
+
     def delete(self, name: str) -> None:
         path = self._path(name)
 

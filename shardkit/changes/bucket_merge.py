@@ -1,0 +1,296 @@
+"""`shardkit merge s3://b/a s3://b/b s3://b/ab`: outputs in buckets merged into a new prefix of the
+same store, each shard copied server-side (none passes through this machine but those a key prefix
+or new labels write again, downloaded and checked against their manifest's sha256).
+
+The merge is made as a local one is (merge.write_merged), in the output's mirror in the cache: each
+source's manifest, index.parquet and errors.jsonl downloaded into a view of it, the merged output's
+small files written in `next/`, its shards planned as copies. Then the bucket (the prefix must be
+empty, or hold this merge unfinished):
+
+1. the journal (`.shardkit/change.json`) goes up, naming every file the merge puts there;
+2. the shards are copied from their sources (or uploaded, where written again), then the files
+   with fixed names but the manifest; the manifest goes to `.shardkit/next/`;
+3. the journal goes up again with `uploaded: true`;
+4. the staged manifest is copied into place, then it and the journal are deleted.
+
+Until the manifest is in place the prefix is no output (a reader, verify and pack say so; a pack
+into it is refused while the journal is there). A kill before step 3 is undone by the same merge
+run again (from any machine: every copy and upload is made again, to the same bytes); after it,
+the same merge (or any merge with --resume into the prefix) finishes step 4 from the bucket alone,
+whatever became of the sources.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ConfigError, ManifestError, OutputError, ShardkitError, describe
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name, read_manifest
+from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
+from ..packing.working_folder import NEXT_DIR, is_shard_name, state_dir
+from ..storage.store import Store, read_remote_manifest
+from .bucket import (
+    BUCKET_NEXT,
+    MAX_ERRORS_BYTES,
+    MAX_JOURNAL_BYTES,
+    BucketChange,
+    clear_mirror,
+    journal_bytes,
+    mirror_folder,
+    refuse_links,
+)
+from .journal import Journal, locked
+from .merged import MergeResult, Source, check_rewrites, checked_source, made_by, planned, result_of, write_merged
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A shard (or .idx file) of a source, to be copied server-side to its name in the output."""
+
+    store: Store
+    name: str
+    to: str
+
+
+def merge_in_bucket(
+    sources: Sequence[str],
+    output: str,
+    *,
+    storage_options: dict[str, Any] | None,
+    prefix_keys: bool,
+    relabel: bool,
+    progress: Callable[[int, int], None] | None,
+) -> MergeResult:
+    """Merge the outputs at the URLs `sources` into the new prefix `output` of the same store (see
+    the module); the same merge run again finishes one that was interrupted."""
+    started = time.perf_counter()
+    stores, out = _checked_stores(sources, output, storage_options)
+    mirror = mirror_folder(out)
+    refuse_links(mirror)
+    try:
+        mirror.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"{mirror}: cannot make the mirror of {out.url} here ({describe(error)})") from None
+    with locked(mirror):
+        clear_mirror(mirror)  # (what a killed run left: every run makes its merge afresh)
+        try:
+            result = _merge(stores, out, mirror, prefix_keys, relabel, progress, started)
+        finally:
+            clear_mirror(mirror)
+    with suppress(OSError):
+        mirror.rmdir()
+    return result
+
+
+def _merge(
+    stores: list[Store],
+    out: Store,
+    mirror: Path,
+    prefix_keys: bool,
+    relabel: bool,
+    progress: Callable[[int, int], None] | None,
+    started: float,
+) -> MergeResult:
+    bucket = BucketChange(out)
+    found = bucket.journal()
+    if found is not None and found.journal.action != "merge":
+        raise OutputError(f"{out.url}: an unfinished {found.journal.action} of it is here; merge into a new prefix")
+    if found is not None and found.uploaded:  # every file up: finished from the bucket alone
+        return _finish(out, found.journal, started)
+    read = [_source(store, mirror / "sources" / str(n)) for n, store in enumerate(stores)]
+    plan, request = planned(read, prefix_keys, relabel)
+    if found is not None and found.journal.request != request:
+        raise OutputError(
+            f"{out.url}: an interrupted merge of other sources (or of sources changed since) is here; "
+            f"delete everything under {out.url} to start again"
+        )
+    if found is None:
+        done = _finished(out, plan)
+        if done is not None:
+            finished = result_of(out.url, plan, done, {}, time.perf_counter() - started, False)
+            return replace(finished, already_complete=True)
+    for source, store, entry in zip(read, stores, plan["merged"], strict=True):
+        if entry["key_prefix"] or entry["labels"] is not None:  # written again: its shards are read here
+            _fetch_shards(store, source)
+    check_rewrites(read, plan)
+    next_folder = state_dir(mirror) / NEXT_DIR
+    next_folder.mkdir(parents=True)
+    copies: list[Copy] = []
+    by_path = {source.path: store for source, store in zip(read, stores, strict=True)}
+
+    def planned_copy(
+        source: Source, old: ShardInfo, new: str, companion: ShardInfo | None
+    ) -> tuple[ShardInfo, ShardInfo | None, int]:
+        store = by_path[source.path]
+        placed = None if companion is None else replace(companion, name=idx_name(new))
+        if companion is not None:
+            copies.append(Copy(store, companion.name, idx_name(new)))
+        copies.append(Copy(store, old.name, new))
+        return replace(old, name=new), placed, old.bytes  # (as a local copy counts it: the shard's bytes)
+
+    journal = Journal("merge", request, "", 1, plan)
+    manifest = write_merged(next_folder, out.url, journal, read, planned_copy, None)
+    journal.result = manifest.checksum
+    _publish(out, next_folder, journal, copies, progress)
+    return result_of(out.url, plan, manifest, journal.plan, time.perf_counter() - started, found is not None)
+
+
+def _checked_stores(
+    sources: Sequence[str], output: str, storage_options: dict[str, Any] | None
+) -> tuple[list[Store], Store]:
+    """Every source and the output a URL of one filesystem, none named twice, the output's prefix
+    none of the sources' and inside none of them."""
+    from ..storage.location import locate
+
+    stores: list[Store] = []
+    for named in [*sources, output]:
+        where = locate(named, storage_options)
+        if isinstance(where, Path):
+            raise ConfigError(
+                f"{named}: a local folder, merged with outputs in a bucket; merge takes local folders, or outputs "
+                "in buckets of one store (pack or copy one side over first)"
+            )
+        if where.protocol in ("http", "https"):
+            raise ConfigError(f"{where.url}: read over HTTP, where nothing can be copied server-side; merge it locally")
+        stores.append(where)
+    *inputs, out = stores
+    kinds = {_family(store.protocol) for store in stores}
+    if len(kinds) > 1:
+        raise ConfigError(f"{out.url}: merge copies server-side, within one store: not from {', '.join(sorted(kinds))}")
+    spelled = [_spelled(store) for store in inputs]
+    if len(set(spelled)) != len(spelled):
+        twice = next(store.url for store, name in zip(inputs, spelled, strict=True) if spelled.count(name) > 1)
+        raise ConfigError(f"{twice}: named twice; merge takes each output once")
+    target = _spelled(out)
+    for store, name in zip(inputs, spelled, strict=True):
+        if target == name or target.startswith(name + "/") or name.startswith(target + "/"):
+            raise ConfigError(f"{out.url}: overlaps {store.url}; merge into a prefix of its own")
+    return inputs, out
+
+
+def _family(protocol: str) -> str:
+    return "s3" if protocol in ("s3", "s3a") else protocol
+
+
+def _spelled(store: Store) -> str:
+    """The output's prefix as the store reaches it (s3a:// and a doubled slash are one prefix)."""
+    return re.sub("/+", "/", store.url.split("://", 1)[-1]).strip("/")
+
+
+def _source(store: Store, view: Path) -> Source:
+    """An output in a bucket as a merge reads it: its manifest, index.parquet and errors.jsonl in
+    `view` (checked against its manifest), its shards listed in the bucket with their sizes, no
+    change of it unfinished."""
+    if BucketChange(store).journal() is not None:
+        raise OutputError(f"{store.url}: a change of it is unfinished; finish it before merging")
+    try:
+        remote = read_remote_manifest(store)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None
+    view.mkdir(parents=True)
+    store.get(MANIFEST_NAME, str(view / MANIFEST_NAME), MAX_JOURNAL_BYTES)
+    try:
+        manifest = read_manifest(view)
+    except ManifestError as error:
+        raise OutputError(f"{store.child(MANIFEST_NAME)}: {error}") from None
+    if manifest.checksum != remote.checksum:  # (another writer, between two reads)
+        raise OutputError(f"{store.child(MANIFEST_NAME)}: changed while the merge read it; try again")
+    objects = store.listing()
+    try:
+        if manifest.index is not None and objects.get(INDEX_NAME) == manifest.index.bytes:
+            store.download(INDEX_NAME, str(view / INDEX_NAME), manifest.index.bytes, manifest.index.sha256)
+        if ERRORS_NAME in objects:
+            store.get(ERRORS_NAME, str(view / ERRORS_NAME), MAX_ERRORS_BYTES)
+    except ShardkitError as error:
+        raise OutputError(f"{error}; `shardkit verify` says more") from None
+    name = store.url.rstrip("/").rsplit("/", 1)[-1]
+    return checked_source(view, manifest, objects.get, store.url, store.url, name)
+
+
+def _fetch_shards(store: Store, source: Source) -> None:
+    """A source's shards downloaded into its view, each checked against its manifest's sha256 (a
+    shard written again is read here)."""
+    for shard in source.manifest.shards:
+        try:
+            store.download(shard.name, str(source.folder / shard.name), shard.bytes, shard.sha256)
+        except ShardkitError as error:
+            raise OutputError(f"{error}; `shardkit verify` says more") from None
+
+
+def _finished(out: Store, plan: dict[str, Any]) -> Manifest | None:
+    """The output this merge made, finished (None where the prefix is empty); anything else in the
+    prefix is refused."""
+    try:
+        held = out.folder()
+    except FileNotFoundError:
+        return None
+    names = sorted(name for name, _ in held)
+    if MANIFEST_NAME not in names:
+        raise OutputError(f"{out.url}: holds {names[0]!r}; merge into a new prefix")
+    try:
+        manifest = read_remote_manifest(out)
+    except ManifestError:
+        raise OutputError(f"{out.url}: holds an output already; merge into a new prefix") from None
+    if not made_by(manifest, plan, out.listing().get):
+        raise OutputError(f"{out.url}: holds an output already; merge into a new prefix")
+    return manifest
+
+
+def _publish(
+    out: Store, folder: Path, journal: Journal, copies: list[Copy], progress: Callable[[int, int], None] | None
+) -> None:
+    """Steps 1 to 4 of the module's docstring."""
+    copied = {copy.to: copy for copy in copies}
+    out.write(JOURNAL, journal_bytes(journal.to_json(), uploaded=False, owner=""))
+    shards = {name: n for n, name in enumerate(name for name in journal.moves if is_shard_name(name))}
+    for name in journal.moves[:-1]:  # (the manifest last, staged)
+        copy = copied.get(name)
+        if copy is not None:
+            out.copy_from(copy.store, copy.name, name)
+        else:
+            out.upload(str(folder / name), name)
+        if progress is not None and is_shard_name(name):
+            progress(shards[name] + 1, len(shards))
+    out.upload(str(folder / MANIFEST_NAME), f"{BUCKET_NEXT}/{MANIFEST_NAME}")
+    out.write(JOURNAL, journal_bytes(journal.to_json(), uploaded=True, owner=""))
+    _commit(out)
+
+
+def _commit(out: Store) -> None:
+    """Step 4: the staged manifest put in place, then it and the journal deleted (each may be done
+    again: a staged manifest already gone was put in place by the run that was interrupted)."""
+    with suppress(FileNotFoundError):
+        out.copy(f"{BUCKET_NEXT}/{MANIFEST_NAME}", MANIFEST_NAME)
+    out.delete(f"{BUCKET_NEXT}/{MANIFEST_NAME}")
+    out.delete(JOURNAL)
+
+
+def _finish(out: Store, journal: Journal, started: float) -> MergeResult:
+    """An interrupted merge's step 4, finished: the manifest it staged (or put in place) must be the
+    one its journal names."""
+    for name in (f"{BUCKET_NEXT}/{MANIFEST_NAME}", MANIFEST_NAME):
+        try:
+            text = out.read(name, MAX_JOURNAL_BYTES)
+        except FileNotFoundError:
+            continue
+        manifest = _parsed(text, out.child(name))
+        if manifest.checksum != journal.result or manifest.computed_checksum() != manifest.checksum:
+            raise OutputError(f"{out.child(name)}: not the manifest its interrupted merge wrote; delete {out.url}")
+        _commit(out)
+        return result_of(out.url, journal.plan, manifest, journal.plan, time.perf_counter() - started, True)
+    raise OutputError(f"{out.url}: an interrupted merge left no manifest behind; delete {out.url} to start again")
+
+
+def _parsed(text: bytes, where: str) -> Manifest:
+    from ..core.manifest import parse_manifest
+
+    try:
+        return parse_manifest(text, where)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None

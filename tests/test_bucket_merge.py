@@ -1,0 +1,176 @@
+"""Merging outputs in a bucket into a new prefix, on a real SeaweedFS S3 server: the prefix ends up
+holding the files a local merge of the same outputs makes, byte for byte (the manifest differs only
+in the sources' names), its shards copied server-side; a kill -9 after any request the merge
+makes of the bucket, then the same merge again, gives the uninterrupted merge's prefix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from shardkit.changes.merge import merge
+from shardkit.checks.verify import verify
+from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.errors import ConfigError, OutputError
+from shardkit.packing.pack import pack
+from shardkit.readers import open_shards
+from shardkit.synthetic import write_image
+from tests.test_bucket_changes import REPO, _files, _objects, _upload
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SHARDKIT_CACHE", str(folder))
+    return folder
+
+
+def _packed(tmp_path: Path, name: str, format: str, count: int, seed: int) -> Path:
+    """A small output of its own images (class folders shaped like ImageNet's), 3 records a shard."""
+    images = tmp_path / f"{name}-images"
+    for n in range(count):
+        write_image(images / ("n01440764" if n % 3 else "n01443537") / f"{name}-{n}.JPEG", 70 + n, 50, seed=seed + n)
+    out = tmp_path / name
+    config = PackConfig(str(images), str(out), format=format, resize=ResizeConfig(48))
+    pack(replace(config, shard_size=3))
+    return out
+
+
+def _same_but_sources(bucket: dict[str, bytes], local: dict[str, bytes]) -> None:
+    """Every file byte for byte but the manifest, which differs only in where the sources were."""
+    assert sorted(bucket) == sorted(local)
+    assert {n: b for n, b in bucket.items() if n != "manifest.json"} == {
+        n: b for n, b in local.items() if n != "manifest.json"
+    }
+    ours, theirs = json.loads(bucket["manifest.json"]), json.loads(local["manifest.json"])
+    for manifest in (ours, theirs):
+        manifest.pop("checksum")
+        for entry in manifest["settings"]["merged"]:
+            entry.pop("path")
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("format", ["webdataset", "lmdb", "hdf5"])
+def test_outputs_in_a_bucket_merge_there_as_local_folders_merge(s3, cache: Path, tmp_path: Path, format: str) -> None:
+    a, b = _packed(tmp_path, "a", format, 7, 0), _packed(tmp_path, "b", format, 5, 100)
+    base = f"{tmp_path.name}-{format}"
+    urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
+    local = merge([a, b], tmp_path / "ab")
+    done = merge(urls, f"s3://data/{base}/ab")
+    assert (done.records, done.shards, done.linked, done.rewritten) == (12, 5, 5, 0)
+    assert done.bytes_written == local.output_bytes
+    _same_but_sources(_objects(s3, f"{base}/ab"), _files(tmp_path / "ab"))
+    assert verify(f"s3://data/{base}/ab").problems == []
+    assert [s.key for s in open_shards(f"s3://data/{base}/ab")] == [s.key for s in open_shards(tmp_path / "ab")]
+    again = merge(urls, f"s3://data/{base}/ab")
+    assert again.already_complete
+    # prefixed keys: the shards written again here, uploaded
+    twice = [_upload(s3, a, f"{base}/x/out"), _upload(s3, a, f"{base}/y/out")]
+    prefixed = merge(twice, f"s3://data/{base}/xy", prefix_keys=True)
+    assert (prefixed.linked, prefixed.rewritten) == (0, 6)
+    keys = [s.key for s in open_shards(f"s3://data/{base}/xy")]
+    assert keys[:7] == [f"out/{s.key}" for s in open_shards(a)] and keys[7:] == [
+        f"out-2/{s.key}" for s in open_shards(a)
+    ]
+    assert verify(f"s3://data/{base}/xy").problems == []
+    assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
+
+
+def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Path) -> None:
+    a, b = _packed(tmp_path, "a", "webdataset", 4, 0), _packed(tmp_path, "b", "webdataset", 4, 50)
+    base = tmp_path.name
+    urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
+    with pytest.raises(ConfigError, match=f"^{b}: a local folder, merged with outputs in a bucket"):
+        merge([urls[0], b], f"s3://data/{base}/ab")
+    with pytest.raises(ConfigError, match="named twice"):
+        merge([urls[0], urls[0].replace("s3://", "s3a://")], f"s3://data/{base}/ab")
+    with pytest.raises(ConfigError, match="overlaps"):
+        merge(urls, f"{urls[0]}/inner")
+    with pytest.raises(ConfigError, match="over HTTP"):
+        merge(urls, "https://example.org/out")
+    with pytest.raises(OutputError, match="holds an output already"):
+        merge(urls, _upload(s3, a, f"{base}/c"))
+    with pytest.raises(OutputError, match="keys are in two of the outputs"):
+        merge([urls[0], _upload(s3, a, f"{base}/a2")], f"s3://data/{base}/aa")
+    assert not any(name.startswith("aa/") or name.startswith("ab/") for name in _objects(s3, base))
+    # killed after its journal and a copy: another merge into the prefix is refused, this one finishes
+    assert _killed_merge(urls, f"s3://data/{base}/ab", 2, tmp_path / "killed.log") == -signal.SIGKILL
+    with pytest.raises(OutputError, match="an interrupted merge of other sources"):
+        merge([urls[1], urls[0]], f"s3://data/{base}/ab")
+    assert merge(urls, f"s3://data/{base}/ab").resumed
+    assert verify(f"s3://data/{base}/ab").problems == []
+
+
+_DRIVER = """
+import os, signal, sys, json
+from shardkit.storage.store import Store
+at, log = sys.argv[1], sys.argv[2]
+count = [0]
+def hooked(method):
+    original = getattr(Store, method)
+    def call(self, *args):
+        result = original(self, *args)
+        count[0] += 1
+        name = {"copy": 1, "copy_from": 2, "upload": 1}.get(method, 0)
+        name = args[name]
+        with open(log, "a") as steps:
+            steps.write(f"{method} {name}\\n")
+        if str(count[0]) == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    setattr(Store, method, call)
+for method in ("write", "upload", "copy", "copy_from", "delete"):
+    hooked(method)
+from shardkit.changes.merge import merge
+merge(json.loads(sys.argv[3]), sys.argv[4], prefix_keys=sys.argv[5] == "1")
+"""
+
+
+def _killed_merge(urls: list[str], out: str, at: int, log: Path, prefix_keys: bool = False) -> int:
+    run = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(at), str(log), json.dumps(urls), out, "1" if prefix_keys else "0"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode in (0, -signal.SIGKILL), run.stderr
+    return run.returncode
+
+
+def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_one(
+    s3, cache: Path, tmp_path: Path
+) -> None:
+    a, b = _packed(tmp_path, "a", "webdataset", 7, 0), _packed(tmp_path, "b", "webdataset", 5, 100)
+    base = tmp_path.name
+    urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
+    clean_log = tmp_path / "clean.log"
+    assert _killed_merge(urls, f"s3://data/{base}/clean", 0, clean_log) == 0
+    expected = _objects(s3, f"{base}/clean")
+    steps = clean_log.read_text().splitlines()
+    assert steps[0] == "write .shardkit/change.json" and steps[-1] == "delete .shardkit/change.json"
+    copied = [step for step in steps if step.startswith("copy_from ")]
+    assert len(copied) == 10 and sum(step.endswith(".tar") for step in copied) == 5  # and their .idx files
+    assert steps.index("write .shardkit/change.json", 1) < steps.index("copy manifest.json")
+
+    for at in range(1, len(steps) + 1):
+        out = f"s3://data/{base}/at{at}"
+        assert _killed_merge(urls, out, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
+        held = _objects(s3, f"{base}/at{at}")
+        if ".shardkit/change.json" in held:  # a pack into the prefix is refused while it is there
+            with pytest.raises(OutputError, match="a change of it is unfinished"):
+                pack(PackConfig(str(a), out, resize=ResizeConfig(48), overwrite=True))
+            if "manifest.json" in held:
+                assert [p.kind for p in verify(out).problems] == ["interrupted"], steps[at - 1]
+        if at % 2:
+            merge(urls, out)
+        else:
+            merge(urls, out, resume=True)
+        assert _objects(s3, f"{base}/at{at}") == expected, steps[at - 1]  # (the same sources: the same bytes)
+        assert verify(out).problems == []
