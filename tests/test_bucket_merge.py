@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,21 +112,21 @@ def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Pat
 
 
 _DRIVER = """
-import os, signal, sys, json
+import os, signal, sys, json, threading
 from shardkit.storage.store import Store
 at, log = sys.argv[1], sys.argv[2]
-count = [0]
+count, counting = [0], threading.Lock()  # (copies run on several threads: each request counted once)
 def hooked(method):
     original = getattr(Store, method)
     def call(self, *args):
         result = original(self, *args)
-        count[0] += 1
-        name = {"copy": 1, "copy_from": 2, "upload": 1}.get(method, 0)
-        name = args[name]
-        with open(log, "a") as steps:
-            steps.write(f"{method} {name}\\n")
-        if str(count[0]) == at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        name = args[{"copy": 1, "copy_from": 2, "upload": 1}.get(method, 0)]
+        with counting:
+            count[0] += 1
+            with open(log, "a") as steps:
+                steps.write(f"{method} {name}\\n")
+            if str(count[0]) == at:
+                os.kill(os.getpid(), signal.SIGKILL)
         return result
     setattr(Store, method, call)
 for method in ("write", "upload", "copy", "copy_from", "delete"):
@@ -174,3 +175,56 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
             merge(urls, out, resume=True)
         assert _objects(s3, f"{base}/at{at}") == expected, steps[at - 1]  # (the same sources: the same bytes)
         assert verify(out).problems == []
+
+
+def test_spellings_a_run_that_claimed_meanwhile_and_a_source_gone_mid_copy(
+    s3, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two spellings of one prefix are one source (a killed merge goes on under the other); another
+    run's journal put up while this one works stops it before it puts anything up; a source object
+    deleted while the merge runs is one line naming it; a finished merge of other sources, found
+    committed, is finished and said."""
+    import s3fs
+
+    from shardkit.changes import bucket_merge
+
+    a, b = _packed(tmp_path, "a", "webdataset", 4, 0), _packed(tmp_path, "b", "webdataset", 4, 50)
+    base = tmp_path.name
+    urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
+    doubled = [url.replace("s3://data/", "s3a://data//") for url in urls]
+    done = merge(doubled, f"s3://data/{base}/ab")
+    assert done.sources == urls and verify(f"s3://data/{base}/ab").problems == []
+    assert _killed_merge(urls, f"s3://data/{base}/k", 5, tmp_path / "k.log") == -signal.SIGKILL
+    assert merge(doubled, f"s3://data/{base}/k").resumed
+    assert _objects(s3, f"{base}/k") == _objects(s3, f"{base}/ab")
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    made = bucket_merge.write_merged
+
+    def another_run_claims(*args: Any, **kwargs: Any) -> Any:
+        journal = json.loads(fs.cat_file(f"data/{base}/race/.shardkit/change.json"))
+        fs.pipe_file(f"data/{base}/race/.shardkit/change.json", json.dumps({**journal, "owner": "another"}).encode())
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(bucket_merge, "write_merged", another_run_claims)
+    with pytest.raises(OutputError, match="another merge into it began meanwhile"):
+        merge(urls, f"s3://data/{base}/race")
+    assert sorted(_objects(s3, f"{base}/race")) == [".shardkit/change.json"]  # nothing else put up
+
+    def source_taken_away(*args: Any, **kwargs: Any) -> Any:
+        fs.rm_file(f"data/{base}/b/shard-000000.tar")
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(bucket_merge, "write_merged", source_taken_away)
+    with pytest.raises(OutputError, match=f"^{urls[1]}/shard-000000.tar: gone while the merge copied it"):
+        merge(urls, f"s3://data/{base}/gone")
+    monkeypatch.undo()
+
+    committed, other = f"s3://data/{base}/committed", [urls[0], _upload(s3, b, f"{base}/b2")]
+    assert _killed_merge(other, f"{committed}-clean", 0, tmp_path / "c.log") == 0
+    at = (tmp_path / "c.log").read_text().splitlines().index("write .shardkit/change.json", 2)  # uploaded: true
+    assert _killed_merge(other, committed, at + 1, tmp_path / "c2.log") == -signal.SIGKILL
+    with pytest.raises(OutputError, match=r"held an interrupted merge of other outputs .* finished now"):
+        merge(urls, committed)
+    assert verify(committed).problems == [] and len(open_shards(committed)) == 8
+    assert _objects(s3, f"{base}/committed") == _objects(s3, f"{base}/committed-clean")

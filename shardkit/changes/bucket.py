@@ -189,10 +189,14 @@ class BucketChange:
         where = self.store.child(JOURNAL)
         away = "delete it to abandon the change"
         try:
-            data = loads(self.store.read(JOURNAL, MAX_JOURNAL_BYTES))
+            text = self.store.read(JOURNAL, MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return None
-        except (ValueError, ShardkitError) as error:
+        except ShardkitError as error:  # (access denied, the store unreachable: not the journal's fault)
+            raise OutputError(str(error)) from None
+        try:
+            data = loads(text)
+        except ValueError as error:
             raise OutputError(f"{where}: an unreadable journal of a change ({error}); {away}") from None
         if not isinstance(data, dict):
             raise OutputError(f"{where}: a damaged journal of a change (not an object); {away}")

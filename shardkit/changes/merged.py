@@ -130,20 +130,20 @@ def checked_source(
     types = {field.name: field.type for field in pq.read_schema(folder / INDEX_NAME)}
     if not (pa.types.is_string(types.get("key")) and pa.types.is_integer(types.get("label", pa.int64()))):
         raise OutputError(f"{folder / INDEX_NAME}: its key or label column is not pack's")
-    errors = folder / ERRORS_NAME
+    errors, named = folder / ERRORS_NAME, f"{where}/{ERRORS_NAME}"  # (named as the output's, not a view's)
     most = manifest.totals.get("errors", 0)
     if os.path.lexists(errors) or most:
         if regular_size(errors) is None:
-            raise OutputError(f"{errors}: not a file shardkit wrote (a link, missing, or not a file)")
+            raise OutputError(f"{named}: not a file shardkit wrote (a link, missing, or not a file)")
         try:
             with open(open_regular(errors), "rb") as log:
-                rows = sum(1 for _ in error_lines(log, str(errors), most))
+                rows = sum(1 for _ in error_lines(log, named, most))
         except (ManifestError, OSError) as error:
             raise OutputError(
-                str(error) if isinstance(error, ManifestError) else f"{errors}: {describe(error)}"
+                str(error) if isinstance(error, ManifestError) else f"{named}: {describe(error)}"
             ) from None
         if rows != most:
-            raise OutputError(f"{errors}: does not hold the {most:,} rows its manifest counts")
+            raise OutputError(f"{named}: does not hold the {most:,} rows its manifest counts")
     return Source(folder, manifest, len(index.keys), where, path, name)
 
 
