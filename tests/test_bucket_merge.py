@@ -169,6 +169,9 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
                 pack(PackConfig(str(a), out, resize=ResizeConfig(48), overwrite=True))
             if "manifest.json" in held:
                 assert [p.kind for p in verify(out).problems] == ["interrupted"], steps[at - 1]
+            else:  # no output yet: verify says what is under way, and how it finishes
+                said = " ".join(problem.detail for problem in verify(out).problems)
+                assert "a merge into it began and has not finished" in said and "--resume` finishes it" in said
         if at % 2:
             merge(urls, out)
         else:
