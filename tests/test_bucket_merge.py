@@ -66,8 +66,11 @@ def test_outputs_in_a_bucket_merge_there_as_local_folders_merge(s3, cache: Path,
     base = f"{tmp_path.name}-{format}"
     urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
     local = merge([a, b], tmp_path / "ab")
-    done = merge(urls, f"s3://data/{base}/ab")
+    counted: list[tuple[int, int]] = []
+    done = merge(urls, f"s3://data/{base}/ab", progress=lambda done, total: counted.append((done, total)))
     assert (done.records, done.shards, done.linked, done.rewritten) == (12, 5, 5, 0)
+    assert [total for _, total in counted] == [5] * len(counted) and counted[-1] == (5, 5)
+    assert [n for n, _ in counted] == sorted(n for n, _ in counted)  # (as copies end: how many at once varies)
     assert done.bytes_written == local.output_bytes
     _same_but_sources(_objects(s3, f"{base}/ab"), _files(tmp_path / "ab"))
     assert verify(f"s3://data/{base}/ab").problems == []

@@ -192,8 +192,8 @@ class BucketChange:
             text = self.store.read(JOURNAL, MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return None
-        except ShardkitError as error:  # (access denied, the store unreachable: not the journal's fault)
-            raise OutputError(str(error)) from None
+        except ShardkitError:  # (access denied, the store unreachable: as they are, not the journal's fault)
+            raise
         try:
             data = loads(text)
         except ValueError as error:

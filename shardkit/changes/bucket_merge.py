@@ -297,7 +297,7 @@ def _publish(
     order, as the journal names them all). Before each step the journal must still be this run's,
     and before the manifest is staged every object put up must still be of its size: a run of
     another merge that began at the same moment is refused, not mixed in."""
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     copied = {copy.to: copy for copy in copies}
     _ours(out, owner)
@@ -322,7 +322,7 @@ def _publish(
         done = 0
         try:
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)  # (progress as each ends)
                 for future in finished:
                     future.result()  # (the first failure ends the merge: the same merge again goes on)
                     done += is_shard_name(pending.pop(future))
