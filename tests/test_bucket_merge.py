@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from shardkit.changes.merge import merge
+from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
 from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, OutputError
@@ -175,6 +176,8 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
             else:  # no output yet: verify says what is under way, and how it finishes
                 said = " ".join(problem.detail for problem in verify(out).problems)
                 assert "a merge into it began and has not finished" in said and "--resume` finishes it" in said
+                with pytest.raises(OutputError, match="a merge into it began and has not finished"):
+                    remove(out, resume=True)  # (a change of it says the same)
         if at % 2:
             merge(urls, out)
         else:

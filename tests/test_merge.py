@@ -244,6 +244,22 @@ def test_a_merge_killed_in_its_commit_finishes_whatever_became_of_its_sources(
     assert snapshot(out) == snapshot(clean)
 
 
+def test_a_merge_of_other_outputs_finishes_a_committed_one_and_says_so(shardkit, packed_sample, tmp_path: Path) -> None:
+    first = packed_sample("webdataset", 64, 30)
+    copy, other = tmp_path / "copy", tmp_path / "other"
+    shutil.copytree(first, copy)
+    shutil.copytree(first, other)
+    clean, out, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "hook"
+    assert shardkit("merge", first, copy, clean, "--prefix-keys").returncode == 0
+    command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
+    env = hooked_env(hook, [out], at="replace out/shard-000001.tar")
+    killed = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    refused = shardkit("merge", first, other, out, "--prefix-keys")
+    assert refused.returncode == 1 and "held an interrupted merge of other outputs, finished now" in refused.stderr
+    assert snapshot(out) == snapshot(clean)
+
+
 def test_a_merged_output_takes_an_append_and_a_changed_one_is_not_this_merge(
     packed_sample, second_source: Path, tmp_path: Path
 ) -> None:

@@ -55,7 +55,15 @@ from ..core.manifest import (
 )
 from ..core.safeio import loads, regular_size
 from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
-from ..packing.working_folder import CHANGE_NAME, NEXT_DIR, is_idx_name, is_shard_name, remove_state, state_dir
+from ..packing.working_folder import (
+    CHANGE_NAME,
+    NEXT_DIR,
+    finishing,
+    is_idx_name,
+    is_shard_name,
+    remove_state,
+    state_dir,
+)
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
 from .journal import Changing, Journal, changing_in
@@ -136,7 +144,7 @@ class BucketChange:
         try:
             remote = read_remote_manifest(self.store)
         except ManifestError as error:
-            raise OutputError(str(error)) from None
+            raise OutputError(merge_under_way(self.store) or str(error)) from None
         found = self.journal()
         local = _local_journal(folder)
         mirrored = _checksum(folder / MANIFEST_NAME)
@@ -311,6 +319,19 @@ class BucketChange:
                     f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
                     "rows (`shardkit verify` says more)"
                 ) from None
+
+
+def merge_under_way(store: Store) -> str | None:
+    """What a prefix without a manifest is where a merge into it began and has not put its manifest
+    in place (None where no merge's journal is there, or it cannot be read)."""
+    try:
+        found = BucketChange(store).journal()
+    except ShardkitError:
+        return None
+    if found is None or found.journal.action != "merge":
+        return None
+    said = finishing(store.url, "merge", found.journal.plan)
+    return f"{store.url}: no manifest yet: a merge into it began and has not finished (it may still be running); {said}"
 
 
 def refuse_links(folder: Path) -> None:

@@ -93,7 +93,7 @@ def merge(
         # became of the sources since
         with creating(output) as changed:
             if changed.pending is not None and changed.pending.committing:
-                return _finish(changed, changed.pending, started)
+                return _finish(changed, changed.pending, started, folders, prefix_keys, relabel)
     # every check of the sources, before OUT is made or touched
     read = [_source(folder) for folder in folders]
     plan, request = planned(read, prefix_keys, relabel)
@@ -101,7 +101,7 @@ def merge(
     with creating(output) as changed:
         pending = changed.pending
         if pending is not None and pending.committing:
-            return _finish(changed, pending, started)
+            return _finish(changed, pending, started, folders, prefix_keys, relabel)
         if pending is not None and pending.request != request:
             raise OutputError(
                 f"{output}: an interrupted merge of other sources (or of sources changed since) is here; "
@@ -123,13 +123,22 @@ def merge(
     return result_of(str(output), plan, result, journal.plan, time.perf_counter() - started, pending is not None)
 
 
-def _finish(changed: Changing, pending: Journal, started: float) -> MergeResult:
-    """An interrupted merge's commit, finished."""
+def _finish(
+    changed: Changing, pending: Journal, started: float, folders: list[Path], prefix_keys: bool, relabel: bool
+) -> MergeResult:
+    """An interrupted merge's commit, finished whatever merge was asked for (it is committed); one
+    of other sources or flags is then refused, saying so."""
     result = changed.next_manifest() or _committed(changed.output)
     if result.checksum != pending.result or result.computed_checksum() != result.checksum:
         raise OutputError(f"{changed.output}: the merged output an interrupted merge wrote is damaged; delete it")
     changed.commit(pending)
-    return result_of(str(changed.output), pending.plan, result, pending.plan, time.perf_counter() - started, True)
+    plan = pending.plan
+    asked = {"sources": [os.path.abspath(folder) for folder in folders], "prefix_keys": prefix_keys, "relabel": relabel}
+    if {key: plan.get(key) for key in asked} != asked:
+        raise OutputError(
+            f"{changed.output}: held an interrupted merge of other outputs, finished now; merge into a new folder"
+        )
+    return result_of(str(changed.output), plan, result, plan, time.perf_counter() - started, True)
 
 
 def _committed(output: Path) -> Manifest:

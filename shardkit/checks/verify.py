@@ -117,7 +117,9 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
             try:
                 output.manifest = read_remote_manifest(store)
             except ManifestError as error:
-                raise ManifestError(_merge_under_way(store) or str(error)) from None
+                from ..changes.bucket import merge_under_way
+
+                raise ManifestError(merge_under_way(store) or str(error)) from None
             output.listed = store.listing()
             _bucket_change(store, output)
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:
@@ -139,21 +141,6 @@ def _interrupted_change(root: Path) -> list[Problem]:
         return []
     said = f"a {journal.action} to version {journal.version} was interrupted while it committed"
     return [Problem("interrupted", f"{said}; {finishing(root, journal.action, journal.plan)}")]
-
-
-def _merge_under_way(store: Store) -> str | None:
-    """What a prefix without a manifest is where a merge into it began and has not put its manifest
-    in place (None where no merge's journal is there)."""
-    from ..changes.bucket import BucketChange
-
-    try:
-        found = BucketChange(store).journal()
-    except ShardkitError:
-        return None
-    if found is None or found.journal.action != "merge":
-        return None
-    said = finishing(store.url, "merge", found.journal.plan)
-    return f"{store.url}: no manifest yet: a merge into it began and has not finished (it may still be running); {said}"
 
 
 def _bucket_change(store: Store, output: _Output) -> None:
