@@ -76,15 +76,19 @@ MAX_JOURNAL_BYTES = 64 << 20  # a journal's, or a manifest's, most bytes
 MAX_ERRORS_BYTES = 64 << 30  # errors.jsonl's (a row a failed input)
 
 
+def spelled(store: Store) -> str:
+    """The output's URL as the store reaches it: two spellings of one prefix (s3a://, a doubled
+    slash, a trailing one) give one."""
+    protocol = "s3" if store.protocol in ("s3", "s3a") else store.protocol
+    return f"{protocol}://{re.sub('/+', '/', store.url.split('://', 1)[-1]).strip('/')}"
+
+
 def mirror_folder(store: Store) -> Path:
     """The local folder a change of `store`'s output runs in (one per output, in the cache): named by
-    the output as the store reaches it, so two spellings of one prefix (s3a://, a doubled slash)
-    share one mirror and its lock."""
+    the output as the store reaches it, so two spellings of one prefix share one mirror and its lock."""
     import hashlib
 
-    protocol = "s3" if store.protocol in ("s3", "s3a") else store.protocol
-    where = re.sub("/+", "/", store.url.split("://", 1)[-1]).strip("/")
-    return default_cache_dir() / "changes" / hashlib.sha256(f"{protocol}://{where}".encode()).hexdigest()[:16]
+    return default_cache_dir() / "changes" / hashlib.sha256(spelled(store).encode()).hexdigest()[:16]
 
 
 def goes_to(name: str) -> str:

@@ -25,7 +25,6 @@ any merge into the prefix finishes step 4 from the bucket alone, whatever became
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, ManifestError, OutputError, ShardkitError, describe
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name, read_manifest
+from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name
 from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
 from ..packing.working_folder import NEXT_DIR, is_shard_name, state_dir
 from ..storage.store import Store, read_remote_manifest
@@ -48,9 +47,20 @@ from .bucket import (
     journal_bytes,
     mirror_folder,
     refuse_links,
+    spelled,
 )
 from .journal import Journal, locked
-from .merged import MergeResult, Source, check_rewrites, checked_source, made_by, planned, result_of, write_merged
+from .merged import (
+    MergeResult,
+    Source,
+    asked_for,
+    check_rewrites,
+    checked_source,
+    made_by,
+    planned,
+    result_of,
+    write_merged,
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,8 @@ def merge_in_bucket(
     the module); the same merge run again finishes one that was interrupted."""
     started = time.perf_counter()
     stores, out = _checked_stores(sources, output, storage_options)
-    # a folder of its own beside the prefix's mirror (a remove's there, killed, is left alone)
-    work = mirror_folder(out).with_name(mirror_folder(out).name + "-merge")
+    mirror = mirror_folder(out)
+    work = mirror.with_name(mirror.name + "-merge")  # (beside the prefix's mirror: a killed remove's stays)
     refuse_links(work)
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -166,49 +176,32 @@ def _checked_stores(
         if where.protocol in ("http", "https"):
             raise ConfigError(f"{where.url}: read over HTTP, where nothing can be copied server-side; merge it locally")
         # one spelling of each (s3a://, a doubled slash): what the plan names and every request uses
-        stores.append(Store(f"{_family(where.protocol)}://{_spelled(where)}", where.options))
+        stores.append(Store(spelled(where), where.options))
     *inputs, out = stores
-    kinds = {_family(store.protocol) for store in stores}
+    kinds = {store.protocol for store in stores}
     if len(kinds) > 1:
         raise ConfigError(f"{out.url}: merge copies server-side, within one store: not from {', '.join(sorted(kinds))}")
-    spelled = [_spelled(store) for store in inputs]
-    if len(set(spelled)) != len(spelled):
-        twice = next(store.url for store, name in zip(inputs, spelled, strict=True) if spelled.count(name) > 1)
+    urls = [store.url for store in inputs]
+    if len(set(urls)) != len(urls):
+        twice = next(url for url in urls if urls.count(url) > 1)
         raise ConfigError(f"{twice}: named twice; merge takes each output once")
-    target = _spelled(out)
-    for store, name in zip(inputs, spelled, strict=True):
-        if target == name or target.startswith(name + "/") or name.startswith(target + "/"):
-            raise ConfigError(f"{out.url}: overlaps {store.url}; merge into a prefix of its own")
+    for url in urls:
+        if out.url == url or out.url.startswith(url + "/") or url.startswith(out.url + "/"):
+            raise ConfigError(f"{out.url}: overlaps {url}; merge into a prefix of its own")
     return inputs, out
 
 
-def _family(protocol: str) -> str:
-    return "s3" if protocol in ("s3", "s3a") else protocol
-
-
-def _spelled(store: Store) -> str:
-    """The output's prefix as the store reaches it (s3a:// and a doubled slash are one prefix)."""
-    return re.sub("/+", "/", store.url.split("://", 1)[-1]).strip("/")
-
-
 def _source(store: Store, view: Path) -> Source:
-    """An output in a bucket as a merge reads it: its manifest, index.parquet and errors.jsonl in
-    `view` (checked against its manifest), its shards listed in the bucket with their sizes, no
-    change of it unfinished."""
+    """An output in a bucket as a merge reads it: its manifest (read once: nothing reads it from the
+    view), index.parquet and errors.jsonl in `view` (checked against its manifest), its shards
+    listed in the bucket with their sizes, no change of it unfinished."""
     if BucketChange(store).journal() is not None:
         raise OutputError(f"{store.url}: a change of it is unfinished; finish it before merging")
     try:
-        remote = read_remote_manifest(store)
+        manifest = read_remote_manifest(store)
     except ManifestError as error:
         raise OutputError(str(error)) from None
     view.mkdir(parents=True)
-    store.get(MANIFEST_NAME, str(view / MANIFEST_NAME), MAX_JOURNAL_BYTES)
-    try:
-        manifest = read_manifest(view)
-    except ManifestError as error:
-        raise OutputError(f"{store.child(MANIFEST_NAME)}: {error}") from None
-    if manifest.checksum != remote.checksum:  # (another writer, between two reads)
-        raise OutputError(f"{store.child(MANIFEST_NAME)}: changed while the merge read it; try again")
     objects = store.listing()
     try:
         if manifest.index is not None and objects.get(INDEX_NAME) == manifest.index.bytes:
@@ -377,8 +370,7 @@ def _finish(
         if manifest.checksum != journal.result or manifest.computed_checksum() != manifest.checksum:
             raise OutputError(f"{out.child(name)}: not the manifest its interrupted merge wrote; delete {out.url}")
         _commit(out)
-        asked = [store.url for store in stores]
-        if sources != asked or bool(plan.get("prefix_keys")) != prefix_keys or bool(plan.get("relabel")) != relabel:
+        if not asked_for(plan, [store.url for store in stores], prefix_keys, relabel):
             raise OutputError(
                 f"{out.url}: held an interrupted merge of other outputs ({', '.join(sources[:3])[:300]}), "
                 "finished now; merge into a new prefix"

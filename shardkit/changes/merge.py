@@ -48,6 +48,7 @@ from .merged import (
     MergeResult,
     Place,
     Source,
+    asked_for,
     check_rewrites,
     checked_source,
     made_by,
@@ -133,8 +134,7 @@ def _finish(
         raise OutputError(f"{changed.output}: the merged output an interrupted merge wrote is damaged; delete it")
     changed.commit(pending)
     plan = pending.plan
-    asked = {"sources": [os.path.abspath(folder) for folder in folders], "prefix_keys": prefix_keys, "relabel": relabel}
-    if {key: plan.get(key) for key in asked} != asked:
+    if not asked_for(plan, [os.path.abspath(folder) for folder in folders], prefix_keys, relabel):
         raise OutputError(
             f"{changed.output}: held an interrupted merge of other outputs, finished now; merge into a new folder"
         )

@@ -468,6 +468,13 @@ def _write_errors(read: list[Source], plan: dict[str, Any], path: Path) -> list[
     return ranges
 
 
+def asked_for(plan: dict[str, Any], sources: list[str], prefix_keys: bool, relabel: bool) -> bool:
+    """Whether `plan` is the merge of `sources` (as the plan names them) with these flags: a merge
+    that finds another's committed finishes it, then refuses unless it was asked for."""
+    flags = (bool(plan.get("prefix_keys")), bool(plan.get("relabel")))
+    return plan.get("sources") == sources and flags == (prefix_keys, relabel)
+
+
 def result_of(
     output: str, plan: dict[str, Any], result: Manifest, spent: dict[str, Any], seconds: float, resumed: bool
 ) -> MergeResult:
