@@ -226,18 +226,24 @@ def test_a_source_file_that_is_not_the_one_listed_is_refused(packed_sample, tmp_
     assert not out.exists()
 
 
+def _killed_in_its_commit(shardkit, first: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """`first` and a copy of it merged with --prefix-keys twice: into `clean` whole, and into `out`
+    killed (SIGKILL) as its commit renames the second shard into place; (copy, clean, out)."""
+    copy, clean, out = tmp_path / "copy", tmp_path / "clean", tmp_path / "out"
+    shutil.copytree(first, copy)
+    assert shardkit("merge", first, copy, clean, "--prefix-keys").returncode == 0
+    command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
+    env = hooked_env(tmp_path / "hook", [out], at="replace out/shard-000001.tar")
+    killed = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return copy, clean, out
+
+
 def test_a_merge_killed_in_its_commit_finishes_whatever_became_of_its_sources(
     shardkit, packed_sample, tmp_path: Path
 ) -> None:
     first = packed_sample("webdataset", 64, 30)
-    copy = tmp_path / "copy"
-    shutil.copytree(first, copy)
-    clean, out, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "hook"
-    assert shardkit("merge", first, copy, clean, "--prefix-keys").returncode == 0
-    command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
-    env = hooked_env(hook, [out], at="replace out/shard-000001.tar")
-    killed = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    copy, clean, out = _killed_in_its_commit(shardkit, first, tmp_path)
     (copy / "manifest.json").write_text((copy / "manifest.json").read_text().replace('"version"', '"versión"'))
     resumed = shardkit("merge", first, copy, out, "--prefix-keys", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -246,15 +252,9 @@ def test_a_merge_killed_in_its_commit_finishes_whatever_became_of_its_sources(
 
 def test_a_merge_of_other_outputs_finishes_a_committed_one_and_says_so(shardkit, packed_sample, tmp_path: Path) -> None:
     first = packed_sample("webdataset", 64, 30)
-    copy, other = tmp_path / "copy", tmp_path / "other"
-    shutil.copytree(first, copy)
+    other = tmp_path / "other"
     shutil.copytree(first, other)
-    clean, out, hook = tmp_path / "clean", tmp_path / "out", tmp_path / "hook"
-    assert shardkit("merge", first, copy, clean, "--prefix-keys").returncode == 0
-    command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
-    env = hooked_env(hook, [out], at="replace out/shard-000001.tar")
-    killed = subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    _, clean, out = _killed_in_its_commit(shardkit, first, tmp_path)
     refused = shardkit("merge", first, other, out, "--prefix-keys")
     assert refused.returncode == 1 and "held an interrupted merge of other outputs, finished now" in refused.stderr
     assert snapshot(out) == snapshot(clean)
