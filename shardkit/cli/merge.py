@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..storage.urls import is_remote
 from .common import (
     STORAGE_OPTION_HELP,
     check_json_path,
@@ -64,9 +65,10 @@ def merge(
                 write_json_report(json_path, result.to_json())
             return
         rewritten = f", {result.rewritten:,} written again" if result.rewritten else ""
+        placed = "copied server-side" if is_remote(result.output) else "linked"
         console.print(
             f"[bold green]merged[/] {len(result.sources)} outputs into {escape(result.output)}: {result.records:,} "
-            f"records in {result.shards:,} shards ({result.linked:,} linked{rewritten}; "
+            f"records in {result.shards:,} shards ({result.linked:,} {placed}{rewritten}; "
             f"{result.bytes_written / 1e6:,.1f} MB written) in {result.seconds:.1f}s",
             highlight=False,
         )
