@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardkit.readers.arrays import flags, integers, strings
+from shardkit.readers.arrays import booleans, flags, int64s, integers, strings
 
 
 def test_the_same_values_as_pyarrows_own_conversions() -> None:
@@ -47,3 +47,42 @@ def test_nulls_are_refused_not_read_as_zero() -> None:
         integers(pa.array([1, None, 3]))
     with pytest.raises(ValueError, match="no nulls"):
         flags(pa.array([True, None]))
+
+
+def test_a_change_of_an_output_and_a_selection_import_no_pandas(packed_sample, tmp_path) -> None:
+    """remove, compact, merge and open_shards(select=...) read and write index.parquet through
+    these arrays: pandas (0.4-0.6 s of imports) stays out of their processes."""
+    import shutil
+
+    source = packed_sample("webdataset", 64, 7)
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(source, first)
+    shutil.copytree(source, second)
+    code = (
+        "import sys\n"
+        "from shardkit import open_shards\n"
+        "from shardkit.changes.compact import compact\n"
+        "from shardkit.changes.merge import merge\n"
+        "from shardkit.changes.remove import remove\n"
+        f"first, second = {str(first)!r}, {str(second)!r}\n"
+        "keys = [open_shards(first)[i].key for i in (0, 3, 9)]\n"
+        "assert len(open_shards(first, select=keys)) == 3\n"
+        "remove(first, keys, reason='a takedown')\n"
+        "compact(first, shard_size=20)\n"
+        f"merge([first, second], {str(tmp_path / 'both')!r}, prefix_keys=True)\n"
+        "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_int64s_and_booleans_are_pyarrows_own_arrays() -> None:
+    numbers = np.array([5, -1, 2**40, 0], np.int64)
+    assert int64s(numbers).equals(pa.array(numbers)) and int64s(numbers[::2]).to_pylist() == [5, 2**40]
+    assert int64s(np.arange(3, dtype=np.int32)).type == pa.int64()
+    for length in (0, 1, 7, 8, 9, 17):
+        mask = np.arange(length) % 3 == 1
+        assert booleans(mask).equals(pa.array(mask)), length
+    table = pa.table({"n": list(range(10))})
+    assert table.take(int64s(np.array([9, 0]))).column("n").to_pylist() == [9, 0]
+    assert table.filter(booleans(np.arange(10) > 6)).column("n").to_pylist() == [7, 8, 9]

@@ -37,7 +37,7 @@ from ..formats.base import Record
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
 from ..packing.working_folder import is_shard_name, shard_name, writing
-from ..readers.arrays import strings
+from ..readers.arrays import booleans, int64s, integers, string, strings
 from ..readers.subset import read_index
 from .journal import Journal
 from .rewrite import summed_totals, write_output_files
@@ -251,10 +251,11 @@ def _refuse_collisions(read: list[Source], plan: dict[str, Any]) -> None:
     columns = []
     for source, entry in zip(read, plan["merged"], strict=True):
         keys = pq.ParquetFile(source.folder / INDEX_NAME).read(columns=["key"]).column("key")
-        columns.append(pc.binary_join_element_wise(entry["key_prefix"], keys, "") if entry["key_prefix"] else keys)
+        prefix = entry["key_prefix"]
+        columns.append(pc.binary_join_element_wise(string(prefix), keys, string("")) if prefix else keys)
     every = pa.chunked_array([chunk for column in columns for chunk in column.chunks], pa.string())
     counts = pc.value_counts(every)
-    shared = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    shared = counts.filter(booleans(integers(counts.field("counts")) > 1)).field("values")  # (no pandas)
     if len(shared):
         named = ", ".join(repr(key) for key in shared[:3].to_pylist())
         more = f" and {len(shared) - 3:,} more" if len(shared) > 3 else ""
@@ -403,7 +404,6 @@ def _rewrite(
 def _write_index(read: list[Source], plan: dict[str, Any], names: list[dict[str, str]], path: Path) -> ShardInfo:
     """index.parquet: each source's row groups in order (a row group a shard, as pack writes them),
     the shard names the merged ones, keys prefixed and labels renumbered where the plan says."""
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -421,10 +421,11 @@ def _write_index(read: list[Source], plan: dict[str, Any], names: list[dict[str,
                     raise OutputError(f"{source.folder / INDEX_NAME}: names a shard its manifest lacks")
                 part = part.set_column(part.schema.get_field_index("shard"), "shard", pc.take(news, at))
                 if entry["key_prefix"]:
-                    keys = pc.binary_join_element_wise(entry["key_prefix"], part.column("key"), "")
+                    prefix, nothing = string(entry["key_prefix"]), string("")
+                    keys = pc.binary_join_element_wise(prefix, part.column("key"), nothing)
                     part = part.set_column(part.schema.get_field_index("key"), "key", keys)
                 if entry["labels"] is not None:
-                    numbers = pa.array(np.array(entry["labels"], np.int64))
+                    numbers = int64s(np.array(entry["labels"], np.int64))
                     labels = pc.take(numbers, part.column("label"))
                     part = part.set_column(part.schema.get_field_index("label"), "label", labels)
                 writer.write_table(part.cast(schema()))

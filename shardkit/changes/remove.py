@@ -25,6 +25,7 @@ from ..core.errors import ConfigError, Failure, OutputError
 from ..core.manifest import VERSIONS_DIR, Manifest, ShardInfo
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import versioned_name
+from ..readers.arrays import strings
 from ..readers.subset import IndexFile, Selection, select
 from ..storage.urls import is_remote
 from .bucket import refuse_keep_versions
@@ -156,7 +157,6 @@ def _plan(
     """The journal of this remove: each shard holding a removed record written again without it
     (or gone, where none of its records stays); None where it takes nothing out. And how many of
     the keys the output lacks."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     manifest, output = changed.manifest, changed.name
@@ -165,7 +165,7 @@ def _plan(
     missing = 0
     selection: Selection
     if keys is not None:
-        asked = pa.array(keys, pa.string())
+        asked = strings(keys)  # (each a str: checked when asked)
         known = pc.is_in(asked, value_set=index.keys)
         unknown = asked.filter(pc.invert(known))
         missing = len(unknown)

@@ -42,6 +42,7 @@ from ..packing.index import schema
 from ..packing.resume import CREATED_BY
 from ..packing.shard_writing import PICTURE_COUNTS
 from ..packing.working_folder import finishing, is_shard_name, versioned_name, writing
+from ..readers.arrays import booleans, int64s, strings
 from ..readers.subset import IndexFile
 from .journal import Changing, Journal, kept_name
 from .place import changing
@@ -315,8 +316,8 @@ def _write_index(index: IndexFile, plan: dict[str, Any], path: Path) -> ShardInf
 
     def rows_of(name: str, left_out: list[int]) -> Any:
         these = order[starts[numbers[name]] : starts[numbers[name] + 1]]
-        part = table.take(pa.array(these))
-        return part.filter(pa.array(~np.isin(index.positions[these], left_out))) if left_out else part
+        part = table.take(int64s(these))
+        return part.filter(booleans(~np.isin(index.positions[these], left_out))) if left_out else part
 
     rows = 0
     with pq.ParquetWriter(path, schema(), compression="zstd") as writer:
@@ -324,9 +325,9 @@ def _write_index(index: IndexFile, plan: dict[str, Any], path: Path) -> ShardInf
             if shard.name in firsts:
                 new, parts = firsts[shard.name]
                 part = pa.concat_tables([rows_of(old, left_out) for old, left_out in parts])
-                names = pa.array([new] * part.num_rows, pa.string())
+                names = strings([new] * part.num_rows)
                 part = part.set_column(part.schema.get_field_index("shard"), "shard", names)
-                at = pa.array(np.arange(part.num_rows, dtype=np.int64))
+                at = int64s(np.arange(part.num_rows))
                 part = part.set_column(part.schema.get_field_index("position"), "position", at)
             elif shard.name in gone:
                 continue

@@ -23,6 +23,28 @@ def strings(values: Sequence[str]) -> Any:
     return large.cast(pa.string())
 
 
+def string(value: str) -> Any:
+    """A pa.string() scalar (what a compute function takes beside arrays; a Python str there is
+    converted, and that imports pandas)."""
+    return strings([value])[0]
+
+
+def int64s(values: np.ndarray) -> Any:
+    """A pa.int64() array of a one-dimensional numpy array of integers."""
+    import pyarrow as pa
+
+    numbers = np.ascontiguousarray(values, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(numbers), [None, pa.py_buffer(numbers)])
+
+
+def booleans(values: np.ndarray) -> Any:
+    """A pa.bool_() array of a one-dimensional numpy array of booleans (what `filter` takes)."""
+    import pyarrow as pa
+
+    bits = np.packbits(np.asarray(values, bool), bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+
+
 def integers(values: Any) -> np.ndarray:
     """An integer array or chunked array with no nulls (what `pc.index_in` gives when every value
     is found) as an int64 numpy array."""

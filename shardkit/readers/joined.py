@@ -22,6 +22,7 @@ import numpy as np
 from ..core.errors import ConfigError, describe
 from ..formats.base import Record
 from ..storage.urls import is_remote, local_path, split_object_url
+from .arrays import booleans, integers
 from .subset import SHOWN, IndexFile
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".json")
@@ -67,7 +68,7 @@ def join(index: IndexFile, table: Any, what: str, storage_options: dict[str, Any
     if keys.null_count:
         raise ConfigError(f"join: the table's 'key' column has {keys.null_count:,} empty keys")
     counted = pc.value_counts(keys)
-    twice = counted.filter(pc.greater(counted.field("counts"), 1)).field("values")
+    twice = counted.filter(booleans(integers(counted.field("counts")) > 1)).field("values")  # (no pandas)
     if len(twice):
         raise ConfigError(f"join: {len(twice):,} keys appear more than once in the table: {_some(twice)}")
     rows = pc.index_in(keys, value_set=index.keys)

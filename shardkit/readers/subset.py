@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ManifestError, describe
 from ..core.manifest import INDEX_NAME, Manifest, sha256_file
-from .arrays import flags, integers, strings
+from .arrays import booleans, flags, int64s, integers, strings
 
 if TYPE_CHECKING:
     from ..storage.store import Store
@@ -196,7 +196,7 @@ def select(index: IndexFile, selection: Selection, what: str) -> Subset:
     rows, shards, positions = rows[order], shards[order], positions[order]
     offsets = np.searchsorted(shards, np.arange(len(index.manifest.shards) + 1)).astype(np.int64)
     digest = hashlib.sha256(offsets.tobytes() + positions.tobytes()).hexdigest()[:16]
-    return Subset(positions, offsets, index.keys.take(rows), digest)
+    return Subset(positions, offsets, index.keys.take(int64s(rows)), digest)
 
 
 def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
@@ -231,7 +231,10 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
             f"select must be a list of keys, a pyarrow Expression or a callable, not {type(selection).__name__}"
         )
     try:
-        wanted = pa.array(list(selection) if not isinstance(selection, pa.Array) else selection, pa.string())
+        if not isinstance(selection, pa.Array) and all(isinstance(key, str) for key in selection):
+            wanted = strings(list(selection))  # (pa.array of Python strings would import pandas)
+        else:
+            wanted = pa.array(list(selection) if not isinstance(selection, pa.Array) else selection, pa.string())
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         odd = next((k for k in selection if k is not None and not isinstance(k, str)), None)
         raise ConfigError(f"select: keys are text; {odd!r} is a {type(odd).__name__}") from None
@@ -250,7 +253,7 @@ def _refuse_repeats(keys: Any) -> None:
     import pyarrow.compute as pc
 
     counts = pc.value_counts(keys)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    repeated = counts.filter(booleans(integers(counts.field("counts")) > 1))  # (pc.greater(..., 1): pandas)
     if len(repeated):
         shown = ", ".join(f"{r['values']!r} {r['counts']} times" for r in repeated[:SHOWN].to_pylist())
         more = f" and {len(repeated) - SHOWN:,} more" if len(repeated) > SHOWN else ""
