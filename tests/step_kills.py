@@ -19,6 +19,7 @@ import io
 import os
 import re
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,40 +106,47 @@ def every_step_finishes(
     """Run `command` (a change of `out`, made afresh from `source` each time, or from nothing) once
     with the hook logging its steps, then once killed after each step: `checked(out)` says what is
     wrong with the killed output (None: nothing), and `finish()` (a CompletedProcess) must leave
-    `out` exactly `expected`. What went wrong, a line per step (empty: nothing)."""
+    `out` exactly `expected`. What went wrong, a line per step (empty: nothing). `command` is
+    `python -m shardkit ...`, each run a process group of its own, started warm
+    (tests/warm_starts.py)."""
     import shutil
     import subprocess
 
     from tests.test_pack_kills import differences, snapshot
+    from tests.warm_starts import WarmStarter
 
     def fresh() -> None:
         shutil.rmtree(out, ignore_errors=True)
         if source is not None:
             shutil.copytree(source, out)
 
-    def run(**variables: str) -> subprocess.CompletedProcess[str]:
-        env = hooked_env(hook, [out], **variables)
-        return subprocess.run(command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120)
+    assert command[:3] == [sys.executable, "-m", "shardkit"], command  # (run by a warm starter)
+    with WarmStarter() as starter:
 
-    log = hook.parent / f"{hook.name}-steps.log"
-    fresh()
-    logged = run(log=str(log))
-    assert logged.returncode == 0, logged.stderr
-    assert snapshot(out) == expected  # (the hook itself changes nothing)
-    # every step but a temporary file's creation (the rename that follows it leaves what it leaves)
-    steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
-    assert any(step.startswith(f"replace {out.name}/manifest.json") for step in steps), steps
-    failed = []
-    for step in steps:
+        def run(**variables: str) -> subprocess.CompletedProcess[str]:
+            return starter.run(command[3:], hooked_env(hook, [out], **variables))
+
+        log = hook.parent / f"{hook.name}-steps.log"
         fresh()
-        killed = run(at=step)
-        assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
-        wrong = checked(out) if checked is not None else None
-        if wrong:
-            failed.append(f"{step}: the killed output: {wrong}")
-        done = finish()
-        if done.returncode != 0:
-            failed.append(f"{step}: finishing failed: {done.stderr.strip()}")
-        elif snapshot(out) != expected:
-            failed.append(f"{step}: differs from the clean run in {differences(snapshot(out), expected)}")
+        logged = run(log=str(log))
+        assert logged.returncode == 0, logged.stderr
+        assert snapshot(out) == expected  # (the hook itself changes nothing)
+        # every step but a temporary file's creation (the rename that follows it leaves what it leaves)
+        steps = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if not line.endswith(".RANDOM.tmp")]
+        assert any(step.startswith(f"replace {out.name}/manifest.json") for step in steps), steps
+        failed = []
+        for step in steps:
+            fresh()
+            killed = run(at=step)
+            assert killed.returncode == -signal.SIGKILL, (
+                f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+            )
+            wrong = checked(out) if checked is not None else None
+            if wrong:
+                failed.append(f"{step}: the killed output: {wrong}")
+            done = finish()
+            if done.returncode != 0:
+                failed.append(f"{step}: finishing failed: {done.stderr.strip()}")
+            elif snapshot(out) != expected:
+                failed.append(f"{step}: differs from the clean run in {differences(snapshot(out), expected)}")
     return failed
