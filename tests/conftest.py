@@ -146,6 +146,18 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
         server.kill()
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """A starter (tests/warm_starts.py) for a module's drivers of killed runs: each run forked warm,
+    with s3fs and the bucket changes imported (~1.2 s a cold start would pay every time)."""
+    from tests.warm_starts import WarmStarter
+
+    with WarmStarter(
+        ("s3fs", "shardkit.storage.store", "shardkit.changes.bucket", "shardkit.changes.bucket_merge")
+    ) as starter:
+        yield starter
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts the S3 server is an integration test wherever it is: `make test-fast`
     (`-m "not slow"`) leaves it out, `make test` runs it."""

@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
 from tests.helpers import stored_records
+from tests.warm_starts import WarmStarter
 
 pytestmark = pytest.mark.slow  # (the S3 server starts once a session, a few seconds)
 
@@ -162,27 +161,26 @@ remove(sys.argv[3], json.loads(sys.argv[4]), reason=sys.argv[5])
 """
 
 
-def _killed_remove(url: str, keys: list[str], at: int | str, log: Path) -> int:
+def _killed_remove(warm: WarmStarter, url: str, keys: list[str], at: int | str, log: Path) -> int:
     """A remove of `keys` from `url` in a process of its own, killed (SIGKILL) right after its
     `at`-th request that writes to the bucket (0: never), or after the request `at` names; its exit
     status."""
-    run = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(at), str(log), url, json.dumps(keys), REASON],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    run = warm.run(
+        [str(at), str(log), url, json.dumps(keys), REASON], {**os.environ, "PYTHONPATH": str(REPO)}, REPO, code=_DRIVER
+    )
     assert run.returncode in (0, -signal.SIGKILL), run.stderr
     return run.returncode
 
 
 def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_one(
-    s3, packed_sample, cache: Path, tmp_path: Path
+    s3, packed_sample, cache: Path, tmp_path: Path, warm: WarmStarter
 ) -> None:
     source = packed_sample("webdataset", 64, 7)
     keys = _keys(source)
     taken = [keys[2], keys[8], keys[9]]
     clean_log = tmp_path / "clean.log"
     clean = _upload(s3, source, f"{tmp_path.name}-clean")
-    assert _killed_remove(clean, taken, 0, clean_log) == 0
+    assert _killed_remove(warm, clean, taken, 0, clean_log) == 0
     expected = _objects(s3, f"{tmp_path.name}-clean")
     steps = clean_log.read_text().splitlines()
     assert steps[0] == "write .shardkit/change.json" and steps[-1] == "delete .shardkit/change.json"
@@ -193,7 +191,7 @@ def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_o
     for at in range(1, len(steps) + 1):
         prefix = f"{tmp_path.name}-at{at}"
         url = _upload(s3, source, prefix)
-        assert _killed_remove(url, taken, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
+        assert _killed_remove(warm, url, taken, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
         manifest = _objects(s3, prefix)["manifest.json"]
         assert manifest in (old_manifest, expected["manifest.json"]), steps[at - 1]
         report = verify(url)
@@ -269,7 +267,7 @@ def test_an_output_over_http_is_refused_and_two_spellings_share_one_mirror(cache
 
 
 def test_a_change_killed_twice_as_it_ends_leaves_no_journal_behind(
-    s3, packed_sample, cache: Path, tmp_path: Path
+    s3, packed_sample, cache: Path, tmp_path: Path, warm: WarmStarter
 ) -> None:
     """Killed once committed (after the manifest is copied), then again after the run that finished it
     deleted the bucket's journal but before it cleared its mirror: the mirror's journal is of a
@@ -278,11 +276,11 @@ def test_a_change_killed_twice_as_it_ends_leaves_no_journal_behind(
     keys = _keys(source)
     taken = [keys[2], keys[8], keys[9]]
     clean = _upload(s3, source, f"{tmp_path.name}-clean")
-    assert _killed_remove(clean, taken, 0, tmp_path / "clean.log") == 0
+    assert _killed_remove(warm, clean, taken, 0, tmp_path / "clean.log") == 0
     expected = _objects(s3, f"{tmp_path.name}-clean")
     url = _upload(s3, source, tmp_path.name)
-    assert _killed_remove(url, taken, "copy manifest.json", tmp_path / "first.log") == -signal.SIGKILL
-    assert _killed_remove(url, taken, "delete .shardkit/change.json", tmp_path / "second.log") == -signal.SIGKILL
+    assert _killed_remove(warm, url, taken, "copy manifest.json", tmp_path / "first.log") == -signal.SIGKILL
+    assert _killed_remove(warm, url, taken, "delete .shardkit/change.json", tmp_path / "second.log") == -signal.SIGKILL
     assert _objects(s3, tmp_path.name) == expected
     with pytest.raises(ConfigError, match="3 keys not in the output"):  # (done: nothing of it is left to do)
         remove(url, taken, reason=REASON)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
 from tests.test_bucket_changes import REPO, _files, _objects, _upload
+from tests.warm_starts import WarmStarter
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +89,7 @@ def test_outputs_in_a_bucket_merge_there_as_local_folders_merge(s3, cache: Path,
     assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
 
 
-def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Path) -> None:
+def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Path, warm: WarmStarter) -> None:
     a, b = _packed(tmp_path, "a", "webdataset", 4, 0), _packed(tmp_path, "b", "webdataset", 4, 50)
     base = tmp_path.name
     urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
@@ -108,7 +107,7 @@ def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Pat
         merge([urls[0], _upload(s3, a, f"{base}/a2")], f"s3://data/{base}/aa")
     assert not any(name.startswith("aa/") or name.startswith("ab/") for name in _objects(s3, base))
     # killed after its journal and a copy: another merge into the prefix is refused, this one finishes
-    assert _killed_merge(urls, f"s3://data/{base}/ab", 2, tmp_path / "killed.log") == -signal.SIGKILL
+    assert _killed_merge(warm, urls, f"s3://data/{base}/ab", 2, tmp_path / "killed.log") == -signal.SIGKILL
     with pytest.raises(OutputError, match="an interrupted merge of other sources"):
         merge([urls[1], urls[0]], f"s3://data/{base}/ab")
     assert merge(urls, f"s3://data/{base}/ab").resumed
@@ -140,23 +139,21 @@ merge(json.loads(sys.argv[3]), sys.argv[4], prefix_keys=sys.argv[5] == "1")
 """
 
 
-def _killed_merge(urls: list[str], out: str, at: int, log: Path, prefix_keys: bool = False) -> int:
-    run = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(at), str(log), json.dumps(urls), out, "1" if prefix_keys else "0"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+def _killed_merge(warm: WarmStarter, urls: list[str], out: str, at: int, log: Path, prefix_keys: bool = False) -> int:
+    args = [str(at), str(log), json.dumps(urls), out, "1" if prefix_keys else "0"]
+    run = warm.run(args, {**os.environ, "PYTHONPATH": str(REPO)}, REPO, code=_DRIVER)
     assert run.returncode in (0, -signal.SIGKILL), run.stderr
     return run.returncode
 
 
 def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_one(
-    s3, cache: Path, tmp_path: Path
+    s3, cache: Path, tmp_path: Path, warm: WarmStarter
 ) -> None:
     a, b = _packed(tmp_path, "a", "webdataset", 7, 0), _packed(tmp_path, "b", "webdataset", 5, 100)
     base = tmp_path.name
     urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
     clean_log = tmp_path / "clean.log"
-    assert _killed_merge(urls, f"s3://data/{base}/clean", 0, clean_log) == 0
+    assert _killed_merge(warm, urls, f"s3://data/{base}/clean", 0, clean_log) == 0
     expected = _objects(s3, f"{base}/clean")
     steps = clean_log.read_text().splitlines()
     assert steps[0] == "write .shardkit/change.json" and steps[-1] == "delete .shardkit/change.json"
@@ -166,7 +163,7 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
 
     for at in range(1, len(steps) + 1):
         out = f"s3://data/{base}/at{at}"
-        assert _killed_merge(urls, out, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
+        assert _killed_merge(warm, urls, out, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
         held = _objects(s3, f"{base}/at{at}")
         if ".shardkit/change.json" in held:  # a pack into the prefix is refused while it is there
             with pytest.raises(OutputError, match="a change of it is unfinished"):
@@ -187,7 +184,7 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
 
 
 def test_spellings_a_run_that_claimed_meanwhile_and_a_source_gone_mid_copy(
-    s3, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: WarmStarter
 ) -> None:
     """Two spellings of one prefix are one source (a killed merge goes on under the other); another
     run's journal put up while this one works stops it before it puts anything up; a source object
@@ -203,7 +200,7 @@ def test_spellings_a_run_that_claimed_meanwhile_and_a_source_gone_mid_copy(
     doubled = [url.replace("s3://data/", "s3a://data//") for url in urls]
     done = merge(doubled, f"s3://data/{base}/ab")
     assert done.sources == urls and verify(f"s3://data/{base}/ab").problems == []
-    assert _killed_merge(urls, f"s3://data/{base}/k", 5, tmp_path / "k.log") == -signal.SIGKILL
+    assert _killed_merge(warm, urls, f"s3://data/{base}/k", 5, tmp_path / "k.log") == -signal.SIGKILL
     assert merge(doubled, f"s3://data/{base}/k").resumed
     assert _objects(s3, f"{base}/k") == _objects(s3, f"{base}/ab")
 
@@ -230,9 +227,9 @@ def test_spellings_a_run_that_claimed_meanwhile_and_a_source_gone_mid_copy(
     monkeypatch.undo()
 
     committed, other = f"s3://data/{base}/committed", [urls[0], _upload(s3, b, f"{base}/b2")]
-    assert _killed_merge(other, f"{committed}-clean", 0, tmp_path / "c.log") == 0
+    assert _killed_merge(warm, other, f"{committed}-clean", 0, tmp_path / "c.log") == 0
     at = (tmp_path / "c.log").read_text().splitlines().index("write .shardkit/change.json", 2)  # uploaded: true
-    assert _killed_merge(other, committed, at + 1, tmp_path / "c2.log") == -signal.SIGKILL
+    assert _killed_merge(warm, other, committed, at + 1, tmp_path / "c2.log") == -signal.SIGKILL
     with pytest.raises(OutputError, match=r"held an interrupted merge of other outputs .* finished now"):
         merge(urls, committed)
     assert verify(committed).problems == [] and len(open_shards(committed)) == 8

@@ -52,9 +52,13 @@ for line in sys.stdin:
             if os.environ.get("STEP_KILLS_WATCH"):
                 import tests.step_kills
                 tests.step_kills.install()
-            sys.argv = ["shardkit", *run["args"]]
-            import shardkit.__main__
-            shardkit.__main__.main()
+            if run["code"] is None:
+                sys.argv = ["shardkit", *run["args"]]
+                import shardkit.__main__
+                shardkit.__main__.main()
+            else:
+                sys.argv = ["-c", *run["args"]]
+                exec(compile(run["code"], "<string>", "exec"), {"__name__": "__main__"})
             code = 0
         except SystemExit as stop:
             if stop.code is None or isinstance(stop.code, int):
@@ -65,6 +69,7 @@ for line in sys.stdin:
         except BaseException:
             import traceback
             traceback.print_exc()
+            code = 1
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -88,12 +93,14 @@ for line in sys.stdin:
 
 class WarmStarter:
     """A starter process (a context manager): `run(args, env)` is `subprocess.run([python, -m,
-    shardkit, *args], env=env, start_new_session=True, capture_output=True, text=True)`."""
+    shardkit, *args], env=env, start_new_session=True, capture_output=True, text=True)`, and
+    `run(args, env, code=CODE)` is the same of `[python, -c, CODE, *args]`. `preload`: more modules
+    to import once (what CODE imports)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self._folder = Path(tempfile.mkdtemp(prefix="warm-starts"))
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _STARTER, json.dumps(_PRELOAD)],
+            [sys.executable, "-c", _STARTER, json.dumps([*_PRELOAD, *preload])],
             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -106,20 +113,26 @@ class WarmStarter:
         return line.strip()
 
     def run(
-        self, args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 120
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+        timeout: float = 120,
+        code: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         assert self._process.stdin is not None
         out, err = self._folder / "stdout", self._folder / "stderr"
         request = {
             "args": args, "env": env, "cwd": str(cwd or Path.cwd()), "stdout": str(out), "stderr": str(err),
-            "timeout": timeout,
+            "timeout": timeout, "code": code,
         }  # fmt: skip
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
-        code, timed_out = json.loads(self._answer())
+        exit_code, timed_out = json.loads(self._answer())
         if timed_out:
             raise subprocess.TimeoutExpired(["shardkit", *args], timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess(["shardkit", *args], code, out.read_text(), err.read_text())
+        command = ["shardkit", *args] if code is None else ["python", "-c", code, *args]
+        return subprocess.CompletedProcess(command, exit_code, out.read_text(), err.read_text())
 
     def __enter__(self) -> WarmStarter:
         return self
