@@ -20,6 +20,7 @@ import pytest
 
 from shardkit.synthetic import write_image
 from tests.step_kills import hooked_env
+from tests.warm_starts import WarmStarter
 
 FLAGS = ("--shard-size", "32", "--resize", "32", "--workers", "2")
 
@@ -92,13 +93,12 @@ def short_tmp() -> Iterator[Path]:
 
 
 def killed_pack(
-    source: Path, out: Path, hook: Path, temp: Path, format: str, *extra: str, **variables: str
+    warm: WarmStarter, source: Path, out: Path, hook: Path, temp: Path, format: str, *extra: str, **variables: str
 ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "shardkit", "pack", str(source), str(out), "--format", format, *FLAGS, *extra]
+    """`shardkit pack` of `source` into `out` under the hook, a process group of its own (started
+    warm: tests/warm_starts.py)."""
     env = {**hooked_env(hook, [out, source], **variables), "TMPDIR": str(temp)}
-    return subprocess.run(
-        command, capture_output=True, text=True, env=env, start_new_session=True, timeout=120, cwd=out.parent
-    )
+    return warm.run(["pack", str(source), str(out), "--format", format, *FLAGS, *extra], env, cwd=out.parent)
 
 
 def steps_of(log: Path, format: str) -> list[str]:
@@ -118,19 +118,19 @@ def steps_of(log: Path, format: str) -> list[str]:
 @pytest.mark.slow  # kills a process at each step
 @pytest.mark.parametrize("format", ["lmdb", "webdataset"])
 def test_a_pack_killed_at_any_step_resumes_to_the_clean_pack(
-    shardkit, source: Path, tmp_path: Path, busy: None, short_tmp: Path, format: str
+    shardkit, source: Path, tmp_path: Path, busy: None, short_tmp: Path, format: str, warm: WarmStarter
 ) -> None:
     clean, out, log, hook = tmp_path / "clean", source.parent / "out", tmp_path / "steps.log", tmp_path / "hook"
     shutil.rmtree(out, ignore_errors=True)
     assert shardkit("pack", source, clean, "--format", format, *FLAGS).returncode == 0
     expected = snapshot(clean)
-    logged = killed_pack(source, out, hook, short_tmp, format, log=str(log))
+    logged = killed_pack(warm, source, out, hook, short_tmp, format, log=str(log))
     assert logged.returncode == 0, logged.stderr
     assert snapshot(out) == expected  # (the hook itself changes nothing)
     failed = []
     for step in steps_of(log, format):
         shutil.rmtree(out)
-        killed = killed_pack(source, out, hook, short_tmp, format, at=step)
+        killed = killed_pack(warm, source, out, hook, short_tmp, format, at=step)
         assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
         resumed = shardkit("pack", source, out, "--format", format, *FLAGS, "--resume")
         if resumed.returncode != 0:
@@ -143,14 +143,14 @@ def test_a_pack_killed_at_any_step_resumes_to_the_clean_pack(
 
 @pytest.mark.slow  # kills a process
 def test_a_resume_of_a_pack_killed_in_its_cleanup_leaves_what_a_clean_pack_does(
-    shardkit, source: Path, tmp_path: Path, short_tmp: Path
+    shardkit, source: Path, tmp_path: Path, short_tmp: Path, warm: WarmStarter
 ) -> None:
     """Killed once its state file is gone: the working folder's rest (the lock, done markers) is
     removed by the --resume that finds the pack finished, as the pack itself would have."""
     clean, out, hook = tmp_path / "clean", source.parent / "out", tmp_path / "hook"
     shutil.rmtree(out, ignore_errors=True)
     assert shardkit("pack", source, clean, "--format", "lmdb", *FLAGS).returncode == 0
-    killed = killed_pack(source, out, hook, short_tmp, "lmdb", at="unlink out/.shardkit/state.json")
+    killed = killed_pack(warm, source, out, hook, short_tmp, "lmdb", at="unlink out/.shardkit/state.json")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert (out / "manifest.json").exists() and (out / ".shardkit" / "lock").exists()
     for _ in range(2):  # and again: nothing is left for a second one either
@@ -162,7 +162,7 @@ def test_a_resume_of_a_pack_killed_in_its_cleanup_leaves_what_a_clean_pack_does(
 
 @pytest.mark.slow  # kills a process twice
 def test_a_cleanup_killed_then_a_resume_killed_still_resumes(
-    shardkit, source: Path, tmp_path: Path, short_tmp: Path
+    shardkit, source: Path, tmp_path: Path, short_tmp: Path, warm: WarmStarter
 ) -> None:
     """The pack killed as its cleanup removes the done markers, then the --resume killed once it has
     taken the manifest away (where it would): no shard of the folder is left unrecorded, so the
@@ -171,12 +171,12 @@ def test_a_cleanup_killed_then_a_resume_killed_still_resumes(
     shutil.rmtree(out, ignore_errors=True)
     assert shardkit("pack", source, clean, "--format", "lmdb", *FLAGS).returncode == 0
     cleanup = tmp_path / "cleanup.log"
-    assert killed_pack(source, out, hook, short_tmp, "lmdb", log=str(cleanup)).returncode == 0
+    assert killed_pack(warm, source, out, hook, short_tmp, "lmdb", log=str(cleanup)).returncode == 0
     first_marker = next(step for step in steps_of(cleanup, "lmdb") if step.startswith("unlink out/.shardkit/done/"))
     shutil.rmtree(out)
-    killed = killed_pack(source, out, hook, short_tmp, "lmdb", at=first_marker)
+    killed = killed_pack(warm, source, out, hook, short_tmp, "lmdb", at=first_marker)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    again = killed_pack(source, out, hook, short_tmp, "lmdb", "--resume", at="unlink out/manifest.json")
+    again = killed_pack(warm, source, out, hook, short_tmp, "lmdb", "--resume", at="unlink out/manifest.json")
     assert again.returncode in (0, -signal.SIGKILL), again.stderr  # (0: it found the pack finished)
     resumed = shardkit("pack", source, out, "--format", "lmdb", *FLAGS, "--resume")
     assert resumed.returncode == 0, resumed.stderr

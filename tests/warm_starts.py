@@ -45,6 +45,8 @@ for line in sys.stdin:
             os.setsid()
             os.environ.clear()
             os.environ.update(run["env"])
+            import tempfile
+            tempfile.tempdir = None  # (TMPDIR is the run's: a folder found before the fork is not)
             os.chdir(run["cwd"])
             for fd, name in ((1, "stdout"), (2, "stderr")):
                 os.dup2(os.open(run[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
