@@ -150,3 +150,20 @@ def every_step_finishes(
             elif snapshot(out) != expected:
                 failed.append(f"{step}: differs from the clean run in {differences(snapshot(out), expected)}")
     return failed
+
+
+def unfinished_said(out: Path) -> str | None:
+    """What is wrong with what a reader says of a killed output that has no manifest yet: it names
+    the unfinished pack or change its working folder holds (None: nothing wrong)."""
+    state = out / ".shardkit"
+    what = "a change of it" if (state / "change.json").exists() else "a pack into it"
+    if (out / "manifest.json").exists() or not any((state / name).exists() for name in ("change.json", "state.json")):
+        return None
+    from shardkit.core.errors import ManifestError
+    from shardkit.readers import open_shards
+
+    try:
+        open_shards(out)
+    except ManifestError as error:
+        return None if f"no manifest yet: {what} began and has not finished" in str(error) else str(error)
+    return "open_shards read a folder with no manifest"

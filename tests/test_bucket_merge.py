@@ -18,7 +18,7 @@ from shardkit.changes.merge import merge
 from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
 from shardkit.core.config import PackConfig, ResizeConfig
-from shardkit.core.errors import ConfigError, OutputError
+from shardkit.core.errors import ConfigError, ManifestError, OutputError
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
@@ -175,6 +175,8 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
                 assert "a merge into it began and has not finished" in said and "--resume` finishes it" in said
                 with pytest.raises(OutputError, match="a merge into it began and has not finished"):
                     remove(out, resume=True)  # (a change of it says the same)
+                with pytest.raises(ManifestError, match="no manifest yet: a change of it began and has not finished"):
+                    open_shards(out)  # (the reader knows no journals: it says what verify tells)
         if at % 2:
             merge(urls, out)
         else:

@@ -27,7 +27,7 @@ from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
 from tests.helpers import stored_records
-from tests.step_kills import every_step_finishes, hooked_env
+from tests.step_kills import every_step_finishes, hooked_env, unfinished_said
 from tests.test_pack_kills import snapshot
 
 
@@ -196,7 +196,7 @@ def test_a_merge_killed_at_any_step_resumes_to_the_clean_merge(shardkit, packed_
     command = [sys.executable, "-m", "shardkit", "merge", str(first), str(copy), str(out), "--prefix-keys"]
     failed = every_step_finishes(
         out, None, command, lambda: shardkit("merge", first, copy, out, "--prefix-keys", "--resume"),
-        snapshot(clean), tmp_path / "hook",
+        snapshot(clean), tmp_path / "hook", checked=unfinished_said,
     )  # fmt: skip
     assert not failed, "\n".join(failed)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.synthetic import write_image
-from tests.step_kills import hooked_env
+from tests.step_kills import hooked_env, unfinished_said
 from tests.warm_starts import WarmStarter
 
 FLAGS = ("--shard-size", "32", "--resize", "32", "--workers", "2")
@@ -132,6 +132,8 @@ def test_a_pack_killed_at_any_step_resumes_to_the_clean_pack(
         shutil.rmtree(out)
         killed = killed_pack(warm, source, out, hook, short_tmp, format, at=step)
         assert killed.returncode == -signal.SIGKILL, f"{step}: not killed there ({killed.returncode}) {killed.stderr}"
+        if wrong := unfinished_said(out):
+            failed.append(f"{step}: the killed output: {wrong}")
         resumed = shardkit("pack", source, out, "--format", format, *FLAGS, "--resume")
         if resumed.returncode != 0:
             failed.append(f"{step}: --resume failed: {resumed.stderr.strip()}")

@@ -24,6 +24,8 @@ INDEX_NAME = "index.parquet"  # a row per record: key, shard, position, label, c
 WIDS_NAME = "shardindex.json"  # wids' list of shards (formats/tar_companions)
 VERSIONS_DIR = "versions"  # earlier versions kept whole (`--keep-versions`): versions/v1/, versions/v2/...
 STATE_DIR = ".shardkit"  # resume state and temporary shards; removed when a pack completes
+STATE_NAME = "state.json"  # in STATE_DIR: a pack's resume state, until its cleanup
+CHANGE_NAME = "change.json"  # in STATE_DIR: the journal of a change of an output, until it is done
 
 
 @dataclass(frozen=True)
@@ -253,10 +255,29 @@ def read_manifest(folder: str | Path) -> Manifest:
     except FileNotFoundError:
         if not os.path.lexists(folder):  # a mistyped path is said as every command says it
             raise ManifestError(f"{folder}: no such file or folder") from None
-        raise ManifestError(f"{path}: no manifest (is this a shardkit output folder?)") from None
+        raise ManifestError(f"{path}: {_no_manifest(path.parent)}") from None
     except OSError as error:
         raise ManifestError(f"{path}: unreadable manifest ({describe(error)})") from None
     return parse_manifest(text, str(path))
+
+
+def _no_manifest(folder: Path) -> str:
+    """Why `folder` has no manifest, as its working folder says: a pack or a change into it (a merge
+    makes a new folder) begun and not finished, or not an output at all."""
+    state = folder / STATE_DIR
+    if os.path.lexists(state / CHANGE_NAME):
+        return unfinished("a change of it")
+    if os.path.lexists(state / STATE_NAME):
+        return unfinished("a pack into it")
+    return "no manifest (is this a shardkit output folder?)"
+
+
+def unfinished(what: str) -> str:
+    """The words for an output whose manifest is not there yet because `what` has not finished."""
+    return (
+        f"no manifest yet: {what} began and has not finished (it may still be running); "
+        "`shardkit verify` says how it finishes"
+    )
 
 
 def parse_manifest(text: bytes, where: str) -> Manifest:

@@ -14,14 +14,14 @@ import re
 from pathlib import Path
 
 from ..core.errors import OutputError, describe
+from ..core.manifest import CHANGE_NAME as CHANGE_NAME  # (the names live where the reader sees them too)
 from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
+from ..core.manifest import STATE_NAME as STATE_NAME
 from ..formats import output_file_names
 
 LOCK_NAME = "lock"
-STATE_NAME = "state.json"
 HASHES_NAME = "hashes.jsonl"  # pack --dedup's hashes as they are taken, for a resume
 CLEARING_NAME = "clearing.json"  # what an --overwrite in progress is deleting
-CHANGE_NAME = "change.json"  # the journal of a change of a finished output in progress (packing/change.py)
 NEXT_DIR = "next"  # what a change writes, until its commit renames it into the output
 SHARD_PREFIX = "shard-"
 # Temporary files of atomic writes that shardkit before 0.2 leaves beside their targets.

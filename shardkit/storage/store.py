@@ -17,7 +17,15 @@ from typing import Any, BinaryIO
 from urllib.parse import quote, unquote
 
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
-from ..core.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from ..core.manifest import (
+    CHANGE_NAME,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    STATE_DIR,
+    Manifest,
+    parse_manifest,
+    unfinished,
+)
 from .http import (
     NotDirect,
     ObjectChanged,
@@ -452,5 +460,18 @@ def read_remote_manifest(store: Store) -> Manifest:
     try:
         text = store.read(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
-        raise ManifestError(f"{where}: no manifest (is this a shardkit output folder?)") from None
+        raise ManifestError(f"{where}: {_no_manifest(store)}") from None
     return parse_manifest(text, where)
+
+
+def _no_manifest(store: Store) -> str:
+    """Why `store` has no manifest: a change's journal there says a change (a merge into a new
+    prefix) began and has not finished; else it is not an output. (A pack into a bucket keeps its
+    state on the machine that packs.)"""
+    try:
+        store.read(f"{STATE_DIR}/{CHANGE_NAME}", MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        return "no manifest (is this a shardkit output folder?)"
+    except (StorageError, OSError):
+        pass  # (there, but not read: still a change under way)
+    return unfinished("a change of it")
