@@ -41,6 +41,14 @@ def signal_state() -> tuple[dict[int, object], set[int]]:
     return handlers, set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
 
+def exit_code(exit_: SystemExit) -> int:
+    """The exit status a process that raised `exit_` ends with: sys.exit("text") prints the text."""
+    if exit_.code is None or isinstance(exit_.code, int):
+        return exit_.code or 0
+    print(exit_.code, file=sys.stderr)  # Python prints it and exits 1
+    return 1
+
+
 def run_cli(
     capfd: pytest.CaptureFixture[str],
     *args: str | os.PathLike[str],
@@ -70,11 +78,7 @@ def run_cli(
                 run()
                 code = 0
             except SystemExit as exit_:
-                if exit_.code is None or isinstance(exit_.code, int):
-                    code = exit_.code or 0
-                else:  # sys.exit("text"): Python prints it and exits 1
-                    print(exit_.code, file=sys.stderr)
-                    code = 1
+                code = exit_code(exit_)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

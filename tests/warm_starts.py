@@ -63,11 +63,8 @@ for line in sys.stdin:
                 exec(compile(run["code"], "<string>", "exec"), {"__name__": "__main__"})
             code = 0
         except SystemExit as stop:
-            if stop.code is None or isinstance(stop.code, int):
-                code = stop.code or 0
-            else:  # sys.exit("text"): Python prints it and exits 1
-                print(stop.code, file=sys.stderr)
-                code = 1
+            from tests.inprocess import exit_code
+            code = exit_code(stop)
         except BaseException:
             import traceback
             traceback.print_exc()
