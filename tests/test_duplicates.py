@@ -25,7 +25,7 @@ from shardkit.core.config import DEFAULT_DEDUP_THRESHOLD
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, write_json_atomic
 from shardkit.core.pack_options import pack_config
-from shardkit.core.phash import components, distances, near_components, near_pairs
+from shardkit.core.phash import components, distances, near_any, near_components, near_pairs
 from shardkit.packing.dedup import Fallbacks, Hashed, keep_first
 from shardkit.packing.hashes import hash_file
 from shardkit.packing.pack import PackResult, pack
@@ -729,3 +729,49 @@ def test_sheet_labels_keep_the_part_of_the_names_that_differs() -> None:
     # one name in two folders: the folders tell them apart
     left, right = cell_labels(["/a/some/folder/one/img.jpg", "/a/some/folder/two/img.jpg"])
     assert left != right and left.endswith("one/img.jpg")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_append_looks_up_its_new_files_and_decides_as_grouping_the_whole_output_did(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output's records (chains of near copies, a dense cluster, repeated values, records with
+    no hash) and new files, some near records, some near each other: the new files looked up in
+    the records (near_any) keep and drop what grouping every record with them decided."""
+    from shardkit.packing import dedup
+    from shardkit.packing.dedup import Earlier
+
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 2**63, 2000, dtype=np.uint64)
+    near_copies = [
+        value ^ (np.uint64(1) << np.uint64(int(bit)))
+        for value, bit in zip(base[:300], rng.integers(0, 64, 300), strict=True)
+    ]
+    hashes = np.concatenate([base, np.array(near_copies, np.uint64), clustered_hashes(200, seed), base[:30]])
+    hashes = hashes[rng.permutation(len(hashes))]
+    before = int(len(hashes) * 0.8)
+    hashed = rng.random(len(hashes)) > 0.02
+    earlier = Earlier(
+        [f"old/{n}" for n in range(before)], [f"/old/{n}.jpg" for n in range(before)], [None] * before,
+        hashes[:before], hashed[:before],
+    )  # fmt: skip
+    items = [Item(f"/src/{n}.jpg", f"{n}.jpg", str(n)) for n in range(before, len(hashes))]
+    table = Hashed([None] * len(items), hashes[before:], hashed[before:], [])
+    for threshold in (0, 6, 10):
+        close = near_any(hashes[:before], hashes[before:], threshold, 1 << 40)
+        brute = [
+            (distances(np.full(len(items), value, np.uint64), hashes[before:]) <= threshold).any()
+            for value in hashes[:before]
+        ]
+        assert close is not None and close.tolist() == brute
+        chosen = dedup._near_new(hashed, hashes, before, threshold)
+        assert 0 < chosen[:before].sum() < hashed[:before].sum() / 2  # looked up: few records grouped
+        looked_up = keep_first(items, table, threshold, earlier)
+        monkeypatch.setattr(dedup, "_LOOKUP_BUDGET_PER_RECORD", 0)  # every record grouped, as before
+        grouped = keep_first(items, table, threshold, earlier)
+        monkeypatch.undo()
+        assert [item.key for item in looked_up.kept] == [item.key for item in grouped.kept]
+        assert [(r.path, r.duplicate_of, r.reason) for r in looked_up.dropped] == [
+            (r.path, r.duplicate_of, r.reason) for r in grouped.dropped
+        ]
+        assert threshold == 0 or any(r.duplicate_of.startswith("old/") for r in grouped.dropped)

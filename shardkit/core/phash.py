@@ -175,6 +175,35 @@ def near_pairs(hashes: np.ndarray, threshold: int, chunk: int = 1 << 22) -> npt.
     return np.unique(np.concatenate(found), axis=0)
 
 
+def near_any(
+    hashes: np.ndarray, queries: np.ndarray, threshold: int, budget: int, chunk: int = 1 << 22
+) -> npt.NDArray[np.bool_] | None:
+    """Which of `hashes` are within `threshold` of at least one of `queries` (both uint64): an
+    append's new files looked up in an output's records, in time about the queries' lookups, not
+    the records' pairs. None where that would compare more than `budget` candidate pairs (a dense
+    cluster: most hashes in a few buckets), for the caller to group the whole set instead."""
+    hashes = np.ascontiguousarray(hashes, np.uint64)
+    queries = np.ascontiguousarray(queries, np.uint64)
+    found = np.zeros(len(hashes), bool)
+    if not len(hashes) or not len(queries):
+        return found
+    spent = 0  # candidate pairs compared so far
+    for (shift, width), band in zip(_bands(len(hashes), threshold), _band_tables(hashes, threshold), strict=True):
+        asked = ((queries >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(np.int64)
+        masks = band.masks
+        step = max(1, chunk // len(masks))
+        for first in range(0, len(queries), step):
+            items = np.arange(first, min(len(queries), first + step))
+            targets = (asked[items, None] ^ masks[None, :]).ravel()
+            have = np.flatnonzero(band.sizes[targets])
+            spent += int(band.sizes[targets[have]].sum())
+            if spent > budget:
+                return None
+            for left, right in _members(band, items[have // len(masks)], targets[have], chunk):
+                found[right[distances(queries[left], hashes[right]) <= threshold]] = True
+    return found
+
+
 def components(count: int, pairs: np.ndarray) -> npt.NDArray[np.int64]:
     """The group of each of `count` items joined through `pairs` (union-find): an int64 array
     holding, per item, the smallest item of its group."""

@@ -285,10 +285,11 @@ def keep_first(
     # Distinct hash values and their groups (joined through pairs within the threshold): a kept
     # item within the threshold of a value is in its group, and the pairs are never listed (a
     # burst of k near-identical shots has k^2 / 2 of them).
-    values, value_of = np.unique(hashes[hashed], return_inverse=True)
+    grouped = hashed if threshold is None or earlier is None else _near_new(hashed, hashes, before, threshold)
+    values, value_of = np.unique(hashes[grouped], return_inverse=True)
     group_of = near_components(values, threshold).tolist() if threshold is not None else []
     value_at = np.full(len(hashes), -1, np.int64)
-    value_at[np.flatnonzero(hashed)] = value_of.ravel()
+    value_at[np.flatnonzero(grouped)] = value_of.ravel()
     first_of_digest: dict[str, tuple[int, bool]] = {}  # a digest -> the item kept for it, and whether its bytes
     kept_in_group: dict[int, list[tuple[int, int]]] = {}  # a group -> (hash, item) of each item kept in it
     kept: list[Item] = []
@@ -338,6 +339,31 @@ def keep_first(
         kept.append(item)
         keep(at)
     return Deduplicated(kept, dropped, fallbacks)
+
+
+# An append looks its new files up in the output's records when that compares fewer candidate pairs
+# than this many per record; else (a dense cluster) the whole output is grouped as before.
+_LOOKUP_BUDGET_PER_RECORD = 64
+
+
+def _near_new(hashed: np.ndarray, hashes: np.ndarray, before: int, threshold: int) -> np.ndarray:
+    """The hashes worth grouping when the first `before` are an output's records and the rest an
+    append's new files: every new one, and the records within `threshold` of a new one. The others
+    are never within the threshold of a new file, so no decision needs them, and grouping a million
+    records for ten thousand new files took most of an append's time. (Groups only narrow the
+    search: `_first_within` still measures each candidate, in walk order.)"""
+    import numpy as np
+
+    from ..core.phash import near_any
+
+    new: np.ndarray = np.array(hashed, bool)
+    new[:before] = False
+    records = np.flatnonzero(hashed[:before])
+    close = near_any(hashes[records], hashes[new], threshold, _LOOKUP_BUDGET_PER_RECORD * max(1, len(records)))
+    if close is None:
+        return hashed
+    new[records[close]] = True
+    return new
 
 
 def _first_within(kept: Sequence[tuple[int, int]], value: int, threshold: int) -> int | None:
