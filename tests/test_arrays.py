@@ -50,8 +50,9 @@ def test_nulls_are_refused_not_read_as_zero() -> None:
 
 
 def test_a_change_of_an_output_and_a_selection_import_no_pandas(packed_sample, tmp_path) -> None:
-    """remove, compact, merge and open_shards(select=...) read and write index.parquet through
-    these arrays: pandas (0.4-0.6 s of imports) stays out of their processes."""
+    """remove, compact, merge and open_shards(select=...) with keys read and write index.parquet
+    through these arrays: pandas (0.4-0.6 s of imports) stays out of their processes. (A condition,
+    an Expression or --where, is evaluated by pyarrow.dataset, whose import brings pandas.)"""
     import shutil
 
     source = packed_sample("webdataset", 64, 7)
@@ -86,3 +87,18 @@ def test_int64s_and_booleans_are_pyarrows_own_arrays() -> None:
     table = pa.table({"n": list(range(10))})
     assert table.take(int64s(np.array([9, 0]))).column("n").to_pylist() == [9, 0]
     assert table.filter(booleans(np.arange(10) > 6)).column("n").to_pylist() == [7, 8, 9]
+
+
+def test_text_utf8_cannot_hold_and_arrays_of_another_shape_are_refused() -> None:
+    import pytest
+
+    from shardkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'a\\udcff': not text"):
+        strings(["fine", "a\udcff"])
+    for wrong in (np.zeros((2, 2), np.int64), np.zeros(3, np.uint64), np.zeros(3, float)):
+        with pytest.raises(ValueError, match="int64s"):
+            int64s(wrong)
+    with pytest.raises(ValueError, match="booleans"):
+        booleans(np.zeros(3, np.int64))
+    assert int64s(np.arange(3, dtype=np.uint32)).to_pylist() == [0, 1, 2]

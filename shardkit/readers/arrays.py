@@ -11,16 +11,31 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import ConfigError
+
 
 def strings(values: Sequence[str]) -> Any:
-    """A pa.string() array of `values` (no nulls)."""
+    """A pa.string() array of `values` (no nulls). A value UTF-8 cannot hold (a lone surrogate, as
+    text read in a locale that keeps undecodable bytes gives) is refused, naming it."""
     import pyarrow as pa
 
-    encoded = [value.encode("utf-8", "surrogatepass") for value in values]
+    try:
+        encoded = [value.encode("utf-8") for value in values]
+    except UnicodeEncodeError:
+        odd = next(value for value in values if not _utf8(value))
+        raise ConfigError(f"{odd!r}: not text (it holds a character UTF-8 cannot encode)") from None
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(text) for text in encoded], out=offsets[1:])
     large = pa.LargeStringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
     return large.cast(pa.string())
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def string(value: str) -> Any:
@@ -29,10 +44,18 @@ def string(value: str) -> Any:
     return strings([value])[0]
 
 
+def boolean(value: bool) -> Any:
+    """A pa.bool_() scalar (a Python bool beside an array would be converted, importing pandas)."""
+    return booleans(np.array([value], bool))[0]
+
+
 def int64s(values: np.ndarray) -> Any:
     """A pa.int64() array of a one-dimensional numpy array of integers."""
     import pyarrow as pa
 
+    exact = values.dtype.kind == "i" or (values.dtype.kind == "u" and values.dtype.itemsize < 8)
+    if values.ndim != 1 or not exact:  # (uint64 would wrap, floats be cut)
+        raise ValueError(f"int64s() takes a 1-D array of integers int64 holds, not {values.ndim}-D {values.dtype}")
     numbers = np.ascontiguousarray(values, np.int64)
     return pa.Array.from_buffers(pa.int64(), len(numbers), [None, pa.py_buffer(numbers)])
 
@@ -41,7 +64,9 @@ def booleans(values: np.ndarray) -> Any:
     """A pa.bool_() array of a one-dimensional numpy array of booleans (what `filter` takes)."""
     import pyarrow as pa
 
-    bits = np.packbits(np.asarray(values, bool), bitorder="little")
+    if values.ndim != 1 or values.dtype != bool:
+        raise ValueError(f"booleans() takes a 1-D bool array, not {values.ndim}-D {values.dtype}")
+    bits = np.packbits(values, bitorder="little")
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 
 

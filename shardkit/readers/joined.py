@@ -81,7 +81,7 @@ def join(index: IndexFile, table: Any, what: str, storage_options: dict[str, Any
     clash = sorted(set(names) & stored_columns(index))
     if clash:
         raise ConfigError(f"join: the table's column {clash[0]!r} is a stored column of {what}: rename it")
-    at = rows.to_numpy(zero_copy_only=False).astype(np.int64)
+    at = integers(rows)  # (each found: unknown keys were refused above)
     counts = [shard.count for shard in index.manifest.shards]
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     record_rows = np.full(int(starts[-1]), -1, np.int32)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, ManifestError, describe
 from ..core.manifest import INDEX_NAME, Manifest, sha256_file
-from .arrays import booleans, flags, int64s, integers, strings
+from .arrays import boolean, booleans, flags, int64s, integers, strings
 
 if TYPE_CHECKING:
     from ..storage.store import Store
@@ -208,8 +208,7 @@ def _mask(index: IndexFile, selection: Selection) -> np.ndarray:
         keep = index.read(columns={"keep": selection}).column("keep")
         if not pa.types.is_boolean(keep.type):
             raise ConfigError(f"select: the expression must be a condition (true or false), not {keep.type}")
-        result: np.ndarray = pc.fill_null(keep, False).to_numpy()
-        return result
+        return flags(pc.fill_null(keep, boolean(False)))  # (False or to_numpy() would import pandas)
     if callable(selection):
         picked = selection(index.read())
         if isinstance(picked, pa.Table):
