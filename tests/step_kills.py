@@ -91,6 +91,13 @@ def install() -> None:
     os.scandir = watch("scandir", os.scandir)
     os.open = watch("create", os.open, 0, creates)
     io.open = builtins.open = watch("create", io.open, 0, writes)
+    # shutil, imported after these (a process hooked at its start), finds os.open and os.unlink not
+    # among the functions that take dir_fd and removes trees by path, a step each: the same where it
+    # was imported before (a run forked from tests/warm_starts.py), or its fd-relative removals
+    # would be no steps.
+    import shutil
+
+    shutil._use_fd_functions = False  # type: ignore[attr-defined]
 
 
 def every_step_finishes(
