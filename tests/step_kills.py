@@ -161,16 +161,20 @@ def every_step_finishes(
 
 def unfinished_said(out: Path) -> str | None:
     """What is wrong with what a reader says of a killed output that has no manifest yet: it names
-    the unfinished pack or change its working folder holds (None: nothing wrong)."""
+    the unfinished pack or merge its working folder holds, and the command that finishes it (None:
+    nothing wrong). (A change of an output that has a manifest is read at its old version.)"""
     state = out / ".shardkit"
-    what = "a change of it" if (state / "change.json").exists() else "a pack into it"
     if (out / "manifest.json").exists() or not any((state / name).exists() for name in ("change.json", "state.json")):
         return None
     from shardkit.core.errors import ManifestError
     from shardkit.readers import open_shards
 
+    if (state / "change.json").exists():  # (only a merge makes a new folder)
+        wanted = ["no manifest yet: a merge into it began and has not", "`shardkit merge ", "--resume` finishes"]
+    else:
+        wanted = ["no manifest yet: a pack into it began and has not finished", "`shardkit pack` with --resume"]
     try:
         open_shards(out)
     except ManifestError as error:
-        return None if f"no manifest yet: {what} began and has not finished" in str(error) else str(error)
+        return None if all(words in str(error) for words in wanted) else str(error)
     return "open_shards read a folder with no manifest"

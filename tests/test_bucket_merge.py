@@ -175,8 +175,8 @@ def test_a_merge_killed_after_any_bucket_request_finishes_as_an_uninterrupted_on
                 assert "a merge into it began and has not finished" in said and "--resume` finishes it" in said
                 with pytest.raises(OutputError, match="a merge into it began and has not finished"):
                     remove(out, resume=True)  # (a change of it says the same)
-                with pytest.raises(ManifestError, match="no manifest yet: a change of it began and has not finished"):
-                    open_shards(out)  # (the reader knows no journals: it says what verify tells)
+                with pytest.raises(ManifestError, match=r"no manifest yet: a merge into it began .* --resume` fin"):
+                    open_shards(out)  # (as verify says it)
         if at % 2:
             merge(urls, out)
         else:

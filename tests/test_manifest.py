@@ -76,3 +76,28 @@ def test_errors_rows_stream_and_a_bad_row_names_its_line(tmp_path: Path) -> None
     assert [next(found) for _ in range(3)] == rows
     with pytest.raises(ManifestError, match="line 4 is not an object"):
         next(found)
+
+
+def test_a_folder_without_a_manifest_says_what_began_there_and_what_finishes_it(tmp_path: Path) -> None:
+    """A reader of a folder whose pack or change was stopped before its manifest: the words name
+    it and the command that finishes it; a journal that is no file is no change."""
+    from shardkit.core.errors import ManifestError
+    from shardkit.core.manifest import read_manifest
+
+    state = tmp_path / ".shardkit"
+    state.mkdir()
+    with pytest.raises(ManifestError, match=r"no manifest \(is this a shardkit output folder\?\)"):
+        read_manifest(tmp_path)
+    (state / "change.json").mkdir()  # (not a journal)
+    with pytest.raises(ManifestError, match=r"no manifest \(is this"):
+        read_manifest(tmp_path)
+    (state / "change.json").rmdir()
+    (state / "state.json").write_text("{}")
+    with pytest.raises(ManifestError, match=r"no manifest yet: a pack into it began .*`shardkit pack` with --resume"):
+        read_manifest(tmp_path)
+    plan = {"sources": ["/data/2025", "/data/2026"], "prefix_keys": True}
+    (state / "change.json").write_text(json.dumps({"action": "merge", "plan": plan}))
+    with pytest.raises(ManifestError) as said:
+        read_manifest(tmp_path)
+    assert "no manifest yet: a merge into it began and has not finished (it may still be running)" in str(said.value)
+    assert f"`shardkit merge /data/2025 /data/2026 {tmp_path} --prefix-keys --resume` finishes it" in str(said.value)

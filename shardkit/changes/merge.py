@@ -142,10 +142,13 @@ def _finish(
 
 
 def _committed(output: Path) -> Manifest:
+    """The manifest a committed merge put in place (gone only where someone deleted it)."""
     try:
         return read_manifest(output)
-    except ManifestError as error:
-        raise OutputError(f"{error}; merge again into a new folder") from None
+    except ManifestError:
+        raise OutputError(
+            f"{output}: its merge was committed, but its manifest is gone (deleted?); merge again into a new folder"
+        ) from None
 
 
 def _checked_sources(sources: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str]) -> list[Path]:

@@ -263,21 +263,76 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def _no_manifest(folder: Path) -> str:
     """Why `folder` has no manifest, as its working folder says: a pack or a change into it (a merge
-    makes a new folder) begun and not finished, or not an output at all."""
-    state = folder / STATE_DIR
-    if os.path.lexists(state / CHANGE_NAME):
-        return unfinished("a change of it")
-    if os.path.lexists(state / STATE_NAME):
-        return unfinished("a pack into it")
+    makes a new folder) begun and not finished, with the command that finishes it; or no output."""
+    journal = folder / STATE_DIR / CHANGE_NAME
+    if os.path.isfile(journal) and not os.path.islink(journal):
+        action, plan = change_action(folder)
+        return unfinished(action, finishing(folder, action, plan))
+    state = folder / STATE_DIR / STATE_NAME
+    if os.path.isfile(state) and not os.path.islink(state):
+        return unfinished("pack", "the same `shardkit pack` with --resume finishes it")
     return "no manifest (is this a shardkit output folder?)"
 
 
-def unfinished(what: str) -> str:
-    """The words for an output whose manifest is not there yet because `what` has not finished."""
-    return (
-        f"no manifest yet: {what} began and has not finished (it may still be running); "
-        "`shardkit verify` says how it finishes"
-    )
+_UNFINISHED = {"pack": "a pack into it", "merge": "a merge into it", "append": "an append to it"}
+
+
+def unfinished(action: str, finish: str) -> str:
+    """The words for an output whose manifest is not there yet because `action` (its journal's) has
+    not finished, and `finish`, what finishes it."""
+    what = _UNFINISHED.get(action, f"a {action} of it" if action in ("remove", "compact") else "a change of it")
+    return f"no manifest yet: {what} began and has not finished (it may still be running); {finish}"
+
+
+def finishing(output: str | os.PathLike[str], action: str, plan: object = None) -> str:
+    """The command that finishes an interrupted change of `output` (its journal's `action`; an
+    append's source, key prefix and table from its `plan`), as a refusal says it. A journal may be a
+    stranger's: what it says is shown only when it is printable, and quoted as a shell word."""
+    import shlex
+
+    if action == "append":
+        said = plan if isinstance(plan, dict) else {}
+        words = [_word(said.get("source"), "SOURCE"), _word(str(output), "OUTPUT"), "--append"]
+        if said.get("key_prefix"):
+            words += ["--key-prefix", _word(said.get("key_prefix"), "PREFIX")]
+        if said.get("table"):
+            words += ["--metadata", _word(said.get("table"), "TABLE")]
+        return f"`shardkit pack {' '.join(words)}` (the same append again) finishes it"
+    if action == "merge":
+        said = plan if isinstance(plan, dict) else {}
+        listed = said.get("sources")
+        sources = listed if isinstance(listed, list) else []
+        words = [_word(source, "OUTPUT") for source in sources[:64]] or ["OUTPUT", "..."]
+        flags = [flag for flag, key in (("--prefix-keys", "prefix_keys"), ("--relabel", "relabel")) if said.get(key)]
+        command = " ".join([*words, _word(str(output), "OUT"), *flags, "--resume"])
+        return f"`shardkit merge {command}` finishes it"
+    if action in ("remove", "compact"):
+        return f"`shardkit {action} {shlex.quote(str(output))} --resume` finishes it"
+    return f"move {str(output).rstrip('/')}/{STATE_DIR} away to abandon it"
+
+
+def _word(text: object, otherwise: str) -> str:
+    """`text` as one shell word, or `otherwise` where it is not printable text of a sane length."""
+    import shlex
+
+    if not isinstance(text, str) or not text or len(text) > 1000 or not text.isprintable():
+        return otherwise
+    return shlex.quote(text)
+
+
+def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
+    """The action and plan a change's journal in `output` names, read without checking it (for a
+    refusal's words; changes/journal.py checks a journal before acting on it)."""
+    import json
+
+    try:
+        with open(Path(output) / STATE_DIR / CHANGE_NAME, "rb") as journal:
+            data = json.loads(journal.read(1 << 20))
+    except (OSError, ValueError):
+        return "change", None
+    if not isinstance(data, dict) or not isinstance(data.get("action"), str):
+        return "change", None
+    return data["action"][:40], data.get("plan")
 
 
 def parse_manifest(text: bytes, where: str) -> Manifest:

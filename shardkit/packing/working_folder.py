@@ -17,6 +17,8 @@ from ..core.errors import OutputError, describe
 from ..core.manifest import CHANGE_NAME as CHANGE_NAME  # (the names live where the reader sees them too)
 from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, STATE_DIR
 from ..core.manifest import STATE_NAME as STATE_NAME
+from ..core.manifest import change_action as change_action
+from ..core.manifest import finishing as finishing
 from ..formats import output_file_names
 
 LOCK_NAME = "lock"
@@ -28,57 +30,6 @@ SHARD_PREFIX = "shard-"
 _OLD_TEMP_PREFIXES = (f".{MANIFEST_NAME}.", f".{ERRORS_NAME}.")
 # what a pack writes beside its shards (and the formats' files for other readers: own_files())
 OWN_FILES = (MANIFEST_NAME, ERRORS_NAME, INDEX_NAME)
-
-
-def finishing(output: str | os.PathLike[str], action: str, plan: object = None) -> str:
-    """The command that finishes an interrupted change of `output` (its journal's `action`; an
-    append's source, key prefix and table from its `plan`), as a refusal says it. A journal may be a
-    stranger's: what it says is shown only when it is printable, and quoted as a shell word."""
-    import shlex
-
-    if action == "append":
-        said = plan if isinstance(plan, dict) else {}
-        words = [_word(said.get("source"), "SOURCE"), _word(str(output), "OUTPUT"), "--append"]
-        if said.get("key_prefix"):
-            words += ["--key-prefix", _word(said.get("key_prefix"), "PREFIX")]
-        if said.get("table"):
-            words += ["--metadata", _word(said.get("table"), "TABLE")]
-        return f"`shardkit pack {' '.join(words)}` (the same append again) finishes it"
-    if action == "merge":
-        said = plan if isinstance(plan, dict) else {}
-        listed = said.get("sources")
-        sources = listed if isinstance(listed, list) else []
-        words = [_word(source, "OUTPUT") for source in sources[:64]] or ["OUTPUT", "..."]
-        flags = [flag for flag, key in (("--prefix-keys", "prefix_keys"), ("--relabel", "relabel")) if said.get(key)]
-        command = " ".join([*words, _word(str(output), "OUT"), *flags, "--resume"])
-        return f"`shardkit merge {command}` finishes it"
-    if action in ("remove", "compact"):
-        return f"`shardkit {action} {shlex.quote(str(output))} --resume` finishes it"
-    return f"move {str(output).rstrip('/')}/{STATE_DIR} away to abandon it"
-
-
-def _word(text: object, otherwise: str) -> str:
-    """`text` as one shell word, or `otherwise` where it is not printable text of a sane length."""
-    import shlex
-
-    if not isinstance(text, str) or not text or len(text) > 1000 or not text.isprintable():
-        return otherwise
-    return shlex.quote(text)
-
-
-def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
-    """The action and plan a change's journal in `output` names, read without checking it (for a
-    refusal's words; changes/journal.py checks a journal before acting on it)."""
-    import json
-
-    try:
-        with open(Path(output) / STATE_DIR / CHANGE_NAME, "rb") as journal:
-            data = json.loads(journal.read(1 << 20))
-    except (OSError, ValueError):
-        return "change", None
-    if not isinstance(data, dict) or not isinstance(data.get("action"), str):
-        return "change", None
-    return data["action"][:40], data.get("plan")
 
 
 def shard_name(number: int, suffix: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import select
 import sys
@@ -23,6 +24,7 @@ from ..core.manifest import (
     MAX_MANIFEST_BYTES,
     STATE_DIR,
     Manifest,
+    finishing,
     parse_manifest,
     unfinished,
 )
@@ -465,13 +467,19 @@ def read_remote_manifest(store: Store) -> Manifest:
 
 
 def _no_manifest(store: Store) -> str:
-    """Why `store` has no manifest: a change's journal there says a change (a merge into a new
-    prefix) began and has not finished; else it is not an output. (A pack into a bucket keeps its
-    state on the machine that packs.)"""
+    """Why `store` has no manifest: where a change's journal there reads as one, a change (a merge
+    into a new prefix) began and has not finished, and the command that finishes it; else no
+    output. Only a journal read whole counts (a server that refuses dot-paths, or fails, says
+    nothing of one); https:// outputs hold no changes and are not asked. (A pack into a bucket
+    keeps its state on the machine that packs.)"""
+    plain = "no manifest (is this a shardkit output folder?)"
+    if store._http:
+        return plain
     try:
-        store.read(f"{STATE_DIR}/{CHANGE_NAME}", MAX_MANIFEST_BYTES)
-    except FileNotFoundError:
-        return "no manifest (is this a shardkit output folder?)"
-    except (StorageError, OSError):
-        pass  # (there, but not read: still a change under way)
-    return unfinished("a change of it")
+        data = json.loads(store.read(f"{STATE_DIR}/{CHANGE_NAME}", 1 << 20))
+    except (FileNotFoundError, StorageError, OSError, ValueError):
+        return plain
+    if not isinstance(data, dict) or not isinstance(data.get("action"), str):
+        return plain
+    action = data["action"][:40]
+    return unfinished(action, finishing(store.url, action, data.get("plan")))
