@@ -101,3 +101,24 @@ def test_a_folder_without_a_manifest_says_what_began_there_and_what_finishes_it(
         read_manifest(tmp_path)
     assert "no manifest yet: a merge into it began and has not finished (it may still be running)" in str(said.value)
     assert f"`shardkit merge /data/2025 /data/2026 {tmp_path} --prefix-keys --resume` finishes it" in str(said.value)
+
+
+def test_a_journal_a_stranger_wrote_is_read_safely_for_the_words(tmp_path: Path) -> None:
+    """A journal nested past the parser's depth, a FIFO planted as one, a merge of more sources than
+    a line shows: one line each, no traceback, no hang."""
+    from shardkit.core.errors import ManifestError
+    from shardkit.core.manifest import change_action, read_manifest
+
+    state = tmp_path / ".shardkit"
+    state.mkdir()
+    (state / "change.json").write_bytes(b"[" * 100_000)
+    with pytest.raises(ManifestError, match=r"no manifest yet: a change of it .*`shardkit verify` says what"):
+        read_manifest(tmp_path)
+    (state / "change.json").unlink()
+    os.mkfifo(state / "change.json")
+    assert change_action(tmp_path) == ("change", None)  # (a plain open would wait for a writer)
+    (state / "change.json").unlink()
+    plan = {"sources": [f"/data/{n}" for n in range(70)]}
+    (state / "change.json").write_text(json.dumps({"action": "merge", "plan": plan}))
+    with pytest.raises(ManifestError, match=r"/data/63 \.\.\.6 more .* --resume` finishes it"):
+        read_manifest(tmp_path)

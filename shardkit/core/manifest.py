@@ -267,6 +267,8 @@ def _no_manifest(folder: Path) -> str:
     journal = folder / STATE_DIR / CHANGE_NAME
     if os.path.isfile(journal) and not os.path.islink(journal):
         action, plan = change_action(folder)
+        if action == "change":  # (a journal that does not read as one: verify says what is wrong with it)
+            return unfinished(action, "`shardkit verify` says what its journal holds")
         return unfinished(action, finishing(folder, action, plan))
     state = folder / STATE_DIR / STATE_NAME
     if os.path.isfile(state) and not os.path.islink(state):
@@ -303,6 +305,8 @@ def finishing(output: str | os.PathLike[str], action: str, plan: object = None) 
         listed = said.get("sources")
         sources = listed if isinstance(listed, list) else []
         words = [_word(source, "OUTPUT") for source in sources[:64]] or ["OUTPUT", "..."]
+        if len(sources) > 64:  # (a command line of them all would be a page)
+            words.append(f"...{len(sources) - 64} more")
         flags = [flag for flag, key in (("--prefix-keys", "prefix_keys"), ("--relabel", "relabel")) if said.get(key)]
         command = " ".join([*words, _word(str(output), "OUT"), *flags, "--resume"])
         return f"`shardkit merge {command}` finishes it"
@@ -320,14 +324,19 @@ def _word(text: object, otherwise: str) -> str:
     return shlex.quote(text)
 
 
+JOURNAL_LIMIT = 64 << 20  # the most a change's journal (changes/journal.py) may hold
+
+
 def change_action(output: str | os.PathLike[str]) -> tuple[str, object]:
     """The action and plan a change's journal in `output` names, read without checking it (for a
-    refusal's words; changes/journal.py checks a journal before acting on it)."""
-    import json
-
+    refusal's words; changes/journal.py checks a journal before acting on it): ("change", None)
+    where it cannot be read as one. Only a regular file of the state folder's own is read (a FIFO
+    planted there would hang a plain open; a link could read another folder's)."""
     try:
-        with open(Path(output) / STATE_DIR / CHANGE_NAME, "rb") as journal:
-            data = json.loads(journal.read(1 << 20))
+        fd = open_regular(Path(output) / STATE_DIR / CHANGE_NAME, own=True)
+        with os.fdopen(fd, "rb") as journal:
+            text = journal.read(JOURNAL_LIMIT + 1)
+        data = loads(text) if len(text) <= JOURNAL_LIMIT else None
     except (OSError, ValueError):
         return "change", None
     if not isinstance(data, dict) or not isinstance(data.get("action"), str):

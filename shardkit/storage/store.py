@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
-import json
 import os
 import select
 import sys
@@ -20,6 +19,7 @@ from urllib.parse import quote, unquote
 from ..core.errors import ConfigError, ManifestError, MissingDependencyError, ShardFormatError, StorageError
 from ..core.manifest import (
     CHANGE_NAME,
+    JOURNAL_LIMIT,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     STATE_DIR,
@@ -28,6 +28,7 @@ from ..core.manifest import (
     parse_manifest,
     unfinished,
 )
+from ..core.safeio import loads
 from .http import (
     NotDirect,
     ObjectChanged,
@@ -476,7 +477,7 @@ def _no_manifest(store: Store) -> str:
     if store._http:
         return plain
     try:
-        data = json.loads(store.read(f"{STATE_DIR}/{CHANGE_NAME}", 1 << 20))
+        data = loads(store.read(f"{STATE_DIR}/{CHANGE_NAME}", JOURNAL_LIMIT))
     except (FileNotFoundError, StorageError, OSError, ValueError):
         return plain
     if not isinstance(data, dict) or not isinstance(data.get("action"), str):
