@@ -45,6 +45,7 @@ from ..core.errors import ConfigError, ManifestError, OutputError, ShardkitError
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
+    JOURNAL_LIMIT,
     MANIFEST_NAME,
     STATE_DIR,
     Manifest,
@@ -58,7 +59,6 @@ from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
 from ..packing.working_folder import (
     CHANGE_NAME,
     NEXT_DIR,
-    finishing,
     is_idx_name,
     is_shard_name,
     remove_state,
@@ -72,7 +72,7 @@ BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait
 UPLOADED = "uploaded"  # the bucket journal's own field: every file of the new version is up
 OWNER = "owner"  # and the token of the run whose change it is
 OWNER_NAME = "bucket-owner"  # that token, in the mirror's working folder
-MAX_JOURNAL_BYTES = 64 << 20  # a journal's, or a manifest's, most bytes
+MAX_JOURNAL_BYTES = JOURNAL_LIMIT  # a journal's, or a manifest's, most bytes
 MAX_ERRORS_BYTES = 64 << 30  # errors.jsonl's (a row a failed input)
 
 
@@ -148,7 +148,7 @@ class BucketChange:
         try:
             remote = read_remote_manifest(self.store)
         except ManifestError as error:
-            raise OutputError(merge_under_way(self.store) or str(error)) from None
+            raise OutputError(str(error)) from None  # (names a merge under way there)
         found = self.journal()
         local = _local_journal(folder)
         mirrored = _checksum(folder / MANIFEST_NAME)
@@ -323,19 +323,6 @@ class BucketChange:
                     f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
                     "rows (`shardkit verify` says more)"
                 ) from None
-
-
-def merge_under_way(store: Store) -> str | None:
-    """What a prefix without a manifest is where a merge into it began and has not put its manifest
-    in place (None where no merge's journal is there, or it cannot be read)."""
-    try:
-        found = BucketChange(store).journal()
-    except ShardkitError:
-        return None
-    if found is None or found.journal.action != "merge":
-        return None
-    said = finishing(store.url, "merge", found.journal.plan)
-    return f"{store.url}: no manifest yet: a merge into it began and has not finished (it may still be running); {said}"
 
 
 def refuse_links(folder: Path) -> None:

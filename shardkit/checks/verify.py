@@ -114,12 +114,7 @@ def _opened(folder: str | os.PathLike[str], storage_options: dict[str, Any] | No
         os.mkdir(shards)
         output = _Output(store.url, Path(temp), store, shards)
         try:
-            try:
-                output.manifest = read_remote_manifest(store)
-            except ManifestError as error:
-                from ..changes.bucket import merge_under_way
-
-                raise ManifestError(merge_under_way(store) or str(error)) from None
+            output.manifest = read_remote_manifest(store)  # (names a merge under way there)
             output.listed = store.listing()
             _bucket_change(store, output)
             if isinstance(output.manifest, Manifest) and output.manifest.index is not None:

@@ -19,23 +19,16 @@ def strings(values: Sequence[str]) -> Any:
     text read in a locale that keeps undecodable bytes gives) is refused, naming it."""
     import pyarrow as pa
 
-    try:
-        encoded = [value.encode("utf-8") for value in values]
-    except UnicodeEncodeError:
-        odd = next(value for value in values if not _utf8(value))
-        raise ConfigError(f"{odd!r}: not text (it holds a character UTF-8 cannot encode)") from None
+    encoded = []
+    for value in values:
+        try:
+            encoded.append(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ConfigError(f"{value!r}: not text (it holds a character UTF-8 cannot encode)") from None
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(text) for text in encoded], out=offsets[1:])
     large = pa.LargeStringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
     return large.cast(pa.string())
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def string(value: str) -> Any:
