@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from shardkit import append
 from shardkit.core.config import PackConfig, ResizeConfig
+from shardkit.core.manifest import read_manifest
 from shardkit.packing.pack import pack
 from shardkit.synthetic import write_image
 
@@ -202,3 +205,34 @@ def test_a_url_table_on_ray_to_a_bucket_is_a_local_pack(cluster, s3, tmp_path) -
         result = pack(config)
     assert (result.records, result.errors, result.nodes) == (19, 1, 2)
     _same_output(bucket_objects(s3, "ray-urls"), folder_files(local))
+
+
+def test_a_ray_append_to_a_bucket_needs_no_folder_the_nodes_share(cluster, s3, images, reference, tmp_path) -> None:
+    """`pack --append` into an output in a bucket on Ray: the driver's mirror of the output and its
+    staging folder exist for it alone (a tmpfs in its own mount namespace), so each task must
+    upload its new shard to the bucket itself; the bucket ends holding what the same append leaves
+    in a local copy of the output, byte for byte, and nothing else."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    for path in reference.iterdir():
+        fs.put_file(str(path), f"data/ray-append/{path.name}")
+    added = tmp_path / "added"
+    for i in range(7):
+        write_image(added / f"c{i % 2}" / f"new-{i:03d}.jpg", 1100, 800, seed=100 + i)
+    local = tmp_path / "local"
+    shutil.copytree(reference, local)
+    assert append(str(added), str(local), workers=2).records == 7
+
+    hidden = tmp_path / "driver-only"
+    hidden.mkdir()
+    driver = [sys.executable, "-m", "shardkit", "pack", str(added), "s3://data/ray-append", "--append",
+              "--executor", "ray", "--ray-address", cluster.address, "--staging", str(hidden / "staging")]  # fmt: skip
+    command = [*_private_mount(), "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(hidden), *driver]
+    env = {**os.environ, **LOOPBACK_ENV, "SHARDKIT_CACHE": str(hidden / "cache")}
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert list(hidden.iterdir()) == []  # no task touched the mirror's or the staging folder's path
+    objects = bucket_objects(s3, "ray-append")  # (and nothing of the append's own pack is left)
+    assert objects == folder_files(local)
+    assert len([name for name in objects if name.endswith(".tar")]) == len(read_manifest(local).shards) == 12

@@ -9,8 +9,10 @@ an append of a folder that grew packs only what is new; an input whose key the o
 other bytes is refused (`key_prefix` gives the new keys a prefix of their own). Class names are
 merged: the output's keep their numbers, new ones follow.
 
-The pack itself is pack's, into the working folder's `next/pack/`, its shards numbered after the
-output's last: an interrupted append resumes its pack there shard by shard. Then `next/` gets the
+The pack itself is pack's, into the working folder's `next/pack/` (for an output in a bucket, into
+the bucket's `.shardkit/next/pack/`, each shard uploaded by the worker that wrote it, as any pack
+into a bucket: Ray without a shared folder appends), its shards numbered after the output's last:
+an interrupted append resumes its pack there shard by shard. Then `next/` gets the
 new shards (hard links), index.parquet (the old rows, then the new), errors.jsonl (the old rows
 byte for byte, then the append's; the manifest's history says which rows are whose) and the
 manifest of the next version, and the journal's commit moves them in (changes/journal.py): a kill
@@ -202,11 +204,17 @@ def _append(
                     journal.plan.update(counts)
                     changed.record(journal)
                 earlier = _earlier(changed) if packing.dedup != "none" else None
+                target = open_output(packing)
+                target.open(packing)  # (a bucket's prefix claimed: shards a killed run put up are kept)
                 packed = pack_into(
-                    packing, open_output(packing), progress, dedup_progress, tally,
+                    target.local_config(packing), target, progress, dedup_progress, tally,
                     extension=Extension(first, lambda found: walked.walk, earlier),
                 )  # fmt: skip
                 staged, reused = packed.manifest, packed.reused_shards
+                if changed.bucket is not None:
+                    staged = _finished_pack(changed)
+                    if staged is None or staged.checksum != packed.manifest.checksum:
+                        raise OutputError(f"{changed.bucket.pack_url}: the append's pack changed as it finished")
         result = _write_next(changed, journal, staged)
         if journal.plan["keep_versions"]:
             changed.keep_version(journal)
@@ -229,6 +237,8 @@ def _finished_pack(changed: Changing) -> Manifest | None:
     None where it did not."""
     folder = changed.next / STAGED
     refuse_link(folder, "shardkit's working folder")
+    if changed.bucket is not None:  # (packed in the bucket: its small files come to the mirror)
+        return changed.bucket.finished_pack(folder)
     if not os.path.lexists(folder / MANIFEST_NAME):
         return None
     try:
@@ -278,7 +288,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
         web = settings.get("web") or {}
         encode = {**settings["encode"], "background": tuple(settings["encode"]["background"])}
         packing = replace(
-            asked, output=str(changed.next / STAGED), resume=True, overwrite=False, format=settings["format"],
+            asked, output=_pack_output(changed), resume=True, overwrite=False, format=settings["format"],
             resize=ResizeConfig(**settings["resize"]), encode=EncodeConfig(**encode),
             shard_size=settings["shard_size"], shard_bytes=settings["shard_bytes"], shuffle=settings["shuffle"],
             seed=settings["seed"], labels=settings["labels"],
@@ -320,6 +330,13 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
     if differ:
         raise OutputError(f"{changed.name}: an append cannot follow its setting {differ[0]!r}")
     return packing
+
+
+def _pack_output(changed: Changing) -> str:
+    """Where the append's pack writes: the working folder's next/pack, or for a bucket's output a
+    prefix in the bucket (its workers upload each shard there, as a pack into a bucket does: a
+    Ray task on a machine that shares no folder with this one can write it)."""
+    return str(changed.next / STAGED) if changed.bucket is None else changed.bucket.pack_url
 
 
 def _shown(value: Any) -> str:
@@ -571,9 +588,10 @@ def _write_next(changed: Changing, journal: Journal, staged: Manifest) -> Manife
         for name in (idx_name(shard.name), shard.name):
             if name != shard.name and name not in idx_names:
                 continue
-            with writing(output, name):
-                (folder / name).unlink(missing_ok=True)
-                os.link(pack / name, folder / name)
+            if changed.bucket is None:  # (a bucket's commit copies them from the pack there)
+                with writing(output, name):
+                    (folder / name).unlink(missing_ok=True)
+                    os.link(pack / name, folder / name)
             moves.append(name)
     shards = [*manifest.shards, *staged.shards]
     idx = [c for c in manifest.companions if c.name.endswith(IDX_SUFFIX)] + new_idx

@@ -10,9 +10,10 @@ change begins, with the token of the run (the mirror) that owns it, and a pack i
 a change from another run is refused while it is there. The commit is the bucket's:
 
 1. the bucket must still hold this run's journal and the version the change began from;
-2. the new shards and their .idx files go up under their own names (no version lists them yet),
-   the files with fixed names (the files for other readers, index.parquet, errors.jsonl, the
-   manifest) under `.shardkit/next/`;
+2. the new shards and their .idx files go up under their own names (no version lists them yet;
+   an append's are copied there server-side from its pack, BUCKET_PACK, which its workers
+   uploaded them to), the files with fixed names (the files for other readers, index.parquet,
+   errors.jsonl, the manifest) under `.shardkit/next/`;
 3. the journal goes up again with `uploaded: true`: from here the change is committed;
 4. each staged file is copied into place (server-side), the manifest last; then the objects the new
    version no longer lists are deleted, then the staged files, then the journal.
@@ -69,6 +70,10 @@ from ..storage.store import Store, read_remote_manifest
 from .journal import Changing, Journal, changing_in
 
 BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
+# where an append packs, an output of its own in the bucket: each shard goes up as its worker
+# writes it (a Ray task on a machine that never sees the mirror), and the commit copies the
+# shards to their own names server-side
+BUCKET_PACK = f"{BUCKET_NEXT}/pack"
 UPLOADED = "uploaded"  # the bucket journal's own field: every file of the new version is up
 OWNER = "owner"  # and the token of the run whose change it is
 OWNER_NAME = "bucket-owner"  # that token, in the mirror's working folder
@@ -135,6 +140,37 @@ class BucketChange:
 
     def refuse_keep_versions(self) -> None:
         refuse_keep_versions(self.store.url)
+
+    @property
+    def pack_url(self) -> str:
+        """Where an append of this output packs its new shards (BUCKET_PACK)."""
+        return self.store.child(BUCKET_PACK)
+
+    def finished_pack(self, folder: Path) -> Manifest | None:
+        """The manifest of an append's pack that finished in the bucket, its index.parquet and
+        errors.jsonl fetched into `folder` (the mirror's next/pack, where the append reads them);
+        None where no pack finished there (a damaged manifest is none: the pack is resumed, and
+        refuses what it cannot take)."""
+        store = Store(self.pack_url, self.store.options)
+        try:
+            staged = read_remote_manifest(store)
+        except ManifestError:
+            return None
+        if staged.checksum != staged.computed_checksum():
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in (INDEX_NAME, ERRORS_NAME):
+            (folder / name).unlink(missing_ok=True)
+        try:
+            if staged.index is not None:
+                store.download(INDEX_NAME, str(folder / INDEX_NAME), staged.index.bytes, staged.index.sha256)
+            if staged.totals.get("errors"):
+                store.get(ERRORS_NAME, str(folder / ERRORS_NAME), MAX_ERRORS_BYTES)
+        except FileNotFoundError:
+            raise OutputError(f"{store.url}: the append's pack there lacks a file its manifest names") from None
+        except ShardkitError as error:
+            raise OutputError(f"{error}; `shardkit verify {store.url}` says more") from None
+        return staged
 
     def prepare(self, folder: Path) -> None:
         """The mirror made to follow the bucket, under the mirror's lock, before the change reads
@@ -223,14 +259,22 @@ class BucketChange:
     def undo(self, journal: Journal, remote: Manifest) -> None:
         """What a change that did not commit put up, deleted: the new shards it names that the
         current version does not list, its staged files, then its journal. The earlier version
-        was never touched."""
+        was never touched. An append's pack stays while its plan holds (the bucket is at the
+        version it began from): the append taken over resumes it, shard by shard."""
         listed = {s.name for s in remote.shards} | {c.name for c in remote.companions}
         for name in journal.moves:
             if goes_to(name) != name:
                 self.store.delete(goes_to(name))
             elif name not in listed:
                 self.store.delete(name)
+        if journal.action == "append" and journal.base != remote.checksum:
+            self.clear_pack()
         self.store.delete(JOURNAL)
+
+    def clear_pack(self) -> None:
+        """What an append left in BUCKET_PACK, deleted (before an append begins: a pack there is of
+        another plan)."""
+        self.store.delete_folder(BUCKET_PACK)
 
     def _refuse_another_owner(self, found: Found | None) -> None:
         """Another run's journal in the bucket (begun, or taken over, meanwhile) is left alone."""
@@ -268,6 +312,9 @@ class BucketChange:
             self.store.write(JOURNAL, journal_bytes(journal, uploaded=False, owner=self.owner))
             for name in journal["moves"]:
                 source = next_folder / name
+                if _packed_in_bucket(journal, name, source):
+                    self._copy_packed(name)
+                    continue
                 try:
                     regular = stat.S_ISREG(os.lstat(source).st_mode)
                 except OSError:
@@ -300,7 +347,19 @@ class BucketChange:
             self.store.delete(name)
         for name in staged:
             self.store.delete(goes_to(name))
+        if journal["action"] == "append":  # (its pack's shards are in place: the pack goes)
+            self.clear_pack()
         self.store.delete(JOURNAL)
+
+    def _copy_packed(self, name: str) -> None:
+        """A new shard (or its .idx file) of an append copied from its pack to its own name."""
+        try:
+            self.store.copy(f"{BUCKET_PACK}/{name}", name)
+        except FileNotFoundError:
+            raise OutputError(
+                f"{self.store.child(f'{BUCKET_PACK}/{name}')}: missing, and the append's commit copies it; "
+                f"delete {self.store.child(JOURNAL)} and run the append again"
+            ) from None
 
     def _fetch_small(self, folder: Path, remote: Manifest, *, index: bool) -> None:
         """The manifest (as read: its bytes are the bucket's), and with `index`, index.parquet and
@@ -323,6 +382,13 @@ class BucketChange:
                     f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
                     "rows (`shardkit verify` says more)"
                 ) from None
+
+
+def _packed_in_bucket(journal: dict[str, Any], name: str, source: Path) -> bool:
+    """Whether the commit takes `name` from the append's pack in the bucket: a new shard or .idx
+    file of an append that next/ does not hold (one begun before appends packed into the bucket
+    has it there, and uploads it)."""
+    return journal.get("action") == "append" and goes_to(name) == name and not os.path.lexists(source)
 
 
 def refuse_links(folder: Path) -> None:

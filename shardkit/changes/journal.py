@@ -71,6 +71,11 @@ class BucketSide(Protocol):
     def commit(self, next_folder: Path, journal: dict[str, Any]) -> None: ...
     def clear(self, folder: Path) -> None: ...
     def refuse_keep_versions(self) -> None: ...
+    @property
+    def pack_url(self) -> str: ...  # where an append packs (in the bucket: workers upload there)
+
+    def finished_pack(self, folder: Path) -> Manifest | None: ...
+    def clear_pack(self) -> None: ...
 
 
 @dataclass
@@ -189,6 +194,8 @@ class Changing:
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
         if self.bucket is not None:
+            if journal.action == "append":  # (a pack left there by an abandoned append is of another plan)
+                self.bucket.clear_pack()
             self.bucket.begun(journal)
         self.pending = journal
 
@@ -198,6 +205,8 @@ class Changing:
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
         if self.bucket is not None:
+            if journal.action == "append":  # (a pack left there by an abandoned append is of another plan)
+                self.bucket.clear_pack()
             self.bucket.begun(journal)
         self.pending = journal
 
@@ -224,7 +233,8 @@ class Changing:
         journal.result = result.checksum
         with writing(self.output, CHANGE_NAME):
             for name in journal.moves:  # what the commit will rename is on disk, not in a cache
-                _fsync(self.next / name)
+                if self.bucket is None or os.path.lexists(self.next / name):  # (an append's shards: in the bucket)
+                    _fsync(self.next / name)
             write_json_atomic(self.journal_path, journal.to_json())
 
     def fetch(self, shards: list[ShardInfo]) -> None:

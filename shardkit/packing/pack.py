@@ -101,6 +101,7 @@ def pack_into(
     """The one pack path, into the output's local folder `config.output` (the output folder, or a
     bucket's staging folder): claimed, prepared, resumed or cleared, the shards written, then the
     output published (output.py)."""
+    assert not is_remote(config.output), "pack_into writes a local folder: give it output.local_config(config)"
     started = time.perf_counter()
     mark("pack")
     if not is_remote(config.source):

@@ -437,6 +437,16 @@ class Store:
 
         retrying(self.child(name), "deleting", remove)
 
+    def delete_folder(self, name: str) -> None:
+        """Every object under `name/` deleted (nothing there: nothing to do)."""
+        path = self._path(name)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+
+        retrying(self.child(name), "deleting", remove)
+
 
 def _version_of(info: dict[str, Any]) -> str | None:
     """The version an fsspec filesystem's info tells of an object: its ETag (as a direct GET's
