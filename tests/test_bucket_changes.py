@@ -99,9 +99,54 @@ def test_remove_compact_and_append_leave_a_bucket_as_they_leave_a_folder(
     assert [s.key for s in open_shards(url)] == [s.key for s in open_shards(local)]
     assert read_manifest(local).version == 4
     assert len(open_shards(url, version=4)) == len(open_shards(url))  # its own version is the one there is
-    with pytest.raises(ConfigError, match=f"{url}: has no version 1 \\(it is at version 4; a bucket keeps none\\)"):
+    with pytest.raises(ConfigError, match=f"{url}: has no version 1 \\(it is at version 4; none kept"):
         open_shards(url, version=1)
     assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
+
+
+def test_versions_kept_in_a_bucket_are_the_folders_kept_versions(
+    s3, packed_sample, cache: Path, tmp_path: Path
+) -> None:
+    """--keep-versions in a bucket: each version before a change copied whole into versions/vN/
+    (server-side), the bucket holding what the same changes leave in a folder, byte for byte;
+    each kept version reads and verifies as the output it was; a remove that would leave records
+    in a kept version is refused unless it keeps versions too."""
+    import s3fs
+
+    local = tmp_path / "local"
+    shutil.copytree(packed_sample("webdataset", 64, 7), local)
+    url = _upload(s3, local, tmp_path.name)
+    keys = _keys(local)
+    added, classes = tmp_path / "added", read_manifest(local).classes
+    for number in range(5):
+        write_image(added / classes[number % len(classes)] / f"new-{number}.jpg", 90 + number, 70, seed=number)
+    first = [s.key for s in open_shards(local)]
+    for change in (
+        lambda out: remove(out, keys[3:5], reason=REASON, keep_versions=True),
+        lambda out: compact(out, shard_size=20, keep_versions=True),
+        lambda out: append(str(added), out, key_prefix="week2/", keep_versions=True),
+    ):
+        assert change(url).version == change(local).version
+        assert _objects(s3, tmp_path.name) == _files(local)  # versions/v1..v3 too, byte for byte
+    for version in (1, 2, 3):
+        assert verify(f"{url}/versions/v{version}").problems == []
+        assert [s.key for s in open_shards(url, version=version)] == [
+            s.key for s in open_shards(local, version=version)
+        ]
+    assert [s.key for s in open_shards(url, version=1)] == first
+    with pytest.raises(ConfigError, match=f"{url}: has no version 7 \\(it is at version 4; kept: 1, 2, 3\\)"):
+        open_shards(url, version=7)
+    before = _objects(s3, tmp_path.name)
+    with pytest.raises(OutputError, match=f"^{url}/versions/v2: a version kept by --keep-versions: read it, or"):
+        compact(f"{url}/versions/v2", shard_size=30)
+    with pytest.raises(OutputError, match=f"^{url}: keeps earlier versions \\(versions/, --keep-versions\\); move"):
+        pack(PackConfig(str(added), url, resize=ResizeConfig(64), overwrite=True))
+    with pytest.raises(OutputError, match=f"{url}/versions: earlier versions are kept there, and a remove would"):
+        remove(url, keys[:1], reason=REASON)
+    s3fs.S3FileSystem(**s3.options).pipe_file(f"data/{tmp_path.name}/versions/v4/stray", b"x")
+    with pytest.raises(OutputError, match=f"{url}/versions/v4: is there already; move it away to keep version 4"):
+        remove(url, keys[:1], reason=REASON, keep_versions=True)
+    assert _objects(s3, tmp_path.name) == {**before, "versions/v4/stray": b"x"}
 
 
 def test_refusals_in_a_bucket_come_before_any_change(s3, packed_sample, cache: Path, tmp_path: Path) -> None:
@@ -109,8 +154,6 @@ def test_refusals_in_a_bucket_come_before_any_change(s3, packed_sample, cache: P
     shutil.copytree(packed_sample("webdataset", 64, 7), local)
     url = _upload(s3, local, tmp_path.name)
     before = _objects(s3, tmp_path.name)
-    with pytest.raises(ConfigError, match="--keep-versions keeps versions in a local output folder only"):
-        remove(url, _keys(local)[:1], reason=REASON, keep_versions=True)
     with pytest.raises(ConfigError, match="not in the output: 'nope'"):
         remove(url, ["nope"], reason=REASON)
     with pytest.raises(OutputError, match="no manifest"):
@@ -138,20 +181,22 @@ def test_a_damaged_shard_in_the_bucket_is_refused_not_written_again(
 # --- a kill after each request a remove makes of the bucket -------------------------------------
 
 _DRIVER = """
-import os, signal, sys, json
+import os, signal, sys, json, threading
 from shardkit.storage.store import Store
 at, log = sys.argv[1], sys.argv[2]  # a count of requests, or the request after which to die
-count = [0]
+count, counting = [0], threading.Lock()
 def hooked(method):
     original = getattr(Store, method)
     def call(self, name, *args):
         result = original(self, name, *args)
-        count[0] += 1
         # (named under the output: an append's pack is a Store of its own, under .shardkit/next/pack)
         step = f"{method} {self.child(args[0] if method in ('copy', 'upload') else name).removeprefix(out + '/')}"
-        with open(log, "a") as steps:
-            steps.write(step + "\\n")
-        if str(count[0]) == at or step == at:
+        with counting:  # (requests made on several threads at once, a kept version's copies: line N is request N)
+            count[0] += 1
+            number = count[0]
+            with open(log, "a") as steps:
+                steps.write(step + "\\n")
+        if str(number) == at or step == at:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
     setattr(Store, method, call)
@@ -163,17 +208,18 @@ if sys.argv[3] == "append":
     append(sys.argv[4], sys.argv[5], key_prefix="week2/", workers=2, resume=sys.argv[6] == "resume")
 else:
     from shardkit.changes.remove import remove
-    remove(sys.argv[3], json.loads(sys.argv[4]), reason=sys.argv[5])
+    remove(sys.argv[3], json.loads(sys.argv[4]), reason=sys.argv[5], keep_versions=sys.argv[6:] == ["keep"])
 """
 
 
-def _killed_remove(warm: WarmStarter, url: str, keys: list[str], at: int | str, log: Path) -> int:
+def _killed_remove(
+    warm: WarmStarter, url: str, keys: list[str], at: int | str, log: Path, keep_versions: bool = False
+) -> int:
     """A remove of `keys` from `url` in a process of its own, killed (SIGKILL) right after its
     `at`-th request that writes to the bucket (0: never), or after the request `at` names; its exit
     status."""
-    run = warm.run(
-        [str(at), str(log), url, json.dumps(keys), REASON], {**os.environ, "PYTHONPATH": str(REPO)}, REPO, code=_DRIVER
-    )
+    argv = [str(at), str(log), url, json.dumps(keys), REASON, *(["keep"] if keep_versions else [])]
+    run = warm.run(argv, {**os.environ, "PYTHONPATH": str(REPO)}, REPO, code=_DRIVER)
     assert run.returncode in (0, -signal.SIGKILL), run.stderr
     return run.returncode
 
@@ -385,3 +431,41 @@ def test_an_append_killed_after_any_bucket_request_finishes_as_an_uninterrupted_
         else:
             assert again(resume=at % 3 == 0).version == 2, steps[at - 1]
         assert _objects(s3, prefix) == expected, steps[at - 1]
+
+
+def test_a_remove_keeping_versions_killed_after_bucket_requests_finishes_as_an_uninterrupted_one(
+    s3, packed_sample, cache: Path, tmp_path: Path, warm: WarmStarter
+) -> None:
+    """With --keep-versions the commit first copies the version before into versions/v1/: a kill
+    among those copies (or at the first and last request of each other kind), with the mirror
+    kept or lost, then the same remove or `--resume`, leaves what an uninterrupted one leaves: the
+    kept version whole, made once."""
+    source = packed_sample("webdataset", 64, 7)
+    keys = _keys(source)
+    taken = [keys[2], keys[8], keys[9]]
+    clean_log = tmp_path / "clean.log"
+    clean = _upload(s3, source, f"{tmp_path.name}-clean")
+    assert _killed_remove(warm, clean, taken, 0, clean_log, keep_versions=True) == 0
+    expected = _objects(s3, f"{tmp_path.name}-clean")
+    steps = clean_log.read_text().splitlines()
+    copies = [at for at, step in enumerate(steps, 1) if step.startswith("copy ") and "versions/v1/" in step]
+    assert steps[copies[-1] - 1] == "copy versions/v1/manifest.json"  # (the kept version's manifest last)
+    assert steps[copies[-1]] == "upload .shardkit/next/manifest.json" or not steps[copies[-1]].startswith("copy")
+    assert {name for name in expected if name.startswith("versions/v1/")} == {
+        f"versions/v1/{name}" for name in _files(source)
+    }
+    for at in [*_ends_of_runs(steps), copies[len(copies) // 2]]:
+        prefix = f"{tmp_path.name}-at{at}"
+        url = _upload(s3, source, prefix)
+        assert _killed_remove(warm, url, taken, at, tmp_path / f"at{at}.log", keep_versions=True) == -signal.SIGKILL
+        writes = steps[:at].count("write .shardkit/change.json")
+        if at % 2 == 1:  # another machine: no mirror of the killed run
+            shutil.rmtree(cache, ignore_errors=True)
+        if at == len(steps):
+            assert not remove(url, resume=True).resumed
+        elif at % 2 == 1 and writes < 3:  # begun elsewhere, not committed: taken over with --resume
+            assert remove(url, resume=True).resumed, steps[at - 1]
+        else:
+            assert remove(url, taken, reason=REASON, keep_versions=True).resumed, steps[at - 1]
+        assert _objects(s3, prefix) == expected, steps[at - 1]
+        assert verify(f"{url}/versions/v1").problems == []

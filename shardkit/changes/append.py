@@ -62,7 +62,6 @@ from ..packing.sources.item import display
 from ..packing.working_folder import finishing, is_shard_name, shard_number, state_dir, writing
 from ..readers.arrays import flags, strings
 from ..storage.urls import is_remote
-from .bucket import refuse_keep_versions
 from .journal import Changing, Journal, kept_name, refuse_link
 from .place import changing
 from .remove import REMOVED
@@ -124,7 +123,7 @@ def append(
     naming it. `key_prefix` starts each new key (where the source's keys are the output's already,
     for other images). The same append run again finishes an interrupted one; one whose inputs
     are all in the output already changes nothing. `keep_versions` keeps the version before whole
-    in versions/vN (hard links: no bytes copied)."""
+    in versions/vN (hard links: no bytes copied; in a bucket, server-side copies)."""
     config = pack_config(
         os.fspath(source), os.fspath(output), storage_options=storage_options, table=table, sidecars=sidecars, **options
     )
@@ -147,8 +146,6 @@ def _append(
     take_over = config.resume  # (a bucket's change begun in another run is taken over only when asked)
     if config.resume:  # (an interrupted append is finished by the same append: --resume is that too)
         config = replace(config, resume=False)
-    if keep_versions and is_remote(output):
-        refuse_keep_versions(output)
     if config.overwrite:
         raise ConfigError("--append adds to the output: --overwrite would replace it (give one of them)")
     prefix = _checked_prefix(key_prefix)

@@ -24,8 +24,9 @@ it is refused, as the run that began it may still be going (a bucket has no lock
 (`take_over`) then deletes what that run put up and does its plan again from the bucket's journal.
 A kill after step 3 leaves a journal that says the change is committed: the same command (or
 `--resume`) finishes step 4 from the bucket alone, from any machine. Every journal read from the
-bucket is checked as a local one is before anything is done with it. Kept versions
-(`--keep-versions`) are not supported in a bucket yet: refused before any work.
+bucket is checked as a local one is before anything is done with it. A kept version
+(`--keep-versions`) is copied whole into versions/vN/ server-side at the commit, before the journal
+says the change is committed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from ..core.manifest import (
     JOURNAL_LIMIT,
     MANIFEST_NAME,
     STATE_DIR,
+    VERSIONS_DIR,
     Manifest,
     ShardInfo,
     read_manifest,
@@ -67,7 +69,7 @@ from ..packing.working_folder import (
 )
 from ..storage.cache import default_cache_dir
 from ..storage.store import Store, read_remote_manifest
-from .journal import Changing, Journal, changing_in
+from .journal import KEPT, Changing, Journal, changing_in, kept_name
 
 BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
 # where an append packs, an output of its own in the bucket: each shard goes up as its worker
@@ -79,6 +81,7 @@ OWNER = "owner"  # and the token of the run whose change it is
 OWNER_NAME = "bucket-owner"  # that token, in the mirror's working folder
 MAX_JOURNAL_BYTES = JOURNAL_LIMIT  # a journal's, or a manifest's, most bytes
 MAX_ERRORS_BYTES = 64 << 30  # errors.jsonl's (a row a failed input)
+COPIES_AT_ONCE = 8  # a kept version's server-side copies in flight (as a merge's)
 
 
 def spelled(store: Store) -> str:
@@ -98,8 +101,9 @@ def mirror_folder(store: Store) -> Path:
 
 def goes_to(name: str) -> str:
     """Where the commit puts a file of the new version before it is committed: a new shard (or its
-    .idx file) at its own name, anything else (whose name the current version uses) staged."""
-    return name if is_shard_name(name) or is_idx_name(name) else f"{BUCKET_NEXT}/{name}"
+    .idx file) at its own name, as a kept version (versions/vN/, copies of the version before),
+    anything else (whose name the current version uses) staged."""
+    return name if is_shard_name(name) or is_idx_name(name) or KEPT.fullmatch(name) else f"{BUCKET_NEXT}/{name}"
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,19 @@ class BucketChange:
     def clear(self, folder: Path) -> None:
         clear_mirror(folder)
 
-    def refuse_keep_versions(self) -> None:
-        refuse_keep_versions(self.store.url)
+    def kept_versions(self) -> list[int]:
+        """The versions `--keep-versions` kept in the bucket (versions/vN/ holding objects), in order."""
+        names = [name for name, folder in _entries(self.store, VERSIONS_DIR) if folder]
+        return sorted(
+            int(name[1:]) for name in names
+            if KEPT.fullmatch(f"{VERSIONS_DIR}/{name}") and _entries(self.store, f"{VERSIONS_DIR}/{name}")
+        )  # fmt: skip
+
+    def refuse_kept(self, version: int) -> None:
+        """`--keep-versions` refused before anything is written where versions/vN holds objects."""
+        if _entries(self.store, kept_name(version)):
+            where = self.store.child(kept_name(version))
+            raise OutputError(f"{where}: is there already; move it away to keep version {version}")
 
     @property
     def pack_url(self) -> str:
@@ -263,7 +278,10 @@ class BucketChange:
         version it began from): the append taken over resumes it, shard by shard."""
         listed = {s.name for s in remote.shards} | {c.name for c in remote.companions}
         for name in journal.moves:
-            if goes_to(name) != name:
+            if KEPT.fullmatch(name):  # (begun from this version: what is there is its copies)
+                if journal.base == remote.checksum:
+                    self.store.delete_folder(name)
+            elif goes_to(name) != name:
                 self.store.delete(goes_to(name))
             elif name not in listed:
                 self.store.delete(name)
@@ -307,11 +325,15 @@ class BucketChange:
         found = self.journal()
         if not (found is not None and found.uploaded and found.journal.result == journal["result"]):
             self._refuse_another_owner(found)
-            if read_remote_manifest(self.store).checksum != journal["base"]:
+            remote = read_remote_manifest(self.store)
+            if remote.checksum != journal["base"]:
                 raise OutputError(f"{self.store.url}: its manifest changed while the change ran (another writer?)")
             self.store.write(JOURNAL, journal_bytes(journal, uploaded=False, owner=self.owner))
             for name in journal["moves"]:
                 source = next_folder / name
+                if KEPT.fullmatch(name):
+                    self._keep_version(name, remote)
+                    continue
                 if _packed_in_bucket(journal, name, source):
                     self._copy_packed(name)
                     continue
@@ -351,6 +373,19 @@ class BucketChange:
             self.clear_pack()
         self.store.delete(JOURNAL)
 
+    def _keep_version(self, name: str, remote: Manifest) -> None:
+        """`--keep-versions`: the version the change starts from copied whole into `name`
+        (versions/vN/), server-side, several requests at once, its manifest last (a prefix with a
+        manifest is a whole output). A bucket has no hard links: the copies are its bytes again,
+        in the store, not through this machine."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        files = [s.name for s in remote.shards] + [c.name for c in remote.companions]
+        files += [INDEX_NAME] * (remote.index is not None) + [ERRORS_NAME] * (ERRORS_NAME in self.objects)
+        with ThreadPoolExecutor(max_workers=COPIES_AT_ONCE) as pool:
+            list(pool.map(lambda file: self.store.copy(file, f"{name}/{file}"), files))
+        self.store.copy(MANIFEST_NAME, f"{name}/{MANIFEST_NAME}")
+
     def _copy_packed(self, name: str) -> None:
         """A new shard (or its .idx file) of an append copied from its pack to its own name."""
         try:
@@ -382,6 +417,15 @@ class BucketChange:
                     f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
                     "rows (`shardkit verify` says more)"
                 ) from None
+
+
+def _entries(store: Store, rel_dir: str) -> list[tuple[str, bool]]:
+    """What lies directly under `rel_dir` (none where nothing does: a store that keeps an emptied
+    folder, as SeaweedFS does, holds nothing there)."""
+    try:
+        return store.folder(rel_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _packed_in_bucket(journal: dict[str, Any], name: str, source: Path) -> bool:
@@ -425,10 +469,6 @@ def _new_owner(folder: Path) -> str:
         os.unlink(path)
     write_text_atomic(path, owner)
     return owner
-
-
-def refuse_keep_versions(url: str) -> None:
-    raise ConfigError(f"{url}: --keep-versions keeps versions in a local output folder only (not a bucket's yet)")
 
 
 def _local_journal(folder: Path) -> dict[str, Any] | None:
@@ -479,6 +519,13 @@ def changing_bucket(
     assert not isinstance(store, Path)
     if store.protocol in ("http", "https"):
         raise ConfigError(f"{store.url}: an output read over HTTP takes no writes; change it where it is stored")
+    above, _, name = spelled(store).rpartition("/")
+    if above.endswith(f"/{VERSIONS_DIR}") and KEPT.fullmatch(f"{VERSIONS_DIR}/{name}"):
+        outer = Store(above.removesuffix(f"/{VERSIONS_DIR}"), store.options)
+        if MANIFEST_NAME in outer.listing():
+            raise OutputError(
+                f"{store.url}: a version kept by --keep-versions: read it, or delete it; change the output itself"
+            )
     mirror = mirror_folder(store)
     try:
         mirror.mkdir(parents=True, exist_ok=True)

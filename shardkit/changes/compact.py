@@ -22,8 +22,6 @@ from ..core.errors import ConfigError
 from ..core.manifest import Manifest, ShardInfo
 from ..core.pack_options import parse_bytes
 from ..packing.working_folder import versioned_name
-from ..storage.urls import is_remote
-from .bucket import refuse_keep_versions
 from .journal import Changing, Journal
 from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
 
@@ -61,10 +59,8 @@ def compact(
     with `storage_options`) into shards of at most
     `shard_size` records (or `shard_bytes` bytes: an int or a text such as "256MB"). `resume`
     finishes a compact that was interrupted (so does the same compact run again). `keep_versions`
-    keeps the version before whole in versions/vN (hard links: no bytes copied).
+    keeps the version before whole in versions/vN (hard links; in a bucket, server-side copies).
     `progress(done, total)` counts shards written."""
-    if keep_versions and is_remote(output):
-        refuse_keep_versions(str(output))
     target = _target(shard_size, shard_bytes, resume)
     asked = {**target, "keep_versions": True} if keep_versions else target
     request = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()

@@ -70,7 +70,8 @@ class BucketSide(Protocol):
     def begun(self, journal: Journal) -> None: ...
     def commit(self, next_folder: Path, journal: dict[str, Any]) -> None: ...
     def clear(self, folder: Path) -> None: ...
-    def refuse_keep_versions(self) -> None: ...
+    def kept_versions(self) -> list[int]: ...
+    def refuse_kept(self, version: int) -> None: ...
     @property
     def pack_url(self) -> str: ...  # where an append packs (in the bucket: workers upload there)
 
@@ -288,8 +289,9 @@ class Changing:
     def refuse_kept(self) -> None:
         """`--keep-versions` refused before anything is written where the version it would keep is
         in the way, or where a file it lists is not a regular file (a link would be kept as a link)."""
-        if self.bucket is not None:
-            self.bucket.refuse_keep_versions()
+        if self.bucket is not None:  # (its files are the bucket's objects, copied at the commit)
+            self.bucket.refuse_kept(self.manifest.version)
+            return
         versions, version = self.output / VERSIONS_DIR, self.manifest.version
         refuse_link(versions, "shardkit's folder of versions")
         if os.path.lexists(self.output / kept_name(version)):
@@ -316,6 +318,9 @@ class Changing:
         keeps the removed bytes there: that is what was asked."""
         name = kept_name(self.manifest.version)
         self.refuse_kept()
+        if self.bucket is not None:  # (a bucket has no links: its commit copies the files, server-side)
+            journal.moves.insert(0, name)
+            return
         self._refuse_planted_next()
         folder = self.next / name
         with writing(self.output, name):

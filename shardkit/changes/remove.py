@@ -28,7 +28,6 @@ from ..packing.working_folder import versioned_name
 from ..readers.arrays import strings
 from ..readers.subset import IndexFile, Selection, select
 from ..storage.urls import is_remote
-from .bucket import refuse_keep_versions
 from .journal import Changing, Journal
 from .rewrite import Change, new_journal, refuse_foreign_shards, refuse_taken_names, run
 
@@ -77,8 +76,6 @@ def remove(
     interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
     in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
     total)` counts shards written."""
-    if keep_versions and is_remote(output):
-        refuse_keep_versions(str(output))
     if resume and (keys is not None or where is not None):
         raise ConfigError("--resume finishes the interrupted remove as it was asked: give no keys with it")
     if not resume and (keys is None) == (where is None):
@@ -103,6 +100,12 @@ def remove(
     missing = [0]
 
     def plan(changed: Changing) -> Journal | None:
+        if changed.bucket is not None and not keep_versions and changed.bucket.kept_versions():
+            said = changed.bucket.url + "/" + VERSIONS_DIR
+            raise OutputError(
+                f"{said}: earlier versions are kept there, and a remove would leave the records in them: delete "
+                f"{said} first, or give --keep-versions to keep them knowingly"
+            )
         journal, missing[0] = _plan(changed, wanted, where, reason, missing_ok, request)
         return journal
 

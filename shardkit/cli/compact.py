@@ -26,7 +26,9 @@ def compact(
     resume: Annotated[bool, typer.Option("--resume", help="Finish a compact that was interrupted.")] = False,
     keep_versions: Annotated[
         bool,
-        typer.Option("--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links)."),
+        typer.Option(
+            "--keep-versions", help="Keep the version before whole in OUT/versions/vN (hard links; a bucket copies it)."
+        ),
     ] = False,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write a summary as JSON.")] = None,

@@ -47,7 +47,10 @@ def remove(
         bool,
         typer.Option(
             "--keep-versions",
-            help="Keep the version before whole in OUT/versions/vN (hard links): the removed records stay there.",
+            help=(
+                "Keep the version before whole in OUT/versions/vN (hard links; a bucket copies it): "
+                "the removed records stay there."
+            ),
         ),
     ] = False,
     storage_option: Annotated[Optional[list[str]], typer.Option(help=STORAGE_OPTION_HELP)] = None,

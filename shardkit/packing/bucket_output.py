@@ -32,6 +32,7 @@ from ..core.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
     STATE_DIR,
+    VERSIONS_DIR,
     Manifest,
     idx_name,
     write_json_atomic,
@@ -179,6 +180,10 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
         )
     if contents.manifest is not None and not (resume or overwrite):
         raise OutputError(f"{store.url}: holds a finished shardkit output; use --resume or --overwrite")
+    if contents.manifest is not None and overwrite and _holds(store, VERSIONS_DIR):
+        raise OutputError(
+            f"{store.url}: keeps earlier versions ({VERSIONS_DIR}/, --keep-versions); move them away to pack here again"
+        )
     if contents.begun and contents.manifest is None and not (resume or overwrite):
         raise OutputError(f"{store.url}: holds an interrupted pack; use --resume to finish it or --overwrite")
     try:
@@ -191,6 +196,14 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
     except OSError as error:
         raise OutputError(f"{store.child(_PROBE)}: cannot write here ({error})") from None
     return contents
+
+
+def _holds(store: Store, rel_dir: str) -> bool:
+    """Whether any object lies under `rel_dir/` (a store may keep a folder emptied: SeaweedFS)."""
+    try:
+        return any(folder is False or _holds(store, f"{rel_dir}/{name}") for name, folder in store.folder(rel_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def refuse_unfinished_change(store: Store) -> None:

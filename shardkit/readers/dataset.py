@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex, cast, overload
 import numpy as np
 
 from ..core.config import DEFAULT_MAX_PIXELS
-from ..core.errors import ConfigError, ShardFormatError, ShardReadError
+from ..core.errors import ConfigError, ManifestError, ShardFormatError, ShardReadError
 from ..core.manifest import MANIFEST_NAME, MAX_VERSION, VERSIONS_DIR, Manifest, read_manifest
 from ..formats.base import Record
 from .epoch import EpochRecord, ShardSpace
@@ -444,13 +444,24 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
     the one --keep-versions kept (versions/vN); ConfigError naming the versions there are."""
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
         raise ConfigError(f"version must be a version number (1 or more), not {version!r}")
-    if not isinstance(folder, Path):  # a bucket keeps no earlier version: its own is the one there is
-        from ..storage.store import read_remote_manifest
+    if not isinstance(folder, Path):  # a bucket's kept versions are prefixes: versions/vN/
+        from ..storage.store import Store, read_remote_manifest
 
         at = read_remote_manifest(folder).version
-        if version != at:
-            raise ConfigError(f"{folder.url}: has no version {version} (it is at version {at}; a bucket keeps none)")
-        return folder
+        if version == at:
+            return folder
+        earlier = Store(folder.child(f"{VERSIONS_DIR}/v{version}"), folder.options)
+        try:
+            found = read_remote_manifest(earlier).version
+        except ManifestError:
+            found = None
+        if found is not None and found != version:
+            raise ConfigError(f"{earlier.url}: holds version {found}, not {version}")
+        if found is not None:
+            return earlier
+        there = _kept_in_bucket(folder)
+        said = f"kept: {', '.join(map(str, there))}" if there else "none kept (--keep-versions keeps them)"
+        raise ConfigError(f"{folder.url}: has no version {version} (it is at version {at}; {said})")
     manifest = read_manifest(folder)
     if version == manifest.version:
         return folder
@@ -464,6 +475,20 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
     )
     said = f"kept: {', '.join(map(str, there))}" if there else "none kept (--keep-versions keeps them)"
     raise ConfigError(f"{folder}: has no version {version} (it is at version {manifest.version}; {said})")
+
+
+def _kept_in_bucket(store: Store) -> list[int]:
+    """The versions kept under a bucket output's versions/ (its prefixes vN holding objects: a store
+    may keep a folder emptied), in order."""
+
+    def entries(rel_dir: str) -> list[tuple[str, bool]]:
+        try:
+            return store.folder(rel_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    names = [name for name, folder in entries(VERSIONS_DIR) if folder and re.fullmatch(r"v[0-9]{1,10}", name)]
+    return sorted(int(name[1:]) for name in names if entries(f"{VERSIONS_DIR}/{name}"))
 
 
 def _entries(folder: Path) -> list[os.DirEntry[str]]:

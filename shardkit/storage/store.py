@@ -260,6 +260,8 @@ class Store:
 
         def ls() -> list[dict[str, Any]]:
             try:
+                with contextlib.suppress(AttributeError, NotImplementedError):  # (as it is now, not as
+                    fs.invalidate_cache(path)  # a listing earlier in this process found it)
                 listed: list[dict[str, Any]] = fs.ls(path, detail=True)  # fsspec is untyped
                 return listed
             finally:
@@ -442,6 +444,8 @@ class Store:
         path = self._path(name)
 
         def remove() -> None:
+            with contextlib.suppress(AttributeError, NotImplementedError):
+                self.fs.invalidate_cache(path)  # (every object there now, not those a listing saw)
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(path, recursive=True)
 
