@@ -19,7 +19,7 @@ import pytest
 from shardkit.changes.append import append
 from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
-from shardkit.core.config import PackConfig, ResizeConfig, TableConfig
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats, get_format
@@ -450,3 +450,30 @@ def test_dedup_compares_the_new_files_with_the_whole_output(sample_dataset: Path
     assert result.records == 3 - len(expected)
     assert read_manifest(out).totals["duplicates"] == len(expected)
     assert verify(out).ok
+
+
+def test_near_dedup_finds_copies_of_pictures_packed_as_they_were(sample_dataset: Path, tmp_path: Path) -> None:
+    """--encode original keeps a JPEG's bytes without decoding it; with --dedup near its record still
+    gets a DCT hash (index.parquet's phash), so an append finds a picture saved again as a near copy
+    of it."""
+    from PIL import Image
+
+    out, new = tmp_path / "out", tmp_path / "new"
+    config = PackConfig(str(sample_dataset), str(out), resize=ResizeConfig(4096), shard_size=16, dedup="near")
+    pack(replace(config, encode=EncodeConfig("original")))
+    rows = pq.read_table(out / "index.parquet", columns=["key", "source", "phash"]).to_pylist()
+    kept = [record.key for _, record in stored_records(out) if record.meta.get("encoding") == "original"]
+    assert len(kept) > len(rows) // 2  # (most are kept as they were: no decode, and yet a hash)
+    hashed = {row["key"] for row in rows if row["phash"] is not None}
+    assert set(kept) <= hashed
+    first = next(row for row in rows if row["key"] in kept)
+    folder = new / first["source"].split("/")[0]
+    folder.mkdir(parents=True)
+    with Image.open(sample_dataset / first["source"]) as image:
+        image.convert("RGB").save(folder / "saved_again.jpg", quality=70)
+
+    assert append(new, out).records == 0
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(row["stage"], row["duplicate_of"]) for row in errors if "saved_again" in row["path"]] == [
+        ("duplicate", first["key"])
+    ]

@@ -348,7 +348,7 @@ def _jobs(
         own = reading if retried is None else reading.resumed(retried.errors, retried.counts, str(folder / spec.name))
         yield ShardJob(
             spec, str(folder), config.format, config.resize, config.encode, shard_hash, copies, found.options,
-            own, destination=output.destination(spec.name),
+            own, destination=output.destination(spec.name), hash_kept=config.dedup == "near",
         )  # fmt: skip
     planned.walked = True
 

@@ -51,6 +51,7 @@ class ShardJob:
     # and hands the records back for the driver to write (encode_part), numbered from 0 of `parts`.
     part: int | None = None
     parts: int = 1
+    hash_kept: bool = False  # --dedup near: a picture kept as it was gets its DCT hash too (encode.py)
 
 
 def write_shard(job: ShardJob) -> ShardResult:
@@ -129,6 +130,7 @@ def _packing(job: ShardJob, timings: dict[str, float], copies_used: dict[str, st
         copies_used,
         job.copies,
         job.storage_options,
+        job.hash_kept,
     )
 
 
