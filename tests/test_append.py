@@ -19,7 +19,7 @@ import pytest
 from shardkit.changes.append import append
 from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
-from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig, TableConfig
+from shardkit.core.config import ClipConfig, EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats, get_format
@@ -477,3 +477,40 @@ def test_near_dedup_finds_copies_of_pictures_packed_as_they_were(sample_dataset:
     assert [(row["stage"], row["duplicate_of"]) for row in errors if "saved_again" in row["path"]] == [
         ("duplicate", first["key"])
     ]
+
+
+def test_videos_append_as_images_do(tmp_path: Path) -> None:
+    """An output of clips takes new videos: cut as the output's were (its clip seconds, stride,
+    fps, resize), after its shards, which stay byte for byte; the videos it holds (their clips'
+    key and sha256) are skipped, one whose every clip `remove` took out stays out, another video
+    under a key it holds is refused, and so is a flag that would cut them otherwise."""
+    pytest.importorskip("av")
+    from shardkit.synthetic import write_video
+
+    src, out, whole = tmp_path / "src", tmp_path / "out", tmp_path / "whole"
+    for number in range(5):
+        write_video(src / f"c{number % 2}" / f"v{number}.mp4", 96, 64, seconds=1.0, seed=number)
+    config = PackConfig(str(src), str(whole), resize=ResizeConfig(32), shard_size=4, clips=ClipConfig(seconds=0.5))
+    pack(config)
+    first = tmp_path / "first"
+    shutil.copytree(src, first)
+    for number in (3, 4):
+        (first / f"c{number % 2}" / f"v{number}.mp4").unlink()
+    pack(replace(config, source=str(first), output=str(out)))
+    old = {shard.name: sha256_file(out / shard.name) for shard in read_manifest(out).shards}
+
+    result = append(src, out)
+
+    assert (result.records, result.inputs, result.already, result.clips) == (4, 2, 3, True)
+    assert {name: sha256_file(out / name) for name in old} == old
+    assert sorted(_records(out)) == sorted(_records(whole))  # the clips a pack of all five makes
+    assert verify(out).ok
+    assert append(src, out).inputs == 0  # (nothing new)
+    with pytest.raises(ConfigError, match=r"--clip-seconds 1\.0: the output was packed with clip seconds 0\.5"):
+        append(src, out, clip_seconds=1.0)
+    remove(out, ["c1/v3_000000", "c1/v3_000001"], reason="takedown")
+    again = append(src, out)
+    assert (again.inputs, again.taken_down) == (0, 1)  # (v3 stays out)
+    write_video(src / "c0" / "v0.mp4", 96, 64, seconds=1.0, seed=99)  # another video under v0's key
+    with pytest.raises(OutputError, match=r"holds other videos under 1 of the new keys \('c0/v0'\); give the new"):
+        append(src, out)

@@ -97,6 +97,7 @@ class AppendResult:
     output_bytes: int
     seconds: float
     resumed: bool = False
+    clips: bool = False  # the output holds clips of videos: a record is a clip, an input a video
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,10 +265,6 @@ def _refuse_output(changed: Changing) -> None:
     """An output an append can continue: pack's shards under pack's names, images (not clips)."""
     refuse_foreign_shards(changed, "an append")
     settings = changed.manifest.settings
-    if isinstance(settings.get("clips"), dict):
-        raise OutputError(
-            f"{changed.name}: holds clips of videos: --append takes images (videos are not supported yet)"
-        )
     if not isinstance(settings.get("resize"), dict) or not isinstance(settings.get("encode"), dict):
         raise OutputError(f"{changed.name}/{MANIFEST_NAME}: says nothing of its settings; an append cannot follow them")
 
@@ -291,7 +288,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
             seed=settings["seed"], labels=settings["labels"],
             table=TableConfig(**{**table, "path": asked.table.path}), sidecars=bool(settings.get("sidecars")),
             dedup=dedup.get("mode", "none"), dedup_threshold=dedup.get("threshold", asked.dedup_threshold),
-            web=replace(asked.web, **web), clips=ClipConfig(),
+            web=replace(asked.web, **web), clips=ClipConfig(**settings["clips"]) if _clips(changed) else ClipConfig(),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         said = f"{changed.name}/{MANIFEST_NAME}: its settings are not pack's ({describe(error)})"
@@ -334,6 +331,11 @@ def _pack_output(changed: Changing) -> str:
     prefix in the bucket (its workers upload each shard there, as a pack into a bucket does: a
     Ray task on a machine that shares no folder with this one can write it)."""
     return str(changed.next / STAGED) if changed.bucket is None else changed.bucket.pack_url
+
+
+def _clips(changed: Changing) -> bool:
+    """Whether the output holds clips of videos (an append then cuts its new videos as they were)."""
+    return isinstance(changed.manifest.settings.get("clips"), dict)
 
 
 def _shown(value: Any) -> str:
@@ -411,6 +413,8 @@ def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
             for item in items
         ]  # fmt: skip
     removed = _removed_keys(changed)
+    if _clips(changed):  # (a video whose every clip was taken out stays out: its clips' keys name it)
+        removed |= {_video_key(key) for key in removed}
     taken_down = [item.key in removed for item in items]
     items = [item for item, gone in zip(items, taken_down, strict=True) if not gone]
     failed_keys, failed_paths = _failed_before(changed, _source(packing))
@@ -512,11 +516,13 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
     the same address (whatever its key: a table's keys change when its folder gains a part); for a
     local file, a record of the same key from the same bytes (its sha256 against the index's). An
     item whose key the output holds for something else is refused, as is a local file under such a
-    key that cannot be read (nothing says whether it is the one packed)."""
+    key that cannot be read (nothing says whether it is the one packed). Videos: `_present_videos`."""
     import pyarrow.compute as pc
 
     if not items:
         return []
+    if _clips(changed):
+        return _present_videos(changed, items)
     table = changed.index().read(columns=["key", "source", "source_sha256"])
     remote = [is_remote(item.path) for item in items]
     # (a local file's address is no source's: a NUL is in no path)
@@ -549,6 +555,42 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
             "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
         )
     return [bool(there) for there in present]
+
+
+def _video_key(clip_key: str) -> str:
+    """The key of the video a clip was cut from (packing/clips.clip_key: the video's, '_', a number)."""
+    return clip_key.rpartition("_")[0]
+
+
+def _present_videos(changed: Changing, items: list[Item]) -> list[bool]:
+    """`_present` for videos: a video the output holds is one whose clips it holds under its key
+    (a span table's row: the clip's own key) from the same bytes (each clip keeps its video's
+    sha256); a clip packed before shardkit kept that, from the same path. A video under a key the
+    output holds for another is refused, naming up to three."""
+    table = changed.index().read(columns=["key", "source", "source_sha256"])
+    spans = any(item.span is not None for item in items)
+    held: dict[str, set[str | None]] = {}
+    for key, source, digest in zip(*(table.column(name).to_pylist() for name in table.column_names), strict=True):
+        held.setdefault(key if spans else _video_key(key), set()).add(digest if digest is not None else f"\0{source}")
+    at = [i for i, item in enumerate(items) if item.key in held]
+    digests = dict(zip(at, _digests([items[i] for i in at]), strict=True))
+    present, clashes = [False] * len(items), []
+    for i in at:
+        item, digest = items[i], digests[i]
+        if digest is None:
+            raise OutputError(f"{display(item.path)}: cannot read it, and the output holds its key {item.key!r}")
+        if digest in held[item.key] or f"\0{display(item.relpath)}" in held[item.key]:
+            present[i] = True
+        else:
+            clashes.append(item.key)
+    if clashes:
+        named = ", ".join(repr(key) for key in clashes[:SHOWN])
+        more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
+        raise OutputError(
+            f"{changed.name}: holds other videos under {len(clashes):,} of the new keys ({named}{more}); "
+            "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
+        )
+    return present
 
 
 def _digests(items: list[Item]) -> list[str | None]:
@@ -714,5 +756,5 @@ def _result(
         output, str(entry.get("source", "")), result.version, entry.get("inputs", 0), entry.get("records", 0),
         entry.get("errors", 0), entry.get("already", 0), entry.get("taken_down", 0), len(added), reused,
         list(entry.get("classes_added", [])), sum(s.bytes for s in added), sum(s.bytes for s in result.shards),
-        seconds, resumed=resumed,
+        seconds, resumed=resumed, clips=isinstance(result.settings.get("clips"), dict),
     )  # fmt: skip

@@ -249,7 +249,10 @@ def render_append(result: AppendResult) -> None:
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_row("version", f"{result.version}" + (" (an interrupted append finished)" if result.resumed else ""))
-    table.add_row("images packed", f"{result.records:,} of {result.inputs:,} new inputs")
+    if result.clips:
+        table.add_row("clips packed", f"{result.records:,} from {result.inputs:,} new inputs")
+    else:
+        table.add_row("images packed", f"{result.records:,} of {result.inputs:,} new inputs")
     table.add_row("errors (errors.jsonl)", f"{result.errors:,}")
     table.add_row("already in the output", f"{result.already:,} (skipped)")
     if result.taken_down:

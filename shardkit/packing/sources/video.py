@@ -11,11 +11,13 @@ import os
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ...core.clips import CLIP_EXT
 from ...core.config import ClipConfig, PackConfig, TableConfig
 from ...core.errors import ConfigError, SourceError
+from ...core.manifest import sha256_file
 from ...formats.base import Record
 from ...storage.urls import is_remote
 from ..reading import Outcome, Packing, Reading, attempt, check_confined
@@ -147,8 +149,13 @@ class Clips(Reading):
                 keys = [clip_key(item.key, clip.number) for clip in clips]
             packing.timings["encode"] += time.perf_counter() - started
             size = os.stat(item.path).st_size
+            # the video's sha256, in each clip's meta and the index: an append tells a video it
+            # holds from another under the same key, as it does an image
+            started_reading = time.perf_counter()
+            digest = {"source_sha256": sha256_file(Path(item.path))}
+            packing.timings["read"] += time.perf_counter() - started_reading
             records = [
-                Record(key, clip.data, CLIP_EXT, item.label, clip.meta, item.text, item.columns)
+                Record(key, clip.data, CLIP_EXT, item.label, {**clip.meta, **digest}, item.text, item.columns)
                 for key, clip in zip(keys, clips, strict=True)
             ]
             return records, size
