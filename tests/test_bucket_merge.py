@@ -19,6 +19,7 @@ from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
 from shardkit.core.config import PackConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, ManifestError, OutputError
+from shardkit.core.manifest import read_manifest
 from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from shardkit.synthetic import write_image
@@ -89,12 +90,38 @@ def test_outputs_in_a_bucket_merge_there_as_local_folders_merge(s3, cache: Path,
     assert not (cache / "changes").exists() or not any((cache / "changes").iterdir())  # no mirror left
 
 
+def test_local_folders_and_outputs_in_a_bucket_merge_either_way(s3, cache: Path, tmp_path: Path) -> None:
+    """A local output merged with one in a bucket: into the bucket, the local shards uploaded and
+    the bucket's copied server-side; into a local folder, the bucket's downloaded (each checked
+    against its manifest) and then linked. Either way the files are a local merge's, but for the
+    sources' names in the manifest, and no download is left in the cache."""
+    a, b = _packed(tmp_path, "a", "webdataset", 7, 0), _packed(tmp_path, "b", "webdataset", 5, 100)
+    base = tmp_path.name
+    url_a, url_b = _upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")
+    local = merge([a, b], tmp_path / "ab")
+    into_bucket = merge([url_a, b], f"s3://data/{base}/ab")
+    assert (into_bucket.records, into_bucket.shards, into_bucket.sources) == (12, 5, [url_a, str(b.resolve())])
+    _same_but_sources(_objects(s3, f"{base}/ab"), _files(tmp_path / "ab"))
+    assert verify(f"s3://data/{base}/ab").problems == []
+    into_folder = merge([a, url_b], tmp_path / "here")
+    downloaded = sum(shard.bytes for shard in read_manifest(b).shards)  # (a's linked, b's written here)
+    assert (into_folder.records, into_folder.bytes_written, into_folder.output_bytes) == (
+        12,
+        downloaded,
+        local.output_bytes,
+    )
+    _same_but_sources(_files(tmp_path / "here"), _files(tmp_path / "ab"))
+    assert verify(tmp_path / "here").ok
+    assert merge([a, url_b], tmp_path / "here").already_complete
+    assert not (cache / "merge-sources").exists() or not any((cache / "merge-sources").iterdir())
+    with pytest.raises(ConfigError, match="named twice"):
+        merge([a, tmp_path / "a" / ".." / "a"], f"s3://data/{base}/aa")
+
+
 def test_refusals_come_before_anything_is_written(s3, cache: Path, tmp_path: Path, warm: WarmStarter) -> None:
     a, b = _packed(tmp_path, "a", "webdataset", 4, 0), _packed(tmp_path, "b", "webdataset", 4, 50)
     base = tmp_path.name
     urls = [_upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")]
-    with pytest.raises(ConfigError, match=f"^{b}: a local folder, merged with outputs in a bucket"):
-        merge([urls[0], b], f"s3://data/{base}/ab")
     with pytest.raises(ConfigError, match="named twice"):
         merge([urls[0], urls[0].replace("s3://", "s3a://")], f"s3://data/{base}/ab")
     with pytest.raises(ConfigError, match="overlaps"):

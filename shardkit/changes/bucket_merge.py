@@ -1,6 +1,7 @@
 """`shardkit merge s3://b/a s3://b/b s3://b/ab`: outputs in buckets merged into a new prefix of the
 same store, each shard copied server-side (none passes through this machine but those a key prefix
-or new labels write again, downloaded and checked against their manifest's sha256).
+or new labels write again, downloaded and checked against their manifest's sha256), and a local
+output's (`shardkit merge local/ s3://b/b s3://b/ab`) uploaded.
 
 The merge is made as a local one is (merged.write_merged), in a folder of the cache: each
 source's manifest, index.parquet and errors.jsonl downloaded into a view of it, the merged output's
@@ -25,6 +26,7 @@ any merge into the prefix finishes step 4 from the bucket alone, whatever became
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, ManifestError, OutputError, ShardkitError, describe
-from ..core.manifest import ERRORS_NAME, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name
+from ..core.manifest import ERRORS_NAME, IDX_SUFFIX, INDEX_NAME, MANIFEST_NAME, Manifest, ShardInfo, idx_name
 from ..packing.bucket_output import CHANGE_JOURNAL as JOURNAL
 from ..packing.working_folder import NEXT_DIR, is_shard_name, state_dir
 from ..storage.store import Store, read_remote_manifest
@@ -56,6 +58,7 @@ from .merged import (
     asked_for,
     check_rewrites,
     checked_source,
+    local_source,
     made_by,
     planned,
     result_of,
@@ -65,9 +68,10 @@ from .merged import (
 
 @dataclass(frozen=True)
 class Copy:
-    """A shard (or .idx file) of a source, to be copied server-side to its name in the output."""
+    """A shard (or .idx file) of a source, to be copied server-side to its name in the output (or
+    uploaded, from a local output folder)."""
 
-    store: Store
+    origin: Store | Path
     name: str
     to: str
     size: int
@@ -106,7 +110,7 @@ def merge_in_bucket(
 
 
 def _merge(
-    stores: list[Store],
+    stores: list[Store | Path],
     out: Store,
     mirror: Path,
     prefix_keys: bool,
@@ -119,7 +123,10 @@ def _merge(
         raise OutputError(f"{out.url}: an unfinished {found.journal.action} of it is here; merge into a new prefix")
     if found is not None and found.uploaded:  # every file up: finished from the bucket alone
         return _finish(out, found.journal, stores, prefix_keys, relabel, started)
-    read = [_source(store, mirror / "sources" / str(n)) for n, store in enumerate(stores)]
+    read = [
+        local_source(store) if isinstance(store, Path) else read_source(store, mirror / "sources" / str(n))
+        for n, store in enumerate(stores)
+    ]
     plan, request = planned(read, prefix_keys, relabel)
     if found is not None and found.journal.request != request:
         raise OutputError(
@@ -134,8 +141,8 @@ def _merge(
     journal = Journal("merge", request, "", 1, plan)
     owner = _claim(out, journal)
     for source, store, entry in zip(read, stores, plan["merged"], strict=True):
-        if entry["key_prefix"] or entry["labels"] is not None:  # written again: its shards are read here
-            _fetch_shards(store, source)
+        if isinstance(store, Store) and (entry["key_prefix"] or entry["labels"] is not None):
+            fetch_shards(store, source)  # (written again: its shards are read here)
     check_rewrites(read, plan)
     next_folder = state_dir(mirror) / NEXT_DIR
     next_folder.mkdir(parents=True)
@@ -160,28 +167,32 @@ def _merge(
 
 def _checked_stores(
     sources: Sequence[str], output: str, storage_options: dict[str, Any] | None
-) -> tuple[list[Store], Store]:
-    """Every source and the output a URL of one filesystem, none named twice, the output's prefix
-    none of the sources' and inside none of them."""
+) -> tuple[list[Store | Path], Store]:
+    """The output a URL; every source a URL of its filesystem (copied server-side) or a local
+    output folder (uploaded); none named twice, the output's prefix none of the sources' and
+    inside none of them."""
     from ..storage.location import locate
 
-    stores: list[Store] = []
+    stores: list[Store | Path] = []
     for named in [*sources, output]:
         where = locate(named, storage_options)
         if isinstance(where, Path):
-            raise ConfigError(
-                f"{named}: a local folder, merged with outputs in a bucket; merge takes local folders, or outputs "
-                "in buckets of one store (pack or copy one side over first)"
-            )
+            stores.append(where)
+            continue
         if where.protocol in ("http", "https"):
             raise ConfigError(f"{where.url}: read over HTTP, where nothing can be copied server-side; merge it locally")
         # one spelling of each (s3a://, a doubled slash): what the plan names and every request uses
         stores.append(Store(spelled(where), where.options))
     *inputs, out = stores
-    kinds = {store.protocol for store in stores}
+    assert isinstance(out, Store)  # (merge sends an output in a bucket here)
+    kinds = {store.protocol for store in stores if isinstance(store, Store)}
     if len(kinds) > 1:
         raise ConfigError(f"{out.url}: merge copies server-side, within one store: not from {', '.join(sorted(kinds))}")
-    urls = [store.url for store in inputs]
+    seen = [store.url if isinstance(store, Store) else os.path.realpath(store) for store in inputs]
+    if len(set(seen)) != len(seen):
+        twice = next(name for name in seen if seen.count(name) > 1)
+        raise ConfigError(f"{twice}: named twice; merge takes each output once")
+    urls = [store.url for store in inputs if isinstance(store, Store)]
     if len(set(urls)) != len(urls):
         twice = next(url for url in urls if urls.count(url) > 1)
         raise ConfigError(f"{twice}: named twice; merge takes each output once")
@@ -191,7 +202,12 @@ def _checked_stores(
     return inputs, out
 
 
-def _source(store: Store, view: Path) -> Source:
+def _named(store: Store | Path) -> str:
+    """A source as the plan names it (merged.Source.path): its URL, or its folder made absolute."""
+    return store.url if isinstance(store, Store) else os.path.abspath(store)
+
+
+def read_source(store: Store, view: Path) -> Source:
     """An output in a bucket as a merge reads it: its manifest (read once: nothing reads it from the
     view), index.parquet and errors.jsonl in `view` (checked against its manifest), its shards
     listed in the bucket with their sizes, no change of it unfinished."""
@@ -214,10 +230,11 @@ def _source(store: Store, view: Path) -> Source:
     return checked_source(view, manifest, objects.get, store.url, store.url, name)
 
 
-def _fetch_shards(store: Store, source: Source) -> None:
+def fetch_shards(store: Store, source: Source, *, with_idx: bool = False) -> None:
     """A source's shards downloaded into its view, each checked against its manifest's sha256 (a
-    shard written again is read here)."""
-    for shard in source.manifest.shards:
+    shard written again is read here; `with_idx`, their .idx files too: a local merge links them)."""
+    idx = [c for c in source.manifest.companions if with_idx and c.name.endswith(IDX_SUFFIX)]
+    for shard in [*source.manifest.shards, *idx]:
         try:
             store.download(shard.name, str(source.folder / shard.name), shard.bytes, shard.sha256)
         except ShardkitError as error:
@@ -298,14 +315,17 @@ def _publish(
 
     def put(name: str) -> None:
         copy = copied.get(name)
-        if copy is None:
+        if copy is None:  # written again here
             out.upload(str(folder / name), name)
             return
+        if isinstance(copy.origin, Path):  # a local output's
+            out.upload(str(copy.origin / copy.name), name)
+            return
         try:
-            out.copy_from(copy.store, copy.name, name)
+            out.copy_from(copy.origin, copy.name, name)
         except FileNotFoundError:
             raise OutputError(
-                f"{copy.store.child(copy.name)}: gone while the merge copied it (a change of it meanwhile?); "
+                f"{copy.origin.child(copy.name)}: gone while the merge copied it (a change of it meanwhile?); "
                 "the same merge again goes on if its output is whole"
             ) from None
 
@@ -350,7 +370,7 @@ def _commit(out: Store) -> None:
 
 
 def _finish(
-    out: Store, journal: Journal, stores: list[Store], prefix_keys: bool, relabel: bool, started: float
+    out: Store, journal: Journal, stores: list[Store | Path], prefix_keys: bool, relabel: bool, started: float
 ) -> MergeResult:
     """An interrupted merge's step 4, finished: the manifest it staged (or put in place) must be the
     one its journal names. It is finished whatever merge was asked for (it is committed); one of
@@ -370,7 +390,7 @@ def _finish(
         if manifest.checksum != journal.result or manifest.computed_checksum() != manifest.checksum:
             raise OutputError(f"{out.child(name)}: not the manifest its interrupted merge wrote; delete {out.url}")
         _commit(out)
-        if not asked_for(plan, [store.url for store in stores], prefix_keys, relabel):
+        if not asked_for(plan, [_named(store) for store in stores], prefix_keys, relabel):
             raise OutputError(
                 f"{out.url}: held an interrupted merge of other outputs ({', '.join(sources[:3])[:300]}), "
                 "finished now; merge into a new prefix"

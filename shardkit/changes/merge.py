@@ -17,17 +17,20 @@ label fields changed and nothing else.
 
 OUT is made whole in `.shardkit/next/` under a journal and renamed into place, the manifest last
 (changes/journal.py): a kill leaves no output or the merged one, and the same merge with `--resume`
-finishes it byte for byte. Outputs in a bucket merge in bucket_merge.py; what both make is
-merged.py's.
+finishes it byte for byte. A merge into a bucket is bucket_merge.py's; an output in a bucket merged
+into a local folder is downloaded first (into the cache), then merged as a local one. What both
+make is merged.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ from ..core.manifest import (
 )
 from ..core.safeio import regular_size
 from ..packing.dedup import same_file
-from ..packing.working_folder import STATE_NAME, state_dir
+from ..storage.store import Store
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, creating, pending_change
 from .merged import (
@@ -50,7 +53,7 @@ from .merged import (
     Source,
     asked_for,
     check_rewrites,
-    checked_source,
+    local_source,
     made_by,
     planned,
     result_of,
@@ -73,9 +76,10 @@ def merge(
     labels by the merged class list where a source's numbers would mean other classes. `resume`
     finishes an interrupted merge of the same sources (so does the same merge run again).
     `progress(done, total)` counts shards put in place. Outputs in buckets of one store merge into
-    a new prefix there, their shards copied server-side (bucket_merge.py; `storage_options` reach
-    the store)."""
-    if not isinstance(sources, (str, os.PathLike)) and any(is_remote(named) for named in [*sources, output]):
+    a new prefix there, their shards copied server-side, a local output's uploaded (bucket_merge.py;
+    `storage_options` reach the store); an output in a bucket merged into a local folder is
+    downloaded first (`_downloaded`), each file checked against its manifest."""
+    if not isinstance(sources, (str, os.PathLike)) and is_remote(output):
         if len(sources) < 2:
             raise ConfigError("merge needs two or more outputs to merge, then the folder to make")
         from .bucket_merge import merge_in_bucket
@@ -84,10 +88,10 @@ def merge(
             [os.fspath(source) for source in sources], os.fspath(output), storage_options=storage_options,
             prefix_keys=prefix_keys, relabel=relabel, progress=progress,
         )  # fmt: skip
-    if storage_options:
+    if storage_options and not any(is_remote(source) for source in sources):
         raise ConfigError("storage options reach outputs in a bucket; these are local folders")
     started = time.perf_counter()
-    folders = _checked_sources(sources, output)
+    folders = _checked_sources(sources, output, storage_options)
     pending = pending_change(Path(output)) if os.path.isdir(output) else None
     if pending is not None and pending.action == "merge" and pending.committing:
         # its next/ holds the whole merged output, checked when it was written: finished whatever
@@ -96,13 +100,30 @@ def merge(
             if changed.pending is not None and changed.pending.committing:
                 return _finish(changed, changed.pending, started, folders, prefix_keys, relabel)
     # every check of the sources, before OUT is made or touched
-    read = [_source(folder) for folder in folders]
-    plan, request = planned(read, prefix_keys, relabel)
-    check_rewrites(read, plan)
+    with _downloaded(folders) as read:
+        plan, request = planned(read, prefix_keys, relabel)
+        check_rewrites(read, plan)
+        return _merge(
+            read, output, plan, request, started, progress,
+            lambda changed, pending: _finish(changed, pending, started, folders, prefix_keys, relabel),
+        )  # fmt: skip
+
+
+def _merge(
+    read: list[Source],
+    output: str | os.PathLike[str],
+    plan: dict[str, Any],
+    request: str,
+    started: float,
+    progress: Callable[[int, int], None] | None,
+    finish: Callable[[Changing, Journal], MergeResult],
+) -> MergeResult:
+    """The merge of the checked sources `read` as `plan` says, into `output` (`finish`: an
+    interrupted merge's commit found there, finished)."""
     with creating(output) as changed:
         pending = changed.pending
         if pending is not None and pending.committing:
-            return _finish(changed, pending, started, folders, prefix_keys, relabel)
+            return finish(changed, pending)
         if pending is not None and pending.request != request:
             raise OutputError(
                 f"{output}: an interrupted merge of other sources (or of sources changed since) is here; "
@@ -125,7 +146,7 @@ def merge(
 
 
 def _finish(
-    changed: Changing, pending: Journal, started: float, folders: list[Path], prefix_keys: bool, relabel: bool
+    changed: Changing, pending: Journal, started: float, folders: list[Path | Store], prefix_keys: bool, relabel: bool
 ) -> MergeResult:
     """An interrupted merge's commit, finished whatever merge was asked for (it is committed); one
     of other sources or flags is then refused, saying so."""
@@ -134,7 +155,7 @@ def _finish(
         raise OutputError(f"{changed.output}: the merged output an interrupted merge wrote is damaged; delete it")
     changed.commit(pending)
     plan = pending.plan
-    if not asked_for(plan, [os.path.abspath(folder) for folder in folders], prefix_keys, relabel):
+    if not asked_for(plan, [_named(folder) for folder in folders], prefix_keys, relabel):
         raise OutputError(
             f"{changed.output}: held an interrupted merge of other outputs, finished now; merge into a new folder"
         )
@@ -151,39 +172,69 @@ def _committed(output: Path) -> Manifest:
         ) from None
 
 
-def _checked_sources(sources: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str]) -> list[Path]:
-    """Two or more local output folders, each once, none holding or inside `output`."""
+def _checked_sources(
+    sources: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str], storage_options: dict[str, Any] | None
+) -> list[Path | Store]:
+    """Two or more outputs, local folders or in buckets (not over HTTP: merged locally, it would be
+    read whole anyway, but a bucket is what `storage_options` reach), each once, no folder holding
+    or inside `output`."""
+    from ..storage.location import locate
+    from .bucket import spelled
+
     if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
         raise ConfigError("merge needs two or more outputs to merge, then the folder to make")
-    folders = [Path(source) for source in sources]
-    real = [os.path.realpath(folder) for folder in folders]
+    folders: list[Path | Store] = []
+    for source in sources:
+        where = locate(source, storage_options)
+        folders.append(where if isinstance(where, Path) else Store(spelled(where), where.options))
+    real = [_named(folder) if isinstance(folder, Store) else os.path.realpath(folder) for folder in folders]
     if len(set(real)) != len(real):
         twice = next(folder for folder, path in zip(folders, real, strict=True) if real.count(path) > 1)
-        raise ConfigError(f"{twice}: named twice; merge takes each output once")
+        raise ConfigError(f"{_named(twice)}: named twice; merge takes each output once")
     target = os.path.realpath(output)
     for folder, path in zip(folders, real, strict=True):
-        if target == path or target.startswith(path + os.sep) or path.startswith(target + os.sep):
+        if isinstance(folder, Path) and (
+            target == path or target.startswith(path + os.sep) or path.startswith(target + os.sep)
+        ):
             raise ConfigError(f"{output}: overlaps {folder}; merge into a folder of its own")
     return folders
 
 
-def _source(folder: Path) -> Source:
-    """A finished, sealed output of pack's shards with nothing unfinished in it, each file it lists
-    whole where a stat or a pass over its index and errors.jsonl can tell."""
+def _named(folder: Path | Store) -> str:
+    """A source as the plan names it (merged.Source.path): its URL, or its folder made absolute."""
+    return folder.url if isinstance(folder, Store) else os.path.abspath(folder)
+
+
+@contextlib.contextmanager
+def _downloaded(folders: list[Path | Store]) -> Iterator[list[Source]]:
+    """The sources checked, each output in a bucket first downloaded into a folder of the cache (one
+    a source's URL, emptied first and deleted after): its manifest, index.parquet, errors.jsonl
+    and shards, each checked against its manifest, so the merge links them as a local output's."""
+    from ..storage.cache import default_cache_dir
+    from .bucket import refuse_links
+    from .bucket_merge import fetch_shards, read_source
+
+    views = [
+        default_cache_dir() / "merge-sources" / hashlib.sha256(folder.url.encode()).hexdigest()[:16]
+        for folder in folders if isinstance(folder, Store)
+    ]  # fmt: skip
     try:
-        manifest = read_manifest(folder)
-    except ManifestError as error:
-        raise OutputError(str(error)) from None
-    if pending_change(folder) is not None:
-        raise OutputError(f"{folder}: a change of it is unfinished; finish it before merging")
-    if os.path.lexists(state_dir(folder) / STATE_NAME) and not manifest.totals.get("transient"):
-        raise OutputError(f"{folder}: an interrupted pack is here; finish it with pack --resume first")
-    # every file it lists a regular file of its size, not a link, a FIFO or a device (a link would be
-    # linked as a link, or followed anywhere when copied; a FIFO would hang the merge)
-    return checked_source(
-        folder, manifest, lambda name: regular_size(folder / name), str(folder), os.path.abspath(folder),
-        folder.resolve().name,
-    )  # fmt: skip
+        read, at = [], iter(views)
+        for folder in folders:
+            if isinstance(folder, Path):
+                read.append(local_source(folder))
+                continue
+            view = next(at)
+            refuse_links(view)
+            shutil.rmtree(view, ignore_errors=True)
+            source = read_source(folder, view)
+            fetch_shards(folder, source, with_idx=True)
+            read.append(source)
+        yield read
+    finally:
+        for view in views:
+            if not os.path.islink(view):
+                shutil.rmtree(view, ignore_errors=True)
 
 
 def linked_into(folder: Path) -> Place:
@@ -194,7 +245,8 @@ def linked_into(folder: Path) -> Place:
     ) -> tuple[ShardInfo, ShardInfo | None, int]:
         info, placed = _link(source.folder, folder, old, new, companion)
         here = same_file(str(folder / new))
-        copied = here is None or here != same_file(str(source.folder / old.name))
+        # (a bucket's shard was downloaded: its bytes were written here, if into the cache first)
+        copied = here is None or here != same_file(str(source.folder / old.name)) or is_remote(source.path)
         return info, placed, info.bytes if copied else 0
 
     return place

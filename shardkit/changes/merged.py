@@ -27,6 +27,7 @@ from ..core.manifest import (
     error_lines_as_written,
     idx_name,
     info_of,
+    read_manifest,
     sha256_file,
     write_json_atomic,
     write_lines_atomic,
@@ -36,10 +37,10 @@ from ..formats import get_format
 from ..formats.base import Record
 from ..packing.index import schema
 from ..packing.resume import CREATED_BY
-from ..packing.working_folder import is_shard_name, shard_name, writing
+from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
 from ..readers.arrays import booleans, int64s, integers, string, strings
 from ..readers.subset import read_index
-from .journal import Journal
+from .journal import Journal, pending_change
 from .rewrite import summed_totals, write_output_files
 
 # what decides a record's bytes: outputs merged must agree on each
@@ -103,6 +104,25 @@ class Source:
     where: str  # the folder as given, or the bucket's URL
     path: str  # the folder made absolute, or the URL: the plan's
     name: str  # its folder's own name (links followed), or the URL's last part: its key prefix's word
+
+
+def local_source(folder: Path) -> Source:
+    """A finished, sealed output of pack's shards with nothing unfinished in it, each file it lists
+    whole where a stat or a pass over its index and errors.jsonl can tell."""
+    try:
+        manifest = read_manifest(folder)
+    except ManifestError as error:
+        raise OutputError(str(error)) from None
+    if pending_change(folder) is not None:
+        raise OutputError(f"{folder}: a change of it is unfinished; finish it before merging")
+    if os.path.lexists(state_dir(folder) / STATE_NAME) and not manifest.totals.get("transient"):
+        raise OutputError(f"{folder}: an interrupted pack is here; finish it with pack --resume first")
+    # every file it lists a regular file of its size, not a link, a FIFO or a device (a link would be
+    # linked as a link, or followed anywhere when copied; a FIFO would hang the merge)
+    return checked_source(
+        folder, manifest, lambda name: regular_size(folder / name), str(folder), os.path.abspath(folder),
+        folder.resolve().name,
+    )  # fmt: skip
 
 
 def checked_source(

@@ -36,7 +36,8 @@ def merge(
     """Merge OUT_A OUT_B ... into the new folder OUT (the last argument): their shards one after
     another, hard-linked (copied across file systems), their index rows and errors.jsonl rows
     joined. Outputs in buckets of one store merge into a new prefix there, their shards copied
-    server-side. Outputs packed otherwise, keys two outputs share (see --prefix-keys) and class
+    server-side (a local output's uploaded); one in a bucket merged into a local folder is
+    downloaded first. Outputs packed otherwise, keys two outputs share (see --prefix-keys) and class
     numbers that would change meaning (see --relabel) are refused before any work. Safe to kill:
     --resume finishes."""
     from ..changes.merge import merge as merge_outputs  # here: `shardkit --help` need not import it
@@ -65,7 +66,11 @@ def merge(
                 write_json_report(json_path, result.to_json())
             return
         rewritten = f", {result.rewritten:,} written again" if result.rewritten else ""
-        placed = "copied server-side" if is_remote(result.output) else "linked"
+        remote = [is_remote(source) for source in result.sources]
+        if is_remote(result.output):
+            placed = "copied server-side" if all(remote) else "copied server-side or uploaded"
+        else:
+            placed = "linked or downloaded" if any(remote) else "linked"
         console.print(
             f"[bold green]merged[/] {len(result.sources)} outputs into {escape(result.output)}: {result.records:,} "
             f"records in {result.shards:,} shards ({result.linked:,} {placed}{rewritten}; "
