@@ -128,7 +128,7 @@ def test_keys_the_output_lacks_are_refused_unless_missing_ok(packed_sample, tmp_
     [
         ({"keys": ["x"]}, "needs a reason"),
         ({"reason": REASON}, "needs the records to take out"),
-        ({"keys": ["x"], "where": "y", "reason": REASON}, "not both"),
+        ({"keys": ["x"], "where": "y", "reason": REASON}, "one of them"),
         ({"keys": "abc", "reason": REASON}, "not one string"),
         ({"keys": ["x"], "resume": True}, "give no keys"),
     ],
@@ -223,6 +223,40 @@ def test_the_cli_reads_keys_from_a_file_and_says_what_it_did(shardkit, packed_sa
     assert json.loads((tmp_path / "r.json").read_text())["removed"] == 2
     nothing = shardkit("remove", out, "--resume")
     assert nothing.returncode == 0 and "no interrupted remove" in nothing.stdout, nothing.stderr
+
+
+def test_a_takedown_by_content_finds_the_records_of_a_picture(
+    shardkit, packed_sample, sample_dataset: Path, tmp_path: Path
+) -> None:
+    """`--like PICTURE`: the records packed from the same bytes go; with `--near`, those of the
+    picture saved again too (its DCT hash within the threshold); a picture in no record is refused
+    before any work, naming it, and an unreadable one too."""
+    from PIL import Image
+
+    out = _copy(packed_sample, "webdataset", tmp_path)
+    rows = pq.read_table(out / "index.parquet", columns=["key", "source"]).to_pylist()
+    first, second = rows[3], rows[9]
+    saved_again = tmp_path / "request" / "saved_again.jpg"
+    saved_again.parent.mkdir()
+    with Image.open(sample_dataset / second["source"]) as image:
+        image.convert("RGB").save(saved_again, quality=60)
+    before = _all_bytes(out)
+    with pytest.raises(ConfigError, match=r"1 of the pictures is in no record of it: .*saved_again\.jpg"):
+        remove(out, like=[saved_again], reason=REASON)  # (other bytes: only near)
+    with pytest.raises(ConfigError, match=r"nope\.jpg: cannot read"):
+        remove(out, like=[tmp_path / "nope.jpg"], reason=REASON)
+    assert _all_bytes(out) == before
+
+    done = remove(out, like=[sample_dataset / first["source"]], reason=REASON)
+    assert done.removed == 1 and first["key"] not in [key for _, key, _ in _records(out)]
+    cli = shardkit("remove", out, "--like", saved_again.parent, "--near", "--reason", REASON)
+    assert cli.returncode == 0 and "removed 1 record" in " ".join(cli.stdout.split()), cli.stderr
+    assert second["key"] not in [key for _, key, _ in _records(out)]
+    rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [row["key"] for row in rows if row["stage"] == "removed"] == [first["key"], second["key"]]
+    assert verify(out).ok
+    refused = shardkit("remove", out, "--keys", tmp_path / "k.txt", "--like", saved_again, "--reason", REASON)
+    assert refused.returncode == 1 and refused.stderr == "error: remove takes one of --keys, --where and --like\n"
 
 
 def test_a_pack_is_refused_while_a_remove_is_unfinished(shardkit, packed_sample, sample_dataset, tmp_path) -> None:

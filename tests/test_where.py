@@ -98,7 +98,7 @@ def test_remove_takes_the_records_a_condition_selects(shardkit, packed_sample, t
     assert gone and after == [(key, label) for key, label in before if key not in gone]
     assert read_manifest(out).totals["removed"] == len(gone) and verify(out).ok
     both = shardkit("remove", out, "--where", "label == 2", "--keys", tmp_path / "k.txt", "--reason", "x")
-    assert both.returncode == 1 and "--keys or --where, not both" in both.stderr
+    assert both.returncode == 1 and "one of --keys, --where and --like" in both.stderr
     nothing = shardkit("remove", out, "--where", "label == 99", "--reason", "x")
     assert nothing.returncode == 0 and "no record meets the condition" in " ".join(nothing.stdout.split())
     bad = shardkit("remove", out, "--where", "label ==", "--reason", "x")

@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.config import DEFAULT_DEDUP_THRESHOLD
 from ..core.errors import ConfigError, Failure, OutputError
 from ..core.manifest import VERSIONS_DIR, Manifest, ShardInfo
 from ..packing.shard_writing import PICTURE_COUNTS
@@ -66,6 +67,9 @@ def remove(
     keep_versions: bool = False,
     progress: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
+    like: Sequence[str | os.PathLike[str]] | None = None,
+    near: bool = False,
+    threshold: int = DEFAULT_DEDUP_THRESHOLD,
 ) -> RemoveResult:
     """Take the records `keys` names (or those `where` selects: a pyarrow Expression over
     index.parquet's columns, a callable, as `open_shards(select=...)` takes, or a condition as
@@ -75,11 +79,20 @@ def remove(
     output lacks are refused, naming them, unless `missing_ok`. `resume` finishes a remove that was
     interrupted (so does the same remove run again). `keep_versions` keeps the version before whole
     in versions/vN (hard links; a takedown should not: its bytes stay there). `progress(done,
-    total)` counts shards written."""
-    if resume and (keys is not None or where is not None):
+    total)` counts shards written.
+
+    `like` (a takedown by content, as a request with the picture in it comes): image files (or
+    folders of them) whose records go, found by the sha256 of the file each was packed from
+    (index.parquet's `source_sha256`), and with `near` by its DCT hash within `threshold` bits
+    (`phash`: the same picture saved again, resized, re-encoded). A picture the output holds no
+    record of is refused, as a missing key is, unless `missing_ok`."""
+    if resume and (keys is not None or where is not None or like is not None):
         raise ConfigError("--resume finishes the interrupted remove as it was asked: give no keys with it")
-    if not resume and (keys is None) == (where is None):
-        raise ConfigError("remove needs the records to take out: keys, or a condition over the index (not both)")
+    if not resume and sum(asked is not None for asked in (keys, where, like)) != 1:
+        raise ConfigError(
+            "remove needs the records to take out: keys, a condition over the index, or pictures (one of them)"
+        )
+    pictures = None if like is None else _pictures(like, near, threshold)
     asked_where = where
     if isinstance(where, str):  # (a condition written as text, as --where takes it)
         from ..readers.where import parse_where
@@ -96,7 +109,7 @@ def remove(
             f"{kept} first, or give --keep-versions to keep them knowingly"
         )
     wanted = None if keys is None else sorted(set(_checked_keys(keys)))
-    request = _request(wanted, asked_where, reason, keep_versions)
+    request = _request(wanted, asked_where, reason, keep_versions, pictures)
     missing = [0]
 
     def plan(changed: Changing) -> Journal | None:
@@ -106,6 +119,14 @@ def remove(
                 f"{said}: earlier versions are kept there, and a remove would leave the records in them: delete "
                 f"{said} first, or give --keep-versions to keep them knowingly"
             )
+        if pictures is not None:
+            found, missing[0] = pictures.keys(changed, missing_ok)
+            if not found:
+                return None
+            journal, _ = _plan(changed, found, None, reason, False, request)
+            if journal is not None:
+                journal.plan["missing"] = missing[0]  # (pictures, not keys, the output lacks)
+            return journal
         journal, missing[0] = _plan(changed, wanted, where, reason, missing_ok, request)
         return journal
 
@@ -131,13 +152,105 @@ def _checked_keys(keys: Iterable[str]) -> Iterable[str]:
         yield key
 
 
-def _request(keys: list[str] | None, where: Selection | str | None, reason: str, keep_versions: bool) -> str:
+def _request(
+    keys: list[str] | None,
+    where: Selection | str | None,
+    reason: str,
+    keep_versions: bool,
+    pictures: Pictures | None = None,
+) -> str:
     """What was asked, as a digest: the same remove run again finishes an interrupted one (and one
     that differs, if only in keeping versions, is refused while it is unfinished)."""
     asked: dict[str, Any] = {"keys": keys, "where": _said(where), "reason": reason}
     if keep_versions:  # (the digest of a remove that keeps none is what it always was)
         asked["keep_versions"] = True
+    if pictures is not None:  # (by what the pictures are, not where they lie)
+        asked["like"] = [pictures.digests, pictures.hashes if pictures.near else None, pictures.threshold]
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """A takedown by content: the pictures asked for (each file's path as given, sha256 and DCT
+    hash, None where it gives none), and whether near copies go too."""
+
+    paths: list[str]
+    digests: list[str]
+    hashes: list[int | None]
+    near: bool
+    threshold: int
+
+    def keys(self, changed: Changing, missing_ok: bool) -> tuple[list[str], int]:
+        """The keys of the output's records of these pictures (the same source bytes; with `near`, a
+        DCT hash within the threshold), and how many pictures it holds no record of: refused,
+        naming up to three, unless `missing_ok`."""
+        import numpy as np
+
+        from ..core.phash import PHASH_HEX, distances
+
+        table = changed.index().read(columns=["key", "source_sha256", "phash"])
+        keys = table.column("key").to_pylist()
+        digests = table.column("source_sha256").to_pylist()
+        found = [False] * len(self.paths)
+        taken = np.zeros(len(keys), bool)
+        wanted = {digest: at for at, digest in enumerate(self.digests)}
+        for row, digest in enumerate(digests):
+            if digest in wanted:
+                taken[row] = found[wanted[digest]] = True
+        if self.near and any(value is not None for value in self.hashes):
+            texts = table.column("phash").to_pylist()
+            hashed = np.array([isinstance(h, str) and PHASH_HEX.fullmatch(h) is not None for h in texts], bool)
+            values = np.array([int(h, 16) if ok else 0 for h, ok in zip(texts, hashed, strict=True)], np.uint64)
+            for at, value in enumerate(self.hashes):
+                if value is None:
+                    continue
+                close = hashed & (distances(values, np.full(len(values), value, np.uint64)) <= self.threshold)
+                found[at] = found[at] or bool(close.any())
+                taken |= close
+        absent = [path for path, there in zip(self.paths, found, strict=True) if not there]
+        if absent and not missing_ok:
+            named = ", ".join(absent[:SHOWN])
+            more = f" and {len(absent) - SHOWN:,} more" if len(absent) > SHOWN else ""
+            said = f"{len(absent):,} of the pictures {'is' if len(absent) == 1 else 'are'} in no record of it"
+            raise ConfigError(f"{changed.name}: {said}: {named}{more} (--missing-ok to go on)")
+        return [key for key, gone in zip(keys, taken.tolist(), strict=True) if gone], len(absent)
+
+
+def _pictures(like: Sequence[str | os.PathLike[str]], near: bool, threshold: int) -> Pictures:
+    """The pictures of a takedown by content, each file (a folder: its image files, at any depth, in
+    order) read and hashed before any work; one that cannot be is refused, naming it."""
+    from ..core.config import DEFAULT_MAX_PIXELS
+    from ..packing.hashes import hash_file
+    from ..packing.sources.folder import IMAGE_EXTENSIONS
+
+    if isinstance(like, (str, bytes, os.PathLike)):
+        raise ConfigError("remove: like is a list of pictures (files or folders), not one path")
+    if not 0 <= threshold <= 32:
+        raise ConfigError(f"--dedup-threshold must be between 0 and 32 bits, not {threshold}")
+    paths: list[str] = []
+    for given in like:
+        if os.path.isdir(given):
+            found = sorted(
+                str(path) for path in Path(given).rglob("*")
+                if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+            )  # fmt: skip
+            if not found:
+                raise ConfigError(f"{given}: a folder with no image in it")
+            paths += found
+        else:
+            paths.append(os.fspath(given))
+    if not paths:
+        raise ConfigError("remove: no pictures given")
+    digests, hashes = [], []
+    for path in paths:
+        digest, value, why = hash_file(path, near, DEFAULT_MAX_PIXELS)
+        if digest is None:
+            raise ConfigError(f"{path}: {why}")
+        if near and value is None:
+            raise ConfigError(f"{path}: no picture to compare ({why}); take it out by its key")
+        digests.append(digest)
+        hashes.append(value)
+    return Pictures(paths, digests, hashes, near, threshold)
 
 
 def _said(where: Selection | str | None) -> str | None:

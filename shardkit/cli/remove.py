@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..core.config import DEFAULT_DEDUP_THRESHOLD
 from ..core.errors import ConfigError, describe
 from .common import (
     STORAGE_OPTION_HELP,
@@ -36,6 +37,19 @@ def remove(
             "contains, is null; and, or, not)."
         ),
     ] = None,
+    like: Annotated[
+        Optional[list[Path]],
+        typer.Option(
+            help="Or: a picture (a file, or a folder of them; the flag may repeat) whose records go: those packed "
+            "from the same bytes, and with --near its near copies."
+        ),
+    ] = None,
+    near: Annotated[
+        bool, typer.Option("--near", help="With --like: also records of the picture resized, re-encoded, saved again.")
+    ] = False,
+    threshold: Annotated[
+        int, typer.Option("--dedup-threshold", help="With --near: how many bits of the DCT hash may differ.")
+    ] = DEFAULT_DEDUP_THRESHOLD,
     reason: Annotated[
         str, typer.Option(help="Why (a takedown request, its ticket): kept in the manifest and errors.jsonl.")
     ] = "",
@@ -58,16 +72,18 @@ def remove(
 ) -> None:
     """Take records out of OUT: the shards holding them are written again without them and the old
     ones deleted (their bytes are in no file afterwards, unless --keep-versions); every other shard
-    stays byte for byte. The manifest's history and errors.jsonl say what was removed and why. Safe
-    to kill at any point: the output is at the version before or after, and --resume finishes."""
+    stays byte for byte. The records go by key (--keys), by a condition (--where), or by content
+    (--like: those packed from a picture, with --near its near copies). The manifest's history and
+    errors.jsonl say what was removed and why. Safe to kill at any point: the output is at the
+    version before or after, and --resume finishes."""
     from ..changes.remove import remove as remove_records  # here: `shardkit --help` need not import it
 
     with user_errors(on_stop=f"run `shardkit remove {output} --resume` to finish"):
         check_json_path(json_path, output)
-        if keys is not None and where is not None:
-            from ..core.errors import ConfigError
-
-            raise ConfigError("remove takes --keys or --where, not both")
+        if sum(asked is not None for asked in (keys, where, like)) > 1:
+            raise ConfigError("remove takes one of --keys, --where and --like")
+        if near and like is None:
+            raise ConfigError("--near finds near copies of the pictures --like names; give --like")
         wanted = None if keys is None else _read_keys(keys)
         condition = None
         if where is not None:
@@ -78,7 +94,7 @@ def remove(
             task = bar.add_task("rewriting", total=None, rate="")
             result = remove_records(
                 output, wanted, where=condition, reason=reason, missing_ok=missing_ok, resume=resume,
-                keep_versions=keep_versions,
+                keep_versions=keep_versions, like=like, near=near, threshold=threshold,
                 storage_options=storage_options(storage_option),
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )  # fmt: skip
@@ -86,6 +102,7 @@ def remove(
             console.print(f"no interrupted remove in {escape(result.output)}: nothing to finish", highlight=False)
         elif not result.removed:
             said = "no record meets the condition" if where is not None else "none of the keys is in it"
+            said = "none of the pictures is in it" if like is not None else said
             console.print(f"nothing removed from {escape(result.output)}: {said}", highlight=False)
         else:
             megabytes = result.bytes_written / 1e6
@@ -96,7 +113,8 @@ def remove(
                 highlight=False,
             )
         if result.missing:
-            console.print(f"[yellow]{_count(result.missing, 'key')} not in the output[/] (nothing to remove for them)")
+            missing = _count(result.missing, "picture" if like is not None else "key")
+            console.print(f"[yellow]{missing} not in the output[/] (nothing to remove for them)")
         if json_path is not None:
             write_json_report(json_path, result.to_json())
 
