@@ -18,6 +18,7 @@ import pytest
 
 from shardkit.changes.append import append
 from shardkit.changes.remove import remove
+from shardkit.checks.duplicates import find_duplicates
 from shardkit.checks.verify import verify
 from shardkit.core.config import ClipConfig, EncodeConfig, PackConfig, ResizeConfig, TableConfig
 from shardkit.core.errors import ConfigError, OutputError
@@ -508,9 +509,11 @@ def test_videos_append_as_images_do(tmp_path: Path) -> None:
     assert append(src, out).inputs == 0  # (nothing new)
     with pytest.raises(ConfigError, match=r"--clip-seconds 1\.0: the output was packed with clip seconds 0\.5"):
         append(src, out, clip_seconds=1.0)
+    assert find_duplicates([out]).groups == []  # (clips keep their video's sha256: none is a copy of another)
     remove(out, ["c1/v3_000000", "c1/v3_000001"], reason="takedown")
     again = append(src, out)
     assert (again.inputs, again.taken_down) == (0, 1)  # (v3 stays out)
-    write_video(src / "c0" / "v0.mp4", 96, 64, seconds=1.0, seed=99)  # another video under v0's key
-    with pytest.raises(OutputError, match=r"holds other videos under 1 of the new keys \('c0/v0'\); give the new"):
+    remove(out, ["c0/v4_000000"], reason="takedown")  # (one clip of v4 out, one left: v4 is still held)
+    write_video(src / "c0" / "v4.mp4", 96, 64, seconds=1.0, seed=99)  # another video under v4's key
+    with pytest.raises(OutputError, match=r"holds other videos under 1 of the new keys \('c0/v4'\); give the new"):
         append(src, out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,23 @@ def test_a_span_cell_is_a_plain_number_and_any_span_is_listed_plainly(source: Pa
     assert listed["4"] == ("discover", "metadata.csv line 4: end '0_5' is not a number of seconds")
     assert listed["5"] == ("discover", "metadata.csv line 5: start '\u0660' is not a number of seconds")
     assert listed["6"][0] == "clip" and "past the video's end" in listed["6"][1]
+
+
+def test_rows_added_to_the_table_append_though_a_row_of_their_video_failed(source: Path, tmp_path: Path) -> None:
+    """An append of the grown table packs each new row: a row of a video that failed before (past
+    its end, no such number) fails as that row, and leaves the video's other rows alone."""
+    from shardkit.changes.append import append
+
+    grown = tmp_path / "src"
+    shutil.copytree(source, grown)
+    out = tmp_path / "out"
+    before = _pack(grown, out)
+    with open(grown / "metadata.csv", "a") as rows:
+        rows.write("a.mp4,0.5,1.0,new a\nb.webm,0,0.5,new b\n")
+    result = append(grown, out)
+    assert (result.records, result.inputs) == (2, 2)
+    manifest = read_manifest(out)
+    backend = get_format(manifest.format)
+    after = [record for shard in manifest.shards for record in backend.reader(str(out / shard.name))]
+    assert [record.text for record in after[len(before) :]] == ["new a", "new b"]
+    assert append(grown, out).inputs == 0

@@ -413,12 +413,18 @@ def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
             for item in items
         ]  # fmt: skip
     removed = _removed_keys(changed)
-    if _clips(changed):  # (a video whose every clip was taken out stays out: its clips' keys name it)
-        removed |= {_video_key(key) for key in removed}
+    spans = any(item.span is not None for item in items)  # (a span table's rows: a clip's key is the row's)
+    if _clips(changed) and removed and not spans:  # (a video whose every clip was taken out stays out: its
+        # clips' keys name it; one with clips left is held, or another video under its key)
+        held = {_video_key(key) for key in changed.index().read(columns=["key"]).column("key").to_pylist()}
+        removed |= {_video_key(key) for key in removed} - held
     taken_down = [item.key in removed for item in items]
     items = [item for item, gone in zip(items, taken_down, strict=True) if not gone]
     failed_keys, failed_paths = _failed_before(changed, _source(packing))
-    failed = [item.key in failed_keys or display(item.relpath) in failed_paths for item in items]
+    # (a span table's rows share their video's path: only a row's key says which failed)
+    failed = [
+        item.key in failed_keys or (item.span is None and display(item.relpath) in failed_paths) for item in items
+    ]
     present = _present(changed, [item for item, no in zip(items, failed, strict=True) if not no])
     there = iter(present)
     kept = [item for item, no in zip(items, failed, strict=True) if not no and not next(there)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -160,7 +160,10 @@ class Clips(Reading):
             ]
             return records, size
 
-        return attempt(item, made, where)
+        record, size, failures = attempt(item, made, where)
+        if item.span is not None:  # (rows share their video's path: a row's failure names the row's key)
+            failures = [replace(failure, key=item.key) for failure in failures]
+        return record, size, failures
 
 
 def holds_videos(root: str) -> bool:
