@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -147,6 +148,17 @@ def test_versions_kept_in_a_bucket_are_the_folders_kept_versions(
     with pytest.raises(OutputError, match=f"{url}/versions/v4: is there already; move it away to keep version 4"):
         remove(url, keys[:1], reason=REASON, keep_versions=True)
     assert _objects(s3, tmp_path.name) == {**before, "versions/v4/stray": b"x"}
+    # a planted journal naming an older kept version: taken over, it must not delete that version
+    manifest = read_manifest(local)
+    planted = {
+        "action": "remove", "request": "x", "base": manifest.checksum, "version": 2, "plan": {},
+        "moves": ["versions/v1", "manifest.json"], "deletes": [], "result": "", "uploaded": False, "owner": "x",
+    }  # fmt: skip
+    s3fs.S3FileSystem(**s3.options).pipe_file(f"data/{tmp_path.name}/.shardkit/change.json", json.dumps(planted))
+    with pytest.raises(OutputError, match="damaged"):
+        remove(url, resume=True)
+    kept = {name: data for name, data in _objects(s3, tmp_path.name).items() if name.startswith("versions/v1/")}
+    assert kept == {name: data for name, data in before.items() if name.startswith("versions/v1/")}
 
 
 def test_refusals_in_a_bucket_come_before_any_change(s3, packed_sample, cache: Path, tmp_path: Path) -> None:
@@ -246,9 +258,9 @@ def test_a_remove_killed_after_any_bucket_request_finishes_as_an_uninterrupted_o
         assert _killed_remove(warm, url, taken, at, tmp_path / f"at{at}.log") == -signal.SIGKILL
         objects = _objects(s3, prefix)
         assert objects["manifest.json"] in (old_manifest, expected["manifest.json"]), steps[at - 1]
-        if steps[at - 1] == "upload .shardkit/next/pack/shardindex.json":  # its pack finishing: the
-            # workers put each new shard up as they wrote it (their requests are not in the log)
-            assert {".shardkit/next/pack/shard-000009.tar", ".shardkit/next/pack/shard-000010.tar"} <= set(objects)
+        if steps[at - 1] == f"upload {pack}/shardindex.json":  # its pack finishing: the workers put
+            # each new shard up as they wrote it (their requests are not in the log)
+            assert {f"{pack}/shard-000009.tar", f"{pack}/shard-000010.tar"} <= set(objects)
         report = verify(url)
         writes = steps[:at].count("write .shardkit/change.json")  # begun, uploading, uploaded
         journal_there = at < len(steps)
@@ -395,7 +407,10 @@ def test_an_append_killed_after_any_bucket_request_finishes_as_an_uninterrupted_
     assert _killed_append(warm, added, clean, 0, clean_log) == 0
     expected = _objects(s3, f"{tmp_path.name}-clean")
     steps = clean_log.read_text().splitlines()
-    assert steps[-2:] == ["delete_folder .shardkit/next/pack", "delete .shardkit/change.json"]
+    found = next(re.search(r"\.shardkit/next/pack-[0-9a-f]{16}", step) for step in steps if "/next/pack-" in step)
+    assert found is not None
+    pack = found.group()  # (the append's pack: a prefix of its own)
+    assert steps[-2:] == [f"delete_folder {pack}", "delete .shardkit/change.json"]
     old_manifest = (source / "manifest.json").read_bytes()
 
     for at in _ends_of_runs(steps):
@@ -469,3 +484,55 @@ def test_a_remove_keeping_versions_killed_after_bucket_requests_finishes_as_an_u
             assert remove(url, taken, reason=REASON, keep_versions=True).resumed, steps[at - 1]
         assert _objects(s3, prefix) == expected, steps[at - 1]
         assert verify(f"{url}/versions/v1").problems == []
+
+
+def test_an_abandoned_append_is_in_the_way_of_no_other_and_a_lost_shard_is_packed_again(
+    s3, packed_sample, cache: Path, tmp_path: Path, warm: WarmStarter, shardkit
+) -> None:
+    """An append killed once its pack finished, then abandoned as its refusal says (the bucket's
+    journal deleted, on another machine): another append begins, clears what the first left, and
+    ends as on a clean bucket. And an append whose pack lost a shard object before its commit packs
+    that shard again rather than commit without it."""
+    import s3fs
+
+    source = packed_sample("webdataset", 64, 7)
+    added, classes = tmp_path / "added", read_manifest(source).classes
+    for number in range(9):
+        write_image(added / classes[number % len(classes)] / f"new-{number}.jpg", 90 + number, 70, seed=number)
+    fs = s3fs.S3FileSystem(**s3.options)
+    clean = _upload(s3, source, f"{tmp_path.name}-clean")
+    append(str(added), clean, key_prefix="wk3/", workers=2)
+    expected = _objects(s3, f"{tmp_path.name}-clean")
+
+    url = _upload(s3, source, tmp_path.name)
+    log = tmp_path / "first.log"
+    assert _killed_append(warm, added, url, 0, log) == 0  # (its steps)
+    url_log = tmp_path / "killed.log"
+    again = _upload(s3, source, f"{tmp_path.name}-again")
+    steps = log.read_text().splitlines()
+    at = max(n for n, step in enumerate(steps, 1) if step.endswith("/manifest.json") and "/next/pack-" in step)
+    assert _killed_append(warm, added, again, at, url_log) == -signal.SIGKILL  # (its pack finished)
+    assert any("/next/pack-" in name for name in _objects(s3, f"{tmp_path.name}-again"))
+    shutil.rmtree(cache, ignore_errors=True)  # (another machine)
+    fs.rm_file(f"data/{tmp_path.name}-again/.shardkit/change.json")  # abandoned, as the refusal says
+    append(str(added), again, key_prefix="wk3/", workers=2)  # another append
+    assert _objects(s3, f"{tmp_path.name}-again") == expected
+
+    lost = _upload(s3, source, f"{tmp_path.name}-lost")
+    assert _killed_append(warm, added, lost, at, tmp_path / "lost.log") == -signal.SIGKILL
+    pack = next(name for name in _objects(s3, f"{tmp_path.name}-lost") if name.endswith("shard-000010.tar"))
+    fs.rm_file(f"data/{tmp_path.name}-lost/{pack}")
+    result = append(str(added), lost, key_prefix="week2/", workers=2)  # (the same append, mirror kept)
+    assert result.records == 9 and verify(lost).problems == []
+    assert {name for name in _objects(s3, f"{tmp_path.name}-lost") if ".shardkit" in name} == set()
+
+    # from another machine, the CLI's --resume takes the append over (its pack is kept: resumed)
+    taken = _upload(s3, source, f"{tmp_path.name}-taken")
+    assert _killed_append(warm, added, taken, at, tmp_path / "taken.log") == -signal.SIGKILL
+    shutil.rmtree(cache, ignore_errors=True)
+    flags = ("pack", added, taken, "--append", "--key-prefix", "week2/")
+    refused = shardkit(*flags)
+    assert refused.returncode == 1 and "began in another run" in refused.stderr, refused.stderr
+    done = shardkit(*flags, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert _objects(s3, f"{tmp_path.name}-taken") == _objects(s3, f"{tmp_path.name}-lost")

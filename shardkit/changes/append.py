@@ -10,7 +10,7 @@ other bytes is refused (`key_prefix` gives the new keys a prefix of their own). 
 merged: the output's keep their numbers, new ones follow.
 
 The pack itself is pack's, into the working folder's `next/pack/` (for an output in a bucket, into
-the bucket's `.shardkit/next/pack/`, each shard uploaded by the worker that wrote it, as any pack
+the bucket's `.shardkit/next/pack-ID/`, each shard uploaded by the worker that wrote it, as any pack
 into a bucket: Ray without a shared folder appends), its shards numbered after the output's last:
 an interrupted append resumes its pack there shard by shard. Then `next/` gets the
 new shards (hard links), index.parquet (the old rows, then the new), errors.jsonl (the old rows
@@ -172,11 +172,12 @@ def _append(
             changed.commit(pending)
             return _result(output, pending, result, time.perf_counter() - started, 0, resumed=True)
         if pending is not None:
+            packing = replace(packing, output=_pack_output(changed, pending))
             pending.plan.setdefault("keep_versions", False)  # (a journal from before versions were kept)
             # (the journal says whether the version before is kept, as a remove's does)
             _check_pending(changed, pending, _plan(packing, prefix, first, pending.plan.get("keep_versions") is True))
         with ray_session(packing):  # (a cluster that cannot be reached is refused before the journal)
-            staged = _finished_pack(changed) if pending is not None else None
+            staged = _finished_pack(changed, pending) if pending is not None else None
             walked = _walk(packing, changed, prefix) if staged is None else None
             if pending is None:
                 assert walked is not None
@@ -190,6 +191,7 @@ def _append(
                 plan = {**_plan(packing, prefix, first, keep_versions), "already": walked.already,
                         "taken_down": walked.taken_down}  # fmt: skip
                 journal = Journal("append", request, manifest.checksum, manifest.version + 1, plan)
+                packing = replace(packing, output=_pack_output(changed, journal))
                 changed.begin(journal)
             else:
                 journal = pending
@@ -210,14 +212,18 @@ def _append(
                 )  # fmt: skip
                 staged, reused = packed.manifest, packed.reused_shards
                 if changed.bucket is not None:
-                    staged = _finished_pack(changed)
+                    staged = _finished_pack(changed, journal)
                     if staged is None or staged.checksum != packed.manifest.checksum:
-                        raise OutputError(f"{changed.bucket.pack_url}: the append's pack changed as it finished")
+                        raise OutputError(f"{packing.output}: the append's pack changed as it finished")
         result = _write_next(changed, journal, staged)
         if journal.plan["keep_versions"]:
             changed.keep_version(journal)
         changed.ready(journal, result)
         changed.commit(journal)
+        if changed.bucket is not None:  # (the pack's state, kept where rows failed for a passing cause)
+            from ..packing.bucket_output import clear_staging, staging_folder
+
+            clear_staging(staging_folder(packing.output, packing.staging), staged)
     seconds = time.perf_counter() - started
     return _result(output, journal, result, seconds, reused, resumed=pending is not None)
 
@@ -229,14 +235,14 @@ def _plan(packing: PackConfig, prefix: str, first: int, keep_versions: bool) -> 
             "keep_versions": keep_versions}  # fmt: skip
 
 
-def _finished_pack(changed: Changing) -> Manifest | None:
+def _finished_pack(changed: Changing, journal: Journal) -> Manifest | None:
     """The manifest of the append's own pack where an interrupted append finished it (then it is
     taken as it is: its source may have changed since, and a pack finished is not packed again);
     None where it did not."""
     folder = changed.next / STAGED
     refuse_link(folder, "shardkit's working folder")
     if changed.bucket is not None:  # (packed in the bucket: its small files come to the mirror)
-        return changed.bucket.finished_pack(folder)
+        return changed.bucket.finished_pack(folder, journal)
     if not os.path.lexists(folder / MANIFEST_NAME):
         return None
     try:
@@ -282,7 +288,7 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
         web = settings.get("web") or {}
         encode = {**settings["encode"], "background": tuple(settings["encode"]["background"])}
         packing = replace(
-            asked, output=_pack_output(changed), resume=True, overwrite=False, format=settings["format"],
+            asked, output=str(changed.next / STAGED), resume=True, overwrite=False, format=settings["format"],
             resize=ResizeConfig(**settings["resize"]), encode=EncodeConfig(**encode),
             shard_size=settings["shard_size"], shard_bytes=settings["shard_bytes"], shuffle=settings["shuffle"],
             seed=settings["seed"], labels=settings["labels"],
@@ -326,11 +332,11 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
     return packing
 
 
-def _pack_output(changed: Changing) -> str:
+def _pack_output(changed: Changing, journal: Journal) -> str:
     """Where the append's pack writes: the working folder's next/pack, or for a bucket's output a
     prefix in the bucket (its workers upload each shard there, as a pack into a bucket does: a
     Ray task on a machine that shares no folder with this one can write it)."""
-    return str(changed.next / STAGED) if changed.bucket is None else changed.bucket.pack_url
+    return str(changed.next / STAGED) if changed.bucket is None else changed.bucket.pack_url(journal)
 
 
 def _clips(changed: Changing) -> bool:

@@ -11,12 +11,13 @@ a change from another run is refused while it is there. The commit is the bucket
 
 1. the bucket must still hold this run's journal and the version the change began from;
 2. the new shards and their .idx files go up under their own names (no version lists them yet;
-   an append's are copied there server-side from its pack, BUCKET_PACK, which its workers
+   an append's are copied there server-side from its pack, `pack_name`, which its workers
    uploaded them to), the files with fixed names (the files for other readers, index.parquet,
    errors.jsonl, the manifest) under `.shardkit/next/`;
 3. the journal goes up again with `uploaded: true`: from here the change is committed;
 4. each staged file is copied into place (server-side), the manifest last; then the objects the new
-   version no longer lists are deleted, then the staged files, then the journal.
+   version no longer lists are deleted, then the staged files and any append's pack, then the
+   journal.
 
 A kill before step 3 leaves the earlier version whole (the manifest and every file it names are as
 they were): the same command again goes on from the mirror. Without the mirror (another machine)
@@ -72,10 +73,10 @@ from ..storage.store import Store, read_remote_manifest
 from .journal import KEPT, Changing, Journal, changing_in, kept_name
 
 BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
-# where an append packs, an output of its own in the bucket: each shard goes up as its worker
-# writes it (a Ray task on a machine that never sees the mirror), and the commit copies the
+# where an append packs, an output of its own in the bucket (`pack_name`): each shard goes up as its
+# worker writes it (a Ray task on a machine that never sees the mirror), and the commit copies the
 # shards to their own names server-side
-BUCKET_PACK = f"{BUCKET_NEXT}/pack"
+PACK_PREFIX = "pack-"
 UPLOADED = "uploaded"  # the bucket journal's own field: every file of the new version is up
 OWNER = "owner"  # and the token of the run whose change it is
 OWNER_NAME = "bucket-owner"  # that token, in the mirror's working folder
@@ -156,22 +157,26 @@ class BucketChange:
             where = self.store.child(kept_name(version))
             raise OutputError(f"{where}: is there already; move it away to keep version {version}")
 
-    @property
-    def pack_url(self) -> str:
-        """Where an append of this output packs its new shards (BUCKET_PACK)."""
-        return self.store.child(BUCKET_PACK)
+    def pack_url(self, journal: Journal) -> str:
+        """Where the append `journal` packs its new shards (`pack_name`)."""
+        return self.store.child(pack_name(journal.request, journal.base))
 
-    def finished_pack(self, folder: Path) -> Manifest | None:
-        """The manifest of an append's pack that finished in the bucket, its index.parquet and
-        errors.jsonl fetched into `folder` (the mirror's next/pack, where the append reads them);
-        None where no pack finished there (a damaged manifest is none: the pack is resumed, and
-        refuses what it cannot take)."""
-        store = Store(self.pack_url, self.store.options)
+    def finished_pack(self, folder: Path, journal: Journal) -> Manifest | None:
+        """The manifest of the append's pack, finished in the bucket with every shard it lists there
+        at its size, its index.parquet and errors.jsonl fetched into `folder` (the mirror's
+        next/pack, where the append reads them); None where it has not finished so (the pack is
+        resumed: a damaged manifest there, the pack's own, is deleted first)."""
+        store = Store(self.pack_url(journal), self.store.options)
+        objects = store.listing()
         try:
             staged = read_remote_manifest(store)
         except ManifestError:
+            staged = None
+        if staged is None or staged.checksum != staged.computed_checksum():
+            if MANIFEST_NAME in objects:
+                store.delete(MANIFEST_NAME)
             return None
-        if staged.checksum != staged.computed_checksum():
+        if any(objects.get(info.name) != info.bytes for info in [*staged.shards, *staged.companions]):
             return None
         folder.mkdir(parents=True, exist_ok=True)
         for name in (INDEX_NAME, ERRORS_NAME):
@@ -218,7 +223,8 @@ class BucketChange:
         elif found is not None and not (self.take_over or found.owner == mine):
             action = found.journal.action
             raise OutputError(
-                f"{self.store.url}: a {action} of it began in another run (another machine, or another cache) "
+                f"{self.store.url}: {'an' if action[:1] in 'aeiou' else 'a'} {action} of it began in another run "
+                "(another machine, or another cache) "
                 "and has not committed; if that run is gone, the same command with --resume takes it over"
             )
         elif found is not None:  # taken over: what it put up goes, and its plan is done again here
@@ -278,21 +284,25 @@ class BucketChange:
         version it began from): the append taken over resumes it, shard by shard."""
         listed = {s.name for s in remote.shards} | {c.name for c in remote.companions}
         for name in journal.moves:
-            if KEPT.fullmatch(name):  # (begun from this version: what is there is its copies)
-                if journal.base == remote.checksum:
+            if KEPT.fullmatch(name):  # (its copies of the version it began from, and only those)
+                ours = journal.version == remote.version + 1 and name == kept_name(remote.version)
+                if ours and journal.base == remote.checksum:
                     self.store.delete_folder(name)
             elif goes_to(name) != name:
                 self.store.delete(goes_to(name))
             elif name not in listed:
                 self.store.delete(name)
-        if journal.action == "append" and journal.base != remote.checksum:
-            self.clear_pack()
+        self.clear_packs(journal if journal.base == remote.checksum else None)
         self.store.delete(JOURNAL)
 
-    def clear_pack(self) -> None:
-        """What an append left in BUCKET_PACK, deleted (before an append begins: a pack there is of
-        another plan)."""
-        self.store.delete_folder(BUCKET_PACK)
+    def clear_packs(self, keep: Journal | None) -> None:
+        """Every append's pack in the bucket deleted but `keep`'s (an append's own, while its plan
+        holds): those of appends abandoned, or of this one once its shards are in place. Only a
+        run whose journal the bucket holds (or one taking it over) calls this."""
+        mine = None if keep is None or keep.action != "append" else pack_name(keep.request, keep.base)
+        for name, folder in _entries(self.store, BUCKET_NEXT):
+            if folder and name.startswith(PACK_PREFIX) and f"{BUCKET_NEXT}/{name}" != mine:
+                self.store.delete_folder(f"{BUCKET_NEXT}/{name}")
 
     def _refuse_another_owner(self, found: Found | None) -> None:
         """Another run's journal in the bucket (begun, or taken over, meanwhile) is left alone."""
@@ -335,7 +345,7 @@ class BucketChange:
                     self._keep_version(name, remote)
                     continue
                 if _packed_in_bucket(journal, name, source):
-                    self._copy_packed(name)
+                    self._copy_packed(name, pack_name(journal["request"], journal["base"]))
                     continue
                 try:
                     regular = stat.S_ISREG(os.lstat(source).st_mode)
@@ -369,8 +379,7 @@ class BucketChange:
             self.store.delete(name)
         for name in staged:
             self.store.delete(goes_to(name))
-        if journal["action"] == "append":  # (its pack's shards are in place: the pack goes)
-            self.clear_pack()
+        self.clear_packs(None)  # (an append's shards are in place: its pack goes, and any left behind)
         self.store.delete(JOURNAL)
 
     def _keep_version(self, name: str, remote: Manifest) -> None:
@@ -386,14 +395,14 @@ class BucketChange:
             list(pool.map(lambda file: self.store.copy(file, f"{name}/{file}"), files))
         self.store.copy(MANIFEST_NAME, f"{name}/{MANIFEST_NAME}")
 
-    def _copy_packed(self, name: str) -> None:
+    def _copy_packed(self, name: str, pack: str) -> None:
         """A new shard (or its .idx file) of an append copied from its pack to its own name."""
         try:
-            self.store.copy(f"{BUCKET_PACK}/{name}", name)
+            self.store.copy(f"{pack}/{name}", name)
         except FileNotFoundError:
             raise OutputError(
-                f"{self.store.child(f'{BUCKET_PACK}/{name}')}: missing, and the append's commit copies it; "
-                f"delete {self.store.child(JOURNAL)} and run the append again"
+                f"{self.store.child(f'{pack}/{name}')}: missing, and the append's commit copies it; "
+                f"delete {self.store.child(JOURNAL)} and {self.store.child(pack)}/, then run the append again"
             ) from None
 
     def _fetch_small(self, folder: Path, remote: Manifest, *, index: bool) -> None:
@@ -417,6 +426,15 @@ class BucketChange:
                     f"{self.store.child(ERRORS_NAME)}: missing, and its manifest counts {remote.totals['errors']:,} "
                     "rows (`shardkit verify` says more)"
                 ) from None
+
+
+def pack_name(request: str, base: str) -> str:
+    """Where an append packs in the bucket: a prefix of its own under .shardkit/next/, named by what
+    was asked and the version it began from, so that no append takes up the pack of another (one
+    abandoned, or one still running elsewhere)."""
+    import hashlib
+
+    return f"{BUCKET_NEXT}/{PACK_PREFIX}{hashlib.sha256(f'{request}:{base}'.encode()).hexdigest()[:16]}"
 
 
 def _entries(store: Store, rel_dir: str) -> list[tuple[str, bool]]:

@@ -72,11 +72,9 @@ class BucketSide(Protocol):
     def clear(self, folder: Path) -> None: ...
     def kept_versions(self) -> list[int]: ...
     def refuse_kept(self, version: int) -> None: ...
-    @property
-    def pack_url(self) -> str: ...  # where an append packs (in the bucket: workers upload there)
-
-    def finished_pack(self, folder: Path) -> Manifest | None: ...
-    def clear_pack(self) -> None: ...
+    def pack_url(self, journal: Journal) -> str: ...  # where an append packs (its workers upload there)
+    def finished_pack(self, folder: Path, journal: Journal) -> Manifest | None: ...
+    def clear_packs(self, keep: Journal | None) -> None: ...
 
 
 @dataclass
@@ -195,9 +193,8 @@ class Changing:
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
         if self.bucket is not None:
-            if journal.action == "append":  # (a pack left there by an abandoned append is of another plan)
-                self.bucket.clear_pack()
             self.bucket.begun(journal)
+            self.bucket.clear_packs(journal)  # (once it is this run's: what abandoned appends left)
         self.pending = journal
 
     def record(self, journal: Journal) -> None:
@@ -206,8 +203,6 @@ class Changing:
         with writing(self.output, CHANGE_NAME):
             write_json_atomic(self.journal_path, journal.to_json())
         if self.bucket is not None:
-            if journal.action == "append":  # (a pack left there by an abandoned append is of another plan)
-                self.bucket.clear_pack()
             self.bucket.begun(journal)
         self.pending = journal
 

@@ -146,9 +146,12 @@ def pack(
         if append:
             if config is not None:
                 raise ConfigError("--append packs with the output's own settings: leave --config out")
+            if overwrite:
+                raise ConfigError("--append adds to the output: --overwrite would replace it (give one of them)")
             appended = _run_append(
                 source_path(source), output, key_prefix or "", keep_versions=keep_versions, table=table,
-                sidecars=sidecars, storage_options=storage_options(storage_option), **given,
+                sidecars=sidecars, storage_options=storage_options(storage_option), resume=resume, staging=staging,
+                **given,
             )  # fmt: skip
             render_append(appended)
             if json_path is not None:

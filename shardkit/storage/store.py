@@ -210,6 +210,10 @@ class Store:
         support ranges)."""
         if self._http:
             return self.fs.open(path, "rb", block_size=0)
+        with contextlib.suppress(AttributeError, NotImplementedError):
+            # (what is there now: a listing this process made earlier may predate it, as a change's
+            # journal another machine wrote since, and fsspec would answer "no such object")
+            self.fs.invalidate_cache(path)
         return self.fs.open(path, "rb")
 
     def listing(self) -> dict[str, int | None]:
