@@ -585,7 +585,9 @@ def _present_videos(changed: Changing, items: list[Item]) -> list[bool]:
     for key, source, digest in zip(*(table.column(name).to_pylist() for name in table.column_names), strict=True):
         held.setdefault(key if spans else _video_key(key), set()).add(digest if digest is not None else f"\0{source}")
     at = [i for i, item in enumerate(items) if item.key in held]
-    digests = dict(zip(at, _digests([items[i] for i in at]), strict=True))
+    paths = sorted({items[i].path for i in at})  # (a span table's rows share their video: read once)
+    by_path = dict(zip(paths, _digests([Item(path, path, path) for path in paths]), strict=True))
+    digests = {i: by_path[items[i].path] for i in at}
     present, clashes = [False] * len(items), []
     for i in at:
         item, digest = items[i], digests[i]

@@ -7,6 +7,7 @@ beside the videos are listed as skipped, never packed with them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Generator
@@ -152,7 +153,7 @@ class Clips(Reading):
             # the video's sha256, in each clip's meta and the index: an append tells a video it
             # holds from another under the same key, as it does an image
             started_reading = time.perf_counter()
-            digest = {"source_sha256": sha256_file(Path(item.path))}
+            digest = {"source_sha256": _video_digest(item.path)}
             packing.timings["read"] += time.perf_counter() - started_reading
             records = [
                 Record(key, clip.data, CLIP_EXT, item.label, {**clip.meta, **digest}, item.text, item.columns)
@@ -164,6 +165,18 @@ class Clips(Reading):
         if item.span is not None:  # (rows share their video's path: a row's failure names the row's key)
             failures = [replace(failure, key=item.key) for failure in failures]
         return record, size, failures
+
+
+def _video_digest(path: str) -> str:
+    """The sha256 of a video file, once per process for the rows of a span table that share it (a
+    long video with many rows is read once, not once a row): by its path, size and change time."""
+    status = os.stat(path)
+    return _digest_of(path, status.st_size, status.st_mtime_ns, status.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    return sha256_file(Path(path))
 
 
 def holds_videos(root: str) -> bool:
