@@ -112,7 +112,17 @@ def test_local_folders_and_outputs_in_a_bucket_merge_either_way(s3, cache: Path,
     )
     _same_but_sources(_files(tmp_path / "here"), _files(tmp_path / "ab"))
     assert verify(tmp_path / "here").ok
+    import s3fs
+
+    # done already, or refused, before the output in the bucket is downloaded (a shard of it damaged,
+    # which a download would refuse)
+    first = read_manifest(b).shards[0].name
+    damaged = bytearray((b / first).read_bytes())
+    damaged[700] ^= 0xFF
+    s3fs.S3FileSystem(**s3.options).pipe_file(f"data/{base}/b/{first}", bytes(damaged))
     assert merge([a, url_b], tmp_path / "here").already_complete
+    with pytest.raises(OutputError, match="holds an output already"):
+        merge([a, url_b], tmp_path / "ab")
     assert not (cache / "merge-sources").exists() or not any((cache / "merge-sources").iterdir())
     with pytest.raises(ConfigError, match="named twice"):
         merge([a, tmp_path / "a" / ".." / "a"], f"s3://data/{base}/aa")

@@ -19,9 +19,11 @@ import pytest
 
 from shardkit.changes.remove import remove
 from shardkit.checks.verify import verify
+from shardkit.core.config import EncodeConfig, PackConfig, ResizeConfig
 from shardkit.core.errors import ConfigError, OutputError
 from shardkit.core.manifest import read_manifest, sha256_file
 from shardkit.formats import available_formats
+from shardkit.packing.pack import pack
 from shardkit.readers import open_shards
 from tests.helpers import stored_records
 from tests.step_kills import every_step_finishes
@@ -247,14 +249,22 @@ def test_a_takedown_by_content_finds_the_records_of_a_picture(
         remove(out, like=[tmp_path / "nope.jpg"], reason=REASON)
     assert _all_bytes(out) == before
 
-    done = remove(out, like=[sample_dataset / first["source"]], reason=REASON)
-    assert done.removed == 1 and first["key"] not in [key for _, key, _ in _records(out)]
+    twice = tmp_path / "twice"  # (one picture under two names: both found)
+    twice.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        shutil.copyfile(sample_dataset / first["source"], twice / name)
+    done = remove(out, like=[twice], reason=REASON)
+    assert (done.removed, done.missing) == (1, 0) and first["key"] not in [key for _, key, _ in _records(out)]
     cli = shardkit("remove", out, "--like", saved_again.parent, "--near", "--reason", REASON)
     assert cli.returncode == 0 and "removed 1 record" in " ".join(cli.stdout.split()), cli.stderr
     assert second["key"] not in [key for _, key, _ in _records(out)]
     rows = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert [row["key"] for row in rows if row["stage"] == "removed"] == [first["key"], second["key"]]
     assert verify(out).ok
+    kept = tmp_path / "kept"  # packed with --encode original before kept pictures were hashed: --near refused
+    pack(PackConfig(str(sample_dataset), str(kept), resize=ResizeConfig(4096), encode=EncodeConfig("original")))
+    with pytest.raises(ConfigError, match=r"of its records have no DCT hash, so --near cannot compare them"):
+        remove(kept, like=[saved_again], near=True, reason=REASON)
     refused = shardkit("remove", out, "--keys", tmp_path / "k.txt", "--like", saved_again, "--reason", REASON)
     assert refused.returncode == 1 and refused.stderr == "error: remove takes one of --keys, --where and --like\n"
 

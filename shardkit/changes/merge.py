@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, ManifestError, OutputError, describe
 from ..core.manifest import (
+    MANIFEST_NAME,
     Manifest,
     ShardInfo,
     idx_name,
@@ -44,6 +45,7 @@ from ..core.manifest import (
 )
 from ..core.safeio import regular_size
 from ..packing.dedup import same_file
+from ..packing.working_folder import state_dir
 from ..storage.store import Store
 from ..storage.urls import is_remote
 from .journal import Changing, Journal, creating, pending_change
@@ -100,8 +102,12 @@ def merge(
             if changed.pending is not None and changed.pending.committing:
                 return _finish(changed, changed.pending, started, folders, prefix_keys, relabel)
     # every check of the sources, before OUT is made or touched
-    with _downloaded(folders) as read:
+    with _downloaded(folders) as (read, fetch):
         plan, request = planned(read, prefix_keys, relabel)
+        done = _done_already(output, plan, started)  # (before an output in a bucket is downloaded)
+        if done is not None:
+            return done
+        fetch()
         check_rewrites(read, plan)
         return _merge(
             read, output, plan, request, started, progress,
@@ -205,32 +211,59 @@ def _named(folder: Path | Store) -> str:
     return folder.url if isinstance(folder, Store) else os.path.abspath(folder)
 
 
+def _done_already(output: str | os.PathLike[str], plan: dict[str, Any], started: float) -> MergeResult | None:
+    """Where `output` holds a finished output and no unfinished change: this merge's (done already),
+    or another (refused); None where the merge is to be made (the same checks are made again
+    under the output's lock)."""
+    path = Path(output)
+    if not (path / MANIFEST_NAME).is_file() or pending_change(path) is not None:
+        return None
+    try:
+        manifest = read_manifest(path)
+    except ManifestError:
+        return None  # (said under the lock)
+    if not made_by(manifest, plan, lambda name: regular_size(path / name)):
+        raise OutputError(f"{output}: holds an output already; merge into a new folder")
+    if os.path.lexists(state_dir(path)):
+        return None  # (what a kill as it ended left is tidied under the lock)
+    done = result_of(str(output), plan, manifest, {}, time.perf_counter() - started, False)
+    return replace(done, already_complete=True)
+
+
 @contextlib.contextmanager
-def _downloaded(folders: list[Path | Store]) -> Iterator[list[Source]]:
-    """The sources checked, each output in a bucket first downloaded into a folder of the cache (one
-    a source's URL, emptied first and deleted after): its manifest, index.parquet, errors.jsonl
-    and shards, each checked against its manifest, so the merge links them as a local output's."""
+def _downloaded(folders: list[Path | Store]) -> Iterator[tuple[list[Source], Callable[[], None]]]:
+    """The sources checked, and what downloads the shards of those in a bucket: each output in a
+    bucket is read into a folder of the cache of this run's own (deleted after): its manifest,
+    index.parquet and errors.jsonl at once, checked against its manifest; its shards and .idx files
+    when `fetch()` is called (once the merge knows it has work), checked too, so that the merge
+    links them as a local output's."""
+    import tempfile
+
     from ..storage.cache import default_cache_dir
-    from .bucket import refuse_links
     from .bucket_merge import fetch_shards, read_source
 
-    views = [
-        default_cache_dir() / "merge-sources" / hashlib.sha256(folder.url.encode()).hexdigest()[:16]
-        for folder in folders if isinstance(folder, Store)
-    ]  # fmt: skip
+    views: list[Path] = []
     try:
-        read, at = [], iter(views)
+        read, far = [], []
         for folder in folders:
             if isinstance(folder, Path):
                 read.append(local_source(folder))
                 continue
-            view = next(at)
-            refuse_links(view)
-            shutil.rmtree(view, ignore_errors=True)
+            under = default_cache_dir() / "merge-sources"
+            under.mkdir(parents=True, exist_ok=True)
+            named = hashlib.sha256(folder.url.encode()).hexdigest()[:16] + "-"
+            view = Path(tempfile.mkdtemp(prefix=named, dir=under))
+            views.append(view)
+            view.rmdir()  # (read_source makes it)
             source = read_source(folder, view)
-            fetch_shards(folder, source, with_idx=True)
             read.append(source)
-        yield read
+            far.append((folder, source))
+
+        def fetch() -> None:
+            for store, source in far:
+                fetch_shards(store, source, with_idx=True)
+
+        yield read, fetch
     finally:
         for view in views:
             if not os.path.islink(view):

@@ -188,18 +188,34 @@ class Pictures:
 
         from ..core.phash import PHASH_HEX, distances
 
-        table = changed.index().read(columns=["key", "source_sha256", "phash"])
+        try:
+            table = changed.index().read(columns=["key", "source_sha256", "phash"])
+        except ConfigError:  # (an index from before shardkit kept the hashes)
+            raise ConfigError(
+                f"{changed.name}: its index.parquet keeps no hashes of the files packed (an earlier shardkit's); "
+                "take the records out by --keys"
+            ) from None
         keys = table.column("key").to_pylist()
         digests = table.column("source_sha256").to_pylist()
         found = [False] * len(self.paths)
         taken = np.zeros(len(keys), bool)
-        wanted = {digest: at for at, digest in enumerate(self.digests)}
+        wanted: dict[str, list[int]] = {}
+        for at, digest in enumerate(self.digests):  # (one picture may be given twice, by two names)
+            wanted.setdefault(digest, []).append(at)
         for row, digest in enumerate(digests):
             if digest in wanted:
-                taken[row] = found[wanted[digest]] = True
-        if self.near and any(value is not None for value in self.hashes):
+                taken[row] = True
+                for at in wanted[digest]:
+                    found[at] = True
+        if self.near:
             texts = table.column("phash").to_pylist()
             hashed = np.array([isinstance(h, str) and PHASH_HEX.fullmatch(h) is not None for h in texts], bool)
+            if not hashed.all():  # (kept as they were by --encode original, before such pictures were hashed)
+                raise ConfigError(
+                    f"{changed.name}: {int((~hashed).sum()):,} of its records have no DCT hash, so --near cannot "
+                    "compare them; find them with `shardkit duplicates OUT --against PICTURES --near`, then "
+                    "take them out by --keys"
+                )
             values = np.array([int(h, 16) if ok else 0 for h, ok in zip(texts, hashed, strict=True)], np.uint64)
             for at, value in enumerate(self.hashes):
                 if value is None:

@@ -169,13 +169,14 @@ class Clips(Reading):
 
 def _video_digest(path: str) -> str:
     """The sha256 of a video file, once per process for the rows of a span table that share it (a
-    long video with many rows is read once, not once a row): by its path, size and change time."""
+    long video with many rows is read once, not once a row): by its path, size, inode and times (the
+    change time too: a file rewritten with its old modification time put back is another file)."""
     status = os.stat(path)
-    return _digest_of(path, status.st_size, status.st_mtime_ns, status.st_ino)
+    return _digest_of(path, status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
 
 
 @functools.lru_cache(maxsize=64)
-def _digest_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
+def _digest_of(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
     return sha256_file(Path(path))
 
 
