@@ -559,14 +559,19 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
             present[i] = True
         else:
             clashes.append(items[i].key)
+    _refuse_clashes(changed, clashes, "images")
+    return [bool(there) for there in present]
+
+
+def _refuse_clashes(changed: Changing, clashes: list[str], what: str) -> None:
+    """New keys the output holds for other inputs: refused, naming up to three."""
     if clashes:
         named = ", ".join(repr(key) for key in clashes[:SHOWN])
         more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
         raise OutputError(
-            f"{changed.name}: holds other images under {len(clashes):,} of the new keys ({named}{more}); "
+            f"{changed.name}: holds other {what} under {len(clashes):,} of the new keys ({named}{more}); "
             "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
         )
-    return [bool(there) for there in present]
 
 
 def _video_key(clip_key: str) -> str:
@@ -597,13 +602,7 @@ def _present_videos(changed: Changing, items: list[Item]) -> list[bool]:
             present[i] = True
         else:
             clashes.append(item.key)
-    if clashes:
-        named = ", ".join(repr(key) for key in clashes[:SHOWN])
-        more = f" and {len(clashes) - SHOWN:,} more" if len(clashes) > SHOWN else ""
-        raise OutputError(
-            f"{changed.name}: holds other videos under {len(clashes):,} of the new keys ({named}{more}); "
-            "give the new keys a prefix with --key-prefix (e.g. --key-prefix 2026-11/)"
-        )
+    _refuse_clashes(changed, clashes, "videos")
     return present
 
 
