@@ -99,6 +99,16 @@ def test_local_folders_and_outputs_in_a_bucket_merge_either_way(s3, cache: Path,
     base = tmp_path.name
     url_a, url_b = _upload(s3, a, f"{base}/a"), _upload(s3, b, f"{base}/b")
     local = merge([a, b], tmp_path / "ab")
+    # what a merge killed while it downloaded left (its lock let go), and one running now (held)
+    import fcntl
+
+    downloads = cache / "merge-sources"
+    (downloads / "0123456789abcdef-dead").mkdir(parents=True)
+    (downloads / "0123456789abcdef-dead" / "shard-000000.tar").write_bytes(b"x" * 1000)
+    (downloads / "0123456789abcdef-dead.lock").touch()
+    (downloads / "0123456789abcdef-live").mkdir()
+    running = os.open(downloads / "0123456789abcdef-live.lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(running, fcntl.LOCK_EX)
     into_bucket = merge([url_a, b], f"s3://data/{base}/ab")
     assert (into_bucket.records, into_bucket.shards, into_bucket.sources) == (12, 5, [url_a, str(b.resolve())])
     _same_but_sources(_objects(s3, f"{base}/ab"), _files(tmp_path / "ab"))
@@ -123,7 +133,8 @@ def test_local_folders_and_outputs_in_a_bucket_merge_either_way(s3, cache: Path,
     assert merge([a, url_b], tmp_path / "here").already_complete
     with pytest.raises(OutputError, match="holds an output already"):
         merge([a, url_b], tmp_path / "ab")
-    assert not (cache / "merge-sources").exists() or not any((cache / "merge-sources").iterdir())
+    assert sorted(path.name for path in downloads.iterdir()) == ["0123456789abcdef-live", "0123456789abcdef-live.lock"]
+    os.close(running)
     with pytest.raises(ConfigError, match="named twice"):
         merge([a, tmp_path / "a" / ".." / "a"], f"s3://data/{base}/aa")
 

@@ -233,29 +233,25 @@ def _done_already(output: str | os.PathLike[str], plan: dict[str, Any], started:
 @contextlib.contextmanager
 def _downloaded(folders: list[Path | Store]) -> Iterator[tuple[list[Source], Callable[[], None]]]:
     """The sources checked, and what downloads the shards of those in a bucket: each output in a
-    bucket is read into a folder of the cache of this run's own (deleted after): its manifest,
-    index.parquet and errors.jsonl at once, checked against its manifest; its shards and .idx files
-    when `fetch()` is called (once the merge knows it has work), checked too, so that the merge
-    links them as a local output's."""
-    import tempfile
-
+    bucket is read into a folder of the cache of this run's own (`_claimed_view`, deleted after):
+    its manifest, index.parquet and errors.jsonl at once, checked against its manifest; its shards
+    and .idx files when `fetch()` is called (once the merge knows it has work), checked too, so
+    that the merge links them as a local output's. What killed runs left there goes first."""
     from ..storage.cache import default_cache_dir
     from .bucket_merge import fetch_shards, read_source
 
-    views: list[Path] = []
+    under = default_cache_dir() / "merge-sources"
+    held: list[tuple[Path, int]] = []
     try:
         read, far = [], []
         for folder in folders:
             if isinstance(folder, Path):
                 read.append(local_source(folder))
                 continue
-            under = default_cache_dir() / "merge-sources"
-            under.mkdir(parents=True, exist_ok=True)
-            named = hashlib.sha256(folder.url.encode()).hexdigest()[:16] + "-"
-            view = Path(tempfile.mkdtemp(prefix=named, dir=under))
-            views.append(view)
-            view.rmdir()  # (read_source makes it)
-            source = read_source(folder, view)
+            if not held:
+                _sweep(under)
+            held.append(_claimed_view(under, folder.url))
+            source = read_source(folder, held[-1][0])
             read.append(source)
             far.append((folder, source))
 
@@ -265,9 +261,50 @@ def _downloaded(folders: list[Path | Store]) -> Iterator[tuple[list[Source], Cal
 
         yield read, fetch
     finally:
-        for view in views:
+        for view, fd in held:
             if not os.path.islink(view):
                 shutil.rmtree(view, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(f"{view}{_LOCK}")
+            os.close(fd)
+
+
+_LOCK = ".lock"  # beside each download folder: held (flock) by the run it is for
+
+
+def _claimed_view(under: Path, url: str) -> tuple[Path, int]:
+    """A download folder's name of this run's own for the output at `url`, and the open lock file
+    beside it, held while the run lives (a kill -9 lets go of it: the next merge deletes both)."""
+    import fcntl
+    import tempfile
+
+    under.mkdir(parents=True, exist_ok=True)
+    fd, lock = tempfile.mkstemp(prefix=hashlib.sha256(url.encode()).hexdigest()[:16] + "-", suffix=_LOCK, dir=under)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return Path(lock.removesuffix(_LOCK)), fd
+
+
+def _sweep(under: Path) -> None:
+    """The download folders of merges no longer running (their lock files let go), deleted."""
+    import fcntl
+
+    for lock in under.glob(f"*{_LOCK}") if under.is_dir() else []:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # (a merge that is running holds it)
+            os.close(fd)
+            continue
+        try:
+            view = Path(str(lock).removesuffix(_LOCK))
+            if not view.is_symlink():
+                shutil.rmtree(view, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def linked_into(folder: Path) -> Place:
