@@ -294,7 +294,8 @@ def _config(changed: Changing, asked: PackConfig, given: Mapping[str, Any]) -> P
             seed=settings["seed"], labels=settings["labels"],
             table=TableConfig(**{**table, "path": asked.table.path}), sidecars=bool(settings.get("sidecars")),
             dedup=dedup.get("mode", "none"), dedup_threshold=dedup.get("threshold", asked.dedup_threshold),
-            web=replace(asked.web, **web), clips=ClipConfig(**settings["clips"]) if _clips(changed) else ClipConfig(),
+            web=replace(asked.web, **web),
+            clips=ClipConfig(**settings["clips"]) if changed.manifest.holds_clips else ClipConfig(),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         said = f"{changed.name}/{MANIFEST_NAME}: its settings are not pack's ({describe(error)})"
@@ -337,11 +338,6 @@ def _pack_output(changed: Changing, journal: Journal) -> str:
     prefix in the bucket (its workers upload each shard there, as a pack into a bucket does: a
     Ray task on a machine that shares no folder with this one can write it)."""
     return str(changed.next / STAGED) if changed.bucket is None else changed.bucket.pack_url(journal)
-
-
-def _clips(changed: Changing) -> bool:
-    """Whether the output holds clips of videos (an append then cuts its new videos as they were)."""
-    return isinstance(changed.manifest.settings.get("clips"), dict)
 
 
 def _shown(value: Any) -> str:
@@ -420,8 +416,9 @@ def _walk(packing: PackConfig, changed: Changing, prefix: str) -> Walked:
         ]  # fmt: skip
     removed = _removed_keys(changed)
     spans = any(item.span is not None for item in items)  # (a span table's rows: a clip's key is the row's)
-    if _clips(changed) and removed and not spans:  # (a video whose every clip was taken out stays out: its
-        # clips' keys name it; one with clips left is held, or another video under its key)
+    # (a video whose every clip was taken out stays out: its clips' keys name it; one with clips left
+    # is held, or another video under its key)
+    if changed.manifest.holds_clips and removed and not spans:
         held = {_video_key(key) for key in changed.index().read(columns=["key"]).column("key").to_pylist()}
         removed |= {_video_key(key) for key in removed} - held
     taken_down = [item.key in removed for item in items]
@@ -533,7 +530,7 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
 
     if not items:
         return []
-    if _clips(changed):
+    if changed.manifest.holds_clips:
         return _present_videos(changed, items)
     table = changed.index().read(columns=["key", "source", "source_sha256"])
     remote = [is_remote(item.path) for item in items]
@@ -547,7 +544,7 @@ def _present(changed: Changing, items: list[Item]) -> list[bool]:
     rows = table.filter(pc.is_in(table.column("key"), value_set=strings([items[i].key for i in at])))
     held = dict(zip(rows.column("key").to_pylist(), rows.column("source_sha256").to_pylist(), strict=True))
     local = [i for i in at if not remote[i]]
-    digests = dict(zip(local, _digests([items[i] for i in local]), strict=True))
+    digests = dict(zip(local, _digests([items[i].path for i in local]), strict=True))
     clashes: list[str] = []
     for i in at:
         digest = digests.get(i)
@@ -591,7 +588,7 @@ def _present_videos(changed: Changing, items: list[Item]) -> list[bool]:
         held.setdefault(key if spans else _video_key(key), set()).add(digest if digest is not None else f"\0{source}")
     at = [i for i, item in enumerate(items) if item.key in held]
     paths = sorted({items[i].path for i in at})  # (a span table's rows share their video: read once)
-    by_path = dict(zip(paths, _digests([Item(path, path, path) for path in paths]), strict=True))
+    by_path = dict(zip(paths, _digests(paths), strict=True))
     digests = {i: by_path[items[i].path] for i in at}
     present, clashes = [False] * len(items), []
     for i in at:
@@ -606,18 +603,18 @@ def _present_videos(changed: Changing, items: list[Item]) -> list[bool]:
     return present
 
 
-def _digests(items: list[Item]) -> list[str | None]:
+def _digests(paths: list[str]) -> list[str | None]:
     """Each local file's sha256 (None: unreadable). On threads: hashlib and file reads let go of
     the GIL."""
 
-    def digest(item: Item) -> str | None:
+    def digest(path: str) -> str | None:
         try:
-            return sha256_file(Path(item.path))
+            return sha256_file(Path(path))
         except OSError:
             return None
 
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        return list(pool.map(digest, items, chunksize=64))
+        return list(pool.map(digest, paths, chunksize=64))
 
 
 # --- the next version ----------------------------------------------------------------------------
@@ -769,5 +766,5 @@ def _result(
         output, str(entry.get("source", "")), result.version, entry.get("inputs", 0), entry.get("records", 0),
         entry.get("errors", 0), entry.get("already", 0), entry.get("taken_down", 0), len(added), reused,
         list(entry.get("classes_added", [])), sum(s.bytes for s in added), sum(s.bytes for s in result.shards),
-        seconds, resumed=resumed, clips=isinstance(result.settings.get("clips"), dict),
+        seconds, resumed=resumed, clips=result.holds_clips,
     )  # fmt: skip

@@ -69,7 +69,7 @@ from ..packing.working_folder import (
     state_dir,
 )
 from ..storage.cache import default_cache_dir
-from ..storage.store import Store, read_remote_manifest
+from ..storage.store import Store, kept_versions, read_remote_manifest
 from .journal import KEPT, Changing, Journal, changing_in, kept_name
 
 BUCKET_NEXT = f"{STATE_DIR}/{NEXT_DIR}"  # where the files with fixed names wait for the commit
@@ -144,16 +144,11 @@ class BucketChange:
         clear_mirror(folder)
 
     def kept_versions(self) -> list[int]:
-        """The versions `--keep-versions` kept in the bucket (versions/vN/ holding objects), in order."""
-        names = [name for name, folder in _entries(self.store, VERSIONS_DIR) if folder]
-        return sorted(
-            int(name[1:]) for name in names
-            if KEPT.fullmatch(f"{VERSIONS_DIR}/{name}") and _entries(self.store, f"{VERSIONS_DIR}/{name}")
-        )  # fmt: skip
+        return kept_versions(self.store)
 
     def refuse_kept(self, version: int) -> None:
         """`--keep-versions` refused before anything is written where versions/vN holds objects."""
-        if _entries(self.store, kept_name(version)):
+        if self.store.entries(kept_name(version)):
             where = self.store.child(kept_name(version))
             raise OutputError(f"{where}: is there already; move it away to keep version {version}")
 
@@ -300,7 +295,7 @@ class BucketChange:
         holds): those of appends abandoned, or of this one once its shards are in place. Only a
         run whose journal the bucket holds (or one taking it over) calls this."""
         mine = None if keep is None or keep.action != "append" else pack_name(keep.request, keep.base)
-        for name, folder in _entries(self.store, BUCKET_NEXT):
+        for name, folder in self.store.entries(BUCKET_NEXT):
             if folder and name.startswith(PACK_PREFIX) and f"{BUCKET_NEXT}/{name}" != mine:
                 self.store.delete_folder(f"{BUCKET_NEXT}/{name}")
 
@@ -435,15 +430,6 @@ def pack_name(request: str, base: str) -> str:
     import hashlib
 
     return f"{BUCKET_NEXT}/{PACK_PREFIX}{hashlib.sha256(f'{request}:{base}'.encode()).hexdigest()[:16]}"
-
-
-def _entries(store: Store, rel_dir: str) -> list[tuple[str, bool]]:
-    """What lies directly under `rel_dir` (none where nothing does: a store that keeps an emptied
-    folder, as SeaweedFS does, holds nothing there)."""
-    try:
-        return store.folder(rel_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def _packed_in_bucket(journal: dict[str, Any], name: str, source: Path) -> bool:

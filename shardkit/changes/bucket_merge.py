@@ -26,7 +26,6 @@ any merge into the prefix finishes step 4 from the bucket alone, whatever became
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +48,6 @@ from .bucket import (
     journal_bytes,
     mirror_folder,
     refuse_links,
-    spelled,
 )
 from .journal import Journal, locked
 from .merged import (
@@ -59,9 +57,12 @@ from .merged import (
     check_rewrites,
     checked_source,
     local_source,
+    located,
     made_by,
     planned,
+    refuse_named_twice,
     result_of,
+    source_name,
     write_merged,
 )
 
@@ -171,40 +172,20 @@ def _checked_stores(
     """The output a URL; every source a URL of its filesystem (copied server-side) or a local
     output folder (uploaded); none named twice, the output's prefix none of the sources' and
     inside none of them."""
-    from ..storage.location import locate
-
-    stores: list[Store | Path] = []
-    for named in [*sources, output]:
-        where = locate(named, storage_options)
-        if isinstance(where, Path):
-            stores.append(where)
-            continue
-        if where.protocol in ("http", "https"):
+    stores = [located(named, storage_options) for named in [*sources, output]]
+    for where in stores:
+        if isinstance(where, Store) and where.protocol in ("http", "https"):
             raise ConfigError(f"{where.url}: read over HTTP, where nothing can be copied server-side; merge it locally")
-        # one spelling of each (s3a://, a doubled slash): what the plan names and every request uses
-        stores.append(Store(spelled(where), where.options))
     *inputs, out = stores
     assert isinstance(out, Store)  # (merge sends an output in a bucket here)
     kinds = {store.protocol for store in stores if isinstance(store, Store)}
     if len(kinds) > 1:
         raise ConfigError(f"{out.url}: merge copies server-side, within one store: not from {', '.join(sorted(kinds))}")
-    seen = [store.url if isinstance(store, Store) else os.path.realpath(store) for store in inputs]
-    if len(set(seen)) != len(seen):
-        twice = next(name for name in seen if seen.count(name) > 1)
-        raise ConfigError(f"{twice}: named twice; merge takes each output once")
-    urls = [store.url for store in inputs if isinstance(store, Store)]
-    if len(set(urls)) != len(urls):
-        twice = next(url for url in urls if urls.count(url) > 1)
-        raise ConfigError(f"{twice}: named twice; merge takes each output once")
-    for url in urls:
+    refuse_named_twice(inputs)
+    for url in [store.url for store in inputs if isinstance(store, Store)]:
         if out.url == url or out.url.startswith(url + "/") or url.startswith(out.url + "/"):
             raise ConfigError(f"{out.url}: overlaps {url}; merge into a prefix of its own")
     return inputs, out
-
-
-def _named(store: Store | Path) -> str:
-    """A source as the plan names it (merged.Source.path): its URL, or its folder made absolute."""
-    return store.url if isinstance(store, Store) else os.path.abspath(store)
 
 
 def read_source(store: Store, view: Path) -> Source:
@@ -390,7 +371,7 @@ def _finish(
         if manifest.checksum != journal.result or manifest.computed_checksum() != manifest.checksum:
             raise OutputError(f"{out.child(name)}: not the manifest its interrupted merge wrote; delete {out.url}")
         _commit(out)
-        if not asked_for(plan, [_named(store) for store in stores], prefix_keys, relabel):
+        if not asked_for(plan, [source_name(store) for store in stores], prefix_keys, relabel):
             raise OutputError(
                 f"{out.url}: held an interrupted merge of other outputs ({', '.join(sources[:3])[:300]}), "
                 "finished now; merge into a new prefix"

@@ -56,9 +56,12 @@ from .merged import (
     asked_for,
     check_rewrites,
     local_source,
+    located,
     made_by,
     planned,
+    refuse_named_twice,
     result_of,
+    source_name,
     write_merged,
 )
 
@@ -161,7 +164,7 @@ def _finish(
         raise OutputError(f"{changed.output}: the merged output an interrupted merge wrote is damaged; delete it")
     changed.commit(pending)
     plan = pending.plan
-    if not asked_for(plan, [_named(folder) for folder in folders], prefix_keys, relabel):
+    if not asked_for(plan, [source_name(folder) for folder in folders], prefix_keys, relabel):
         raise OutputError(
             f"{changed.output}: held an interrupted merge of other outputs, finished now; merge into a new folder"
         )
@@ -184,31 +187,16 @@ def _checked_sources(
     """Two or more outputs, local folders or in buckets (not over HTTP: merged locally, it would be
     read whole anyway, but a bucket is what `storage_options` reach), each once, no folder holding
     or inside `output`."""
-    from ..storage.location import locate
-    from .bucket import spelled
-
     if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
         raise ConfigError("merge needs two or more outputs to merge, then the folder to make")
-    folders: list[Path | Store] = []
-    for source in sources:
-        where = locate(source, storage_options)
-        folders.append(where if isinstance(where, Path) else Store(spelled(where), where.options))
-    real = [_named(folder) if isinstance(folder, Store) else os.path.realpath(folder) for folder in folders]
-    if len(set(real)) != len(real):
-        twice = next(folder for folder, path in zip(folders, real, strict=True) if real.count(path) > 1)
-        raise ConfigError(f"{_named(twice)}: named twice; merge takes each output once")
+    folders = [located(source, storage_options) for source in sources]
+    refuse_named_twice(folders)
     target = os.path.realpath(output)
-    for folder, path in zip(folders, real, strict=True):
-        if isinstance(folder, Path) and (
-            target == path or target.startswith(path + os.sep) or path.startswith(target + os.sep)
-        ):
+    for folder in folders:
+        path = "" if isinstance(folder, Store) else os.path.realpath(folder)
+        if path and (target == path or target.startswith(path + os.sep) or path.startswith(target + os.sep)):
             raise ConfigError(f"{output}: overlaps {folder}; merge into a folder of its own")
     return folders
-
-
-def _named(folder: Path | Store) -> str:
-    """A source as the plan names it (merged.Source.path): its URL, or its folder made absolute."""
-    return folder.url if isinstance(folder, Store) else os.path.abspath(folder)
 
 
 def _done_already(output: str | os.PathLike[str], plan: dict[str, Any], started: float) -> MergeResult | None:

@@ -9,14 +9,14 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import ManifestError, OutputError, describe
+from ..core.errors import ConfigError, ManifestError, OutputError, describe
 from ..core.manifest import (
     ERRORS_NAME,
     INDEX_NAME,
@@ -40,6 +40,7 @@ from ..packing.resume import CREATED_BY
 from ..packing.working_folder import STATE_NAME, is_shard_name, shard_name, state_dir, writing
 from ..readers.arrays import booleans, int64s, integers, string, strings
 from ..readers.subset import read_index
+from ..storage.store import Store
 from .journal import Journal, pending_change
 from .rewrite import summed_totals, write_output_files
 
@@ -104,6 +105,29 @@ class Source:
     where: str  # the folder as given, or the bucket's URL
     path: str  # the folder made absolute, or the URL: the plan's
     name: str  # its folder's own name (links followed), or the URL's last part: its key prefix's word
+
+
+def located(named: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Store | Path:
+    """A merge's source or output: a local folder, or an output in a bucket under one spelling of
+    its URL (s3a://, a doubled slash: what the plan names and every request uses)."""
+    from ..storage.location import locate
+    from .bucket import spelled
+
+    where = locate(named, storage_options)
+    return where if isinstance(where, Path) else Store(spelled(where), where.options)
+
+
+def source_name(where: Store | Path) -> str:
+    """A source as the plan names it (Source.path): its URL, or its folder made absolute."""
+    return where.url if isinstance(where, Store) else os.path.abspath(where)
+
+
+def refuse_named_twice(sources: Sequence[Store | Path]) -> None:
+    """Each output merged once: one prefix, or one folder however it is reached (a link, `..`)."""
+    seen = [where.url if isinstance(where, Store) else os.path.realpath(where) for where in sources]
+    if len(set(seen)) != len(seen):
+        twice = next(where for where, same in zip(sources, seen, strict=True) if seen.count(same) > 1)
+        raise ConfigError(f"{source_name(twice)}: named twice; merge takes each output once")
 
 
 def local_source(folder: Path) -> Source:

@@ -101,24 +101,16 @@ def remove(
     reason = " ".join(reason.split())
     if not resume and not reason:
         raise ConfigError("remove needs a reason (--reason): the manifest's history and errors.jsonl keep it")
-    kept = Path(output) / VERSIONS_DIR
     # (a takedown must reach every file)
-    if not (keep_versions or resume or is_remote(output)) and os.path.lexists(kept):
-        raise OutputError(
-            f"{kept}: earlier versions are kept there, and a remove would leave the records in them: delete "
-            f"{kept} first, or give --keep-versions to keep them knowingly"
-        )
+    if not (keep_versions or resume or is_remote(output)) and os.path.lexists(Path(output) / VERSIONS_DIR):
+        raise _versions_kept(Path(output) / VERSIONS_DIR)
     wanted = None if keys is None else sorted(set(_checked_keys(keys)))
     request = _request(wanted, asked_where, reason, keep_versions, pictures)
     missing = [0]
 
     def plan(changed: Changing) -> Journal | None:
         if changed.bucket is not None and not keep_versions and changed.bucket.kept_versions():
-            said = changed.bucket.url + "/" + VERSIONS_DIR
-            raise OutputError(
-                f"{said}: earlier versions are kept there, and a remove would leave the records in them: delete "
-                f"{said} first, or give --keep-versions to keep them knowingly"
-            )
+            raise _versions_kept(f"{changed.bucket.url}/{VERSIONS_DIR}")
         if pictures is not None:
             found, missing[0] = pictures.keys(changed, missing_ok)
             if not found:
@@ -141,6 +133,13 @@ def remove(
         str(output), done.journal.version, spent["removed"], spent["missing"], writes, len(spent["gone"]) - writes,
         spent["bytes_written"], spent["output_bytes"], done.seconds, resumed=done.resumed,
     )  # fmt: skip
+
+
+def _versions_kept(where: str | Path) -> OutputError:
+    return OutputError(
+        f"{where}: earlier versions are kept there, and a remove would leave the records in them: delete "
+        f"{where} first, or give --keep-versions to keep them knowingly"
+    )
 
 
 def _checked_keys(keys: Iterable[str]) -> Iterable[str]:

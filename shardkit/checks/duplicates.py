@@ -299,12 +299,6 @@ def _add_records(
         dataset.close()
 
 
-def _clips(manifest: Any) -> bool:
-    """Whether an output holds clips: every clip of a video keeps the video's sha256 (as
-    `source_sha256`: what an append tells the video by), so clips are compared by their own bytes."""
-    return isinstance(manifest.settings.get("clips"), dict)
-
-
 def _index_rows(dataset: Any, shown: str) -> list[tuple[str, str | None, str | None]] | None:
     """(key, source sha256, DCT hash) of every record, from a local output's index.parquet; None
     when it has none, or has not the columns, or is not the file the manifest names. An index
@@ -312,7 +306,9 @@ def _index_rows(dataset: Any, shown: str) -> list[tuple[str, str | None, str | N
     any bytes) is refused before a row is read: ConfigError."""
     manifest = dataset.manifest
     index = manifest.index
-    if index is None or dataset.remote is not None or _clips(manifest):
+    # (every clip of a video keeps the video's sha256, what an append tells it by: clips are compared
+    # by their own bytes, read from the shards)
+    if index is None or dataset.remote is not None or manifest.holds_clips:
         return None
     path = Path(dataset.folder) / index.name
     try:
@@ -354,7 +350,7 @@ def _record_rows(
             for record in dataset.records(shard):
                 read += 1
                 meta = record.meta
-                digest = None if _clips(dataset.manifest) else meta.get("source_sha256")
+                digest = None if dataset.manifest.holds_clips else meta.get("source_sha256")
                 if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
                     digest = hashlib.sha256(record.data).hexdigest()
                 phash = meta.get("phash")

@@ -73,6 +73,11 @@ class Manifest:
         return sum(shard.count for shard in self.shards)
 
     @property
+    def holds_clips(self) -> bool:
+        """Whether its records are clips of videos (pack --clip-seconds: settings["clips"])."""
+        return isinstance(self.settings.get("clips"), dict)
+
+    @property
     def packed_resize(self) -> PackedResize:
         """settings["resize"], as pack writes it, typed (an output from elsewhere may say nothing)."""
         resize = self.settings.get("resize")

@@ -180,7 +180,7 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
         )
     if contents.manifest is not None and not (resume or overwrite):
         raise OutputError(f"{store.url}: holds a finished shardkit output; use --resume or --overwrite")
-    if contents.manifest is not None and overwrite and _holds(store, VERSIONS_DIR):
+    if contents.manifest is not None and overwrite and store.holds(VERSIONS_DIR):
         raise OutputError(
             f"{store.url}: keeps earlier versions ({VERSIONS_DIR}/, --keep-versions); move them away to pack here again"
         )
@@ -196,14 +196,6 @@ def claim_bucket(store: Store, *, resume: bool, overwrite: bool) -> BucketConten
     except OSError as error:
         raise OutputError(f"{store.child(_PROBE)}: cannot write here ({error})") from None
     return contents
-
-
-def _holds(store: Store, rel_dir: str) -> bool:
-    """Whether any object lies under `rel_dir/` (a store may keep a folder emptied: SeaweedFS)."""
-    try:
-        return any(folder is False or _holds(store, f"{rel_dir}/{name}") for name, folder in store.folder(rel_dir))
-    except (FileNotFoundError, NotADirectoryError):
-        return False
 
 
 def refuse_unfinished_change(store: Store) -> None:

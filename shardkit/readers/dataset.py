@@ -445,7 +445,7 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
         raise ConfigError(f"version must be a version number (1 or more), not {version!r}")
     if not isinstance(folder, Path):  # a bucket's kept versions are prefixes: versions/vN/
-        from ..storage.store import Store, read_remote_manifest
+        from ..storage.store import Store, kept_versions, read_remote_manifest
 
         at = read_remote_manifest(folder).version
         if version == at:
@@ -459,7 +459,7 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
             raise ConfigError(f"{earlier.url}: holds version {found}, not {version}")
         if found is not None:
             return earlier
-        there = _kept_in_bucket(folder)
+        there = kept_versions(folder)
         said = f"kept: {', '.join(map(str, there))}" if there else "none kept (--keep-versions keeps them)"
         raise ConfigError(f"{folder.url}: has no version {version} (it is at version {at}; {said})")
     manifest = read_manifest(folder)
@@ -475,20 +475,6 @@ def _version(folder: Path | Store, version: Any) -> Path | Store:
     )
     said = f"kept: {', '.join(map(str, there))}" if there else "none kept (--keep-versions keeps them)"
     raise ConfigError(f"{folder}: has no version {version} (it is at version {manifest.version}; {said})")
-
-
-def _kept_in_bucket(store: Store) -> list[int]:
-    """The versions kept under a bucket output's versions/ (its prefixes vN holding objects: a store
-    may keep a folder emptied), in order."""
-
-    def entries(rel_dir: str) -> list[tuple[str, bool]]:
-        try:
-            return store.folder(rel_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    names = [name for name, folder in entries(VERSIONS_DIR) if folder and re.fullmatch(r"v[0-9]{1,10}", name)]
-    return sorted(int(name[1:]) for name in names if entries(f"{VERSIONS_DIR}/{name}"))
 
 
 def _entries(folder: Path) -> list[os.DirEntry[str]]:

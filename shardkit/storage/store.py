@@ -9,6 +9,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import select
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from ..core.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     STATE_DIR,
+    VERSIONS_DIR,
     Manifest,
     finishing,
     parse_manifest,
@@ -283,6 +285,21 @@ class Store:
             raise NotADirectoryError(f"{where}: an object, not a prefix")
         return found
 
+    def entries(self, rel_dir: str) -> list[tuple[str, bool]]:
+        """`folder(rel_dir)`, with nothing there (no such prefix, or an object) as no entries."""
+        try:
+            return self.folder(rel_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def holds(self, rel_dir: str, depth: int = 0) -> bool:
+        """Whether an object lies under `rel_dir/`: a folder a store keeps once emptied (SeaweedFS
+        does) holds none. Past 8 levels of folders, a folder is taken to hold one."""
+        return any(
+            not folder or depth >= 8 or self.holds(f"{rel_dir}/{name}", depth + 1)
+            for name, folder in self.entries(rel_dir)
+        )
+
     def read_range(
         self, name: str, start: int, length: int, version: str | None = None
     ) -> tuple[bytes, int, str | None]:
@@ -473,6 +490,13 @@ def _same(version: str | None, found: str | None) -> None:
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 _REQUEST_OPTIONS = {"s3_additional_kwargs", "requester_pays", "version_aware"}
 _CA_BUNDLES = ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+
+
+def kept_versions(store: Store) -> list[int]:
+    """The versions `--keep-versions` kept in the output at `store` (its prefixes versions/vN with
+    anything in them: a store may keep a folder emptied), in order."""
+    names = [name for name, folder in store.entries(VERSIONS_DIR) if folder and re.fullmatch(r"v[0-9]{1,10}", name)]
+    return sorted(int(name[1:]) for name in names if store.entries(f"{VERSIONS_DIR}/{name}"))
 
 
 def read_remote_manifest(store: Store) -> Manifest:
